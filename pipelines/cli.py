@@ -1,0 +1,170 @@
+"""The `fullres` command line.
+
+Commands import their heavy libraries (JAX, Keras, TensorFlow) only when they
+run, so `fullres --help` is instant and `--virtual-devices` can still set
+`XLA_FLAGS` before JAX starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="fullres",
+    help="Train CNNs on full-resolution CT volumes and large images, split spatially across accelerator cores.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+PRESET_NAMES = ("default", "demo", "smoke", "ct_256")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"fullres: error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _use_virtual_devices(count: int | None) -> None:
+    """Makes XLA present the CPU as `count` devices (must run before JAX is imported)."""
+    if not count:
+        return
+    if "jax" in sys.modules:
+        _fail("--virtual-devices must be applied before JAX starts; pass it on the command line, not from Python.")
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _print(message: str) -> None:
+    typer.echo(message)
+
+
+@app.command()
+def train(
+    train_data: Annotated[str, typer.Option("--train", help="TFRecord pattern of the training cases, e.g. 'data/train-*.tfrecord'.")],
+    output: Annotated[Path, typer.Option(help="Output directory; a rerun into it resumes from the newest checkpoint.")],
+    eval_data: Annotated[str | None, typer.Option("--eval", help="TFRecord pattern of held-out cases, scored with Dice at the end.")] = None,
+    preset: Annotated[str, typer.Option(help=f"Starting configuration: one of {', '.join(PRESET_NAMES)}.")] = "default",
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps in total.")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Train this many passes over the data instead of --steps.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Global batch size, split over the replicas.")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Peak learning rate (Adam).")] = None,
+    warmup_steps: Annotated[int | None, typer.Option(help="Linear warm-up steps.")] = None,
+    schedule: Annotated[str | None, typer.Option(help="Learning-rate schedule after warm-up: cosine or constant.")] = None,
+    precision: Annotated[str | None, typer.Option(help="float32, or bfloat16 (mixed: bfloat16 compute, float32 weights).")] = None,
+    remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass to save memory.")] = None,
+    input_partition_dims: Annotated[
+        str | None,
+        typer.Option(help="Split of each input across cores, one entry per NDHWC dimension, e.g. 1,4,1,1,1."),
+    ] = None,
+    label_partition_dims: Annotated[
+        str | None, typer.Option(help="'none' keeps labels whole within a replica; dims split them like the features.")
+    ] = None,
+    num_classes: Annotated[int | None, typer.Option(help="Classes including background.")] = None,
+    num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (depth of the UNet).")] = None,
+    base_filters: Annotated[int | None, typer.Option(help="Filters at the first UNet level.")] = None,
+    normalization: Annotated[str | None, typer.Option(help="instance, group, batch or none.")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps.")] = None,
+    log_every: Annotated[int | None, typer.Option(help="Log the loss every N steps.")] = None,
+    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Random flips along every spatial axis.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for weights, data order and augmentation.")] = None,
+    virtual_devices: Annotated[
+        int | None, typer.Option(help="On a CPU, present it as this many devices (to try partitioning without accelerators).")
+    ] = None,
+) -> None:
+    """Train a 3D (or 2D) UNet, spatially partitioned over all devices present."""
+    _use_virtual_devices(virtual_devices)
+    from trainer import config as config_lib, partitioning, train as train_lib
+
+    if preset not in PRESET_NAMES:
+        _fail(f"--preset {preset!r} is not known; use one of {', '.join(PRESET_NAMES)}.")
+    try:
+        base = config_lib.TrainConfig() if preset == "default" else config_lib.PRESETS[preset]()
+        model_overrides = {
+            k: v
+            for k, v in dict(
+                num_classes=num_classes, num_levels=num_levels, base_filters=base_filters, normalization=normalization
+            ).items()
+            if v is not None
+        }
+        partition = base.partition
+        if input_partition_dims is not None or label_partition_dims is not None:
+            partition = partitioning.PartitionConfig(
+                partitioning.parse_dims(input_partition_dims) or partition.input_partition_dims,
+                partitioning.parse_dims(label_partition_dims)
+                if label_partition_dims is not None
+                else partition.label_partition_dims,
+            )
+        overrides = dict(
+            steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, warmup_steps=warmup_steps,
+            schedule=schedule, precision=precision, remat=remat, checkpoint_every=checkpoint_every,
+            log_every=log_every, augment=augment, seed=seed,
+        )
+        config = dataclasses.replace(
+            base,
+            train_data=train_data,
+            output_dir=str(output),
+            eval_data=eval_data,
+            model=dataclasses.replace(base.model, **model_overrides) if model_overrides else base.model,
+            partition=partition,
+            **{k: v for k, v in overrides.items() if v is not None},
+        )
+        train_lib.train(config, log=_print)
+    except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError is a ValueError
+        _fail(str(error))
+
+
+@app.command()
+def demo(
+    output: Annotated[Path, typer.Option(help="Directory for the demo data, the trained model and summary.json.")] = Path(
+        "fullres-demo"
+    ),
+    steps: Annotated[int | None, typer.Option(help="Training steps (the demo preset's default when omitted).")] = None,
+    cases: Annotated[int, typer.Option(help="Synthetic training cases to generate.")] = 24,
+    eval_cases: Annotated[int, typer.Option(help="Synthetic held-out cases to score.")] = 6,
+    virtual_devices: Annotated[
+        int | None, typer.Option(help="Present the CPU as this many devices and split each volume over them along depth.")
+    ] = None,
+) -> None:
+    """Generate synthetic CT volumes, train a 3D UNet on them, and report Dice (the built-in demo)."""
+    _use_virtual_devices(virtual_devices)
+    from preprocessing import demo_ct
+    from trainer import config as config_lib, partitioning, train as train_lib
+
+    output.mkdir(parents=True, exist_ok=True)
+    _print(f"generating {cases} training and {eval_cases} held-out synthetic CT cases in {output / 'data'}")
+    data = demo_ct.write_demo_tfrecords(str(output / "data"), num_train=cases, num_eval=eval_cases)
+    overrides = dict(train_data=data["train"], eval_data=data["eval"], output_dir=str(output / "train"))
+    if steps is not None:
+        overrides["steps"] = steps
+    if virtual_devices:
+        overrides["partition"] = partitioning.PartitionConfig((1, virtual_devices, 1, 1, 1))
+        overrides["batch_size"] = 1
+    results = train_lib.train(config_lib.demo(**overrides), log=_print)
+    summary = {
+        "dice_mean": results.get("dice_mean"),
+        "dice_per_class": results.get("dice_per_class"),
+        "class_names": list(demo_ct.CLASS_NAMES),
+        "model": results["model"]["keras"],
+        "saved_model": results["model"]["saved_model"],
+        "metrics": str(output / "train" / "metrics.json"),
+    }
+    (output / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print(f"demo done: foreground Dice {summary['dice_mean']:.3f}; summary in {output / 'summary.json'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point (`fullres`)."""
+    app(args=argv, prog_name="fullres")
+
+
+if __name__ == "__main__":
+    main()

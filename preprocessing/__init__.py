@@ -1,0 +1,11 @@
+"""Preprocessing: CT volumes and annotated images to sharded TFRecords.
+
+Importing TensorFlow imports Keras, which fixes its backend for the process;
+the trainer needs JAX, so choose it here too in case preprocessing is imported
+first in a process that also trains.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

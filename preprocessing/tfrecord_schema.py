@@ -1,0 +1,164 @@
+"""The TFRecord schema shared by preprocessing (writer) and the trainer (reader).
+
+One `tf.train.Example` per CT case. Arrays are stored in array order
+(depth, height, width) = (z, y, x); geometry is stored in ITK physical order
+(x, y, z), exactly as SimpleITK reports it, so a case can be put back into
+patient space.
+
+| key                    | type          | meaning                                                  |
+| ---------------------- | ------------- | -------------------------------------------------------- |
+| `case_id`              | bytes         | case identifier, unique within a data set                |
+| `source_path`          | bytes         | the image file or DICOM series directory it came from    |
+| `image/encoded`        | bytes         | little-endian float32 voxels, C order, shape `image/shape` |
+| `image/shape`          | int64 × 3     | (D, H, W) of the stored volume                           |
+| `image/original_shape` | int64 × 3     | (D, H, W) after resampling, before crop or pad           |
+| `image/spacing`        | float × 3     | voxel spacing in mm, (x, y, z)                           |
+| `image/origin`         | float × 3     | physical position of voxel (0, 0, 0) in mm, (x, y, z)    |
+| `image/direction`      | float × 9     | direction cosines, row-major 3×3, ITK convention         |
+| `image/window`         | float × 2     | HU window (low, high) mapped to [0, 1]                   |
+| `label/encoded`        | bytes         | uint8 class ids, C order, shape `image/shape`            |
+
+Detection records use the TF Object Detection API keys (`DETECTION_KEYS`) so
+existing tools read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+CASE_ID = "case_id"
+SOURCE_PATH = "source_path"
+IMAGE_ENCODED = "image/encoded"
+IMAGE_SHAPE = "image/shape"
+IMAGE_ORIGINAL_SHAPE = "image/original_shape"
+IMAGE_SPACING = "image/spacing"
+IMAGE_ORIGIN = "image/origin"
+IMAGE_DIRECTION = "image/direction"
+IMAGE_WINDOW = "image/window"
+LABEL_ENCODED = "label/encoded"
+
+# TF Object Detection API keys for 2D detection records.
+DETECTION_KEYS = (
+    "image/encoded",
+    "image/format",
+    "image/height",
+    "image/width",
+    "image/source_id",
+    "image/object/bbox/ymin",
+    "image/object/bbox/xmin",
+    "image/object/bbox/ymax",
+    "image/object/bbox/xmax",
+    "image/object/class/label",
+    "image/object/class/text",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CtRecord:
+    """One preprocessed CT case, ready to be serialized.
+
+    Example:
+        >>> import numpy as np
+        >>> record = CtRecord(
+        ...     case_id="case0", source_path="/data/case0.nii.gz",
+        ...     image=np.zeros((4, 8, 8), np.float32),
+        ...     label=np.zeros((4, 8, 8), np.uint8))
+        >>> parsed = parse_ct_example(encode_ct_example(record))
+        >>> tuple(parsed["image"].shape)
+        (4, 8, 8, 1)
+    """
+
+    case_id: str
+    source_path: str
+    image: np.ndarray  # (D, H, W) float32, scaled to [0, 1]
+    label: np.ndarray  # (D, H, W) uint8 class ids
+    spacing: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    origin: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    direction: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    original_shape: tuple[int, int, int] | None = None
+    window: tuple[float, float] = (-1000.0, 1000.0)
+
+    def __post_init__(self):
+        if self.image.ndim != 3:
+            raise ValueError(f"CtRecord {self.case_id}: image must be 3-D (D, H, W), got shape {self.image.shape}.")
+        if self.label.shape != self.image.shape:
+            raise ValueError(
+                f"CtRecord {self.case_id}: label shape {self.label.shape} differs from image shape {self.image.shape}."
+            )
+        if len(self.direction) != 9:
+            raise ValueError(f"CtRecord {self.case_id}: direction needs 9 values, got {len(self.direction)}.")
+
+
+def _bytes(value: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def _ints(values) -> tf.train.Feature:
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
+
+def _floats(values) -> tf.train.Feature:
+    return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
+
+
+def encode_ct_example(record: CtRecord) -> bytes:
+    """Serializes a `CtRecord` into a `tf.train.Example` byte string."""
+    image = np.ascontiguousarray(record.image, dtype="<f4")
+    label = np.ascontiguousarray(record.label, dtype=np.uint8)
+    original_shape = record.original_shape or image.shape
+    features = {
+        CASE_ID: _bytes(record.case_id.encode()),
+        SOURCE_PATH: _bytes(record.source_path.encode()),
+        IMAGE_ENCODED: _bytes(image.tobytes()),
+        IMAGE_SHAPE: _ints(image.shape),
+        IMAGE_ORIGINAL_SHAPE: _ints(original_shape),
+        IMAGE_SPACING: _floats(record.spacing),
+        IMAGE_ORIGIN: _floats(record.origin),
+        IMAGE_DIRECTION: _floats(record.direction),
+        IMAGE_WINDOW: _floats(record.window),
+        LABEL_ENCODED: _bytes(label.tobytes()),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+_CT_FEATURES = {
+    CASE_ID: tf.io.FixedLenFeature([], tf.string),
+    SOURCE_PATH: tf.io.FixedLenFeature([], tf.string),
+    IMAGE_ENCODED: tf.io.FixedLenFeature([], tf.string),
+    IMAGE_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
+    IMAGE_ORIGINAL_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
+    IMAGE_SPACING: tf.io.FixedLenFeature([3], tf.float32),
+    IMAGE_ORIGIN: tf.io.FixedLenFeature([3], tf.float32),
+    IMAGE_DIRECTION: tf.io.FixedLenFeature([9], tf.float32),
+    IMAGE_WINDOW: tf.io.FixedLenFeature([2], tf.float32),
+    LABEL_ENCODED: tf.io.FixedLenFeature([], tf.string),
+}
+
+
+def parse_ct_example(serialized) -> dict:
+    """Parses one serialized CT example (a scalar string tensor) with TensorFlow ops.
+
+    Returns:
+        A dict with `image` (D, H, W, 1) float32, `label` (D, H, W) int32 and the
+        geometry fields as tensors; usable inside `tf.data.Dataset.map`.
+    """
+    parsed = tf.io.parse_single_example(serialized, _CT_FEATURES)
+    shape = tf.cast(parsed[IMAGE_SHAPE], tf.int32)
+    image = tf.io.decode_raw(parsed[IMAGE_ENCODED], tf.float32, little_endian=True)
+    image = tf.reshape(image, tf.concat([shape, [1]], axis=0))  # (D, H, W, 1)
+    label = tf.io.decode_raw(parsed[LABEL_ENCODED], tf.uint8)
+    label = tf.cast(tf.reshape(label, shape), tf.int32)  # (D, H, W)
+    return {
+        "case_id": parsed[CASE_ID],
+        "source_path": parsed[SOURCE_PATH],
+        "image": image,
+        "label": label,
+        "spacing": parsed[IMAGE_SPACING],
+        "origin": parsed[IMAGE_ORIGIN],
+        "direction": parsed[IMAGE_DIRECTION],
+        "original_shape": parsed[IMAGE_ORIGINAL_SHAPE],
+        "window": parsed[IMAGE_WINDOW],
+    }

@@ -1,0 +1,281 @@
+"""Spatial partitioning: from `input_partition_dims` to a device mesh and layouts.
+
+The contract is the one Cloud TPU users know from `input_partition_dims`
+(see DESIGN.md, "Partitioning semantics"):
+
+* one integer per dimension of the feature tensor, e.g. `(1, 4, 1, 1, 1)` splits
+  the depth of an NDHWC volume over 4 cores; their product is the number of
+  cores per replica;
+* `num_devices / cores_per_replica` data-parallel replicas share the global batch;
+* labels are either kept whole within a replica (`label_partition_dims=None`) or
+  split like the features;
+* weights are replicated; XLA's SPMD partitioner inserts the halo exchange.
+
+The mesh has one axis `replica` and one axis per partitioned spatial dimension
+(`depth`, `height`, `width`). Everything here is checked before anything is
+compiled, and a bad configuration is refused with one sentence that names the
+dimension and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import keras
+
+REPLICA_AXIS = "replica"
+# Names of the dimensions of a channels-last feature tensor, by rank.
+DIMENSION_NAMES = {
+    4: ("batch", "height", "width", "channels"),
+    5: ("batch", "depth", "height", "width", "channels"),
+}
+
+
+class PartitionError(ValueError):
+    """A partitioning configuration that cannot work, with the fix in its message."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionConfig:
+    """How each example is split across the cores of one replica.
+
+    Args:
+        input_partition_dims: one integer per feature dimension (channels last),
+            e.g. `(1, 4, 1, 1, 1)` for NDHWC split 4-way along depth.
+        label_partition_dims: `None` keeps labels whole within a replica (boxes,
+            class ids); a tuple splits them like the features (segmentation masks,
+            one entry per label dimension).
+
+    Example:
+        >>> config = PartitionConfig((1, 2, 2, 1, 1))
+        >>> config.num_cores_per_replica
+        4
+        >>> config.partitioned_axes
+        (('depth', 2), ('height', 2))
+    """
+
+    input_partition_dims: tuple[int, ...] = (1, 1, 1, 1, 1)
+    label_partition_dims: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "input_partition_dims", tuple(int(d) for d in self.input_partition_dims))
+        if self.label_partition_dims is not None:
+            object.__setattr__(self, "label_partition_dims", tuple(int(d) for d in self.label_partition_dims))
+
+    @property
+    def rank(self) -> int:
+        return len(self.input_partition_dims)
+
+    @property
+    def num_cores_per_replica(self) -> int:
+        return math.prod(self.input_partition_dims)
+
+    @property
+    def partitioned_axes(self) -> tuple[tuple[str, int], ...]:
+        """(dimension name, parts) for every spatial dimension split more than once."""
+        names = DIMENSION_NAMES.get(self.rank)
+        if names is None:
+            return ()
+        return tuple(
+            (names[i], parts) for i, parts in enumerate(self.input_partition_dims) if parts > 1 and 0 < i < self.rank - 1
+        )
+
+
+def parse_dims(text: str | None) -> tuple[int, ...] | None:
+    """Parses `"1,4,1,1"` or `"[1, 4, 1, 1]"`; `None`, `""` and `"none"` give None."""
+    if text is None or text.strip().lower() in ("", "none"):
+        return None
+    cleaned = text.strip().strip("[]()")
+    try:
+        return tuple(int(part) for part in cleaned.split(",") if part.strip())
+    except ValueError:
+        raise PartitionError(
+            f"partition dims {text!r} are not a comma-separated list of integers; write e.g. 1,4,1,1,1."
+        ) from None
+
+
+def _nearest_valid_sizes(size: int, multiple: int) -> str:
+    below = (size // multiple) * multiple
+    above = below + multiple
+    if below == 0:
+        return f"{above} (a multiple of {multiple})"
+    return f"{below} or {above} (multiples of {multiple})"
+
+
+def validate(
+    config: PartitionConfig,
+    feature_shape: Sequence[int],
+    num_devices: int,
+    downsampling_levels: int = 0,
+    global_batch_size: int | None = None,
+) -> None:
+    """Refuses a configuration that cannot be partitioned, before anything compiles.
+
+    Args:
+        config: the partitioning to check.
+        feature_shape: shape of one batch of features, batch first and channels
+            last, e.g. `(B, D, H, W, C)`; the batch entry is not used.
+        num_devices: devices taking part (all replicas).
+        downsampling_levels: how many times the model halves each spatial
+            dimension (a UNet with 4 resolution levels halves 3 times). Every
+            level's size must divide by that dimension's partition count.
+        global_batch_size: if given, it must divide over the replicas.
+
+    Raises:
+        PartitionError: with a one-sentence message naming the problem and the fix.
+    """
+    dims = config.input_partition_dims
+    rank = len(feature_shape)
+    names = DIMENSION_NAMES.get(rank)
+    if names is None:
+        raise PartitionError(
+            f"features of shape {tuple(feature_shape)} are {rank}-D; fullres partitions 4-D (batch, height, width, "
+            "channels) or 5-D (batch, depth, height, width, channels) inputs."
+        )
+    if len(dims) != rank:
+        example = [1] * rank
+        example[1] = 4
+        raise PartitionError(
+            f"input_partition_dims {list(dims)} has {len(dims)} entries but the features are {rank}-D "
+            f"({', '.join(names)}); give one entry per dimension, e.g. {example}."
+        )
+    if any(d < 1 for d in dims):
+        raise PartitionError(f"input_partition_dims {list(dims)} has an entry below 1; every entry must be >= 1.")
+    if dims[0] != 1:
+        raise PartitionError(
+            f"input_partition_dims[0] = {dims[0]} partitions the batch dimension; the batch is split over replicas "
+            "automatically, so set it to 1."
+        )
+    if dims[-1] != 1:
+        raise PartitionError(
+            f"input_partition_dims[{rank - 1}] = {dims[-1]} partitions the channels; only spatial dimensions can be "
+            "partitioned, so set it to 1."
+        )
+    cores = config.num_cores_per_replica
+    if num_devices % cores != 0:
+        divisors = [n for n in range(1, num_devices + 1) if num_devices % n == 0]
+        raise PartitionError(
+            f"input_partition_dims {list(dims)} asks for {cores} cores per replica, which does not divide the "
+            f"{num_devices} devices present; use dims whose product is one of {divisors}."
+        )
+    replicas = num_devices // cores
+    if global_batch_size is not None and global_batch_size % replicas != 0:
+        raise PartitionError(
+            f"global batch size {global_batch_size} does not divide over {replicas} replicas "
+            f"({num_devices} devices / {cores} cores per replica); use a multiple of {replicas}."
+        )
+    if config.label_partition_dims is not None:
+        labels = config.label_partition_dims
+        spatial = dims[1:-1]
+        if tuple(labels[1 : 1 + len(spatial)]) != spatial or labels[0] != 1 or len(labels) not in (rank - 1, rank):
+            expected = [1, *spatial] if len(labels) == rank - 1 else list(dims)
+            raise PartitionError(
+                f"label_partition_dims {list(labels)} must split the labels like the features "
+                f"{list(dims)}; use {expected}, or None to keep labels whole within a replica."
+            )
+    for axis in range(1, rank - 1):
+        size, parts = feature_shape[axis], dims[axis]
+        multiple = parts * 2**downsampling_levels
+        if size % multiple == 0:
+            continue
+        # Find the first resolution level at which the dimension stops working.
+        level_size = size
+        for level in range(downsampling_levels + 1):
+            if level_size % parts != 0:
+                reason = f"is {level_size}, which does not divide by {parts}"
+                break
+            if level < downsampling_levels and level_size % 2 != 0:
+                reason = f"is {level_size}, which cannot be halved"
+                break
+            level_size //= 2
+        where = "at the input" if level == 0 else f"at resolution level {level + 1} (after {level} downsamplings)"
+        raise PartitionError(
+            f"{names[axis]} {size} (input_partition_dims[{axis}] = {parts}) does not fit a model with "
+            f"{downsampling_levels} downsamplings: {where} it {reason}; use {names[axis]} "
+            f"{_nearest_valid_sizes(size, multiple)}."
+        )
+
+
+def build_mesh(config: PartitionConfig, devices: Sequence | None = None) -> keras.distribution.DeviceMesh:
+    """Builds the (replica, *partitioned spatial axes) device mesh.
+
+    Args:
+        config: the partitioning.
+        devices: devices to use; all devices (`keras.distribution.list_devices()`) by default.
+
+    Returns:
+        A `keras.distribution.DeviceMesh`; e.g. 8 devices with `(1, 2, 2, 1, 1)`
+        give shape `(2, 2, 2)` and axes `("replica", "depth", "height")`.
+    """
+    if devices is None:
+        devices = keras.distribution.list_devices()
+    cores = config.num_cores_per_replica
+    if len(devices) % cores != 0:
+        raise PartitionError(
+            f"input_partition_dims {list(config.input_partition_dims)} asks for {cores} cores per replica, which "
+            f"does not divide the {len(devices)} devices present."
+        )
+    axes = config.partitioned_axes
+    shape = (len(devices) // cores, *(parts for _, parts in axes))
+    names = (REPLICA_AXIS, *(name for name, _ in axes))
+    return keras.distribution.DeviceMesh(shape=shape, axis_names=names, devices=list(devices))
+
+
+class SpatialParallel(keras.distribution.ModelParallel):
+    """A Keras distribution that replicates weights and splits data in space.
+
+    The batch dimension is split over the `replica` mesh axis and each
+    partitioned spatial dimension over its own mesh axis. Variables created in
+    `scope()` are replicated on the mesh (the layout map is empty).
+
+    Example:
+        >>> config = PartitionConfig((1, 4, 1, 1, 1))
+        >>> distribution = make_distribution(config)  # with 8 devices: 2 replicas × 4 cores
+        >>> distribution.get_data_layout((2, 64, 32, 32, 1)).axes
+        ('replica', 'depth', None, None, None)
+    """
+
+    def __init__(self, config: PartitionConfig, device_mesh: keras.distribution.DeviceMesh):
+        super().__init__(layout_map=keras.distribution.LayoutMap(device_mesh), batch_dim_name=REPLICA_AXIS)
+        self.config = config
+
+    def _spatial_axes(self, dims: Sequence[int]) -> tuple:
+        names = DIMENSION_NAMES[len(self.config.input_partition_dims)]
+        axes = [None] * len(dims)
+        axes[0] = REPLICA_AXIS
+        for i in range(1, len(dims)):
+            if dims[i] > 1:
+                axes[i] = names[i]
+        return tuple(axes)
+
+    def get_data_layout(self, data_shape) -> keras.distribution.TensorLayout:
+        """Layout of a feature batch: batch over replicas, spatial dims over cores."""
+        if len(data_shape) != len(self.config.input_partition_dims):
+            raise PartitionError(
+                f"features of shape {tuple(data_shape)} do not match input_partition_dims "
+                f"{list(self.config.input_partition_dims)}."
+            )
+        return keras.distribution.TensorLayout(self._spatial_axes(self.config.input_partition_dims), self.device_mesh)
+
+    def get_label_layout(self, label_shape) -> keras.distribution.TensorLayout:
+        """Layout of a label batch: whole within a replica, or split like the features."""
+        if self.config.label_partition_dims is None:
+            axes = (REPLICA_AXIS,) + (None,) * (len(label_shape) - 1)
+        else:
+            axes = self._spatial_axes(self.config.label_partition_dims)[: len(label_shape)]
+        return keras.distribution.TensorLayout(axes, self.device_mesh)
+
+    def replicated_layout(self, rank: int) -> keras.distribution.TensorLayout:
+        """Layout of a fully replicated tensor (weights, scalars)."""
+        return keras.distribution.TensorLayout((None,) * rank, self.device_mesh)
+
+    @property
+    def num_replicas(self) -> int:
+        return self.device_mesh.shape[0]
+
+
+def make_distribution(config: PartitionConfig, devices: Sequence | None = None) -> SpatialParallel:
+    """Builds the mesh and the distribution for `config` over `devices` (all by default)."""
+    return SpatialParallel(config, build_mesh(config, devices))

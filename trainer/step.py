@@ -1,0 +1,152 @@
+"""The training and prediction steps, and their partitioned compilation.
+
+The steps are pure JAX functions over an explicit `TrainState` (Keras's
+stateless API), so one function serves every mesh: `jit_train_step` gives it the
+input shardings of a `SpatialParallel` distribution and XLA's SPMD partitioner
+splits every layer accordingly. The same jitted function can be lowered and
+compiled ahead of time to read its memory use and its communication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from trainer import partitioning
+
+
+class TrainState(NamedTuple):
+    """Everything a training step reads and writes, as JAX arrays."""
+
+    trainable: list
+    non_trainable: list
+    optimizer: list
+
+
+def initial_state(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> TrainState:
+    """Reads the model's and optimizer's current variables (building the optimizer if needed)."""
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    return TrainState(
+        trainable=[v.value for v in model.trainable_variables],
+        non_trainable=[v.value for v in model.non_trainable_variables],
+        optimizer=[v.value for v in optimizer.variables],
+    )
+
+
+def write_state_to_model(state: TrainState, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
+    """Assigns a `TrainState` back into the Keras variables (for saving and export)."""
+    for variable, value in zip(model.trainable_variables, state.trainable):
+        variable.assign(np.asarray(value))
+    for variable, value in zip(model.non_trainable_variables, state.non_trainable):
+        variable.assign(np.asarray(value))
+    for variable, value in zip(optimizer.variables, state.optimizer):
+        variable.assign(np.asarray(value))
+
+
+LossFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def make_loss_and_grads(model: keras.Model, loss_fn: LossFn, remat: bool = False):
+    """Returns `f(state, images, labels) -> (loss, grads, new_non_trainable)`.
+
+    Args:
+        model: the Keras model (its variables are not touched).
+        loss_fn: `loss_fn(logits, labels) -> scalar`.
+        remat: recompute activations in the backward pass instead of storing them.
+    """
+
+    def forward(trainable, non_trainable, images, labels):
+        logits, non_trainable = model.stateless_call(trainable, non_trainable, images, training=True)
+        return loss_fn(logits, labels), non_trainable
+
+    if remat:
+        forward = jax.checkpoint(forward)
+
+    def loss_and_grads(state: TrainState, images, labels):
+        (loss, non_trainable), grads = jax.value_and_grad(forward, has_aux=True)(
+            state.trainable, state.non_trainable, images, labels
+        )
+        return loss, grads, non_trainable
+
+    return loss_and_grads
+
+
+def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: LossFn, remat: bool = False):
+    """Returns `train_step(state, images, labels) -> (state, {"loss", "grad_norm"})`."""
+    loss_and_grads = make_loss_and_grads(model, loss_fn, remat)
+
+    def train_step(state: TrainState, images, labels):
+        loss, grads, non_trainable = loss_and_grads(state, images, labels)
+        grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
+        trainable, optimizer_variables = optimizer.stateless_apply(state.optimizer, grads, state.trainable)
+        return TrainState(trainable, non_trainable, optimizer_variables), {"loss": loss, "grad_norm": grad_norm}
+
+    return train_step
+
+
+def make_predict_step(model: keras.Model):
+    """Returns `predict_step(state, images) -> class ids (B, [D,] H, W)`."""
+
+    def predict_step(state: TrainState, images):
+        logits, _ = model.stateless_call(state.trainable, state.non_trainable, images, training=False)
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    return predict_step
+
+
+def state_shardings(state: TrainState, distribution: partitioning.SpatialParallel):
+    """Replicated shardings for every array of the state (weights are never split)."""
+    return jax.tree_util.tree_map(lambda x: distribution.replicated_layout(np.ndim(x)).backend_layout, state)
+
+
+def place_state(state: TrainState, distribution: partitioning.SpatialParallel) -> TrainState:
+    """Copies the state onto the distribution's mesh, replicated."""
+    return jax.device_put(state, state_shardings(state, distribution))
+
+
+def place_batch(distribution: partitioning.SpatialParallel, images: np.ndarray, labels: np.ndarray | None = None):
+    """Places a host batch on the mesh: batch over replicas, space over cores.
+
+    Works in multi-process runs too: each process passes its own share of the
+    global batch (`jax.make_array_from_process_local_data`).
+    """
+    image_sharding = distribution.get_data_layout(images.shape).backend_layout
+    placed_images = jax.make_array_from_process_local_data(image_sharding, images)
+    if labels is None:
+        return placed_images
+    label_sharding = distribution.get_label_layout(labels.shape).backend_layout
+    return placed_images, jax.make_array_from_process_local_data(label_sharding, labels)
+
+
+def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state: TrainState, image_ndim: int, label_ndim: int):
+    """Jits `train_step` with the distribution's shardings; the state is donated."""
+    image_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
+    label_sharding = distribution.get_label_layout((0,) * label_ndim).backend_layout
+    state_sharding = state_shardings(state, distribution)
+    scalar = distribution.replicated_layout(0).backend_layout
+    return jax.jit(
+        train_step,
+        in_shardings=(state_sharding, image_sharding, label_sharding),
+        out_shardings=(state_sharding, {"loss": scalar, "grad_norm": scalar}),
+        donate_argnums=(0,),
+    )
+
+
+def jit_predict_step(predict_step, distribution: partitioning.SpatialParallel, state: TrainState, image_ndim: int):
+    """Jits `predict_step`: images split like in training, predictions split like the features."""
+    image_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
+    spatial = partitioning.PartitionConfig(distribution.config.input_partition_dims, distribution.config.input_partition_dims)
+    prediction_sharding = partitioning.SpatialParallel(spatial, distribution.device_mesh).get_label_layout(
+        (0,) * (image_ndim - 1)
+    )
+    return jax.jit(
+        predict_step,
+        in_shardings=(state_shardings(state, distribution), image_sharding),
+        out_shardings=prediction_sharding.backend_layout,
+    )

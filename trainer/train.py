@@ -1,0 +1,230 @@
+"""The segmentation training run: data, partitioned steps, checkpoints, export.
+
+`train(config)` is the library entry point; `python -m trainer.train` and
+`fullres train` parse arguments into a `TrainConfig` and call it.
+
+Output directory:
+    checkpoints/ckpt-XXXXXXXX.npz   every `checkpoint_every` steps; a rerun resumes
+    tensorboard/                    loss, learning rate, gradient norm, Dice
+    history.jsonl                   one line per logged step (survives resumes)
+    model.keras, saved_model/       the trained model
+    metrics.json                    final loss, per-class Dice, timing, partitioning
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from trainer import checkpoints, config as config_lib, ct_input, partitioning
+
+
+def random_flips(images: np.ndarray, labels: np.ndarray, seed: int, step_number: int):
+    """Flips each example along each spatial axis with probability 1/2.
+
+    The draw depends only on (seed, step), so a resumed run augments exactly as
+    an uninterrupted one.
+
+    Args:
+        images: (B, D, H, W, C) or (B, H, W, C).
+        labels: (B, D, H, W) or (B, H, W).
+    """
+    rng = np.random.default_rng([seed, step_number])
+    spatial_axes = range(1, labels.ndim)
+    images, labels = images.copy(), labels.copy()
+    for example in range(images.shape[0]):
+        for axis in spatial_axes:
+            if rng.random() < 0.5:
+                images[example] = np.flip(images[example], axis=axis - 1)
+                labels[example] = np.flip(labels[example], axis=axis - 1)
+    return images, labels
+
+
+def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
+    """Linear warm-up to the peak rate, then cosine decay to 0 (or constant)."""
+    import keras
+
+    warmup = min(config.warmup_steps, total_steps - 1)
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else config.learning_rate,
+        decay_steps=max(total_steps - warmup, 1),
+        alpha=1.0 if config.schedule == "constant" else 0.0,
+        warmup_target=config.learning_rate if warmup else None,
+        warmup_steps=warmup,
+    )
+
+
+def _read_history(path: str, up_to_step: int) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as file:
+        entries = [json.loads(line) for line in file if line.strip()]
+    return [e for e in entries if e["step"] <= up_to_step]
+
+
+def _write_history(path: str, entries: list[dict]) -> None:
+    with open(path + ".tmp", "w") as file:
+        file.writelines(json.dumps(e) + "\n" for e in entries)
+    os.replace(path + ".tmp", path)
+
+
+def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) -> dict:
+    """Trains (or resumes) a segmentation model as `config` says; returns the metrics dict.
+
+    Raises:
+        partitioning.PartitionError: the partitioning does not fit the data or devices.
+        FileNotFoundError: no training data matches `config.train_data`.
+    """
+    import jax
+    import keras
+    import tensorflow as tf
+
+    from trainer import evaluate, export, losses, step, unet
+
+    if not config.train_data or not config.output_dir:
+        raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
+    ct_input.hide_accelerators_from_tensorflow()
+    num_examples = ct_input.count_examples(config.train_data)
+    total_steps = config.steps
+    if config.epochs is not None:
+        total_steps = config.epochs * math.ceil(num_examples / config.batch_size)
+    first = next(ct_input.ct_dataset(config.train_data, 1).as_numpy_iterator())
+    image_shape = (config.batch_size, *first["image"].shape[1:])  # (B, D, H, W, 1)
+    if len(image_shape) != config.model.spatial_dims + 2:
+        raise ValueError(
+            f"{config.train_data} holds {len(image_shape) - 2}-D images but the model is "
+            f"{config.model.spatial_dims}D; set spatial_dims to match the data."
+        )
+    devices = jax.devices()
+    partitioning.validate(
+        config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
+    )
+    distribution = partitioning.make_distribution(config.partition, devices)
+    mesh = distribution.device_mesh
+    log(
+        f"fullres train: {num_examples} training cases of {image_shape[1:-1]}, {total_steps} steps, "
+        f"global batch {config.batch_size}, mesh {dict(zip(mesh.axis_names, mesh.shape))} on "
+        f"{len(devices)} {devices[0].platform} device(s), {config.precision}"
+    )
+
+    keras.utils.set_random_seed(config.seed)
+    with distribution.scope():
+        model = unet.build_unet(config.model, dtype=config.dtype_policy)
+        schedule = learning_rate_schedule(config, total_steps)
+        optimizer = keras.optimizers.Adam(schedule)
+        state = step.initial_state(model, optimizer)
+
+    checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
+    history_path = os.path.join(config.output_dir, "history.jsonl")
+    os.makedirs(config.output_dir, exist_ok=True)
+    start_step = 0
+    restored = checkpoints.restore_latest(checkpoint_dir, state)
+    if restored is not None:
+        state, start_step = restored
+        log(f"resuming from checkpoint at step {start_step}")
+    history = _read_history(history_path, start_step)
+    state = step.place_state(state, distribution)
+
+    train_step = step.jit_train_step(
+        step.make_train_step(model, optimizer, losses.dice_cross_entropy, remat=config.remat),
+        distribution,
+        state,
+        image_ndim=len(image_shape),
+        label_ndim=len(image_shape) - 1,
+    )
+    processes = jax.process_count()
+    data = ct_input.ct_dataset(
+        config.train_data,
+        config.batch_size // processes if processes > 1 else config.batch_size,
+        shuffle=True,
+        repeat=True,
+        seed=config.seed,
+        skip_examples=start_step * config.batch_size,
+        drop_remainder=True,
+    )
+    if processes > 1:
+        data = data.unbatch().shard(processes, jax.process_index()).batch(config.batch_size // processes, drop_remainder=True)
+    batches = data.as_numpy_iterator()
+    is_chief = jax.process_index() == 0
+    writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
+
+    started = time.perf_counter()
+    window_start, window_steps = started, 0
+    for step_number in range(start_step, total_steps):
+        batch = next(batches)
+        images, labels = batch["image"], batch["label"]
+        if config.augment:
+            images, labels = random_flips(images, labels, config.seed, step_number)
+        state, step_metrics = train_step(state, *step.place_batch(distribution, images, labels))
+        done = step_number + 1
+        window_steps += 1
+        if done % config.log_every == 0 or done == total_steps:
+            loss = float(step_metrics["loss"])
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"the loss became {loss} at step {done}; lower the learning rate (now {config.learning_rate}) "
+                    "or use precision float32."
+                )
+            now = time.perf_counter()
+            rate = window_steps / (now - window_start)
+            window_start, window_steps = now, 0
+            learning_rate = float(schedule(step_number))
+            history.append({"step": done, "loss": loss, "learning_rate": learning_rate})
+            log(f"step {done}/{total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s")
+            if writer is not None:
+                with writer.as_default(step=done):
+                    tf.summary.scalar("loss", loss)
+                    tf.summary.scalar("learning_rate", learning_rate)
+                    tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
+        if is_chief and (done % config.checkpoint_every == 0 or done == total_steps):
+            checkpoints.save(checkpoint_dir, done, state, keep=config.keep_checkpoints)
+            _write_history(history_path, history)
+    train_seconds = time.perf_counter() - started
+
+    results = {
+        "task": "segmentation",
+        "steps": total_steps,
+        "resumed_from_step": start_step,
+        "final_loss": history[-1]["loss"] if history else None,
+        "loss_history": [[e["step"], e["loss"]] for e in history],
+        "train_seconds": round(train_seconds, 3),
+        "steps_per_second": round((total_steps - start_step) / train_seconds, 4) if train_seconds > 0 else None,
+        "training_cases": num_examples,
+        "image_shape": list(image_shape[1:]),
+        "input_partition_dims": list(config.partition.input_partition_dims),
+        "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.shape)},
+        "precision": config.precision,
+        "config": dataclasses.asdict(config),
+    }
+    if config.eval_data:
+        log(f"evaluating on {config.eval_data}")
+        scores = evaluate.evaluate_segmentation(
+            model, state, distribution, config.eval_data, config.batch_size, config.model.num_classes
+        )
+        results.update(scores)
+        dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
+        log(f"Dice per class [{dice_text}], foreground mean {scores['dice_mean']}")
+        if writer is not None and scores["dice_mean"] is not None:
+            with writer.as_default(step=total_steps):
+                tf.summary.scalar("dice_mean", scores["dice_mean"])
+    if is_chief:
+        step.write_state_to_model(state, model, optimizer)
+        results["model"] = export.export_model(model, config.output_dir, image_shape)
+        with open(os.path.join(config.output_dir, "metrics.json"), "w") as file:
+            json.dump(results, file, indent=2)
+        log(f"wrote {os.path.join(config.output_dir, 'metrics.json')}")
+    if writer is not None:
+        writer.close()
+    return results
+
+
+if __name__ == "__main__":
+    from pipelines import cli
+
+    cli.main(["train", *__import__("sys").argv[1:]])

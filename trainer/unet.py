@@ -1,0 +1,128 @@
+"""A UNet for 2D images and 3D volumes (one network, `spatial_dims` 2 or 3).
+
+Every layer is a plain convolution, pooling or transposed convolution on
+channels-last tensors, so XLA's SPMD partitioner can split every activation
+along its spatial dimensions with only halo exchange between neighbours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+
+NORMALIZATIONS = ("instance", "group", "batch", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class UNetConfig:
+    """Architecture of the UNet.
+
+    Args:
+        spatial_dims: 2 for images (NHWC), 3 for volumes (NDHWC).
+        num_classes: output classes including background (class 0).
+        in_channels: input channels (1 for CT).
+        num_levels: resolution levels (the "depth" of the UNet); the model
+            downsamples `num_levels - 1` times, so every spatial size must divide
+            by `2 ** (num_levels - 1)` times its partition count.
+        base_filters: filters at the first level, doubled at each level below.
+        normalization: "instance" (default; right for the per-core batch of 1
+            that large volumes force), "group" (8 groups), "batch" or "none".
+
+    Example:
+        >>> config = UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8)
+        >>> model = build_unet(config)
+        >>> model.output_shape
+        (None, None, None, None, 3)
+    """
+
+    spatial_dims: int = 3
+    num_classes: int = 3
+    in_channels: int = 1
+    num_levels: int = 4
+    base_filters: int = 16
+    normalization: str = "instance"
+
+    def __post_init__(self):
+        if self.spatial_dims not in (2, 3):
+            raise ValueError(f"UNetConfig.spatial_dims must be 2 or 3, got {self.spatial_dims}.")
+        if self.num_classes < 2:
+            raise ValueError(f"UNetConfig.num_classes must be >= 2 (background + one class), got {self.num_classes}.")
+        if self.in_channels < 1:
+            raise ValueError(f"UNetConfig.in_channels must be >= 1, got {self.in_channels}.")
+        if self.num_levels < 1:
+            raise ValueError(f"UNetConfig.num_levels must be >= 1, got {self.num_levels}.")
+        if self.base_filters < 1:
+            raise ValueError(f"UNetConfig.base_filters must be >= 1, got {self.base_filters}.")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"UNetConfig.normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}.")
+        if self.normalization == "group" and self.base_filters % 8 != 0:
+            raise ValueError(
+                f"UNetConfig.normalization='group' uses 8 groups, so base_filters must be a multiple of 8, "
+                f"got {self.base_filters}."
+            )
+
+    @property
+    def downsampling_levels(self) -> int:
+        return self.num_levels - 1
+
+
+def _normalization(config: UNetConfig, name: str, dtype):
+    if config.normalization == "instance":
+        # One group per channel: statistics over the spatial dims of each example.
+        return keras.layers.GroupNormalization(groups=-1, epsilon=1e-5, name=name, dtype=dtype)
+    if config.normalization == "group":
+        return keras.layers.GroupNormalization(groups=8, epsilon=1e-5, name=name, dtype=dtype)
+    if config.normalization == "batch":
+        return keras.layers.BatchNormalization(epsilon=1e-5, name=name, dtype=dtype)
+    return None
+
+
+def _conv_block(x, filters: int, config: UNetConfig, name: str, dtype):
+    conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
+    for i in (1, 2):
+        x = conv(filters, 3, padding="same", use_bias=config.normalization == "none", name=f"{name}_conv{i}", dtype=dtype)(x)
+        norm = _normalization(config, f"{name}_norm{i}", dtype)
+        if norm is not None:
+            x = norm(x)
+        x = keras.layers.ReLU(name=f"{name}_relu{i}", dtype=dtype)(x)
+    return x
+
+
+def build_unet(config: UNetConfig, dtype: str | None = None) -> keras.Model:
+    """Builds the UNet as a Keras functional model with unknown spatial sizes.
+
+    Args:
+        config: the architecture.
+        dtype: a Keras dtype policy name, e.g. "float32" (default) or
+            "mixed_bfloat16" (bfloat16 compute, float32 weights). The logits are
+            always float32.
+
+    Returns:
+        A model mapping (B, [D,] H, W, in_channels) to logits (B, [D,] H, W, num_classes).
+    """
+    dtype = dtype or "float32"
+    spatial = (None,) * config.spatial_dims
+    pool = keras.layers.MaxPooling3D if config.spatial_dims == 3 else keras.layers.MaxPooling2D
+    up = keras.layers.Conv3DTranspose if config.spatial_dims == 3 else keras.layers.Conv2DTranspose
+    conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
+
+    inputs = keras.Input(shape=(*spatial, config.in_channels), name="image")
+    x = inputs
+    skips = []
+    for level in range(config.num_levels):
+        filters = config.base_filters * 2**level
+        x = _conv_block(x, filters, config, f"down{level}", dtype)
+        if level < config.num_levels - 1:
+            skips.append(x)
+            x = pool(2, name=f"pool{level}", dtype=dtype)(x)
+    for level in reversed(range(config.num_levels - 1)):
+        filters = config.base_filters * 2**level
+        # Kernel 2, stride 2: each output voxel comes from exactly one input voxel,
+        # so the upsampling needs no halo at all.
+        x = up(filters, 2, strides=2, name=f"up{level}", dtype=dtype)(x)
+        x = keras.layers.Concatenate(axis=-1, name=f"skip{level}", dtype=dtype)([x, skips[level]])
+        x = _conv_block(x, filters, config, f"decode{level}", dtype)
+    logits = conv(config.num_classes, 1, name="logits", dtype=dtype)(x)
+    logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(logits)
+    return keras.Model(inputs, logits, name=f"unet{config.spatial_dims}d")
