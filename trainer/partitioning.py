@@ -190,10 +190,10 @@ def validate(
                 reason = f"is {level_size}, which cannot be halved"
                 break
             level_size //= 2
-        where = "at the input" if level == 0 else f"at resolution level {level + 1} (after {level} downsamplings)"
+        where = "at the input" if level == 0 else f"at resolution level {level + 1} (after {level} downsampling{'s' if level > 1 else ''})"
         raise PartitionError(
             f"{names[axis]} {size} (input_partition_dims[{axis}] = {parts}) does not fit a model with "
-            f"{downsampling_levels} downsamplings: {where} it {reason}; use {names[axis]} "
+            f"{downsampling_levels} downsampling{'s' if downsampling_levels != 1 else ''}: {where} it {reason}; use {names[axis]} "
             f"{_nearest_valid_sizes(size, multiple)}."
         )
 

@@ -106,8 +106,12 @@ def state_shardings(state: TrainState, distribution: partitioning.SpatialParalle
 
 
 def place_state(state: TrainState, distribution: partitioning.SpatialParallel) -> TrainState:
-    """Copies the state onto the distribution's mesh, replicated."""
-    return jax.device_put(state, state_shardings(state, distribution))
+    """Copies the state onto the distribution's mesh, replicated.
+
+    Always a copy (`may_alias=False`): the train step donates its state, and a
+    state that aliased its source would delete the caller's arrays.
+    """
+    return jax.device_put(state, state_shardings(state, distribution), may_alias=False)
 
 
 def place_batch(distribution: partitioning.SpatialParallel, images: np.ndarray, labels: np.ndarray | None = None):

@@ -1,0 +1,35 @@
+"""Test set-up: 8 virtual CPU devices and the JAX backend, before anything imports JAX.
+
+Every partitioning test runs on these 8 devices (DESIGN.md, "Testing without
+accelerators"); nothing skips for lack of devices.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    + ["--xla_force_host_platform_device_count=8"]
+)
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow loads)
+
+
+def pytest_configure(config):
+    count = jax.device_count()
+    if count != 8:
+        raise pytest.UsageError(f"tests need 8 virtual CPU devices, JAX sees {count}; was JAX imported before conftest?")
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory):
+    """Tiny synthetic CT TFRecords: 6 training and 2 held-out cases of 16³."""
+    from preprocessing import demo_ct
+
+    directory = tmp_path_factory.mktemp("demo_data")
+    return demo_ct.write_demo_tfrecords(str(directory), num_train=6, num_eval=2, shape=(16, 16, 16), seed=1)
