@@ -32,11 +32,20 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _jax_backend_started() -> bool:
+    """True once XLA has created its devices; XLA_FLAGS are read then, not when JAX is imported."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge  # no public JAX API tells whether the backend has started
+
+    return xla_bridge.backends_are_initialized()
+
+
 def _use_virtual_devices(count: int | None) -> None:
     """Makes XLA present the CPU as `count` devices (must run before JAX is imported)."""
     if not count:
         return
-    if "jax" in sys.modules:
+    if _jax_backend_started():
         _fail("--virtual-devices must be applied before JAX starts; pass it on the command line, not from Python.")
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
