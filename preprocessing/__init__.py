@@ -9,3 +9,6 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow only reads, parses and exports here, never computes a model: its
+# oneDNN kernels buy nothing and announce themselves on every start.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")

@@ -17,6 +17,9 @@ if os.environ.get("KERAS_BACKEND", "jax") != "jax":
     )
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow only reads, parses and exports here, never computes a model: its
+# oneDNN kernels buy nothing and announce themselves on every start.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 if "keras" in sys.modules:
     import keras
 

@@ -130,3 +130,14 @@ def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
             np.testing.assert_allclose(b[key], a[key], rtol=1e-6, atol=1e-8, err_msg=key)
     history = json.loads((crashed / "metrics.json").read_text())["loss_history"]
     assert [s for s, _ in history] == list(range(1, steps + 1))
+
+
+def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
+    # 6 training cases, global batch 4 (4 replicas × 2 cores): ceil(6 / 4) = 2 steps an epoch, 3 epochs = 6 steps.
+    config = config_lib.smoke(
+        train_data=demo_data["train"], output_dir=str(tmp_path), epochs=3, batch_size=4, checkpoint_every=100,
+        partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)),
+    )
+    results = train.train(config, log=lambda line: None)
+    assert results["steps"] == 6
+    assert checkpoints.list_steps(str(tmp_path / "checkpoints")) == [6]
