@@ -15,7 +15,7 @@ import os
 import numpy as np
 from scipy import ndimage
 
-from preprocessing import tfrecord_schema
+from preprocessing import ct_transforms, tfrecord_schema
 
 AIR_HU, FAT_HU, TISSUE_HU = -1000.0, -100.0, 40.0
 ORGAN_HU = {1: 100.0, 2: 180.0}
@@ -84,12 +84,6 @@ def synthetic_case(rng: np.random.Generator, shape: tuple[int, int, int]) -> tup
     return volume, label
 
 
-def window_and_scale(volume_hu: np.ndarray, window: tuple[float, float]) -> np.ndarray:
-    """Clips HU to `window` = (low, high) and maps it linearly onto [0, 1] (float32)."""
-    low, high = window
-    return ((np.clip(volume_hu, low, high) - low) / (high - low)).astype(np.float32)
-
-
 def write_demo_tfrecords(
     output_dir: str,
     num_train: int = 24,
@@ -116,7 +110,7 @@ def write_demo_tfrecords(
                 record = tfrecord_schema.CtRecord(
                     case_id=f"demo-{split}-{index:04d}",
                     source_path=f"synthetic://{split}/{index}",
-                    image=window_and_scale(volume, DEMO_WINDOW),
+                    image=ct_transforms.window_and_scale(volume, DEMO_WINDOW),
                     label=label,
                     spacing=spacing,
                     window=DEMO_WINDOW,
@@ -125,3 +119,59 @@ def write_demo_tfrecords(
         os.replace(path + ".tmp", path)
         patterns[split] = os.path.join(output_dir, f"{split}-*.tfrecord")
     return {**patterns, "num_classes": len(CLASS_NAMES), "shape": list(shape)}
+
+
+def write_dicom_series(
+    volume_hu: np.ndarray,
+    directory: str,
+    spacing: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    origin: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    direction: tuple[float, ...] = (1, 0, 0, 0, 1, 0, 0, 0, 1),
+    rng: np.random.Generator | None = None,
+) -> list[str]:
+    """Writes a (D, H, W) HU volume as a CT DICOM series, one file per slice.
+
+    Stored values are int16 with RescaleSlope 1 and RescaleIntercept -1024, as
+    scanners write them. With `rng`, file names and InstanceNumbers are shuffled,
+    so a reader that trusts either orders the slices wrongly.
+
+    Returns:
+        The paths written, in slice order.
+    """
+    import pydicom
+    from pydicom.dataset import FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+    os.makedirs(directory, exist_ok=True)
+    matrix = np.asarray(direction, float).reshape(3, 3)
+    row, column, normal = matrix[:, 0], matrix[:, 1], matrix[:, 2]
+    series_uid, study_uid = generate_uid(), generate_uid()
+    depth = volume_hu.shape[0]
+    names = np.arange(depth) if rng is None else rng.permutation(depth)
+    paths = []
+    for z in range(depth):
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID = CTImageStorage
+        meta.MediaStorageSOPInstanceUID = generate_uid()
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        dataset = pydicom.Dataset()
+        dataset.file_meta = meta
+        dataset.SOPClassUID, dataset.SOPInstanceUID = CTImageStorage, meta.MediaStorageSOPInstanceUID
+        dataset.StudyInstanceUID, dataset.SeriesInstanceUID = study_uid, series_uid
+        dataset.Modality, dataset.PatientID = "CT", "fullres-demo"
+        dataset.InstanceNumber = int(names[z]) + 1
+        position = np.asarray(origin, float) + z * spacing[2] * normal
+        dataset.ImagePositionPatient = [f"{v:.6f}" for v in position]
+        dataset.ImageOrientationPatient = [f"{v:.6f}" for v in (*row, *column)]
+        dataset.PixelSpacing = [f"{spacing[1]:.6f}", f"{spacing[0]:.6f}"]  # (row spacing, column spacing)
+        dataset.SliceThickness = f"{spacing[2]:.6f}"
+        dataset.Rows, dataset.Columns = volume_hu.shape[1], volume_hu.shape[2]
+        dataset.SamplesPerPixel, dataset.PhotometricInterpretation = 1, "MONOCHROME2"
+        dataset.BitsAllocated, dataset.BitsStored, dataset.HighBit, dataset.PixelRepresentation = 16, 16, 15, 1
+        dataset.RescaleSlope, dataset.RescaleIntercept = 1, -1024
+        stored = np.clip(np.round(volume_hu[z] + 1024), -32768, 32767).astype(np.int16)
+        dataset.PixelData = stored.tobytes()
+        path = os.path.join(directory, f"IM{int(names[z]):05d}.dcm")
+        dataset.save_as(path, enforce_file_format=True)
+        paths.append(path)
+    return paths

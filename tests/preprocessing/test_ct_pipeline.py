@@ -1,0 +1,253 @@
+"""CT preprocessing: readers, transforms and the Beam pipeline, against independent references."""
+
+import json
+import os
+
+import apache_beam as beam
+import numpy as np
+import pytest
+import SimpleITK as sitk
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from preprocessing import ct_io, ct_pipeline, ct_transforms, demo_ct, tfrecord_schema
+from trainer import ct_input
+
+IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+SPACING = (0.8, 0.9, 2.5)  # anisotropic, (x, y, z) mm
+DIRECTION = (0, 1, 0, 1, 0, 0, 0, 0, -1)  # rows and columns swapped, slices running feet-wards
+ORIGIN = (10.0, -20.0, 30.0)
+CONFIG = ct_transforms.CtPreprocessConfig(spacing=(1.0, 1.0, 2.0), window=(-200.0, 300.0), shape=(16, 24, 24))
+
+
+def _image(volume, spacing=SPACING, origin=ORIGIN, direction=DIRECTION):
+    image = sitk.GetImageFromArray(volume)
+    image.SetSpacing(spacing)
+    image.SetOrigin(origin)
+    image.SetDirection(direction)
+    return image
+
+
+def _reference(image: sitk.Image, label: sitk.Image, config):
+    """Independent reference: ITK's filters spelled out step by step, then NumPy windowing and centring."""
+    oriented = sitk.DICOMOrientImageFilter()
+    oriented.SetDesiredCoordinateOrientation(config.orientation)
+    image, label = oriented.Execute(image), oriented.Execute(label)
+    arrays = []
+    for volume, interpolator, default, pixel in ((image, sitk.sitkLinear, -1024.0, sitk.sitkFloat32),
+                                                 (label, sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)):
+        resampler = sitk.ResampleImageFilter()
+        resampler.SetOutputSpacing(config.spacing)
+        resampler.SetSize([int(round(n * s / t)) for n, s, t in zip(volume.GetSize(), volume.GetSpacing(), config.spacing)])
+        resampler.SetOutputOrigin(volume.GetOrigin())
+        resampler.SetOutputDirection(volume.GetDirection())
+        resampler.SetInterpolator(interpolator)
+        resampler.SetDefaultPixelValue(default)
+        resampler.SetOutputPixelType(pixel)
+        arrays.append(sitk.GetArrayFromImage(resampler.Execute(volume)))
+    low, high = config.window
+    scaled = (np.clip(arrays[0], low, high) - low) / (high - low)
+    out_image, out_label = np.zeros(config.shape, np.float32), np.zeros(config.shape, np.uint8)
+    for source, target in ((scaled, out_image), (arrays[1], out_label)):
+        src, dst = [], []
+        for n, t in zip(source.shape, config.shape):
+            if n >= t:
+                src.append(slice((n - t) // 2, (n - t) // 2 + t)); dst.append(slice(0, t))
+            else:
+                src.append(slice(0, n)); dst.append(slice((t - n) // 2, (t - n) // 2 + n))
+        target[tuple(dst)] = source[tuple(src)]
+    return out_image, out_label
+
+
+def _read_output(pattern):
+    records = {}
+    for batch in ct_input.ct_dataset(pattern, batch_size=1).as_numpy_iterator():
+        records[batch["case_id"][0].decode()] = (batch["image"][0, ..., 0], batch["label"][0])
+    return records
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    """A NIfTI case (NRRD label) and a DICOM case (shuffled file order, NIfTI label), with their inputs."""
+    root = tmp_path_factory.mktemp("ct")
+    rng = np.random.default_rng(0)
+    inputs = {}
+    (root / "images").mkdir(), (root / "labels").mkdir()
+    volume, label = demo_ct.synthetic_case(rng, (14, 20, 22))
+    sitk.WriteImage(_image(volume), str(root / "images" / "nifti7.nii.gz"))
+    sitk.WriteImage(_image(label), str(root / "labels" / "nifti7.nrrd"))
+    # The reference reads the very files the pipeline reads: NIfTI keeps geometry in float32,
+    # which moves nearest-neighbour ties of the label compared with the in-memory image.
+    inputs["nifti7"] = (sitk.ReadImage(str(root / "images" / "nifti7.nii.gz"), sitk.sitkFloat32),
+                        sitk.ReadImage(str(root / "labels" / "nifti7.nrrd"), sitk.sitkUInt8))
+    volume, label = demo_ct.synthetic_case(rng, (12, 18, 20))
+    demo_ct.write_dicom_series(volume, str(root / "images" / "dicom3"), SPACING, ORIGIN, DIRECTION, rng=rng)
+    sitk.WriteImage(_image(label), str(root / "labels" / "dicom3.nii.gz"))
+    reader = sitk.ImageSeriesReader()  # GDCM's own slice ordering: an independent DICOM reader
+    reader.SetFileNames(reader.GetGDCMSeriesFileNames(str(root / "images" / "dicom3")))
+    inputs["dicom3"] = (sitk.Cast(reader.Execute(), sitk.sitkFloat32),
+                        sitk.ReadImage(str(root / "labels" / "dicom3.nii.gz"), sitk.sitkUInt8))
+    return root, inputs
+
+
+def test_round_trip_equals_independent_reference(cases, tmp_path):
+    root, inputs = cases
+    summary = ct_pipeline.run(str(root / "images"), str(tmp_path / "out"), labels=str(root / "labels"),
+                              config=CONFIG, pipeline_args=IN_PROCESS, log=lambda line: None)
+    assert summary["ok"] == 2 and summary["failed"] == 0
+    records = _read_output(str(tmp_path / "out" / "data-*.tfrecord"))
+    assert sorted(records) == ["dicom3", "nifti7"]
+    for case_id, (image, label) in inputs.items():
+        expected_image, expected_label = _reference(image, label, CONFIG)
+        np.testing.assert_allclose(records[case_id][0], expected_image, atol=1e-5, err_msg=case_id)
+        np.testing.assert_array_equal(records[case_id][1], expected_label, err_msg=case_id)
+        assert expected_label.any()  # the organs survived resampling and cropping
+
+
+def test_record_keeps_geometry(cases):
+    root, _ = cases
+    images, _ = ct_io.discover(str(root / "images"))
+    case = ct_io.CaseSource("nifti7", images["nifti7"], ct_io.VolumeSource(str(root / "labels" / "nifti7.nrrd")))
+    record = ct_transforms.preprocess_case(case, CONFIG)
+    assert record.spacing == pytest.approx((1.0, 1.0, 2.0))
+    assert record.direction == pytest.approx((1, 0, 0, 0, 1, 0, 0, 0, 1))  # canonical LPS
+    assert record.source_path.endswith("nifti7.nii.gz")
+    # The stored origin is where output voxel (0, 0, 0) sits: voxel index -> physical point agrees.
+    oriented = sitk.DICOMOrient(sitk.ReadImage(str(root / "images" / "nifti7.nii.gz")), "LPS")
+    size = [int(round(n * s / t)) for n, s, t in zip(oriented.GetSize(), oriented.GetSpacing(), CONFIG.spacing)]
+    start_xyz = [(n - t) // 2 for n, t in zip(size, CONFIG.shape[::-1])]
+    expected = np.array(oriented.GetOrigin()) + np.array(start_xyz) * np.array(CONFIG.spacing)
+    np.testing.assert_allclose(record.origin, expected, atol=1e-6)
+
+
+def _dicom_case(root, name, positions_mm=None, duplicate=False):
+    volume, _ = demo_ct.synthetic_case(np.random.default_rng(5), (6, 8, 8))
+    paths = demo_ct.write_dicom_series(volume, str(root / name), spacing=(1.0, 1.0, 2.0))
+    if duplicate:
+        import shutil
+        shutil.copy(paths[2], str(root / name / "copy.dcm"))
+    if positions_mm is not None:
+        import pydicom
+        for path, z in zip(paths, positions_mm):
+            dataset = pydicom.dcmread(path)
+            dataset.ImagePositionPatient = [0, 0, z]
+            dataset.save_as(path)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    """One good case and one of every bad kind, in a single input tree."""
+    root = tmp_path_factory.mktemp("bad")
+    images, labels = root / "images", root / "labels"
+    images.mkdir(), labels.mkdir()
+    good, good_label = demo_ct.synthetic_case(np.random.default_rng(1), (8, 12, 12))
+    for name in ("good1", "good2"):
+        sitk.WriteImage(_image(good), str(images / f"{name}.nii.gz"))
+        sitk.WriteImage(_image(good_label), str(labels / f"{name}.nii.gz"))
+    (images / "corrupt.nii.gz").write_bytes(b"not a nifti file")
+    (labels / "corrupt.nii.gz").write_bytes(b"")
+    (images / "notes.dcm").write_bytes(b"neither DICOM nor anything else")
+    _dicom_case(images, "missing_slice", positions_mm=[0, 2, 4, 8, 10, 12])
+    _dicom_case(images, "duplicate_slice", duplicate=True)
+    _dicom_case(images, "uneven", positions_mm=[0, 2, 4.7, 6, 8, 10])
+    for name in ("missing_slice", "duplicate_slice", "uneven"):
+        sitk.WriteImage(_image(np.zeros((6, 8, 8), np.uint8)), str(labels / f"{name}.nii.gz"))
+    sitk.WriteImage(_image(good), str(images / "shape_mismatch.nii.gz"))
+    sitk.WriteImage(_image(np.zeros((8, 12, 10), np.uint8)), str(labels / "shape_mismatch.nii.gz"))
+    sitk.WriteImage(_image(good), str(images / "moved.nii.gz"))
+    sitk.WriteImage(_image(good_label, origin=(50.0, 0.0, 0.0)), str(labels / "moved.nii.gz"))
+    sitk.WriteImage(_image(good), str(images / "unlabelled.nii.gz"))
+    with_nan = good.copy()
+    with_nan[2, 3, 4] = np.nan
+    sitk.WriteImage(_image(with_nan), str(images / "nan.nii.gz"))
+    sitk.WriteImage(_image(good_label), str(labels / "nan.nii.gz"))
+    return root
+
+
+EXPECTED_REASONS = {
+    "corrupt.nii.gz": "unreadable",
+    "notes.dcm": "unreadable",
+    "missing_slice": "missing_slice",
+    "duplicate_slice": "duplicate_slice",
+    "uneven": "non_uniform_spacing",
+    "shape_mismatch.nii.gz": "geometry_mismatch",
+    "moved.nii.gz": "geometry_mismatch",
+    "unlabelled.nii.gz": "missing_label",
+    "nan.nii.gz": "non_finite_voxels",
+}
+
+
+def test_every_bad_case_is_a_dead_letter_and_no_good_case_is_lost(bad_inputs, tmp_path):
+    with pytest.raises(ct_pipeline.PreprocessingFailed, match=r"9 of 11 cases failed \(82%\), more than "
+                                                              r"--max-failed-fraction 0.1; see .*dead_letter.jsonl"):
+        ct_pipeline.run(str(bad_inputs / "images"), str(tmp_path / "out"), labels=str(bad_inputs / "labels"),
+                        config=CONFIG, pipeline_args=IN_PROCESS, log=lambda line: None)
+    output = tmp_path / "out"
+    letters = [json.loads(line) for line in (output / "dead_letter.jsonl").read_text().splitlines()]
+    by_source = {os.path.basename(letter["source"]): letter for letter in letters}
+    assert {name: letter["reason"] for name, letter in by_source.items()} == EXPECTED_REASONS
+    assert all(letter["stage"] and letter["detail"] for letter in letters)
+    assert sorted(_read_output(str(output / "data-*.tfrecord"))) == ["good1", "good2"]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["ok"] == 2 and summary["failed"] == 9
+    assert summary["reasons"]["geometry_mismatch"] == 2 and summary["reasons"]["unreadable"] == 2
+
+
+def test_empty_input_is_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"no CT volumes \(DICOM, .nii.gz, .*\) found under"):
+        ct_pipeline.run(str(tmp_path / "empty"), str(tmp_path / "out"), pipeline_args=IN_PROCESS)
+
+
+def test_rerun_replaces_output_whole(bad_inputs, tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "data-00000-of-00009.tfrecord").write_bytes(b"stale shard of an earlier run")
+    ct_pipeline.run(str(bad_inputs / "images" / "good1.nii.gz"), str(output), config=CONFIG,
+                    pipeline_args=IN_PROCESS, log=lambda line: None)
+    assert sorted(os.listdir(output)) == ["data-00000-of-00001.tfrecord", "dead_letter.jsonl", "summary.json"]
+    assert [p for p in os.listdir(tmp_path) if p != "out"] == []  # no staging or old directories left
+
+
+def test_preprocess_fn_in_test_pipeline(bad_inputs):
+    images, _ = ct_io.discover(str(bad_inputs / "images"))
+    good = ct_io.CaseSource("good1", images["good1"])
+    corrupt = ct_io.CaseSource("corrupt", images["corrupt"])
+    with TestPipeline(argv=IN_PROCESS) as pipeline:
+        outputs = (
+            pipeline
+            | beam.Create([good, corrupt])
+            | beam.ParDo(ct_pipeline.PreprocessCaseFn(CONFIG)).with_outputs(ct_pipeline.DEAD_LETTER, main="records")
+        )
+        case_ids = outputs.records | beam.Map(lambda data: tfrecord_schema.parse_ct_example(data)["case_id"].numpy())
+        assert_that(case_ids, equal_to([b"good1"]), label="records")
+        reasons = outputs[ct_pipeline.DEAD_LETTER] | beam.Map(lambda letter: letter["reason"])
+        assert_that(reasons, equal_to(["unreadable"]), label="dead_letters")
+
+
+@pytest.mark.parametrize(
+    "shape, size, start",
+    [((4, 6, 6), (4, 4, 8), (0, 1, -1)), ((5, 5, 5), (3, 7, 5), (1, -1, 0)), ((5, 5, 5), (6, 4, 5), (0, 0, 0))],
+)
+def test_crop_or_pad_centres(shape, size, start):
+    array = np.arange(np.prod(shape)).reshape(shape)
+    output, origin_index = ct_transforms.crop_or_pad(array, size, -1)
+    assert output.shape == size and tuple(origin_index) == start
+    for index in np.ndindex(*size):
+        source = tuple(i + s for i, s in zip(index, start))
+        inside = all(0 <= v < n for v, n in zip(source, shape))
+        assert output[index] == (array[source] if inside else -1)
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".nrrd", ".mha"])
+@pytest.mark.parametrize("bad_value", [np.nan, np.inf])
+def test_non_finite_voxels_are_refused_in_every_format(tmp_path, suffix, bad_value):
+    # ITK's NIfTI reader turns NaN/Inf into 0 silently; the check must see them anyway.
+    volume = np.zeros((4, 5, 6), np.float32)
+    volume[1, 2, 3] = bad_value
+    path = str(tmp_path / f"case{suffix}")
+    sitk.WriteImage(_image(volume), path)
+    with pytest.raises(ct_io.CaseError, match="1 voxels .* are NaN or infinite|1 voxels are NaN or infinite") as error:
+        ct_transforms.preprocess_case(ct_io.CaseSource("case", ct_io.VolumeSource(path)), CONFIG)
+    assert error.value.reason == "non_finite_voxels"
