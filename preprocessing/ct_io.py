@@ -22,6 +22,8 @@ import numpy as np
 import pydicom
 import SimpleITK as sitk
 
+from preprocessing.conversion import dead_letter
+
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
 # Files that sit next to images but are never images themselves.
 IGNORED_SUFFIXES = (".raw", ".zraw", ".json", ".txt", ".md", ".csv")
@@ -160,11 +162,6 @@ def _read_manifest(path: str, images: dict[str, VolumeSource], dead: list) -> di
             else:
                 by_case[case_id] = VolumeSource(label_path)
     return by_case
-
-
-def dead_letter(source: str, stage: str, reason: str, detail: str) -> dict:
-    """One dead-letter record, as written to `dead_letter.jsonl`."""
-    return {"source": source, "stage": stage, "reason": reason, "detail": detail}
 
 
 def read_volume(source: VolumeSource, pixel_type=sitk.sitkFloat32) -> sitk.Image:

@@ -162,3 +162,77 @@ def parse_ct_example(serialized) -> dict:
         "original_shape": parsed[IMAGE_ORIGINAL_SHAPE],
         "window": parsed[IMAGE_WINDOW],
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectionRecord:
+    """One image with its boxes (TF Object Detection API layout).
+
+    Boxes are normalized to [0, 1] as (ymin, xmin, ymax, xmax), one row per box.
+    """
+
+    source_id: str
+    filename: str
+    encoded: bytes  # the image file's bytes, as stored (JPEG or PNG)
+    image_format: str  # "jpeg" or "png"
+    height: int
+    width: int
+    boxes: np.ndarray  # (N, 4) float32 ymin, xmin, ymax, xmax in [0, 1]
+    labels: tuple[int, ...] = ()
+    texts: tuple[str, ...] = ()
+
+
+def encode_detection_example(record: DetectionRecord) -> bytes:
+    """Serializes a `DetectionRecord` with the TF Object Detection API keys."""
+    boxes = np.asarray(record.boxes, np.float32).reshape(-1, 4)  # (N, 4)
+    features = {
+        "image/encoded": _bytes(record.encoded),
+        "image/format": _bytes(record.image_format.encode()),
+        "image/height": _ints([record.height]),
+        "image/width": _ints([record.width]),
+        "image/filename": _bytes(record.filename.encode()),
+        "image/source_id": _bytes(record.source_id.encode()),
+        "image/object/bbox/ymin": _floats(boxes[:, 0]),
+        "image/object/bbox/xmin": _floats(boxes[:, 1]),
+        "image/object/bbox/ymax": _floats(boxes[:, 2]),
+        "image/object/bbox/xmax": _floats(boxes[:, 3]),
+        "image/object/class/label": _ints(record.labels),
+        "image/object/class/text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[t.encode() for t in record.texts])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+_DETECTION_FEATURES = {
+    "image/encoded": tf.io.FixedLenFeature([], tf.string),
+    "image/height": tf.io.FixedLenFeature([], tf.int64),
+    "image/width": tf.io.FixedLenFeature([], tf.int64),
+    "image/source_id": tf.io.FixedLenFeature([], tf.string),
+    "image/object/bbox/ymin": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
+    "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
+    "image/object/class/label": tf.io.VarLenFeature(tf.int64),
+    "image/object/class/text": tf.io.VarLenFeature(tf.string),
+}
+
+
+def parse_detection_example(serialized) -> dict:
+    """Parses one detection example with TensorFlow ops.
+
+    Returns:
+        `image` (H, W, 3) uint8, `boxes` (N, 4) float32 normalized (ymin, xmin,
+        ymax, xmax), `labels` (N,) int32, `texts` (N,), `source_id`, `height`, `width`.
+    """
+    parsed = tf.io.parse_single_example(serialized, _DETECTION_FEATURES)
+    image = tf.io.decode_image(parsed["image/encoded"], channels=3, expand_animations=False)  # (H, W, 3)
+    dense = {k: tf.sparse.to_dense(v) for k, v in parsed.items() if isinstance(v, tf.sparse.SparseTensor)}
+    boxes = tf.stack([dense[f"image/object/bbox/{k}"] for k in ("ymin", "xmin", "ymax", "xmax")], axis=-1)  # (N, 4)
+    return {
+        "image": image,
+        "boxes": boxes,
+        "labels": tf.cast(dense["image/object/class/label"], tf.int32),
+        "texts": dense["image/object/class/text"],
+        "source_id": parsed["image/source_id"],
+        "height": parsed["image/height"],
+        "width": parsed["image/width"],
+    }

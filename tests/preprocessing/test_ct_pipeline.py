@@ -10,7 +10,7 @@ import SimpleITK as sitk
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from preprocessing import ct_io, ct_pipeline, ct_transforms, demo_ct, tfrecord_schema
+from preprocessing import conversion, ct_io, ct_pipeline, ct_transforms, demo_ct, tfrecord_schema
 from trainer import ct_input
 
 IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
@@ -179,7 +179,7 @@ EXPECTED_REASONS = {
 
 
 def test_every_bad_case_is_a_dead_letter_and_no_good_case_is_lost(bad_inputs, tmp_path):
-    with pytest.raises(ct_pipeline.PreprocessingFailed, match=r"9 of 11 cases failed \(82%\), more than "
+    with pytest.raises(conversion.PreprocessingFailed, match=r"9 of 11 inputs failed \(82%\), more than "
                                                               r"--max-failed-fraction 0.1; see .*dead_letter.jsonl"):
         ct_pipeline.run(str(bad_inputs / "images"), str(tmp_path / "out"), labels=str(bad_inputs / "labels"),
                         config=CONFIG, pipeline_args=IN_PROCESS, log=lambda line: None)
@@ -218,11 +218,11 @@ def test_preprocess_fn_in_test_pipeline(bad_inputs):
         outputs = (
             pipeline
             | beam.Create([good, corrupt])
-            | beam.ParDo(ct_pipeline.PreprocessCaseFn(CONFIG)).with_outputs(ct_pipeline.DEAD_LETTER, main="records")
+            | beam.ParDo(ct_pipeline.PreprocessCaseFn(CONFIG)).with_outputs(conversion.DEAD_LETTER, main="records")
         )
         case_ids = outputs.records | beam.Map(lambda data: tfrecord_schema.parse_ct_example(data)["case_id"].numpy())
         assert_that(case_ids, equal_to([b"good1"]), label="records")
-        reasons = outputs[ct_pipeline.DEAD_LETTER] | beam.Map(lambda letter: letter["reason"])
+        reasons = outputs[conversion.DEAD_LETTER] | beam.Map(lambda letter: letter["reason"])
         assert_that(reasons, equal_to(["unreadable"]), label="dead_letters")
 
 
