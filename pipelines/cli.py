@@ -170,6 +170,172 @@ def demo(
     _print(f"demo done: foreground Dice {summary['dice_mean']:.3f}; summary in {output / 'summary.json'}")
 
 
+preprocess_app = typer.Typer(help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
+                             no_args_is_help=True)
+app.add_typer(preprocess_app, name="preprocess")
+demo_data_app = typer.Typer(help="Write synthetic demo data (no downloads).", no_args_is_help=True)
+app.add_typer(demo_data_app, name="demo-data")
+
+BEAM_HELP = (
+    "Beam runner: DirectRunner (this machine, one worker per core) or DataflowRunner (add --project, --region, "
+    "--temp_location and any other Beam option after the known ones)."
+)
+
+
+def _triple(text: str | None, name: str, kind=float):
+    if text is None:
+        return None
+    parts = [p for p in text.replace(" ", "").split(",") if p]
+    try:
+        values = tuple(kind(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != (2 if name == "--window" else 3):
+        example = {"--spacing": "1.0,1.0,2.5", "--window": "-160,240", "--shape": "128,256,256"}[name]
+        _fail(f"{name} {text!r} is not valid; write it like {example}.")
+    return values
+
+
+def _beam_args(runner: str, workers: int | None, extra: list[str]) -> list[str]:
+    """Beam pipeline options: the runner, local worker count, and whatever else the user passed."""
+    from preprocessing import conversion
+
+    if runner == "DirectRunner":
+        args = conversion.default_pipeline_args()
+        if workers:
+            args = [a for a in args if not a.startswith("--direct_num_workers")] + [f"--direct_num_workers={workers}"]
+        return args + extra
+    args = [f"--runner={runner}", *extra]
+    if runner == "DataflowRunner" and not any(
+        a.startswith(("--setup_file", "--extra_package", "--sdk_container_image")) for a in extra
+    ):
+        args.append(f"--extra_package={_worker_wheel()}")
+    return args
+
+
+def _worker_wheel() -> str:
+    """Builds a wheel of this fullres checkout for Dataflow workers to install (Beam's --extra_package)."""
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").exists():
+        _fail("Dataflow workers need fullres: pass --sdk_container_image with the fullres image, or --extra_package.")
+    import shutil
+
+    directory = tempfile.mkdtemp(prefix="fullres-wheel-")
+    uv = os.environ.get("UV") or shutil.which("uv")
+    command = (
+        [uv, "build", "--quiet", "--wheel", "--out-dir", directory, str(root)]
+        if uv
+        else [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", directory, str(root)]
+    )
+    built = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(Path(directory).glob("fullres-*.whl"))
+    if built.returncode != 0 or not wheels:
+        _fail(f"could not build the fullres wheel for Dataflow workers ({built.stderr.strip()[-300:]}); pass "
+              "--sdk_container_image or --extra_package instead.")
+    return str(wheels[0])
+
+
+def _run_conversion(function, **kwargs):
+    from preprocessing import conversion
+
+    try:
+        function(**kwargs, log=_print)
+    except conversion.PreprocessingFailed as error:
+        _fail(str(error))
+    except (ValueError, FileNotFoundError) as error:
+        _fail(str(error))
+
+
+_BEAM_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@preprocess_app.command("ct", context_settings=_BEAM_CONTEXT)
+def preprocess_ct(
+    context: typer.Context,
+    input_path: Annotated[str, typer.Option("--input", help="A CT file, or a directory of DICOM series / NIfTI / NRRD / MetaImage files.")],
+    output: Annotated[str, typer.Option(help="Output directory (replaced whole, atomically).")],
+    labels: Annotated[str | None, typer.Option(help="Label maps: a directory with a file named like each image, or a CSV with image,label rows.")] = None,
+    spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = "1.0,1.0,1.0",
+    window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1].")] = "-1000,1000",
+    shape: Annotated[str | None, typer.Option(help="Crop or pad every case to D,H,W (choose sizes your partitioning accepts).")] = None,
+    num_shards: Annotated[int, typer.Option(help="TFRecord shards; 0 lets the runner decide.")] = 0,
+    compress: Annotated[bool, typer.Option(help="Write .tfrecord.gz shards.")] = False,
+    max_failed_fraction: Annotated[float, typer.Option(help="Exit non-zero when more than this fraction of inputs fails.")] = 0.1,
+    runner: Annotated[str, typer.Option(help=BEAM_HELP)] = "DirectRunner",
+    workers: Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")] = None,
+) -> None:
+    """Convert CT volumes (+ label maps) into resampled, windowed TFRecords; bad cases go to dead_letter.jsonl."""
+    from preprocessing import ct_pipeline, ct_transforms
+
+    try:
+        config = ct_transforms.CtPreprocessConfig(
+            spacing=_triple(spacing, "--spacing") if spacing and spacing.lower() != "none" else None,
+            window=_triple(window, "--window"),
+            shape=_triple(shape, "--shape", int),
+        )
+    except ValueError as error:
+        _fail(str(error))
+    _run_conversion(
+        ct_pipeline.run, input_path=input_path, output=output, labels=labels, config=config,
+        pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
+        max_failed_fraction=max_failed_fraction,
+    )
+
+
+@preprocess_app.command("images", context_settings=_BEAM_CONTEXT)
+def preprocess_images(
+    context: typer.Context,
+    annotations: Annotated[str, typer.Option(help="A COCO JSON file, or a directory of Pascal VOC XML files.")],
+    images: Annotated[str, typer.Option(help="The directory the annotations' file names are relative to.")],
+    output: Annotated[str, typer.Option(help="Output directory (replaced whole, atomically).")],
+    num_shards: Annotated[int, typer.Option(help="TFRecord shards; 0 lets the runner decide.")] = 0,
+    compress: Annotated[bool, typer.Option(help="Write .tfrecord.gz shards.")] = False,
+    max_failed_fraction: Annotated[float, typer.Option(help="Exit non-zero when more than this fraction of inputs fails.")] = 0.1,
+    runner: Annotated[str, typer.Option(help=BEAM_HELP)] = "DirectRunner",
+    workers: Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")] = None,
+) -> None:
+    """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
+    from preprocessing import images_pipeline
+
+    _run_conversion(
+        images_pipeline.run, annotations=annotations, images=images, output=output,
+        pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
+        max_failed_fraction=max_failed_fraction,
+    )
+
+
+@demo_data_app.command("ct")
+def demo_data_ct(
+    output: Annotated[Path, typer.Option(help="Directory to write dicom/ and nifti/ into.")] = Path("fullres-demo-ct"),
+    cases: Annotated[int, typer.Option(help="Number of synthetic cases.")] = 8,
+    shape: Annotated[str, typer.Option(help="Voxels D,H,W of each case before preprocessing.")] = "48,64,64",
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Synthetic CT cases with label maps, as DICOM series and as NIfTI (the same cases in both)."""
+    from preprocessing import demo_ct
+
+    written = demo_ct.write_demo_cases(str(output), cases, _triple(shape, "--shape", int), seed)
+    _print(f"wrote {cases} cases: DICOM series in {written['dicom']}, NIfTI in {written['nifti']} "
+           f"(labels beside each, in labels/)")
+
+
+@demo_data_app.command("images")
+def demo_data_images(
+    output: Annotated[Path, typer.Option(help="Directory to write images/ and annotations.json into.")] = Path("fullres-demo-images"),
+    images: Annotated[int, typer.Option(help="Number of images.")] = 64,
+    size: Annotated[int, typer.Option(help="Image height and width in pixels.")] = 256,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Synthetic detection images (shapes on textured backgrounds) with COCO JSON boxes."""
+    from preprocessing import demo_images
+
+    written = demo_images.write_demo_coco(str(output), images, (size, size), seed)
+    _print(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (`fullres`)."""
     app(args=argv, prog_name="fullres")

@@ -9,25 +9,38 @@ module runs it and lays out the output directory:
     summary.json                        {"ok", "failed", "reasons", "shards", "bytes", ...}
 
 Everything is written to a staging directory beside the output and swapped in
-by renames only when the pipeline has finished, so a rerun or a crash never
-leaves old and new shards mixed.
+only when the pipeline has finished, so a rerun or a crash never leaves old and
+new shards mixed. On a local disk the swap is two directory renames. On an
+object store (gs://), which has no directories to rename, the old files are
+deleted, the new ones moved in, and `summary.json` is written last: a reader
+that finds `summary.json` finds the complete output.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import logging
 import os
+import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 METRICS_NAMESPACE = "fullres"
 DEAD_LETTER = "dead_letter"
+PROGRESS_LOGGER = logging.getLogger("fullres.progress")
+# Where the local runners deliver worker log lines: directly (in-memory runner), or
+# forwarded from worker processes by the job service (multi-processing DirectRunner).
+_PROGRESS_SOURCES = ("fullres.progress", "apache_beam.runners.portability.local_job_service")
+_PROGRESS_LINE = re.compile(r"fullres-progress (ok|failed)")
 
 
 class PreprocessingFailed(RuntimeError):
@@ -42,13 +55,55 @@ def dead_letter(source: str, stage: str, reason: str, detail: str) -> dict:
 def reject(letter: dict):
     """Counts a dead letter and returns it as the `DoFn`'s tagged output."""
     Metrics.counter(METRICS_NAMESPACE, f"failed_{letter['reason']}").inc()
+    PROGRESS_LOGGER.info("fullres-progress failed %s", letter["source"])
     return beam.pvalue.TaggedOutput(DEAD_LETTER, letter)
 
 
 def accept(serialized: bytes) -> bytes:
     """Counts a written record and returns it as the `DoFn`'s main output."""
     Metrics.counter(METRICS_NAMESPACE, "ok").inc()
+    PROGRESS_LOGGER.info("fullres-progress ok")
     return serialized
+
+
+class _ProgressFilter(logging.Filter):
+    """Turns the workers' per-record log lines into a progress line every few seconds."""
+
+    def __init__(self, total: int, log: Callable[[str], None], every_seconds: float):
+        super().__init__()
+        self.total, self.log, self.every_seconds = total, log, every_seconds
+        self.ok = self.failed = 0
+        self.last = time.monotonic()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = _PROGRESS_LINE.search(record.getMessage())
+        if match is None:
+            return True
+        if match.group(1) == "ok":
+            self.ok += 1
+        else:
+            self.failed += 1
+        now = time.monotonic()
+        if now - self.last >= self.every_seconds:
+            self.last = now
+            self.log(f"  {self.ok} records written, {self.failed} dead letters so far ({self.total} inputs)")
+        return False  # the raw worker line is not for people
+
+
+@contextlib.contextmanager
+def _progress(total: int, log: Callable[[str], None], every_seconds: float = 5.0):
+    progress = _ProgressFilter(total, log, every_seconds)
+    loggers = [logging.getLogger(name) for name in _PROGRESS_SOURCES]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addFilter(progress)
+        logger.setLevel(logging.INFO)
+    try:
+        yield progress
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.removeFilter(progress)
+            logger.setLevel(level)
 
 
 def default_pipeline_args() -> list[str]:
@@ -71,27 +126,56 @@ def build(pipeline: beam.Pipeline, items: Sequence, early_dead_letters: Sequence
     )
     suffix = ".tfrecord.gz" if compress else ".tfrecord"
     _ = outputs.records | "WriteRecords" >> beam.io.WriteToTFRecord(
-        os.path.join(staging, "data"), file_name_suffix=suffix, num_shards=num_shards
+        FileSystems.join(staging, "data"), file_name_suffix=suffix, num_shards=num_shards
     )
     _ = (
         (outputs[DEAD_LETTER], pipeline | "EarlyDeadLetters" >> beam.Create(list(early_dead_letters)))
         | "AllDeadLetters" >> beam.Flatten()
         | "ToJson" >> beam.Map(lambda letter: json.dumps(letter, sort_keys=True))
         | "WriteDeadLetters" >> beam.io.WriteToText(
-            os.path.join(staging, "dead_letter"), file_name_suffix=".jsonl", shard_name_template="", num_shards=1
+            FileSystems.join(staging, "dead_letter"), file_name_suffix=".jsonl", shard_name_template="", num_shards=1
         )
     )
 
 
-def publish(staging: str, output: str) -> None:
-    """Swaps `staging` in as `output` with renames; the old output is removed afterwards."""
-    if os.path.exists(output):
-        old = f"{output}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(output, old)
-        os.rename(staging, output)
-        shutil.rmtree(old)
-    else:
-        os.rename(staging, output)
+def _is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def _list(directory: str, pattern: str = "*") -> list:
+    """File metadata under `directory` (any Beam filesystem); empty if there is none."""
+    try:
+        return FileSystems.match([FileSystems.join(directory, pattern)])[0].metadata_list
+    except Exception:  # Beam raises BeamIOError for a pattern that matches nothing on some filesystems
+        return []
+
+
+def _write_json(path: str, content) -> None:
+    with FileSystems.create(path) as file:
+        file.write(json.dumps(content, indent=2).encode())
+
+
+def publish(staging: str, output: str, last: str = "summary.json") -> None:
+    """Swaps `staging` in as `output`; the old output is removed.
+
+    Local: two directory renames. Object store: delete old files, move new ones
+    in, and move `last` (the completion marker) after everything else.
+    """
+    if _is_local(output):
+        if os.path.exists(output):
+            old = f"{output}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(output, old)
+            os.rename(staging, output)
+            shutil.rmtree(old)
+        else:
+            os.rename(staging, output)
+        return
+    old_files = [m.path for m in _list(output)]
+    if old_files:
+        FileSystems.delete(old_files)
+    new_files = sorted((m.path for m in _list(staging)), key=lambda path: path.endswith("/" + last))
+    for path in new_files:
+        FileSystems.rename([path], [FileSystems.join(output, path.rsplit("/", 1)[-1])])
 
 
 def run(
@@ -124,35 +208,38 @@ def run(
     Returns:
         The summary written to `summary.json`.
     """
-    output = os.path.abspath(output)
+    if _is_local(output):
+        output = os.path.abspath(output)
     staging = f"{output}.staging-{uuid.uuid4().hex[:8]}"
-    os.makedirs(staging)
+    if _is_local(staging):
+        os.makedirs(staging)
     try:
         options = PipelineOptions(list(pipeline_args) if pipeline_args is not None else default_pipeline_args())
         pipeline = beam.Pipeline(options=options)
         build(pipeline, items, early_dead_letters, convert, staging, num_shards, compress)
-        result = pipeline.run()
-        result.wait_until_finish()
+        with _progress(len(items), log):
+            result = pipeline.run()
+            result.wait_until_finish()
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if _is_local(staging):
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     counters = {
         c.key.metric.name: c.committed
         for c in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
     }
-    with open(os.path.join(staging, "dead_letter.jsonl")) as file:
-        letters = [json.loads(line) for line in file if line.strip()]
-    shards = sorted(name for name in os.listdir(staging) if name.startswith("data-"))
+    with FileSystems.open(FileSystems.join(staging, "dead_letter.jsonl")) as file:
+        letters = [json.loads(line) for line in file.read().decode().splitlines() if line.strip()]
+    shards = sorted(_list(staging, "data-*"), key=lambda m: m.path)
     summary = {
         "ok": int(counters.get("ok", 0)),
         "failed": len(letters),
         "reasons": dict(sorted(collections.Counter(letter["reason"] for letter in letters).items())),
-        "shards": shards,
-        "bytes": sum(os.path.getsize(os.path.join(staging, name)) for name in shards),
+        "shards": [m.path.rsplit("/", 1)[-1] for m in shards],
+        "bytes": sum(m.size_in_bytes for m in shards),
     }
-    for name, content in {"summary.json": summary, **(extra_files or {})}.items():
-        with open(os.path.join(staging, name), "w") as file:
-            json.dump(content, file, indent=2)
+    for name, content in {**(extra_files or {}), "summary.json": summary}.items():
+        _write_json(FileSystems.join(staging, name), content)
     publish(staging, output)
     log(f"wrote {summary['ok']} records in {len(shards)} shards ({summary['bytes'] / 2**20:.1f} MiB), "
         f"{summary['failed']} dead letters {summary['reasons'] or ''}".rstrip())
@@ -160,6 +247,6 @@ def run(
     if total and summary["failed"] / total > max_failed_fraction:
         raise PreprocessingFailed(
             f"{summary['failed']} of {total} inputs failed ({summary['failed'] / total:.0%}), more than "
-            f"--max-failed-fraction {max_failed_fraction:g}; see {os.path.join(output, 'dead_letter.jsonl')}."
+            f"--max-failed-fraction {max_failed_fraction:g}; see {FileSystems.join(output, 'dead_letter.jsonl')}."
         )
     return summary
