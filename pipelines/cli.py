@@ -268,14 +268,16 @@ def preprocess_ct(
     workers: Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")] = None,
 ) -> None:
     """Convert CT volumes (+ label maps) into resampled, windowed TFRecords; bad cases go to dead_letter.jsonl."""
+    # Cheap checks first: a typo should not wait for Beam and TensorFlow to load.
+    spacing_values = _triple(spacing, "--spacing") if spacing and spacing.lower() != "none" else None
+    window_values, shape_values = _triple(window, "--window"), _triple(shape, "--shape", int)
+    for name, path in (("--input", input_path), ("--labels", labels)):
+        if path is not None and "://" not in path and not os.path.exists(path):
+            _fail(f"{name} {path!r} does not exist.")
     from preprocessing import ct_pipeline, ct_transforms
 
     try:
-        config = ct_transforms.CtPreprocessConfig(
-            spacing=_triple(spacing, "--spacing") if spacing and spacing.lower() != "none" else None,
-            window=_triple(window, "--window"),
-            shape=_triple(shape, "--shape", int),
-        )
+        config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values)
     except ValueError as error:
         _fail(str(error))
     _run_conversion(
@@ -298,6 +300,9 @@ def preprocess_images(
     workers: Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")] = None,
 ) -> None:
     """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
+    for name, path in (("--annotations", annotations), ("--images", images)):
+        if "://" not in path and not os.path.exists(path):
+            _fail(f"{name} {path!r} does not exist.")
     from preprocessing import images_pipeline
 
     _run_conversion(

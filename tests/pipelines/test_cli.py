@@ -1,5 +1,6 @@
 """The `fullres` command: help, and one-sentence errors instead of stack traces."""
 
+import json
 import os
 import subprocess
 import sys
@@ -31,25 +32,64 @@ def test_train_help_documents_partitioning():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--input-partition-dims", "1,3,1,1,1", "--virtual-devices", "4"],
-         "asks for 3 cores per replica, which does not divide the 4 devices present"),
-        (["--input-partition-dims", "1,4,1,1", "--virtual-devices", "4"],
-         "input_partition_dims [1, 4, 1, 1] has 4 entries but a 3D model takes 5-D inputs"),
-        (["--input-partition-dims", "1,4,1,1,1", "--virtual-devices", "4", "--num-levels", "4"],
+        (["--input-partition-dims", "1,3,1,1,1"], "asks for 3 cores per replica, which does not divide the 8 devices present"),
+        (["--input-partition-dims", "1,4,1,1"], "input_partition_dims [1, 4, 1, 1] has 4 entries but a 3D model takes 5-D inputs"),
+        (["--input-partition-dims", "1,4,1,1,1", "--num-levels", "4", "--batch-size", "2"],
          "depth 16 (input_partition_dims[1] = 4) does not fit a model with 3 downsamplings"),
+        (["--input-partition-dims", "1,4,1,1,1", "--batch-size", "3"], "global batch size 3 does not divide over 2 replicas"),
         (["--preset", "huge"], "--preset 'huge' is not known"),
         (["--precision", "float16"], "TrainConfig.precision must be one of"),
     ],
 )
 def test_train_refuses_bad_configuration_in_one_line(demo_data, tmp_path, args, message):
-    result = _fullres("train", "--train", demo_data["train"], "--output", str(tmp_path), *args)
-    assert result.returncode == 2
+    # In-process (the 8 test devices); the subprocess path is covered by test_train_names_missing_data.
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    result = CliRunner().invoke(cli.app, ["train", "--train", demo_data["train"], "--output", str(tmp_path), *args])
+    assert result.exit_code == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
 def test_train_names_missing_data(tmp_path):
     result = _fullres("train", "--train", str(tmp_path / "none-*.tfrecord"), "--output", str(tmp_path / "out"))
     assert result.returncode == 2
     assert "no TFRecord files match" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_preprocess_ct_end_to_end_and_failure_exit(tmp_path):
+    written = _fullres("demo-data", "ct", "--output", str(tmp_path / "demo"), "--cases", "2", "--shape", "8,16,16")
+    assert written.returncode == 0, written.stderr[-2000:]
+    images = tmp_path / "demo" / "nifti" / "images"
+    result = _fullres("preprocess", "ct", "--input", str(images), "--labels", str(tmp_path / "demo" / "nifti" / "labels"),
+                      "--output", str(tmp_path / "out"), "--spacing", "2,2,4", "--shape", "8,16,16", "--workers", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ok"] == 2 and summary["failed"] == 0
+    # Labels asked for but missing: every case fails; exit 2 with one sentence naming the threshold.
+    (tmp_path / "nolabels").mkdir()
+    result = _fullres("preprocess", "ct", "--input", str(images), "--labels", str(tmp_path / "nolabels"),
+                      "--output", str(tmp_path / "out2"), "--workers", "1")
+    assert result.returncode == 2
+    assert "fullres: error: 2 of 2 inputs failed (100%), more than --max-failed-fraction 0.1" in result.stderr
+    assert (tmp_path / "out2" / "dead_letter.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["preprocess", "ct", "--input", "/nonexistent", "--output", "o"], "--input '/nonexistent' does not exist"),
+        (["preprocess", "ct", "--input", ".", "--output", "o", "--window", "300,100"],
+         "--window needs LOW,HIGH with LOW < HIGH"),
+        (["preprocess", "ct", "--input", ".", "--output", "o", "--shape", "1,2"], "--shape '1,2' is not valid"),
+        (["preprocess", "images", "--annotations", "/no.json", "--images", ".", "--output", "o"],
+         "--annotations '/no.json' does not exist"),
+    ],
+)
+def test_preprocess_refuses_bad_arguments_in_one_line(args, message):
+    result = _fullres(*args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
