@@ -20,14 +20,19 @@ patient space.
 
 Detection records use the TF Object Detection API keys (`DETECTION_KEYS`) so
 existing tools read them.
+
+Writing needs no TensorFlow (`example_proto`), so Beam workers start fast;
+the parsers, used inside `tf.data`, import it when first called.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
-import tensorflow as tf
+
+from preprocessing import example_proto
 
 CASE_ID = "case_id"
 SOURCE_PATH = "source_path"
@@ -92,16 +97,7 @@ class CtRecord:
             raise ValueError(f"CtRecord {self.case_id}: direction needs 9 values, got {len(self.direction)}.")
 
 
-def _bytes(value: bytes) -> tf.train.Feature:
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-
-def _ints(values) -> tf.train.Feature:
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
-
-
-def _floats(values) -> tf.train.Feature:
-    return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
+_bytes, _floats, _ints = example_proto.BytesValues, example_proto.FloatValues, example_proto.IntValues
 
 
 def encode_ct_example(record: CtRecord) -> bytes:
@@ -121,21 +117,25 @@ def encode_ct_example(record: CtRecord) -> bytes:
         IMAGE_WINDOW: _floats(record.window),
         LABEL_ENCODED: _bytes(label.tobytes()),
     }
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+    return example_proto.serialize_example(features)
 
 
-_CT_FEATURES = {
-    CASE_ID: tf.io.FixedLenFeature([], tf.string),
-    SOURCE_PATH: tf.io.FixedLenFeature([], tf.string),
-    IMAGE_ENCODED: tf.io.FixedLenFeature([], tf.string),
-    IMAGE_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
-    IMAGE_ORIGINAL_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
-    IMAGE_SPACING: tf.io.FixedLenFeature([3], tf.float32),
-    IMAGE_ORIGIN: tf.io.FixedLenFeature([3], tf.float32),
-    IMAGE_DIRECTION: tf.io.FixedLenFeature([9], tf.float32),
-    IMAGE_WINDOW: tf.io.FixedLenFeature([2], tf.float32),
-    LABEL_ENCODED: tf.io.FixedLenFeature([], tf.string),
-}
+@functools.cache
+def _ct_features() -> dict:
+    import tensorflow as tf
+
+    return {
+        CASE_ID: tf.io.FixedLenFeature([], tf.string),
+        SOURCE_PATH: tf.io.FixedLenFeature([], tf.string),
+        IMAGE_ENCODED: tf.io.FixedLenFeature([], tf.string),
+        IMAGE_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
+        IMAGE_ORIGINAL_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
+        IMAGE_SPACING: tf.io.FixedLenFeature([3], tf.float32),
+        IMAGE_ORIGIN: tf.io.FixedLenFeature([3], tf.float32),
+        IMAGE_DIRECTION: tf.io.FixedLenFeature([9], tf.float32),
+        IMAGE_WINDOW: tf.io.FixedLenFeature([2], tf.float32),
+        LABEL_ENCODED: tf.io.FixedLenFeature([], tf.string),
+    }
 
 
 def parse_ct_example(serialized) -> dict:
@@ -145,7 +145,9 @@ def parse_ct_example(serialized) -> dict:
         A dict with `image` (D, H, W, 1) float32, `label` (D, H, W) int32 and the
         geometry fields as tensors; usable inside `tf.data.Dataset.map`.
     """
-    parsed = tf.io.parse_single_example(serialized, _CT_FEATURES)
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, _ct_features())
     shape = tf.cast(parsed[IMAGE_SHAPE], tf.int32)
     image = tf.io.decode_raw(parsed[IMAGE_ENCODED], tf.float32, little_endian=True)
     image = tf.reshape(image, tf.concat([shape, [1]], axis=0))  # (D, H, W, 1)
@@ -197,23 +199,27 @@ def encode_detection_example(record: DetectionRecord) -> bytes:
         "image/object/bbox/ymax": _floats(boxes[:, 2]),
         "image/object/bbox/xmax": _floats(boxes[:, 3]),
         "image/object/class/label": _ints(record.labels),
-        "image/object/class/text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[t.encode() for t in record.texts])),
+        "image/object/class/text": _bytes([t.encode() for t in record.texts]),
     }
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+    return example_proto.serialize_example(features)
 
 
-_DETECTION_FEATURES = {
-    "image/encoded": tf.io.FixedLenFeature([], tf.string),
-    "image/height": tf.io.FixedLenFeature([], tf.int64),
-    "image/width": tf.io.FixedLenFeature([], tf.int64),
-    "image/source_id": tf.io.FixedLenFeature([], tf.string),
-    "image/object/bbox/ymin": tf.io.VarLenFeature(tf.float32),
-    "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
-    "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
-    "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
-    "image/object/class/label": tf.io.VarLenFeature(tf.int64),
-    "image/object/class/text": tf.io.VarLenFeature(tf.string),
-}
+@functools.cache
+def _detection_features() -> dict:
+    import tensorflow as tf
+
+    return {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/height": tf.io.FixedLenFeature([], tf.int64),
+        "image/width": tf.io.FixedLenFeature([], tf.int64),
+        "image/source_id": tf.io.FixedLenFeature([], tf.string),
+        "image/object/bbox/ymin": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
+        "image/object/class/label": tf.io.VarLenFeature(tf.int64),
+        "image/object/class/text": tf.io.VarLenFeature(tf.string),
+    }
 
 
 def parse_detection_example(serialized) -> dict:
@@ -223,7 +229,9 @@ def parse_detection_example(serialized) -> dict:
         `image` (H, W, 3) uint8, `boxes` (N, 4) float32 normalized (ymin, xmin,
         ymax, xmax), `labels` (N,) int32, `texts` (N,), `source_id`, `height`, `width`.
     """
-    parsed = tf.io.parse_single_example(serialized, _DETECTION_FEATURES)
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, _detection_features())
     image = tf.io.decode_image(parsed["image/encoded"], channels=3, expand_animations=False)  # (H, W, 3)
     dense = {k: tf.sparse.to_dense(v) for k, v in parsed.items() if isinstance(v, tf.sparse.SparseTensor)}
     boxes = tf.stack([dense[f"image/object/bbox/{k}"] for k in ("ymin", "xmin", "ymax", "xmax")], axis=-1)  # (N, 4)
