@@ -93,3 +93,24 @@ def test_preprocess_refuses_bad_arguments_in_one_line(args, message):
     result = _fullres(*args)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dataflow_workers_get_a_wheel_of_this_checkout():
+    import zipfile
+
+    from pipelines import cli
+
+    args = cli._beam_args("DataflowRunner", None, ["--project=p", "--region=europe-west4", "--temp_location=gs://b/t"])
+    assert args[:4] == ["--runner=DataflowRunner", "--project=p", "--region=europe-west4", "--temp_location=gs://b/t"]
+    wheel = next(a.split("=", 1)[1] for a in args if a.startswith("--extra_package="))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "preprocessing/ct_pipeline.py" in names and "preprocessing/example_proto.py" in names
+    # A container image given by the user is used as is.
+    assert cli._beam_args("DataflowRunner", None, ["--sdk_container_image=img"]) == [
+        "--runner=DataflowRunner", "--sdk_container_image=img"]
+
+
+def test_direct_runner_worker_count():
+    from pipelines import cli
+
+    assert "--direct_num_workers=3" in cli._beam_args("DirectRunner", 3, [])

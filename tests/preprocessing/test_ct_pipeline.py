@@ -148,6 +148,8 @@ def bad_inputs(tmp_path_factory):
     (images / "corrupt.nii.gz").write_bytes(b"not a nifti file")
     (labels / "corrupt.nii.gz").write_bytes(b"")
     (images / "notes.dcm").write_bytes(b"neither DICOM nor anything else")
+    (images / "empty.nii.gz").write_bytes(b"")  # an empty file
+    sitk.WriteImage(_image(good_label), str(labels / "empty.nii.gz"))
     _dicom_case(images, "missing_slice", positions_mm=[0, 2, 4, 8, 10, 12])
     _dicom_case(images, "duplicate_slice", duplicate=True)
     _dicom_case(images, "uneven", positions_mm=[0, 2, 4.7, 6, 8, 10])
@@ -168,6 +170,7 @@ def bad_inputs(tmp_path_factory):
 EXPECTED_REASONS = {
     "corrupt.nii.gz": "unreadable",
     "notes.dcm": "unreadable",
+    "empty.nii.gz": "unreadable",
     "missing_slice": "missing_slice",
     "duplicate_slice": "duplicate_slice",
     "uneven": "non_uniform_spacing",
@@ -179,7 +182,7 @@ EXPECTED_REASONS = {
 
 
 def test_every_bad_case_is_a_dead_letter_and_no_good_case_is_lost(bad_inputs, tmp_path):
-    with pytest.raises(conversion.PreprocessingFailed, match=r"9 of 11 inputs failed \(82%\), more than "
+    with pytest.raises(conversion.PreprocessingFailed, match=r"10 of 12 inputs failed \(83%\), more than "
                                                               r"--max-failed-fraction 0.1; see .*dead_letter.jsonl"):
         ct_pipeline.run(str(bad_inputs / "images"), str(tmp_path / "out"), labels=str(bad_inputs / "labels"),
                         config=CONFIG, pipeline_args=IN_PROCESS, log=lambda line: None)
@@ -190,8 +193,8 @@ def test_every_bad_case_is_a_dead_letter_and_no_good_case_is_lost(bad_inputs, tm
     assert all(letter["stage"] and letter["detail"] for letter in letters)
     assert sorted(_read_output(str(output / "data-*.tfrecord"))) == ["good1", "good2"]
     summary = json.loads((output / "summary.json").read_text())
-    assert summary["ok"] == 2 and summary["failed"] == 9
-    assert summary["reasons"]["geometry_mismatch"] == 2 and summary["reasons"]["unreadable"] == 2
+    assert summary["ok"] == 2 and summary["failed"] == 10
+    assert summary["reasons"]["geometry_mismatch"] == 2 and summary["reasons"]["unreadable"] == 3
 
 
 def test_empty_input_is_refused(tmp_path):
@@ -251,3 +254,34 @@ def test_non_finite_voxels_are_refused_in_every_format(tmp_path, suffix, bad_val
     with pytest.raises(ct_io.CaseError, match="1 voxels .* are NaN or infinite|1 voxels are NaN or infinite") as error:
         ct_transforms.preprocess_case(ct_io.CaseSource("case", ct_io.VolumeSource(path)), CONFIG)
     assert error.value.reason == "non_finite_voxels"
+
+
+def test_labels_from_a_manifest_csv(bad_inputs, tmp_path):
+    images = bad_inputs / "images"
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text(
+        "image,label\n"
+        f"{images / 'good1.nii.gz'},{bad_inputs / 'labels' / 'good1.nii.gz'}\n"
+        f"{images / 'good2.nii.gz'},{bad_inputs / 'labels' / 'good1.nii.gz'}\n"  # any file may serve as a label
+        f"{tmp_path / 'elsewhere.nii.gz'},{bad_inputs / 'labels' / 'good1.nii.gz'}\n"
+    )
+    volumes, _ = ct_io.discover(str(images))
+    cases, dead = ct_io.pair_with_labels({k: volumes[k] for k in ("good1", "good2", "unlabelled")}, str(manifest))
+    assert [(c.case_id, os.path.basename(c.label.path)) for c in cases] == [("good1", "good1.nii.gz"),
+                                                                             ("good2", "good1.nii.gz")]
+    assert sorted(d["reason"] for d in dead) == ["missing_image", "missing_label"]
+    assert any(d["source"].endswith("manifest.csv:4") for d in dead)
+
+
+def test_manifest_without_header_is_refused(tmp_path):
+    (tmp_path / "m.csv").write_text("a.nii.gz,b.nii.gz\n")
+    with pytest.raises(ValueError, match=r"manifest .*m.csv needs a header row with the columns image,label"):
+        ct_io.pair_with_labels({}, str(tmp_path / "m.csv"))
+
+
+def test_metaimage_with_missing_raw_file_is_unreadable(tmp_path):
+    sitk.WriteImage(_image(np.zeros((4, 5, 6), np.float32)), str(tmp_path / "case.mhd"))
+    os.remove(tmp_path / "case.raw")
+    with pytest.raises(ct_io.CaseError, match="SimpleITK cannot read") as error:
+        ct_io.read_volume(ct_io.VolumeSource(str(tmp_path / "case.mhd")))
+    assert error.value.reason == "unreadable"
