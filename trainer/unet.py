@@ -1,8 +1,9 @@
 """A UNet for 2D images and 3D volumes (one network, `spatial_dims` 2 or 3).
 
-Every layer is a plain convolution, pooling or transposed convolution on
+Every layer is a plain convolution, pooling or sub-pixel upsampling on
 channels-last tensors, so XLA's SPMD partitioner can split every activation
-along its spatial dimensions with only halo exchange between neighbours.
+along its spatial dimensions with only halo exchange between neighbours — in
+the backward pass too (see `SubpixelUpsampling`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,53 @@ def _normalization(config: UNetConfig, name: str, dtype):
     return None
 
 
+@keras.saving.register_keras_serializable(package="fullres")
+class SubpixelUpsampling(keras.layers.Layer):
+    """Doubles every spatial size: a 1×1 convolution to 2^d × filters channels, then depth-to-space.
+
+    The same function family (and parameter count) as a transposed convolution
+    with kernel 2 and stride 2, written so that it partitions: XLA compiles the
+    gradient of a spatially partitioned `Conv3DTranspose` into all-gathers of the
+    full-resolution activation, while this layer's reshape only splits
+    dimensions within each device's block and needs no communication at all.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = SubpixelUpsampling(filters=8, spatial_dims=3)
+        >>> tuple(layer(np.zeros((1, 4, 5, 6, 16), "float32")).shape)
+        (1, 8, 10, 12, 8)
+    """
+
+    def __init__(self, filters: int, spatial_dims: int, **kwargs):
+        super().__init__(**kwargs)
+        if spatial_dims not in (2, 3):
+            raise ValueError(f"SubpixelUpsampling.spatial_dims must be 2 or 3, got {spatial_dims}.")
+        self.filters, self.spatial_dims = filters, spatial_dims
+        conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
+        self.projection = conv(filters * 2**spatial_dims, 1, name="projection", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.projection.build(input_shape)
+
+    def call(self, x):
+        x = self.projection(x)
+        shape = keras.ops.shape(x)
+        batch, spatial = shape[0], shape[1 : 1 + self.spatial_dims]
+        d = self.spatial_dims
+        x = keras.ops.reshape(x, (batch, *spatial, *([2] * d), self.filters))  # (B, D, H, W, 2, 2, 2, F)
+        # Interleave each spatial axis with its factor 2: (B, D, 2, H, 2, W, 2, F).
+        order = [0] + [axis for i in range(d) for axis in (1 + i, 1 + d + i)] + [1 + 2 * d]
+        x = keras.ops.transpose(x, order)
+        return keras.ops.reshape(x, (batch, *(2 * n for n in spatial), self.filters))  # (B, 2D, 2H, 2W, F)
+
+    def compute_output_shape(self, input_shape):
+        spatial = tuple(None if n is None else 2 * n for n in input_shape[1:-1])
+        return (input_shape[0], *spatial, self.filters)
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "spatial_dims": self.spatial_dims}
+
+
 def _conv_block(x, filters: int, config: UNetConfig, name: str, dtype):
     conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
     for i in (1, 2):
@@ -104,7 +152,6 @@ def build_unet(config: UNetConfig, dtype: str | None = None) -> keras.Model:
     dtype = dtype or "float32"
     spatial = (None,) * config.spatial_dims
     pool = keras.layers.MaxPooling3D if config.spatial_dims == 3 else keras.layers.MaxPooling2D
-    up = keras.layers.Conv3DTranspose if config.spatial_dims == 3 else keras.layers.Conv2DTranspose
     conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
 
     inputs = keras.Input(shape=(*spatial, config.in_channels), name="image")
@@ -118,9 +165,7 @@ def build_unet(config: UNetConfig, dtype: str | None = None) -> keras.Model:
             x = pool(2, name=f"pool{level}", dtype=dtype)(x)
     for level in reversed(range(config.num_levels - 1)):
         filters = config.base_filters * 2**level
-        # Kernel 2, stride 2: each output voxel comes from exactly one input voxel,
-        # so the upsampling needs no halo at all.
-        x = up(filters, 2, strides=2, name=f"up{level}", dtype=dtype)(x)
+        x = SubpixelUpsampling(filters, config.spatial_dims, name=f"up{level}", dtype=dtype)(x)
         x = keras.layers.Concatenate(axis=-1, name=f"skip{level}", dtype=dtype)([x, skips[level]])
         x = _conv_block(x, filters, config, f"decode{level}", dtype)
     logits = conv(config.num_classes, 1, name="logits", dtype=dtype)(x)

@@ -85,8 +85,10 @@ def test_unet3d_partitioned_step_matches_unpartitioned(unet3d, dims, label_dims)
     expected_block = tuple(size // parts for size, parts in zip(images.shape, dims))
     assert all(shard.data.shape == expected_block for shard in shards)
     assert len({tuple((s.start or 0) for s in shard.index) for shard in shards}) == cores
-    # ... and the compiled step exchanges halos between neighbouring devices.
+    # ... and the compiled step exchanges halos between neighbouring devices, and
+    # never gathers a whole activation onto every device (forward or backward).
     assert "collective-permute" in compiled.as_text()
+    assert " all-gather(" not in compiled.as_text()
 
 
 def test_unet2d_partitioned_step_matches_unpartitioned():
@@ -97,6 +99,7 @@ def test_unet2d_partitioned_step_matches_unpartitioned():
     _assert_parity(loss, grads, reference_loss, reference_grads)
     assert all(shard.data.shape == (1, 16, 32, 1) for shard in placed_images.addressable_shards)
     assert "collective-permute" in compiled.as_text()
+    assert " all-gather(" not in compiled.as_text()
 
 
 def test_two_replicas_of_four_cores_match_one_device(unet3d):

@@ -53,3 +53,25 @@ def test_config_refuses_bad_values(field, value, message):
 def test_group_normalization_needs_filters_divisible_by_groups():
     with pytest.raises(ValueError, match=r"8 groups, so base_filters must be a multiple of 8, got 12"):
         unet.UNetConfig(normalization="group", base_filters=12)
+
+
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+def test_subpixel_upsampling_is_a_stride_2_transposed_convolution(spatial_dims):
+    """Same function as Conv{2,3}DTranspose(kernel 2, stride 2) once the weights are mapped across."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    in_channels, filters = 3, 5
+    shape = (2, *([4, 5, 3][:spatial_dims]), in_channels)
+    x = rng.normal(size=shape).astype(np.float32)
+    transpose_layer = (keras.layers.Conv3DTranspose if spatial_dims == 3 else keras.layers.Conv2DTranspose)(
+        filters, 2, strides=2)
+    expected = np.asarray(transpose_layer(x))
+    kernel, bias = (np.asarray(w) for w in transpose_layer.weights)  # (2,)*d + (filters, in_channels), (filters,)
+    layer = unet.SubpixelUpsampling(filters, spatial_dims)
+    layer.build(shape)
+    offsets = kernel.reshape(2**spatial_dims, filters, in_channels)  # offset index (a, b[, c]) in C order
+    projection = np.transpose(offsets, (2, 0, 1)).reshape(in_channels, 2**spatial_dims * filters)
+    layer.projection.kernel.assign(projection.reshape((1,) * spatial_dims + projection.shape))
+    layer.projection.bias.assign(np.tile(bias, 2**spatial_dims))
+    np.testing.assert_allclose(np.asarray(layer(x)), expected, rtol=1e-5, atol=1e-5)
