@@ -93,7 +93,7 @@ def compile_step(model_name: str, image_size: tuple[int, ...], dims: tuple[int, 
     partitioning.validate(partition, image_shape, len(devices), config.downsampling_levels, batch_size)
     distribution = partitioning.make_distribution(partition, devices)
     with distribution.scope():
-        model = unet.build_unet(config, dtype="mixed_bfloat16" if precision == "bfloat16" else "float32")
+        model = unet.build_unet(config, dtype="mixed_bfloat16" if precision == "bfloat16" else "float32", remat=remat)
         optimizer = keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
     state = step.TrainState(
@@ -102,7 +102,7 @@ def compile_step(model_name: str, image_size: tuple[int, ...], dims: tuple[int, 
         optimizer=[jax.ShapeDtypeStruct(v.shape, v.dtype) for v in optimizer.variables],
     )
     train_step = step.jit_train_step(
-        step.make_train_step(model, optimizer, losses.dice_cross_entropy, remat=remat),
+        step.make_train_step(model, optimizer, losses.dice_cross_entropy),
         distribution, state, image_ndim=len(image_shape), label_ndim=len(image_shape) - 1,
     )
     images = jax.ShapeDtypeStruct(image_shape, np.float32, sharding=distribution.get_data_layout(image_shape).backend_layout)

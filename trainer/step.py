@@ -52,21 +52,20 @@ def write_state_to_model(state: TrainState, model: keras.Model, optimizer: keras
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
-def make_loss_and_grads(model: keras.Model, loss_fn: LossFn, remat: bool = False):
+def make_loss_and_grads(model: keras.Model, loss_fn: LossFn):
     """Returns `f(state, images, labels) -> (loss, grads, new_non_trainable)`.
 
     Args:
-        model: the Keras model (its variables are not touched).
+        model: the Keras model (its variables are not touched); rematerialization,
+            if wanted, is part of the model (`unet.build_unet(..., remat=True)`):
+            checkpointing the whole forward pass at once would recompute, and
+            hold, every activation together in the backward pass and save nothing.
         loss_fn: `loss_fn(logits, labels) -> scalar`.
-        remat: recompute activations in the backward pass instead of storing them.
     """
 
     def forward(trainable, non_trainable, images, labels):
         logits, non_trainable = model.stateless_call(trainable, non_trainable, images, training=True)
         return loss_fn(logits, labels), non_trainable
-
-    if remat:
-        forward = jax.checkpoint(forward)
 
     def loss_and_grads(state: TrainState, images, labels):
         (loss, non_trainable), grads = jax.value_and_grad(forward, has_aux=True)(
@@ -77,9 +76,9 @@ def make_loss_and_grads(model: keras.Model, loss_fn: LossFn, remat: bool = False
     return loss_and_grads
 
 
-def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: LossFn, remat: bool = False):
+def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: LossFn):
     """Returns `train_step(state, images, labels) -> (state, {"loss", "grad_norm"})`."""
-    loss_and_grads = make_loss_and_grads(model, loss_fn, remat)
+    loss_and_grads = make_loss_and_grads(model, loss_fn)
 
     def train_step(state: TrainState, images, labels):
         loss, grads, non_trainable = loss_and_grads(state, images, labels)

@@ -115,7 +115,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
 
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
-        model = unet.build_unet(config.model, dtype=config.dtype_policy)
+        model = unet.build_unet(config.model, dtype=config.dtype_policy, remat=config.remat)
         schedule = learning_rate_schedule(config, total_steps)
         optimizer = keras.optimizers.Adam(schedule)
         state = step.initial_state(model, optimizer)
@@ -132,7 +132,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
     state = step.place_state(state, distribution)
 
     train_step = step.jit_train_step(
-        step.make_train_step(model, optimizer, losses.dice_cross_entropy, remat=config.remat),
+        step.make_train_step(model, optimizer, losses.dice_cross_entropy),
         distribution,
         state,
         image_ndim=len(image_shape),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import keras
 
 NORMALIZATIONS = ("instance", "group", "batch", "none")
@@ -68,15 +69,69 @@ class UNetConfig:
         return self.num_levels - 1
 
 
-def _normalization(config: UNetConfig, name: str, dtype):
-    if config.normalization == "instance":
+def _normalization(normalization: str, name: str, dtype):
+    if normalization == "instance":
         # One group per channel: statistics over the spatial dims of each example.
         return keras.layers.GroupNormalization(groups=-1, epsilon=1e-5, name=name, dtype=dtype)
-    if config.normalization == "group":
+    if normalization == "group":
         return keras.layers.GroupNormalization(groups=8, epsilon=1e-5, name=name, dtype=dtype)
-    if config.normalization == "batch":
+    if normalization == "batch":
         return keras.layers.BatchNormalization(epsilon=1e-5, name=name, dtype=dtype)
     return None
+
+
+@keras.saving.register_keras_serializable(package="fullres")
+class ConvBlock(keras.layers.Layer):
+    """Two (convolution 3 → normalization → ReLU) steps: one UNet level's work.
+
+    A layer of its own so that rematerialization can treat the block as a unit:
+    only its input is kept for the backward pass, everything inside is recomputed.
+
+    Example:
+        >>> import numpy as np
+        >>> block = ConvBlock(filters=8, spatial_dims=3, normalization="instance")
+        >>> tuple(block(np.zeros((1, 4, 4, 4, 2), "float32")).shape)
+        (1, 4, 4, 4, 8)
+    """
+
+    def __init__(self, filters: int, spatial_dims: int, normalization: str, remat: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.filters, self.spatial_dims, self.normalization = filters, spatial_dims, normalization
+        self.remat = remat
+        conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
+        self.steps = []
+        for i in (1, 2):
+            self.steps.append(conv(filters, 3, padding="same", use_bias=normalization == "none", name=f"conv{i}",
+                                   dtype=self.dtype_policy))
+            norm = _normalization(normalization, f"norm{i}", self.dtype_policy)
+            if norm is not None:
+                self.steps.append(norm)
+            self.steps.append(keras.layers.ReLU(name=f"relu{i}", dtype=self.dtype_policy))
+
+    def build(self, input_shape):
+        shape = input_shape
+        for layer in self.steps:
+            layer.build(shape)
+            shape = layer.compute_output_shape(shape)
+
+    def call(self, x, training=None):
+        def forward(x):
+            for layer in self.steps:
+                x = layer(x, training=training) if isinstance(layer, keras.layers.BatchNormalization) else layer(x)
+            return x
+
+        # jax.checkpoint keeps only the block's input for the backward pass. (Keras's
+        # RematScope marked the layers but, measured on this step, recomputed only
+        # part of them.) On XLA:CPU the compiled step's temp memory does not shrink
+        # with it (README, "Memory"); the recomputation is in the compiled module.
+        return jax.checkpoint(forward)(x) if self.remat else forward(x)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.filters)
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "spatial_dims": self.spatial_dims,
+                "normalization": self.normalization, "remat": self.remat}
 
 
 @keras.saving.register_keras_serializable(package="fullres")
@@ -137,7 +192,7 @@ def _conv_block(x, filters: int, config: UNetConfig, name: str, dtype):
     return x
 
 
-def build_unet(config: UNetConfig, dtype: str | None = None) -> keras.Model:
+def build_unet(config: UNetConfig, dtype: str | None = None, remat: bool = False) -> keras.Model:
     """Builds the UNet as a Keras functional model with unknown spatial sizes.
 
     Args:
@@ -145,6 +200,8 @@ def build_unet(config: UNetConfig, dtype: str | None = None) -> keras.Model:
         dtype: a Keras dtype policy name, e.g. "float32" (default) or
             "mixed_bfloat16" (bfloat16 compute, float32 weights). The logits are
             always float32.
+        remat: rematerialize each `ConvBlock` in the backward pass (keep only
+            block inputs; recompute the rest), trading compute for activation memory.
 
     Returns:
         A model mapping (B, [D,] H, W, in_channels) to logits (B, [D,] H, W, num_classes).
@@ -154,12 +211,14 @@ def build_unet(config: UNetConfig, dtype: str | None = None) -> keras.Model:
     pool = keras.layers.MaxPooling3D if config.spatial_dims == 3 else keras.layers.MaxPooling2D
     conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
 
+    def block(x, filters, name):
+        return ConvBlock(filters, config.spatial_dims, config.normalization, remat, name=name, dtype=dtype)(x)
+
     inputs = keras.Input(shape=(*spatial, config.in_channels), name="image")
     x = inputs
     skips = []
     for level in range(config.num_levels):
-        filters = config.base_filters * 2**level
-        x = _conv_block(x, filters, config, f"down{level}", dtype)
+        x = block(x, config.base_filters * 2**level, f"down{level}")
         if level < config.num_levels - 1:
             skips.append(x)
             x = pool(2, name=f"pool{level}", dtype=dtype)(x)
@@ -167,7 +226,7 @@ def build_unet(config: UNetConfig, dtype: str | None = None) -> keras.Model:
         filters = config.base_filters * 2**level
         x = SubpixelUpsampling(filters, config.spatial_dims, name=f"up{level}", dtype=dtype)(x)
         x = keras.layers.Concatenate(axis=-1, name=f"skip{level}", dtype=dtype)([x, skips[level]])
-        x = _conv_block(x, filters, config, f"decode{level}", dtype)
+        x = block(x, filters, f"decode{level}")
     logits = conv(config.num_classes, 1, name="logits", dtype=dtype)(x)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(logits)
     return keras.Model(inputs, logits, name=f"unet{config.spatial_dims}d")

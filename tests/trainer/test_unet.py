@@ -30,7 +30,7 @@ def test_output_shape(spatial_dims, levels, normalization, input_shape):
 def test_mixed_bfloat16_keeps_float32_weights_and_logits():
     model = unet.build_unet(unet.UNetConfig(num_levels=2, base_filters=4), dtype="mixed_bfloat16")
     assert all(w.dtype == "float32" for w in model.weights)
-    assert model.get_layer("down0_conv1").compute_dtype == "bfloat16"
+    assert model.get_layer("down0").steps[0].compute_dtype == "bfloat16"
     assert model(np.zeros((1, 8, 8, 8, 1), np.float32)).dtype == "float32"
 
 
@@ -75,3 +75,21 @@ def test_subpixel_upsampling_is_a_stride_2_transposed_convolution(spatial_dims):
     layer.projection.kernel.assign(projection.reshape((1,) * spatial_dims + projection.shape))
     layer.projection.bias.assign(np.tile(bias, 2**spatial_dims))
     np.testing.assert_allclose(np.asarray(layer(x)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_remat_checkpoints_every_conv_block():
+    import jax
+    import keras
+
+    from trainer import losses, step
+
+    config = unet.UNetConfig(num_levels=3, base_filters=4)
+    images, labels = np.zeros((1, 8, 8, 8, 1), np.float32), np.zeros((1, 8, 8, 8), np.int32)
+    counts = []
+    for remat in (False, True):
+        keras.utils.set_random_seed(0)
+        model = unet.build_unet(config, remat=remat)
+        state = step.initial_state(model, keras.optimizers.SGD(0.1))
+        lowered = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy)).lower(state, images, labels)
+        counts.append(lowered.as_text().count("optimization_barrier"))
+    assert counts == [0, 5]  # 3 down blocks + 2 decode blocks
