@@ -245,6 +245,15 @@ BEAM_HELP = (
 )
 
 
+# Options every conversion command shares.
+ConversionOutput = Annotated[str, typer.Option(help="Output directory (replaced whole, atomically).")]
+NumShards = Annotated[int, typer.Option(help="TFRecord shards; 0 lets the runner decide.")]
+Compress = Annotated[bool, typer.Option(help="Write .tfrecord.gz shards.")]
+MaxFailedFraction = Annotated[float, typer.Option(help="Exit non-zero when more than this fraction of inputs fails.")]
+Runner = Annotated[str, typer.Option(help=BEAM_HELP)]
+Workers = Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")]
+
+
 def _triple(text: str | None, name: str, kind=float):
     if text is None:
         return None
@@ -319,16 +328,16 @@ _BEAM_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 def preprocess_ct(
     context: typer.Context,
     input_path: Annotated[str, typer.Option("--input", help="A CT file, or a directory of DICOM series / NIfTI / NRRD / MetaImage files.")],
-    output: Annotated[str, typer.Option(help="Output directory (replaced whole, atomically).")],
+    output: ConversionOutput,
     labels: Annotated[str | None, typer.Option(help="Label maps: a directory with a file named like each image, or a CSV with image,label rows.")] = None,
     spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = "1.0,1.0,1.0",
     window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1].")] = "-1000,1000",
     shape: Annotated[str | None, typer.Option(help="Crop or pad every case to D,H,W (choose sizes your partitioning accepts).")] = None,
-    num_shards: Annotated[int, typer.Option(help="TFRecord shards; 0 lets the runner decide.")] = 0,
-    compress: Annotated[bool, typer.Option(help="Write .tfrecord.gz shards.")] = False,
-    max_failed_fraction: Annotated[float, typer.Option(help="Exit non-zero when more than this fraction of inputs fails.")] = 0.1,
-    runner: Annotated[str, typer.Option(help=BEAM_HELP)] = "DirectRunner",
-    workers: Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")] = None,
+    num_shards: NumShards = 0,
+    compress: Compress = False,
+    max_failed_fraction: MaxFailedFraction = 0.1,
+    runner: Runner = "DirectRunner",
+    workers: Workers = None,
 ) -> None:
     """Convert CT volumes (+ label maps) into resampled, windowed TFRecords; bad cases go to dead_letter.jsonl."""
     # Cheap checks first: a typo should not wait for Beam and TensorFlow to load.
@@ -355,12 +364,12 @@ def preprocess_images(
     context: typer.Context,
     annotations: Annotated[str, typer.Option(help="A COCO JSON file, or a directory of Pascal VOC XML files.")],
     images: Annotated[str, typer.Option(help="The directory the annotations' file names are relative to.")],
-    output: Annotated[str, typer.Option(help="Output directory (replaced whole, atomically).")],
-    num_shards: Annotated[int, typer.Option(help="TFRecord shards; 0 lets the runner decide.")] = 0,
-    compress: Annotated[bool, typer.Option(help="Write .tfrecord.gz shards.")] = False,
-    max_failed_fraction: Annotated[float, typer.Option(help="Exit non-zero when more than this fraction of inputs fails.")] = 0.1,
-    runner: Annotated[str, typer.Option(help=BEAM_HELP)] = "DirectRunner",
-    workers: Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")] = None,
+    output: ConversionOutput,
+    num_shards: NumShards = 0,
+    compress: Compress = False,
+    max_failed_fraction: MaxFailedFraction = 0.1,
+    runner: Runner = "DirectRunner",
+    workers: Workers = None,
 ) -> None:
     """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
     for name, path in (("--annotations", annotations), ("--images", images)):
