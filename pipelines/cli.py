@@ -172,7 +172,7 @@ def demo(
 
 @app.command()
 def plan(
-    model: Annotated[str, typer.Option(help="Model: unet3d or unet2d.")] = "unet3d",
+    model: Annotated[str, typer.Option(help="Model: unet3d, unet2d or retinanet (ResNet-18 + FPN).")] = "unet3d",
     image_size: Annotated[str, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W) or 2560,2560.")] = "256,256,256",
     partitions: Annotated[str, typer.Option(help="Partition counts to compare, e.g. 1,2,4,8,16 (split along the first spatial dimension).")] = "1,2,4,8,16",
     precision: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
@@ -199,7 +199,7 @@ def plan(
     try:
         limit = memory_plan.parse_bytes(device_memory) if device_memory else None
         overrides = {k: v for k, v in dict(num_levels=num_levels, base_filters=base_filters).items() if v is not None}
-        config = unet.UNetConfig(spatial_dims=3 if model == "unet3d" else 2, **overrides)
+        config = None if model == "retinanet" else unet.UNetConfig(spatial_dims=3 if model == "unet3d" else 2, **overrides)
         rows = memory_plan.plan(model, size, counts, precision=precision, remat=remat, batch_size=batch_size,
                                 device_memory=limit, model_config=config, log=lambda line: typer.echo(line, err=True))
     except ValueError as error:

@@ -16,9 +16,9 @@ import re
 
 import numpy as np
 
-from trainer import losses, partitioning, step, unet
+from trainer import losses, partitioning, retinanet, step, unet
 
-MODELS = ("unet3d", "unet2d")
+MODELS = ("unet3d", "unet2d", "retinanet")
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
 # `%name = f32[1,2,3]{...} collective-permute(` or the async `-start` form, whose result is a tuple.
 _INSTRUCTION = re.compile(r"=\s*\(?([a-z0-9]+)\[([0-9,]*)\][^ ]*\)?.*?\s(collective-permute|all-gather)(-start)?\(")
@@ -76,24 +76,39 @@ def communication(hlo_text: str, feature_rank: int, replica_batch: int) -> tuple
 
 
 def compile_step(model_name: str, image_size: tuple[int, ...], dims: tuple[int, ...], devices, *,
-                 precision: str = "float32", remat: bool = False, batch_size: int = 1,
-                 model_config: unet.UNetConfig | None = None):
-    """Lowers and compiles the training step for `dims` on `devices` without running it."""
+                 precision: str = "float32", remat: bool = False, batch_size: int = 1, model_config=None):
+    """Lowers and compiles the training step for `dims` on `devices` without running it.
+
+    `model_config` is a `unet.UNetConfig` for the UNets or a
+    `retinanet.RetinaNetConfig` for RetinaNet (defaults when None). RetinaNet's
+    anchor targets are kept whole within each replica (labels unpartitioned).
+    """
     import jax
     import keras
+    from jax.sharding import NamedSharding, PartitionSpec
 
     if model_name not in MODELS:
         raise ValueError(f"--model {model_name!r} is not known; use one of {', '.join(MODELS)}.")
     spatial_dims = 3 if model_name == "unet3d" else 2
     if len(image_size) != spatial_dims:
         raise ValueError(f"--image-size needs {spatial_dims} sizes for {model_name}, got {list(image_size)}.")
-    config = model_config or unet.UNetConfig(spatial_dims=spatial_dims)
-    image_shape = (batch_size, *image_size, config.in_channels)
+    detection = model_name == "retinanet"
+    if detection:
+        config = model_config or retinanet.RetinaNetConfig()
+        channels = 3
+    else:
+        config = model_config or unet.UNetConfig(spatial_dims=spatial_dims)
+        channels = config.in_channels
+    image_shape = (batch_size, *image_size, channels)
     partition = partitioning.PartitionConfig(dims)
     partitioning.validate(partition, image_shape, len(devices), config.downsampling_levels, batch_size)
     distribution = partitioning.make_distribution(partition, devices)
+    dtype = "mixed_bfloat16" if precision == "bfloat16" else "float32"
     with distribution.scope():
-        model = unet.build_unet(config, dtype="mixed_bfloat16" if precision == "bfloat16" else "float32", remat=remat)
+        if detection:
+            model = retinanet.build_retinanet(config, dtype=dtype)
+        else:
+            model = unet.build_unet(config, dtype=dtype, remat=remat)
         optimizer = keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
     state = step.TrainState(
@@ -101,13 +116,25 @@ def compile_step(model_name: str, image_size: tuple[int, ...], dims: tuple[int, 
         non_trainable=[jax.ShapeDtypeStruct(v.shape, v.dtype) for v in model.non_trainable_variables],
         optimizer=[jax.ShapeDtypeStruct(v.shape, v.dtype) for v in optimizer.variables],
     )
-    train_step = step.jit_train_step(
-        step.make_train_step(model, optimizer, losses.dice_cross_entropy),
-        distribution, state, image_ndim=len(image_shape), label_ndim=len(image_shape) - 1,
-    )
+    if detection:
+        whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec(partitioning.REPLICA_AXIS))
+        labels = {}
+        for number, level in zip(range(config.min_level, config.max_level + 1), config.levels):
+            grid = (batch_size, image_size[0] // 2**number, image_size[1] // 2**number)
+            anchors = config.anchors_per_position
+            labels[f"boxes/{level}"] = jax.ShapeDtypeStruct((*grid, anchors * retinanet.BOX_CODE), np.float32, sharding=whole)
+            labels[f"classes/{level}"] = jax.ShapeDtypeStruct((*grid, anchors), np.int32, sharding=whole)
+        train_step = step.jit_train_step(
+            step.make_train_step(model, optimizer, lambda outputs, targets: retinanet.detection_loss(outputs, targets, config)),
+            distribution, state, image_ndim=len(image_shape), label_sharding={k: whole for k in labels},
+        )
+    else:
+        label_shape = image_shape[:-1]
+        labels = jax.ShapeDtypeStruct(label_shape, np.int32,
+                                      sharding=distribution.get_label_layout(label_shape).backend_layout)
+        train_step = step.jit_train_step(step.make_train_step(model, optimizer, losses.dice_cross_entropy),
+                                         distribution, state, image_ndim=len(image_shape), label_ndim=len(label_shape))
     images = jax.ShapeDtypeStruct(image_shape, np.float32, sharding=distribution.get_data_layout(image_shape).backend_layout)
-    label_shape = image_shape[:-1]
-    labels = jax.ShapeDtypeStruct(label_shape, np.int32, sharding=distribution.get_label_layout(label_shape).backend_layout)
     state = jax.tree_util.tree_map(
         lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
         state, step.state_shardings(state, distribution),
@@ -117,7 +144,7 @@ def compile_step(model_name: str, image_size: tuple[int, ...], dims: tuple[int, 
 
 def plan(model_name: str, image_size: tuple[int, ...], partitions: list[int], *, precision: str = "float32",
          remat: bool = False, batch_size: int = 1, device_memory: int | None = None,
-         dims_for=default_partition_dims, model_config: unet.UNetConfig | None = None, log=lambda line: None) -> list[PlanRow]:
+         dims_for=default_partition_dims, model_config=None, log=lambda line: None) -> list[PlanRow]:
     """Compiles the step for every partition count and reports per-device memory and communication.
 
     `efficiency` is E(N) = M(1) / (N · M(N)) of activation (temp) memory; it

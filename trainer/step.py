@@ -127,10 +127,17 @@ def place_batch(distribution: partitioning.SpatialParallel, images: np.ndarray, 
     return placed_images, jax.make_array_from_process_local_data(label_sharding, labels)
 
 
-def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state: TrainState, image_ndim: int, label_ndim: int):
-    """Jits `train_step` with the distribution's shardings; the state is donated."""
+def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state: TrainState, image_ndim: int,
+                   label_ndim: int | None = None, label_sharding=None):
+    """Jits `train_step` with the distribution's shardings; the state is donated.
+
+    Labels are one array of rank `label_ndim` laid out by the distribution
+    (segmentation masks), or any pytree given its own `label_sharding`
+    (detection targets: one map per pyramid level).
+    """
     image_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
-    label_sharding = distribution.get_label_layout((0,) * label_ndim).backend_layout
+    if label_sharding is None:
+        label_sharding = distribution.get_label_layout((0,) * label_ndim).backend_layout
     state_sharding = state_shardings(state, distribution)
     scalar = distribution.replicated_layout(0).backend_layout
     return jax.jit(

@@ -90,3 +90,19 @@ def test_plan_command_json():
     assert set(rows[0]) == {"partitions", "temp_bytes", "argument_bytes", "total_bytes", "efficiency",
                             "activation_all_gathers", "halo_bytes"}
     assert rows[1]["activation_all_gathers"] == 0 and rows[1]["halo_bytes"] > 0
+
+
+def test_retinanet_plan_partitions_without_all_gathers():
+    from trainer import retinanet
+
+    config = retinanet.RetinaNetConfig(stackwise_num_blocks=(1, 1, 1, 1), stackwise_num_filters=(64, 32, 32, 32),
+                                       head_filters=32, head_conv_layers=2)
+    rows = memory_plan.plan("retinanet", (256, 256), [1, 4], model_config=config)
+    assert rows[1].temp_bytes < rows[0].temp_bytes
+    assert [r.activation_all_gathers for r in rows] == [0, 0]
+    assert rows[1].halo_bytes > 0 and rows[1].input_partition_dims == (1, 4, 1, 1)
+
+
+def test_plan_refuses_an_image_the_pyramid_cannot_split():
+    with pytest.raises(partitioning.PartitionError, match=r"height 200 \(input_partition_dims\[1\] = 8\)"):
+        memory_plan.plan("retinanet", (200, 256), [8])
