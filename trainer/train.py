@@ -225,6 +225,8 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
 
 
 if __name__ == "__main__":
+    import sys
+
     from pipelines import cli
 
-    cli.main(["train", *__import__("sys").argv[1:]])
+    cli.main(["train", *sys.argv[1:]])
