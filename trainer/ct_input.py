@@ -49,6 +49,22 @@ def count_examples(pattern: str) -> int:
     return int(dataset.reduce(np.int64(0), lambda count, _: count + 1))
 
 
+def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, seed: int = 0) -> tf.data.Dataset:
+    """Serialized records of every file matching `pattern`, optionally shuffled (seeded) and repeated.
+
+    With `shuffle` and `repeat`, epoch k is always the same permutation for a
+    given `seed`, so a resumed run can skip back to exactly where it was.
+    """
+    hide_accelerators_from_tensorflow()
+    files = list_files(pattern)
+    dataset = tf.data.TFRecordDataset(files, compression_type=_compression(files))
+    if shuffle:
+        dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
+    return dataset
+
+
 def ct_dataset(
     pattern: str,
     batch_size: int,
@@ -65,13 +81,7 @@ def ct_dataset(
     is always the same permutation, so `skip_examples` puts a resumed run back
     at exactly the record an uninterrupted run would read next.
     """
-    hide_accelerators_from_tensorflow()
-    files = list_files(pattern)
-    dataset = tf.data.TFRecordDataset(files, compression_type=_compression(files))
-    if shuffle:
-        dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
+    dataset = record_stream(pattern, shuffle=shuffle, repeat=repeat, seed=seed)
     if skip_examples:
         dataset = dataset.skip(skip_examples)  # skipped before parsing: cheap
     dataset = dataset.map(tfrecord_schema.parse_ct_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -79,13 +79,7 @@ def detection_dataset(
     Augmentation draws from (seed, position in the stream), so a resumed run
     that skips `skip_examples` sees exactly what an uninterrupted one would.
     """
-    ct_input.hide_accelerators_from_tensorflow()
-    files = ct_input.list_files(pattern)
-    dataset = tf.data.TFRecordDataset(files, compression_type="GZIP" if files[0].endswith(".gz") else "")
-    if shuffle:
-        dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
+    dataset = ct_input.record_stream(pattern, shuffle=shuffle, repeat=repeat, seed=seed)
     dataset = dataset.enumerate().skip(skip_examples)
     dataset = dataset.map(
         lambda index, serialized: _transform(tfrecord_schema.parse_detection_example(serialized), canvas, max_boxes,
