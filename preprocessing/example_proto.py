@@ -39,7 +39,7 @@ def _field(name, number, field_type, label=_FIELD.LABEL_OPTIONAL, type_name=None
 
 
 @functools.cache
-def _classes() -> dict:
+def _example_class():
     file = descriptor_pb2.FileDescriptorProto(name="fullres/example.proto", package="fullres", syntax="proto3")
     repeated = _FIELD.LABEL_REPEATED
     _message(file, "BytesList", [_field("value", 1, _FIELD.TYPE_BYTES, repeated)])
@@ -61,8 +61,7 @@ def _classes() -> dict:
     _message(file, "Example", [_field("features", 1, _FIELD.TYPE_MESSAGE, type_name=".fullres.Features")])
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"fullres.{name}"))
-            for name in ("Example", "Feature")}
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("fullres.Example"))
 
 
 def serialize_example(features: dict[str, bytes | list]) -> bytes:
@@ -71,7 +70,7 @@ def serialize_example(features: dict[str, bytes | list]) -> bytes:
     Each value is wrapped in `BytesValues`, `FloatValues` or `IntValues`, which
     decide the feature's list kind (as `tf.train.Feature` does).
     """
-    example = _classes()["Example"]()
+    example = _example_class()()
     feature_map = example.features.feature
     for key, value in features.items():
         feature = feature_map[key]

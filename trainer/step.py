@@ -150,13 +150,11 @@ def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state
 
 def jit_predict_step(predict_step, distribution: partitioning.SpatialParallel, state: TrainState, image_ndim: int):
     """Jits `predict_step`: images split like in training, predictions split like the features."""
-    image_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
-    spatial = partitioning.PartitionConfig(distribution.config.input_partition_dims, distribution.config.input_partition_dims)
-    prediction_sharding = partitioning.SpatialParallel(spatial, distribution.device_mesh).get_label_layout(
-        (0,) * (image_ndim - 1)
-    )
+    image_layout = distribution.get_data_layout((0,) * image_ndim)
+    # Class ids (B, [D,] H, W): the image layout without its channel axis.
+    prediction_layout = keras.distribution.TensorLayout(image_layout.axes[:-1], distribution.device_mesh)
     return jax.jit(
         predict_step,
-        in_shardings=(state_shardings(state, distribution), image_sharding),
-        out_shardings=prediction_sharding.backend_layout,
+        in_shardings=(state_shardings(state, distribution), image_layout.backend_layout),
+        out_shardings=prediction_layout.backend_layout,
     )
