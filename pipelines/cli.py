@@ -47,9 +47,14 @@ def _use_virtual_devices(count: int | None) -> None:
         return
     if _jax_backend_started():
         _fail("--virtual-devices must be applied before JAX starts; pass it on the command line, not from Python.")
+    _set_host_device_count(count)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _set_host_device_count(count: int) -> None:
+    """Sets XLA's CPU device count (read when the backend starts; other platforms ignore it)."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def _print(message: str) -> None:
@@ -190,10 +195,9 @@ def plan(
     except ValueError:
         _fail(f"--partitions {partitions!r} and --image-size {image_size!r} must be comma-separated integers.")
     if not _jax_backend_started():
-        import importlib.util
-
-        if importlib.util.find_spec("jax") is not None and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
-            _use_virtual_devices(max(counts))  # no accelerator here: present the CPU as enough devices
+        # Only the CPU platform reads this flag: on a TPU or GPU host the plan uses the
+        # real devices; without an accelerator the CPU poses as enough devices.
+        _set_host_device_count(max(counts))
     from trainer import memory_plan, unet
 
     try:
