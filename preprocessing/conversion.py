@@ -106,10 +106,15 @@ def _progress(total: int, log: Callable[[str], None], every_seconds: float = 5.0
             logger.setLevel(level)
 
 
+# The local runner, named exactly: Beam's "DirectRunner" first tries the Prism runner, which downloads its
+# binary from GitHub at run time, and falls back to this FnApiRunner only when that fails.
+LOCAL_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+
+
 def default_pipeline_args() -> list[str]:
-    """DirectRunner with one worker process per core."""
+    """Beam's local (FnApi) runner with one worker process per core."""
     return [
-        "--runner=DirectRunner",
+        f"--runner={LOCAL_RUNNER}",
         f"--direct_num_workers={os.cpu_count() or 1}",
         "--direct_running_mode=multi_processing",
     ]

@@ -11,7 +11,7 @@ import SimpleITK as sitk
 from preprocessing import conversion, ct_pipeline, ct_transforms, demo_ct
 from trainer import ct_input
 
-IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 class _Crash(beam.DoFn):

@@ -13,7 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from preprocessing import conversion, ct_io, ct_pipeline, ct_transforms, demo_ct, tfrecord_schema
 from trainer import ct_input
 
-IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 SPACING = (0.8, 0.9, 2.5)  # anisotropic, (x, y, z) mm
 DIRECTION = (0, 1, 0, 1, 0, 0, 0, 0, -1)  # rows and columns swapped, slices running feet-wards
 ORIGIN = (10.0, -20.0, 30.0)

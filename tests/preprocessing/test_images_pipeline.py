@@ -14,7 +14,7 @@ from PIL import Image
 
 from preprocessing import annotations, conversion, demo_images, images_pipeline, tfrecord_schema
 
-IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 QUIET = dict(pipeline_args=IN_PROCESS, log=lambda line: None)
 
 

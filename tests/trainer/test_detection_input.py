@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from preprocessing import demo_images, images_pipeline
+from preprocessing import conversion, demo_images, images_pipeline
 from trainer import detection_input
 
-IN_PROCESS = ["--runner=DirectRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 @pytest.fixture(scope="module")
