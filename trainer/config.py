@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer import partitioning, unet
+from trainer import partitioning, retinanet, unet
 
 PRECISIONS = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "constant")
+TASKS = ("segmentation", "detection")
+MODEL_TYPES = {"segmentation": unet.UNetConfig, "detection": retinanet.RetinaNetConfig}
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """A segmentation training run.
+    """A training run: segmentation (UNet on CT records) or detection (RetinaNet on image records).
 
     Args:
-        train_data: TFRecord file pattern of the training set (CT schema), e.g.
+        task: "segmentation" or "detection"; `model` must be a `UNetConfig` or a
+            `RetinaNetConfig` to match.
+        train_data: TFRecord file pattern of the training set (CT schema for
+            segmentation, TF Object Detection API keys for detection), e.g.
             `data/train-*.tfrecord` or `gs://bucket/ct/train-*.tfrecord.gz`.
         output_dir: where checkpoints, TensorBoard logs, the exported model and
             `metrics.json` go. A rerun into the same directory resumes.
         eval_data: TFRecord pattern of held-out cases; evaluated at the end.
-        model: the UNet architecture.
+        model: the architecture, `UNetConfig` or `RetinaNetConfig`.
         partition: how every example is split across cores.
         steps: optimizer steps in total (ignored when `epochs` is set).
         epochs: if set, `steps = epochs × ceil(training cases / batch_size)`.
@@ -33,7 +38,10 @@ class TrainConfig:
         checkpoint_every: save a checkpoint every this many steps (and at the end).
         keep_checkpoints: how many recent checkpoints to keep.
         log_every: log the loss every this many steps.
-        augment: random flips along every spatial axis.
+        augment: segmentation: random flips along every spatial axis; detection:
+            scale jitter, random placement and left-right flips.
+        image_size: detection only: the (H, W) canvas every image is fitted to.
+        max_boxes: detection only: boxes kept per training image.
         seed: seeds weights, data order and augmentation.
 
     Example:
@@ -42,10 +50,11 @@ class TrainConfig:
         2
     """
 
+    task: str = "segmentation"
     train_data: str = ""
     output_dir: str = ""
     eval_data: str | None = None
-    model: unet.UNetConfig = unet.UNetConfig()
+    model: unet.UNetConfig | retinanet.RetinaNetConfig = unet.UNetConfig()
     partition: partitioning.PartitionConfig = partitioning.PartitionConfig()
     steps: int = 1000
     epochs: int | None = None
@@ -60,8 +69,20 @@ class TrainConfig:
     log_every: int = 10
     augment: bool = True
     seed: int = 0
+    image_size: tuple[int, int] = (256, 256)
+    max_boxes: int = 100
 
     def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"TrainConfig.task must be one of {TASKS}, got {self.task!r}.")
+        if not isinstance(self.model, MODEL_TYPES[self.task]):
+            raise ValueError(f"the {self.task} task trains a {MODEL_TYPES[self.task].__name__}, but the model is a "
+                             f"{type(self.model).__name__}; pick a {self.task} preset or pass a matching model.")
+        object.__setattr__(self, "image_size", tuple(int(s) for s in self.image_size))
+        if len(self.image_size) != 2 or min(self.image_size) < 1:
+            raise ValueError(f"TrainConfig.image_size must be (height, width), got {self.image_size}.")
+        if self.max_boxes < 1:
+            raise ValueError(f"TrainConfig.max_boxes must be >= 1, got {self.max_boxes}.")
         if self.steps < 1:
             raise ValueError(f"TrainConfig.steps must be >= 1, got {self.steps}.")
         if self.epochs is not None and self.epochs < 1:
@@ -135,4 +156,73 @@ def smoke(**overrides) -> TrainConfig:
     return TrainConfig(**{**defaults, **overrides})
 
 
-PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke}
+def detection(**overrides) -> TrainConfig:
+    """RetinaNet (ResNet-18 + FPN) at 1024², unpartitioned; set `partition` for larger images."""
+    defaults = dict(
+        task="detection",
+        model=retinanet.RetinaNetConfig(),
+        partition=partitioning.PartitionConfig((1, 1, 1, 1)),
+        image_size=(1024, 1024),
+        steps=20000,
+        batch_size=8,
+        learning_rate=1e-3,
+        warmup_steps=500,
+    )
+    return TrainConfig(**{**defaults, **overrides})
+
+
+def detection_2560(**overrides) -> TrainConfig:
+    """RetinaNet at 2560², each image split 8-way along its height (the seed's large-image setting)."""
+    return detection(**{"partition": partitioning.PartitionConfig((1, 8, 1, 1)), "image_size": (2560, 2560),
+                        "batch_size": 1, **overrides})
+
+
+def detection_demo(**overrides) -> TrainConfig:
+    """The synthetic shapes (`fullres demo-data images`): a small RetinaNet that learns them on 2 CPU cores."""
+    defaults = dict(
+        task="detection",
+        model=DETECTION_DEMO_MODEL,
+        partition=partitioning.PartitionConfig((1, 1, 1, 1)),
+        image_size=(256, 256),
+        max_boxes=16,
+        steps=600,
+        batch_size=8,
+        learning_rate=2e-3,
+        warmup_steps=50,
+        checkpoint_every=100,
+        log_every=20,
+    )
+    return TrainConfig(**{**defaults, **overrides})
+
+
+DETECTION_DEMO_MODEL = retinanet.RetinaNetConfig(
+    num_classes=3, stackwise_num_blocks=(1, 1, 1, 1), stackwise_num_filters=(64, 64, 96, 128), head_filters=64,
+    head_conv_layers=2,
+)
+
+PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "detection": detection, "detection_2560": detection_2560,
+           "detection_demo": detection_demo}
+
+
+
+def to_dict(config: TrainConfig) -> dict:
+    """A JSON-ready dict of `config` (the model and partition nested), as `from_dict` reads it back."""
+    return dataclasses.asdict(config)
+
+
+def from_dict(values: dict) -> TrainConfig:
+    """Rebuilds a `TrainConfig` from `to_dict`'s output (e.g. `train_config.json` beside a trained model)."""
+    values = dict(values)
+    task = values.get("task", "segmentation")
+    model_values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.pop("model").items()}
+    partition_values = values.pop("partition")
+    label_dims = partition_values.get("label_partition_dims")
+    partition = partitioning.PartitionConfig(tuple(partition_values["input_partition_dims"]),
+                                             None if label_dims is None else tuple(label_dims))
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
+    if "image_size" in values:
+        values["image_size"] = tuple(values["image_size"])
+    return TrainConfig(model=MODEL_TYPES[task](**model_values), partition=partition, **values)

@@ -11,8 +11,8 @@ spatial, (B, H_l, W_l, A·4) and (B, H_l, W_l, A·C), and brings the anchor
 targets into the same per-level layout instead (`targets_to_levels`), so the
 loss is elementwise on partitioned tensors.
 
-Not finished here (issue 4): the detection input pipeline, training through
-`fullres train --task detection`, NMS and COCO evaluation.
+Training runs through `trainer.tasks.DetectionTask` (`fullres train --task
+detection`); decoding, NMS and COCO mAP are in `trainer.detection_eval`.
 """
 
 from __future__ import annotations
@@ -76,6 +76,10 @@ class RetinaNetConfig:
     @property
     def levels(self) -> list[str]:
         return [f"P{level}" for level in range(self.min_level, self.max_level + 1)]
+
+    @property
+    def spatial_dims(self) -> int:
+        return 2
 
     @property
     def downsampling_levels(self) -> int:
@@ -149,7 +153,7 @@ def targets_to_levels(box_targets, class_targets, image_size: tuple[int, int], c
         image_size: (H, W) of the images.
 
     Returns:
-        `{"boxes/P3": (B, H_3, W_3, A·4), "classes/P3": (B, H_3, W_3, A), ...}` as NumPy arrays.
+        `{"boxes/P3": (B, H_3, W_3, A·4) float32, "classes/P3": (B, H_3, W_3, A) int32, ...}` as NumPy arrays.
     """
     box_targets, class_targets = np.asarray(box_targets), np.asarray(class_targets)
     batch, anchors = box_targets.shape[0], config.anchors_per_position
@@ -158,7 +162,8 @@ def targets_to_levels(box_targets, class_targets, image_size: tuple[int, int], c
         height, width = image_size[0] // 2**level_number, image_size[1] // 2**level_number
         count = height * width * anchors
         levels[f"boxes/{level}"] = box_targets[:, start:start + count].reshape(batch, height, width, anchors * BOX_CODE)
-        levels[f"classes/{level}"] = class_targets[:, start:start + count].reshape(batch, height, width, anchors)
+        levels[f"classes/{level}"] = class_targets[:, start:start + count].reshape(batch, height, width, anchors).astype(
+            np.int32)
         start += count
     if start != box_targets.shape[1]:
         raise ValueError(f"{box_targets.shape[1]} anchors do not match image size {image_size} and levels "

@@ -1,19 +1,20 @@
-"""The segmentation training run: data, partitioned steps, checkpoints, export.
+"""The training run, segmentation or detection: data, partitioned steps, checkpoints, export.
 
 `train(config)` is the library entry point; `python -m trainer.train` and
 `fullres train` parse arguments into a `TrainConfig` and call it.
 
 Output directory:
     checkpoints/ckpt-XXXXXXXX.npz   every `checkpoint_every` steps; a rerun resumes
-    tensorboard/                    loss, learning rate, gradient norm, Dice
+    tensorboard/                    loss, learning rate, gradient norm, Dice or mAP
     history.jsonl                   one line per logged step (survives resumes)
+    train_config.json               the run's TrainConfig (read back by evaluation and export)
+    model_info.json                 the task and the shape of one input, for export
     model.keras, saved_model/       the trained model
-    metrics.json                    final loss, per-class Dice, timing, partitioning
+    metrics.json                    final loss, per-class Dice or COCO AP, timing, partitioning
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -74,8 +75,11 @@ def _write_history(path: str, entries: list[dict]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) -> dict:
-    """Trains (or resumes) a segmentation model as `config` says; returns the metrics dict.
+def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True) -> dict:
+    """Trains (or resumes) the model `config` describes; returns the metrics dict.
+
+    `model.keras` and `train_config.json` are always written; the SavedModel
+    only with `export_saved_model` (the pipeline exports in its own step).
 
     Raises:
         partitioning.PartitionError: the partitioning does not fit the data or devices.
@@ -85,22 +89,17 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
     import keras
     import tensorflow as tf
 
-    from trainer import evaluate, export, losses, step, unet
+    from trainer import export, step, tasks
 
     if not config.train_data or not config.output_dir:
         raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
     ct_input.hide_accelerators_from_tensorflow()
+    task = tasks.make_task(config)
     num_examples = ct_input.count_examples(config.train_data)
     total_steps = config.steps
     if config.epochs is not None:
         total_steps = config.epochs * math.ceil(num_examples / config.batch_size)
-    first = next(ct_input.ct_dataset(config.train_data, 1).as_numpy_iterator())
-    image_shape = (config.batch_size, *first["image"].shape[1:])  # (B, D, H, W, 1)
-    if len(image_shape) != config.model.spatial_dims + 2:
-        raise ValueError(
-            f"{config.train_data} holds {len(image_shape) - 2}-D images but the model is "
-            f"{config.model.spatial_dims}D; set spatial_dims to match the data."
-        )
+    image_shape = (config.batch_size, *task.example_shape())  # (B, D, H, W, 1) or (B, H, W, 3)
     devices = jax.devices()
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
@@ -108,14 +107,14 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
     distribution = partitioning.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(
-        f"fullres train: {num_examples} training cases of {image_shape[1:-1]}, {total_steps} steps, "
+        f"fullres train ({task.name}): {num_examples} training examples of {image_shape[1:-1]}, {total_steps} steps, "
         f"global batch {config.batch_size}, mesh {dict(zip(mesh.axis_names, mesh.shape))} on "
         f"{len(devices)} {devices[0].platform} device(s), {config.precision}"
     )
 
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
-        model = unet.build_unet(config.model, dtype=config.dtype_policy, remat=config.remat)
+        model = task.build_model()
         schedule = learning_rate_schedule(config, total_steps)
         optimizer = keras.optimizers.Adam(schedule)
         state = step.initial_state(model, optimizer)
@@ -123,6 +122,10 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
     checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
     history_path = os.path.join(config.output_dir, "history.jsonl")
     os.makedirs(config.output_dir, exist_ok=True)
+    with open(os.path.join(config.output_dir, "train_config.json"), "w") as file:
+        json.dump(config_lib.to_dict(config), file, indent=2)
+    with open(os.path.join(config.output_dir, "model_info.json"), "w") as file:
+        json.dump({"task": task.name, "image_shape": list(image_shape[1:])}, file)
     start_step = 0
     restored = checkpoints.restore_latest(checkpoint_dir, state)
     if restored is not None:
@@ -132,36 +135,22 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
     state = step.place_state(state, distribution)
 
     train_step = step.jit_train_step(
-        step.make_train_step(model, optimizer, losses.dice_cross_entropy),
+        step.make_train_step(model, optimizer, task.loss),
         distribution,
         state,
         image_ndim=len(image_shape),
-        label_ndim=len(image_shape) - 1,
+        label_sharding=task.label_sharding(distribution, len(image_shape)),
     )
-    processes = jax.process_count()
-    data = ct_input.ct_dataset(
-        config.train_data,
-        config.batch_size // processes if processes > 1 else config.batch_size,
-        shuffle=True,
-        repeat=True,
-        seed=config.seed,
-        skip_examples=start_step * config.batch_size,
-        drop_remainder=True,
-    )
-    if processes > 1:
-        data = data.unbatch().shard(processes, jax.process_index()).batch(config.batch_size // processes, drop_remainder=True)
-    batches = data.as_numpy_iterator()
+    batches = task.batches(start_step)
     is_chief = jax.process_index() == 0
     writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
 
     started = time.perf_counter()
     window_start, window_steps = started, 0
     for step_number in range(start_step, total_steps):
-        batch = next(batches)
-        images, labels = batch["image"], batch["label"]
-        if config.augment:
-            images, labels = random_flips(images, labels, config.seed, step_number)
-        state, step_metrics = train_step(state, *step.place_batch(distribution, images, labels))
+        images, labels = next(batches)
+        placed_images = step.place_batch(distribution, images)
+        state, step_metrics = train_step(state, placed_images, task.place_labels(distribution, labels))
         done = step_number + 1
         window_steps += 1
         if done % config.log_every == 0 or done == total_steps:
@@ -188,34 +177,35 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print) ->
     train_seconds = time.perf_counter() - started
 
     results = {
-        "task": "segmentation",
+        "task": task.name,
         "steps": total_steps,
         "resumed_from_step": start_step,
         "final_loss": history[-1]["loss"] if history else None,
         "loss_history": [[e["step"], e["loss"]] for e in history],
         "train_seconds": round(train_seconds, 3),
         "steps_per_second": round((total_steps - start_step) / train_seconds, 4) if train_seconds > 0 else None,
-        "training_cases": num_examples,
+        "training_examples": num_examples,
         "image_shape": list(image_shape[1:]),
         "input_partition_dims": list(config.partition.input_partition_dims),
         "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.shape)},
         "precision": config.precision,
-        "config": dataclasses.asdict(config),
+        "config": config_lib.to_dict(config),
     }
     if config.eval_data:
         log(f"evaluating on {config.eval_data}")
-        scores = evaluate.evaluate_segmentation(
-            model, state, distribution, config.eval_data, config.batch_size, config.model.num_classes
-        )
+        scores = task.evaluate(model, state, distribution, log)
         results.update(scores)
-        dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
-        log(f"Dice per class [{dice_text}], foreground mean {scores['dice_mean']}")
-        if writer is not None and scores["dice_mean"] is not None:
+        if writer is not None:
             with writer.as_default(step=total_steps):
-                tf.summary.scalar("dice_mean", scores["dice_mean"])
+                for name, value in task.headline(scores).items():
+                    tf.summary.scalar(name, value)
     if is_chief:
         step.write_state_to_model(state, model, optimizer)
-        results["model"] = export.export_model(model, config.output_dir, image_shape)
+        if export_saved_model:
+            results["model"] = export.export_model(model, config.output_dir, image_shape)
+        else:
+            model.save(os.path.join(config.output_dir, "model.keras"))
+            results["model"] = {"keras": os.path.join(config.output_dir, "model.keras")}
         with open(os.path.join(config.output_dir, "metrics.json"), "w") as file:
             json.dump(results, file, indent=2)
         log(f"wrote {os.path.join(config.output_dir, 'metrics.json')}")

@@ -1,0 +1,241 @@
+"""What segmentation and detection training do differently: model, loss, data, label layout, evaluation.
+
+`train.train` runs one loop for both; it asks the task for everything that
+depends on what is being learned:
+
+* segmentation: a UNet on CT records; labels are class maps laid out like the
+  images (split or whole within a replica, as `label_partition_dims` says);
+  scored with per-class Dice.
+* detection: a RetinaNet on TF Object Detection API records; labels are anchor
+  targets, one map per pyramid level, computed on the host and kept whole
+  within a replica; scored with COCO mAP after decoding and NMS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from trainer import config as config_lib, ct_input, partitioning, step
+
+
+def _process_share(dataset, batch_size: int):
+    """This process's share of every global batch, in multi-process (multi-host) runs."""
+    processes = jax.process_count()
+    if processes == 1:
+        return dataset
+    return dataset.unbatch().shard(processes, jax.process_index()).batch(batch_size // processes, drop_remainder=True)
+
+
+def _pad_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
+    """Pads the last, short batch with copies of its first example, so every replica gets an equal share."""
+    if images.shape[0] == batch_size:
+        return images
+    return np.concatenate([images, np.repeat(images[:1], batch_size - images.shape[0], axis=0)])
+
+
+class SegmentationTask:
+    """UNet on CT volumes: Dice + cross-entropy, per-class Dice."""
+
+    name = "segmentation"
+
+    def __init__(self, config: config_lib.TrainConfig):
+        self.config = config
+
+    def example_shape(self) -> tuple[int, ...]:
+        """(D, H, W, 1) (or (H, W, 1)) of the training records."""
+        first = next(ct_input.ct_dataset(self.config.train_data, 1).as_numpy_iterator())
+        shape = first["image"].shape[1:]
+        if len(shape) != self.config.model.spatial_dims + 1:
+            raise ValueError(
+                f"{self.config.train_data} holds {len(shape) - 1}-D images but the model is "
+                f"{self.config.model.spatial_dims}D; set spatial_dims to match the data."
+            )
+        return shape
+
+    def build_model(self):
+        from trainer import unet
+
+        return unet.build_unet(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
+
+    def loss(self, logits, labels):
+        from trainer import losses
+
+        return losses.dice_cross_entropy(logits, labels)
+
+    def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+        return distribution.get_label_layout((0,) * (image_ndim - 1)).backend_layout
+
+    def place_labels(self, distribution: partitioning.SpatialParallel, labels: np.ndarray):
+        return jax.make_array_from_process_local_data(self.label_sharding(distribution, labels.ndim + 1), labels)
+
+    def batches(self, start_step: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(images, labels) for every step from `start_step` on, augmented as an uninterrupted run would be."""
+        from trainer import train
+
+        config = self.config
+        data = ct_input.ct_dataset(
+            config.train_data, config.batch_size // jax.process_count(), shuffle=True, repeat=True, seed=config.seed,
+            skip_examples=start_step * config.batch_size, drop_remainder=True,
+        )
+        for step_number, batch in enumerate(_process_share(data, config.batch_size).as_numpy_iterator(), start_step):
+            images, labels = batch["image"], batch["label"]
+            if config.augment:
+                images, labels = train.random_flips(images, labels, config.seed, step_number)
+            yield images, labels
+
+    def evaluate(self, model, state, distribution, log: Callable[[str], None], pattern: str | None = None,
+                 samples: list | None = None, keep: int = 0) -> dict:
+        """Per-class Dice on `pattern` (default: the config's eval data); the first `keep` cases go to `samples`."""
+        from trainer import evaluate
+
+        config = self.config
+        scores = evaluate.evaluate_segmentation(
+            model, state, distribution, pattern or config.eval_data, config.batch_size, config.model.num_classes,
+            samples=samples, keep=keep,
+        )
+        dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
+        log(f"Dice per class [{dice_text}], foreground mean {scores['dice_mean']}")
+        return scores
+
+    @staticmethod
+    def headline(scores: dict) -> dict:
+        """The scalars worth a TensorBoard curve."""
+        return {"dice_mean": scores["dice_mean"]} if scores.get("dice_mean") is not None else {}
+
+
+def read_label_map(pattern: str) -> dict[str, int] | None:
+    """`label_map.json` (name -> 1-based id) beside the records, as `fullres preprocess images` writes it."""
+    import tensorflow as tf
+
+    path = os.path.join(os.path.dirname(pattern), "label_map.json")
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as file:
+        return json.load(file)
+
+
+def class_names(label_map: dict[str, int] | None, num_classes: int) -> list[str]:
+    """Names of the 0-based classes; ids the label map skips are named `class_<id>`."""
+    by_id = {number: name for name, number in (label_map or {}).items()}
+    return [by_id.get(index + 1, f"class_{index + 1}") for index in range(num_classes)]
+
+
+class DetectionTask:
+    """RetinaNet on images with boxes: focal + Huber loss, COCO mAP."""
+
+    name = "detection"
+    # Evaluation keeps every ground-truth box (training keeps `max_boxes`): a cut-off box would raise the mAP.
+    EVAL_MAX_BOXES = 1000
+
+    def __init__(self, config: config_lib.TrainConfig):
+        self.config = config
+        label_map = read_label_map(config.train_data)
+        if label_map and max(label_map.values()) > config.model.num_classes:
+            raise ValueError(
+                f"the label map beside {config.train_data} has class ids up to {max(label_map.values())} but the model "
+                f"predicts {config.model.num_classes} classes; set num_classes to {max(label_map.values())}."
+            )
+        self.class_names = class_names(label_map, config.model.num_classes)
+
+    def example_shape(self) -> tuple[int, ...]:
+        ct_input.list_files(self.config.train_data)  # a clear error when nothing matches
+        return (*self.config.image_size, 3)
+
+    def build_model(self):
+        from trainer import retinanet
+
+        if self.config.remat:
+            raise ValueError("remat is implemented for the UNet only; train the detector without --remat.")
+        return retinanet.build_retinanet(self.config.model, dtype=self.config.dtype_policy)
+
+    def loss(self, outputs, targets):
+        from trainer import retinanet
+
+        return retinanet.detection_loss(outputs, targets, self.config.model)
+
+    def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+        """Targets are whole within a replica (split over replicas along the batch only), one per level."""
+        whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec(partitioning.REPLICA_AXIS))
+        return {f"{kind}/{level}": whole for level in self.config.model.levels for kind in ("boxes", "classes")}
+
+    def place_labels(self, distribution: partitioning.SpatialParallel, targets: dict):
+        shardings = self.label_sharding(distribution, 4)
+        return {key: jax.make_array_from_process_local_data(shardings[key], value) for key, value in targets.items()}
+
+    def batches(self, start_step: int) -> Iterator[tuple[np.ndarray, dict]]:
+        """(images, anchor targets) for every step from `start_step` on."""
+        from trainer import detection_input, retinanet
+
+        config = self.config
+        data = detection_input.detection_dataset(
+            config.train_data, config.batch_size // jax.process_count(), config.image_size, max_boxes=config.max_boxes,
+            augment=config.augment, shuffle=True, repeat=True, seed=config.seed,
+            skip_examples=start_step * config.batch_size, drop_remainder=True,
+        )
+        for batch in _process_share(data, config.batch_size).as_numpy_iterator():
+            targets = retinanet.encode_targets(batch["boxes"], batch["classes"], config.image_size, config.model)
+            yield batch["image"], targets
+
+    def predict(self, model, state, distribution, pattern: str, max_detections: int = 100):
+        """Detections and ground truth of every image matching `pattern`, at full resolution, partitioned as in training.
+
+        Yields per image `(image, truth {"boxes", "classes"}, found {"boxes", "scores", "classes"}, source_id)`,
+        boxes in "yxyx" pixels of the canvas, classes 0-based.
+        """
+        from trainer import detection_eval, detection_input
+
+        config = self.config
+        image_sharding = distribution.get_data_layout((0,) * 4).backend_layout
+        forward = jax.jit(
+            lambda state, images: model.stateless_call(state.trainable, state.non_trainable, images, training=False)[0],
+            in_shardings=(step.state_shardings(state, distribution), image_sharding),
+        )
+        data = detection_input.detection_dataset(pattern, config.batch_size, config.image_size,
+                                                 max_boxes=self.EVAL_MAX_BOXES)
+        for batch in data.as_numpy_iterator():
+            real = batch["image"].shape[0]
+            images = _pad_batch(batch["image"], config.batch_size)
+            outputs = forward(state, step.place_batch(distribution, images))
+            outputs = {key: np.asarray(value)[:real] for key, value in outputs.items()}
+            found = detection_eval.decode_detections(outputs, config.image_size, config.model,
+                                                     max_detections=max_detections)
+            for index in range(real):
+                count = int(found["num_detections"][index])
+                keep = batch["classes"][index] >= 0
+                truth = {"boxes": batch["boxes"][index][keep], "classes": batch["classes"][index][keep]}
+                detections = {"boxes": found["boxes"][index][:count], "scores": found["confidence"][index][:count],
+                              "classes": found["classes"][index][:count]}
+                yield batch["image"][index], truth, detections, batch["source_id"][index].decode()
+
+    def evaluate(self, model, state, distribution, log: Callable[[str], None], pattern: str | None = None,
+                 samples: list | None = None, keep: int = 0) -> dict:
+        """COCO AP on `pattern` (default: the config's eval data); the first `keep` images go to `samples`."""
+        from trainer import detection_eval
+
+        truths, found = [], []
+        for image, truth, detections, source_id in self.predict(model, state, distribution,
+                                                                pattern or self.config.eval_data):
+            if samples is not None and len(samples) < keep:
+                samples.append({"source_id": source_id, "image": image, "truth": truth, "detections": detections})
+            truths.append(truth)
+            found.append(detections)
+        scores = detection_eval.coco_metrics(found, truths, self.class_names)
+        scores["images"] = len(truths)
+        scores["class_names"] = self.class_names
+        per_class = ", ".join(f"{name} {'n/a' if ap is None else f'{ap:.3f}'}" for name, ap in scores["per_class_AP"].items())
+        log(f"COCO mAP {scores['mAP']:.3f}, mAP@0.5 {scores['mAP@0.5']:.3f} on {len(truths)} images; AP {per_class}")
+        return scores
+
+    @staticmethod
+    def headline(scores: dict) -> dict:
+        return {"mAP": scores["mAP"], "mAP@0.5": scores["mAP@0.5"]}
+
+
+def make_task(config: config_lib.TrainConfig):
+    return {"segmentation": SegmentationTask, "detection": DetectionTask}[config.task](config)
