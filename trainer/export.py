@@ -28,3 +28,23 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
     )
     archive.write_out(saved_model_path, verbose=False)
     return {"keras": keras_path, "saved_model": saved_model_path}
+
+
+def export_trained(model_dir: str, output_dir: str) -> dict:
+    """Exports the model `fullres train` left in `model_dir` (model.keras, train_config.json, model_info.json)."""
+    import json
+
+    info_path = os.path.join(model_dir, "model_info.json")
+    if not os.path.exists(info_path):
+        raise FileNotFoundError(f"{model_dir} has no model_info.json; pass the output directory of `fullres train`.")
+    with open(info_path) as file:
+        info = json.load(file)
+    from trainer import config as config_lib, tasks
+
+    with open(os.path.join(model_dir, "train_config.json")) as file:
+        config = config_lib.from_dict(json.load(file))
+    os.makedirs(output_dir, exist_ok=True)
+    # Rebuilt from its config, then given the trained weights (see `evaluate.load_trained`).
+    model = tasks.make_task(config).build_model()
+    model.load_weights(os.path.join(model_dir, "model.keras"))
+    return export_model(model, output_dir, (None, *info["image_shape"]))
