@@ -24,7 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-PRESET_NAMES = ("default", "demo", "smoke", "ct_256")
+PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "detection", "detection_2560", "detection_demo")
 
 
 def _fail(message: str) -> None:
@@ -58,15 +58,18 @@ def _set_host_device_count(count: int) -> None:
 
 
 def _print(message: str) -> None:
+    """Progress lines, flushed at once: logs piped to a file or a pipeline runner show them as they happen."""
     typer.echo(message)
+    sys.stdout.flush()
 
 
 @app.command()
 def train(
     train_data: Annotated[str, typer.Option("--train", help="TFRecord pattern of the training cases, e.g. 'data/train-*.tfrecord'.")],
     output: Annotated[Path, typer.Option(help="Output directory; a rerun into it resumes from the newest checkpoint.")],
-    eval_data: Annotated[str | None, typer.Option("--eval", help="TFRecord pattern of held-out cases, scored with Dice at the end.")] = None,
-    preset: Annotated[str, typer.Option(help=f"Starting configuration: one of {', '.join(PRESET_NAMES)}.")] = "default",
+    eval_data: Annotated[str | None, typer.Option("--eval", help="TFRecord pattern of held-out data, scored at the end (Dice, or COCO mAP).")] = None,
+    task: Annotated[str, typer.Option(help="segmentation (3D/2D UNet on CT records) or detection (RetinaNet on image records).")] = "segmentation",
+    preset: Annotated[str, typer.Option(help=f"Starting configuration: one of {', '.join(PRESET_NAMES)}; 'default' is the task's default.")] = "default",
     steps: Annotated[int | None, typer.Option(help="Optimizer steps in total.")] = None,
     epochs: Annotated[int | None, typer.Option(help="Train this many passes over the data instead of --steps.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Global batch size, split over the replicas.")] = None,
@@ -82,33 +85,54 @@ def train(
     label_partition_dims: Annotated[
         str | None, typer.Option(help="'none' keeps labels whole within a replica; dims split them like the features.")
     ] = None,
-    num_classes: Annotated[int | None, typer.Option(help="Classes including background.")] = None,
+    num_classes: Annotated[int | None, typer.Option(help="Segmentation: classes including background. Detection: object classes (default: from label_map.json beside the data).")] = None,
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (depth of the UNet).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="Filters at the first UNet level.")] = None,
     normalization: Annotated[str | None, typer.Option(help="instance, group, batch or none.")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps.")] = None,
     log_every: Annotated[int | None, typer.Option(help="Log the loss every N steps.")] = None,
-    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Random flips along every spatial axis.")] = None,
+    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: random flips along every axis. Detection: scale jitter and left-right flips.")] = None,
+    image_size: Annotated[str | None, typer.Option(help="Detection: the H,W canvas every image is fitted to, e.g. 2560,2560.")] = None,
+    max_boxes: Annotated[int | None, typer.Option(help="Detection: boxes kept per training image.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for weights, data order and augmentation.")] = None,
     virtual_devices: Annotated[
         int | None, typer.Option(help="On a CPU, present it as this many devices (to try partitioning without accelerators).")
     ] = None,
 ) -> None:
-    """Train a 3D (or 2D) UNet, spatially partitioned over all devices present."""
+    """Train a UNet (segmentation) or a RetinaNet (detection), spatially partitioned over all devices present."""
     _use_virtual_devices(virtual_devices)
-    from trainer import config as config_lib, partitioning, train as train_lib
-
+    if task not in ("segmentation", "detection"):
+        _fail(f"--task {task!r} is not known; use segmentation or detection.")
     if preset not in PRESET_NAMES:
         _fail(f"--preset {preset!r} is not known; use one of {', '.join(PRESET_NAMES)}.")
+    size = None
+    if image_size is not None:
+        try:
+            size = tuple(int(p) for p in image_size.split(",") if p.strip())
+        except ValueError:
+            size = ()
+        if len(size) != 2:
+            _fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
+    from trainer import config as config_lib, partitioning, tasks, train as train_lib
+
     try:
-        base = config_lib.TrainConfig() if preset == "default" else config_lib.PRESETS[preset]()
-        model_overrides = {
-            k: v
-            for k, v in dict(
-                num_classes=num_classes, num_levels=num_levels, base_filters=base_filters, normalization=normalization
-            ).items()
-            if v is not None
-        }
+        if preset == "default":
+            base = config_lib.detection() if task == "detection" else config_lib.TrainConfig()
+        else:
+            base = config_lib.PRESETS[preset]()
+            if base.task != task:
+                _fail(f"--preset {preset} is a {base.task} preset but --task is {task}; pass --task {base.task} or "
+                      f"another preset.")
+        unet_only = dict(num_levels=num_levels, base_filters=base_filters, normalization=normalization)
+        if task == "detection":
+            given = [f"--{k.replace('_', '-')}" for k, v in unet_only.items() if v is not None]
+            if given:
+                _fail(f"{', '.join(given)} configure the UNet; they do not apply to --task detection.")
+            if num_classes is None:
+                label_map = tasks.read_label_map(train_data)
+                num_classes = max(label_map.values()) if label_map else None
+            unet_only = {}
+        model_overrides = {k: v for k, v in dict(num_classes=num_classes, **unet_only).items() if v is not None}
         partition = base.partition
         if input_partition_dims is not None or label_partition_dims is not None:
             partition = partitioning.PartitionConfig(
@@ -120,7 +144,7 @@ def train(
         overrides = dict(
             steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, warmup_steps=warmup_steps,
             schedule=schedule, precision=precision, remat=remat, checkpoint_every=checkpoint_every,
-            log_every=log_every, augment=augment, seed=seed,
+            log_every=log_every, augment=augment, seed=seed, image_size=size, max_boxes=max_boxes,
         )
         config = dataclasses.replace(
             base,
@@ -136,43 +160,63 @@ def train(
         _fail(str(error))
 
 
+DEMO_PREPROCESSING = {"spacing": "1.7,1.7,2.25", "window": "-200,300", "shape": "32,32,32"}
+
+
 @app.command()
 def demo(
-    output: Annotated[Path, typer.Option(help="Directory for the demo data, the trained model and summary.json.")] = Path(
+    output: Annotated[Path, typer.Option(help="Directory for the demo data, the pipeline's artifacts and summary.json.")] = Path(
         "fullres-demo"
     ),
     steps: Annotated[int | None, typer.Option(help="Training steps (the demo preset's default when omitted).")] = None,
     cases: Annotated[int, typer.Option(help="Synthetic training cases to generate.")] = 24,
     eval_cases: Annotated[int, typer.Option(help="Synthetic held-out cases to score.")] = 6,
-    virtual_devices: Annotated[
-        int | None, typer.Option(help="Present the CPU as this many devices and split each volume over them along depth.")
-    ] = None,
 ) -> None:
-    """Generate synthetic CT volumes, train a 3D UNet on them, and report Dice (the built-in demo)."""
-    _use_virtual_devices(virtual_devices)
-    from preprocessing import demo_ct
-    from trainer import config as config_lib, partitioning, train as train_lib
+    """The built-in demo: synthetic CT scans through the ct-segmentation pipeline, run here by the local KFP runner.
 
+    Generates NIfTI scans with label maps, then runs preprocess (Beam) → train
+    (3D UNet) → evaluate (Dice, HTML report) → export, and writes summary.json.
+    """
+    from pipelines import definitions, local_run
+    from preprocessing import demo_ct
+
+    output = output.resolve()
     output.mkdir(parents=True, exist_ok=True)
-    _print(f"generating {cases} training and {eval_cases} held-out synthetic CT cases in {output / 'data'}")
-    data = demo_ct.write_demo_tfrecords(str(output / "data"), num_train=cases, num_eval=eval_cases)
-    overrides = dict(train_data=data["train"], eval_data=data["eval"], output_dir=str(output / "train"))
+    _print(f"generating {cases} training and {eval_cases} held-out synthetic CT scans (NIfTI) in {output / 'data'}")
+    # 32×64×64 voxels at 0.7–1.0 mm in-plane and 1.5–3 mm slices; resampled to 1.7×1.7×2.25 mm
+    # (≈32³ on average) and cut or padded to 32³.
+    train_cases = demo_ct.write_demo_cases(str(output / "data" / "train"), cases, (32, 64, 64), seed=0, formats=("nifti",))
+    eval_cases_dir = demo_ct.write_demo_cases(str(output / "data" / "eval"), eval_cases, (32, 64, 64), seed=1,
+                                              formats=("nifti",))
+    arguments = dict(
+        train_input_uri=os.path.join(train_cases["nifti"], "images"),
+        train_labels_uri=os.path.join(train_cases["nifti"], "labels"),
+        eval_input_uri=os.path.join(eval_cases_dir["nifti"], "images"),
+        eval_labels_uri=os.path.join(eval_cases_dir["nifti"], "labels"),
+        preset="demo", class_names=",".join(demo_ct.CLASS_NAMES), **DEMO_PREPROCESSING,
+    )
     if steps is not None:
-        overrides["steps"] = steps
-    if virtual_devices:
-        overrides["partition"] = partitioning.PartitionConfig((1, virtual_devices, 1, 1, 1))
-        overrides["batch_size"] = 1
-    results = train_lib.train(config_lib.demo(**overrides), log=_print)
+        arguments["steps"] = steps
+    try:
+        run = local_run.run_local(definitions.CT_PIPELINE, arguments, str(output / "pipeline-root"), log=_print)
+    except local_run.PipelineRunFailed as error:
+        _fail(str(error))
+    outputs = run["outputs"]
+    metrics_path = local_run.find_output(outputs, "evaluate", "metrics")
+    scores = json.loads(Path(metrics_path).read_text())
     summary = {
-        "dice_mean": results.get("dice_mean"),
-        "dice_per_class": results.get("dice_per_class"),
-        "class_names": list(demo_ct.CLASS_NAMES),
-        "model": results["model"]["keras"],
-        "saved_model": results["model"]["saved_model"],
-        "metrics": str(output / "train" / "metrics.json"),
+        "dice_mean": scores.get("dice_mean"),
+        "dice_per_class": scores.get("dice_per_class"),
+        "class_names": scores.get("class_names"),
+        "model": local_run.find_output(outputs, "train", "model"),
+        "saved_model": local_run.find_output(outputs, "export", "exported"),
+        "report": local_run.find_output(outputs, "evaluate", "report"),
+        "metrics": metrics_path,
+        "run_dir": run["run_dir"],
     }
     (output / "summary.json").write_text(json.dumps(summary, indent=2))
-    _print(f"demo done: foreground Dice {summary['dice_mean']:.3f}; summary in {output / 'summary.json'}")
+    _print(f"demo done: foreground Dice {summary['dice_mean']:.3f}; report {summary['report']}; "
+           f"summary in {output / 'summary.json'}")
 
 
 @app.command()
@@ -244,7 +288,7 @@ demo_data_app = typer.Typer(help="Write synthetic demo data (no downloads).", no
 app.add_typer(demo_data_app, name="demo-data")
 
 BEAM_HELP = (
-    "Beam runner: DirectRunner (this machine, one worker per core) or DataflowRunner (add --project, --region, "
+    "Beam runner: DirectRunner (this machine: Beam's local FnApi runner, one worker per core) or DataflowRunner (add --project, --region, "
     "--temp_location and any other Beam option after the known ones)."
 )
 
@@ -415,6 +459,98 @@ def demo_data_images(
 
     written = demo_images.write_demo_coco(str(output), images, (size, size), seed)
     _print(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")
+
+
+pipeline_app = typer.Typer(help="Compile the KFP pipelines, run one here (kfp.local), or submit one to Vertex AI.",
+                           no_args_is_help=True)
+app.add_typer(pipeline_app, name="pipeline")
+PIPELINE_NAMES = ("ct-segmentation", "detection")
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_IMAGE = "fullres:latest"  # components.steps.DEFAULT_IMAGE (not imported: --help stays instant)
+Params = Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable); lists and dicts as JSON.")]
+PipelineName = Annotated[str, typer.Option("--pipeline", help="ct-segmentation or detection.")]
+
+
+def _check_pipeline_name(name: str) -> None:
+    if name not in PIPELINE_NAMES:
+        _fail(f"--pipeline {name!r} is not known; use one of {', '.join(PIPELINE_NAMES)}.")
+
+
+@pipeline_app.command("compile")
+def pipeline_compile(
+    image: Annotated[str, typer.Option(help="Container image with fullres installed, e.g. us-docker.pkg.dev/PROJECT/REPO/fullres:gpu.")] = DEFAULT_IMAGE,
+    output_dir: Annotated[Path, typer.Option(help="Where pipeline.yaml (ct-segmentation) and detection-pipeline.yaml go.")] = ROOT,
+) -> None:
+    """Compile both pipelines to KFP IR YAML (deterministic: the same sources give the same bytes)."""
+    from pipelines import definitions
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name, file_name in definitions.COMPILED_FILES.items():
+        path = definitions.compile_pipeline(name, str(output_dir / file_name), image=image)
+        _print(f"compiled {name} for image {image} into {path}")
+
+
+@pipeline_app.command("run")
+def pipeline_run(
+    local: Annotated[bool, typer.Option("--local", help="Run on this machine with kfp.local's SubprocessRunner (the only runner here; use `submit` for Vertex AI).")] = False,
+    name: PipelineName = "ct-segmentation",
+    param: Params = None,
+    pipeline_root: Annotated[Path, typer.Option(help="Where the run's artifacts go.")] = Path("fullres-pipeline-root"),
+) -> None:
+    """Run a pipeline end to end on this machine, every step a subprocess (kfp.local)."""
+    if not local:
+        _fail("pipeline run needs --local (kfp.local on this machine); to run on Vertex AI use `fullres pipeline submit`.")
+    _check_pipeline_name(name)
+    from pipelines import local_run, vertex
+
+    try:
+        arguments = vertex.parse_parameters(name, param or [])
+        run = local_run.run_local(name, arguments, str(pipeline_root), log=_print)
+    except ValueError as error:
+        _fail(str(error))
+    except local_run.PipelineRunFailed as error:
+        _fail(str(error))
+    for task, outputs in run["outputs"].items():
+        for output, path in outputs.items():
+            _print(f"{task}/{output}: {path}")
+    _print(f"pipeline {name} finished; run directory {run['run_dir']}")
+
+
+@pipeline_app.command("submit")
+def pipeline_submit(
+    project: Annotated[str, typer.Option(help="Google Cloud project.")],
+    region: Annotated[str, typer.Option(help="Vertex AI region, e.g. us-central1.")],
+    pipeline_root: Annotated[str, typer.Option(help="gs:// directory for the run's artifacts.")],
+    name: PipelineName = "ct-segmentation",
+    param: Params = None,
+    service_account: Annotated[str | None, typer.Option(help="Service account the pipeline runs as.")] = None,
+    network: Annotated[str | None, typer.Option(help="VPC network to peer, projects/NUMBER/global/networks/NAME.")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="A resource label KEY=VALUE (repeatable).")] = None,
+    image: Annotated[str | None, typer.Option(help="Compile for this image first (default: the committed YAML as is).")] = None,
+    display_name: Annotated[str | None, typer.Option(help="Name of the run in the console.")] = None,
+    caching: Annotated[bool | None, typer.Option("--caching/--no-caching", help="Reuse results of unchanged steps (default: Vertex's).")] = None,
+    api_endpoint: Annotated[str | None, typer.Option(help="Vertex AI API endpoint, for private endpoints (default: REGION-aiplatform.googleapis.com).")] = None,
+) -> None:
+    """Submit a pipeline to Vertex AI Pipelines (training on TPUs/GPUs via --param accelerator_type=..., Beam on Dataflow via beam_args)."""
+    _check_pipeline_name(name)
+    import tempfile
+
+    from pipelines import definitions, vertex
+
+    try:
+        arguments = vertex.parse_parameters(name, param or [])
+        labels = vertex.parse_labels(label or [])
+        template = ROOT / definitions.COMPILED_FILES[name]
+        if image is not None or not template.exists():
+            template = Path(tempfile.mkdtemp(prefix="fullres-")) / definitions.COMPILED_FILES[name]
+            definitions.compile_pipeline(name, str(template), image=image or DEFAULT_IMAGE)
+        resource = vertex.submit(str(template), project=project, region=region, pipeline_root=pipeline_root,
+                                 parameter_values=arguments, service_account=service_account, network=network,
+                                 labels=labels, display_name=display_name, enable_caching=caching,
+                                 api_endpoint=api_endpoint)
+    except ValueError as error:
+        _fail(str(error))
+    _print(f"submitted {name}: {resource}")
 
 
 def main(argv: list[str] | None = None) -> None:

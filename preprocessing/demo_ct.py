@@ -178,19 +178,22 @@ def write_dicom_series(
 
 
 def write_demo_cases(output_dir: str, num_cases: int = 8, shape: tuple[int, int, int] = (48, 64, 64),
-                     seed: int = 0) -> dict:
+                     seed: int = 0, formats: tuple[str, ...] = ("dicom", "nifti")) -> dict:
     """Writes the same synthetic cases as DICOM series and as NIfTI, each with a NIfTI label map.
 
     Spacing varies from case to case (anisotropic, thicker slices), as in real
     scans, so preprocessing has something to resample.
 
     Returns:
-        `{"dicom": dir, "nifti": dir}`; each holds `images/` and `labels/`.
+        `{"dicom": dir, "nifti": dir}` (the `formats` asked for); each holds `images/` and `labels/`.
     """
     import SimpleITK as sitk
 
     rng = np.random.default_rng(seed)
-    roots = {kind: os.path.join(output_dir, kind) for kind in ("dicom", "nifti")}
+    unknown = set(formats) - {"dicom", "nifti"}
+    if unknown:
+        raise ValueError(f"unknown demo formats {sorted(unknown)}; use dicom and/or nifti.")
+    roots = {kind: os.path.join(output_dir, kind) for kind in formats}
     for root in roots.values():
         os.makedirs(os.path.join(root, "images"), exist_ok=True)
         os.makedirs(os.path.join(root, "labels"), exist_ok=True)
@@ -199,13 +202,15 @@ def write_demo_cases(output_dir: str, num_cases: int = 8, shape: tuple[int, int,
         volume, label = synthetic_case(rng, shape)
         spacing = (float(rng.uniform(0.7, 1.0)),) * 2 + (float(rng.choice([1.5, 2.0, 2.5, 3.0])),)
         origin = tuple(float(v) for v in rng.uniform(-200, 0, 3))
-        write_dicom_series(volume, os.path.join(roots["dicom"], "images", case_id), spacing, origin, rng=rng)
+        if "dicom" in roots:
+            write_dicom_series(volume, os.path.join(roots["dicom"], "images", case_id), spacing, origin, rng=rng)
         image = sitk.GetImageFromArray(volume)
         image.SetSpacing(spacing)
         image.SetOrigin(origin)
         labels = sitk.GetImageFromArray(label)
         labels.CopyInformation(image)
-        sitk.WriteImage(image, os.path.join(roots["nifti"], "images", f"{case_id}.nii.gz"))
+        if "nifti" in roots:
+            sitk.WriteImage(image, os.path.join(roots["nifti"], "images", f"{case_id}.nii.gz"))
         for root in roots.values():
             sitk.WriteImage(labels, os.path.join(root, "labels", f"{case_id}.nii.gz"))
     return roots

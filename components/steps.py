@@ -1,0 +1,151 @@
+"""The KFP components: one thin adapter per step, from typed artifacts to library calls.
+
+KFP embeds each function's source in the compiled pipeline and runs it in the
+fullres container image (or, under `kfp.local`'s SubprocessRunner, in this
+environment), so every body imports what it uses. `make_components(image)`
+binds the functions to a container image; the image is a compile option
+(`fullres pipeline compile --image ...`).
+
+Artifacts are directories: a Dataset holds TFRecord shards (+ `summary.json`,
+`dead_letter.jsonl`, `label_map.json`), a Model the trainer's output directory
+(`model.keras`, `train_config.json`, checkpoints, TensorBoard logs) or the
+exported SavedModel, Metrics the scores as JSON, HTML the report.
+"""
+
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
+
+DEFAULT_IMAGE = "fullres:latest"
+
+
+def _location(artifact) -> str:
+    """Where a step writes an artifact: gs:// for Beam on Dataflow, the local (or gcsfuse) path otherwise."""
+    return artifact.uri if artifact.uri.startswith("gs://") else artifact.path
+
+
+def preprocess_ct(
+    input_uri: str,
+    dataset: Output[Dataset],
+    labels_uri: str = "",
+    spacing: str = "1.0,1.0,1.0",
+    window: str = "-1000,1000",
+    shape: str = "",
+    beam_args: list = [],  # noqa: B006  (KFP needs a literal default)
+    max_failed_fraction: float = 0.1,
+):
+    """CT scans (+ label maps) to TFRecords with Beam; `beam_args` picks the runner (DataflowRunner on Vertex)."""
+    from components import runtime
+    from preprocessing import ct_pipeline, ct_transforms
+
+    output = runtime.output_location(dataset, beam_args)
+    config = ct_transforms.CtPreprocessConfig(
+        spacing=runtime.numbers(spacing, float), window=runtime.numbers(window, float),
+        shape=runtime.numbers(shape, int))
+    summary = ct_pipeline.run(input_path=input_uri, output=output, labels=labels_uri or None, config=config,
+                              pipeline_args=runtime.beam_arguments(beam_args), max_failed_fraction=max_failed_fraction)
+    runtime.describe_dataset(dataset, summary, output)
+
+
+def preprocess_images(
+    annotations_uri: str,
+    images_uri: str,
+    dataset: Output[Dataset],
+    beam_args: list = [],  # noqa: B006
+    max_failed_fraction: float = 0.1,
+):
+    """Images with COCO JSON or VOC XML boxes to TF Object Detection API TFRecords with Beam."""
+    from components import runtime
+    from preprocessing import images_pipeline
+
+    output = runtime.output_location(dataset, beam_args)
+    summary = images_pipeline.run(annotations=annotations_uri, images=images_uri, output=output,
+                                  pipeline_args=runtime.beam_arguments(beam_args),
+                                  max_failed_fraction=max_failed_fraction)
+    runtime.describe_dataset(dataset, summary, output)
+
+
+def train(
+    train_data: Input[Dataset],
+    model: Output[Model],
+    metrics: Output[Metrics],
+    task: str = "segmentation",
+    preset: str = "default",
+    steps: int = 0,
+    batch_size: int = 0,
+    learning_rate: float = 0.0,
+    input_partition_dims: str = "",
+    precision: str = "",
+    overrides: dict = {},  # noqa: B006
+):
+    """Trains the UNet or the RetinaNet on `train_data`; 0 or "" keeps the preset's value.
+
+    Multi-host runs (several replicas of a Vertex custom job, or a TPU slice)
+    start `jax.distributed` first; only the first process writes the outputs.
+    """
+    from components import runtime
+    from trainer import distributed
+
+    distributed.initialize_from_environment()
+    from trainer import train as train_lib
+
+    config = runtime.train_config(
+        task=task, preset=preset, train_data=train_data.path + "/data-*", output_dir=model.path, steps=steps,
+        batch_size=batch_size, learning_rate=learning_rate, input_partition_dims=input_partition_dims,
+        precision=precision, overrides=overrides)
+    results = train_lib.train(config, export_saved_model=False)
+    runtime.write_metrics(metrics, results, ("final_loss", "steps", "train_seconds", "steps_per_second"))
+    model.metadata.update({"task": task, "framework": "keras", "input_partition_dims": config.partition.input_partition_dims})
+
+
+def evaluate(
+    model: Input[Model],
+    eval_data: Input[Dataset],
+    metrics: Output[Metrics],
+    report: Output[HTML],
+    class_names: str = "",
+    report_examples: int = 4,
+):
+    """Scores the model on held-out data at full resolution (Dice or COCO mAP) and writes the HTML report."""
+    from components import runtime
+    from trainer import evaluate as evaluate_lib
+
+    scores = evaluate_lib.evaluate_trained(
+        model.path, eval_data.path + "/data-*", report_path=report.path,
+        class_names=[n.strip() for n in class_names.split(",") if n.strip()] or None, report_examples=report_examples)
+    runtime.write_metrics(metrics, scores, ("dice_mean", "mAP", "mAP@0.5"))
+
+
+def export(model: Input[Model], exported: Output[Model]):
+    """The trained model as a TensorFlow SavedModel (serving signature `serve`) and a Keras file."""
+    from trainer import export as export_lib
+
+    paths = export_lib.export_trained(model.path, exported.path)
+    exported.metadata.update({"framework": "tensorflow", "saved_model": paths["saved_model"]})
+
+
+def worker_replicas(replica_count: int) -> int:
+    """Hosts beyond the first (Vertex's second worker pool) for a multi-host custom job."""
+    if replica_count < 1:
+        raise ValueError(f"replica_count must be >= 1, got {replica_count}.")
+    return replica_count - 1
+
+
+class Components(NamedTuple):
+    preprocess_ct: object
+    preprocess_images: object
+    train: object
+    evaluate: object
+    export: object
+    worker_replicas: object
+
+
+def make_components(image: str = DEFAULT_IMAGE) -> Components:
+    """The components bound to a container image that has fullres (and the KFP SDK) installed."""
+
+    def bind(function):
+        return dsl.component(function, base_image=image, install_kfp_package=False)
+
+    return Components(*(bind(f) for f in (preprocess_ct, preprocess_images, train, evaluate, export, worker_replicas)))

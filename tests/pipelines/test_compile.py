@@ -1,0 +1,56 @@
+"""The committed pipeline YAML is what `fullres pipeline compile` writes today, byte for byte."""
+
+import os
+import subprocess
+import sys
+
+import yaml
+
+from pipelines import definitions
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_committed_yaml_matches_a_fresh_compile(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "pipeline", "compile", "--output-dir", str(tmp_path)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    for name, file_name in definitions.COMPILED_FILES.items():
+        with open(os.path.join(ROOT, file_name)) as file:
+            committed = file.read()
+        with open(tmp_path / file_name) as file:
+            fresh = file.read()
+        assert fresh == committed, f"{file_name} is stale: run `fullres pipeline compile` and commit it ({name})"
+
+
+def test_compiling_is_deterministic(tmp_path):
+    first = definitions.compile_pipeline(definitions.CT_PIPELINE, str(tmp_path / "a.yaml"))
+    second = definitions.compile_pipeline(definitions.CT_PIPELINE, str(tmp_path / "b.yaml"))
+    assert open(first).read() == open(second).read()
+
+
+def test_the_image_is_a_compile_option(tmp_path):
+    path = definitions.compile_pipeline(definitions.DETECTION_PIPELINE, str(tmp_path / "d.yaml"), image="example/fullres:gpu")
+    spec = yaml.safe_load(open(path))
+    images = {executor["container"]["image"] for executor in spec["deploymentSpec"]["executors"].values()
+              if "container" in executor and "image" in executor["container"]}
+    assert "example/fullres:gpu" in images and definitions.steps.DEFAULT_IMAGE not in images
+
+
+def test_the_pipeline_has_every_step_and_the_accelerator_parameters():
+    spec = yaml.safe_load(open(os.path.join(ROOT, "pipeline.yaml")))
+    assert spec["pipelineInfo"]["name"] == "ct-segmentation"
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    for name in ("accelerator_type", "accelerator_count", "machine_type", "tpu_topology", "replica_count",
+                 "input_partition_dims", "beam_args"):
+        assert name in parameters
+    components = spec["components"]
+    for step in ("comp-preprocess-ct", "comp-train", "comp-evaluate", "comp-export"):
+        assert any(c.startswith(step) for c in components), step
+    # The accelerator branches run the train component as a Vertex custom job, its machine from the parameters.
+    custom_jobs = [c for c in components.values()
+                   if "worker_pool_specs" in c.get("inputDefinitions", {}).get("parameters", {})]
+    assert len(custom_jobs) == 3  # TPU slice, one accelerator host, several
+    text = open(os.path.join(ROOT, "pipeline.yaml")).read()
+    assert "tpu_topology: '{{$.inputs.parameters[''pipelinechannel--tpu_topology'']}}'" in text
+    assert "accelerator_type: '{{$.inputs.parameters[''pipelinechannel--accelerator_type'']}}'" in text
