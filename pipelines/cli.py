@@ -204,13 +204,16 @@ def demo(
     outputs = run["outputs"]
     metrics_path = local_run.find_output(outputs, "evaluate", "metrics")
     scores = json.loads(Path(metrics_path).read_text())
+    # KFP names the HTML artifact just "report"; a copy with its extension opens in any browser.
+    report = output / "report.html"
+    report.write_text(Path(local_run.find_output(outputs, "evaluate", "report")).read_text())
     summary = {
         "dice_mean": scores.get("dice_mean"),
         "dice_per_class": scores.get("dice_per_class"),
         "class_names": scores.get("class_names"),
         "model": local_run.find_output(outputs, "train", "model"),
         "saved_model": local_run.find_output(outputs, "export", "exported"),
-        "report": local_run.find_output(outputs, "evaluate", "report"),
+        "report": str(report),
         "metrics": metrics_path,
         "run_dir": run["run_dir"],
     }

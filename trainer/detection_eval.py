@@ -40,7 +40,7 @@ def decode_detections(outputs: dict, image_size: tuple[int, int], config: retina
     deltas, logits = flatten_levels(outputs, config)
     boxes = keras.utils.bounding_boxes.decode_deltas_to_boxes(
         anchors=anchors, boxes_delta=deltas, encoded_format="center_xywh", anchor_format="yxyx", box_format="yxyx",
-        image_shape=(*image_size, 3),
+        variance=list(config.box_variance), image_shape=(*image_size, 3),
     )
     suppress = NonMaxSuppression(bounding_box_format="yxyx", from_logits=True, iou_threshold=iou_threshold,
                                  confidence_threshold=confidence_threshold, max_detections=max_detections)

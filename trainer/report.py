@@ -24,7 +24,7 @@ body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; 
 h1 { font-size: 1.5rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
 table { border-collapse: collapse; } td, th { padding: .3rem .8rem; border-bottom: 1px solid #ddd; text-align: left; }
 td.number { text-align: right; font-variant-numeric: tabular-nums; }
-.cases { display: flex; flex-wrap: wrap; gap: 1.5rem; }
+.cases { display: flex; flex-wrap: wrap; gap: 1rem; }
 figure { margin: 0; } figcaption { font-size: .85rem; color: #555; }
 img { image-rendering: pixelated; border: 1px solid #ccc; }
 .swatch { display: inline-block; width: .8rem; height: .8rem; margin-right: .3rem; vertical-align: middle; }
@@ -56,7 +56,7 @@ def overlay(slice_2d: np.ndarray, mask: np.ndarray, alpha: float = 0.45) -> np.n
     return picture.astype(np.uint8)
 
 
-def _upscale(image: np.ndarray, minimum: int = 192) -> np.ndarray:
+def _upscale(image: np.ndarray, minimum: int = 160) -> np.ndarray:
     factor = max(1, int(np.ceil(minimum / max(image.shape[:2]))))
     return np.kron(image, np.ones((factor, factor, 1), np.uint8)) if factor > 1 else image
 
@@ -73,7 +73,8 @@ def orthogonal_slices(volume: np.ndarray, label: np.ndarray) -> dict[str, tuple[
     foreground = np.argwhere(label > 0)
     centre = foreground.mean(axis=0).round().astype(int) if len(foreground) else np.array(volume.shape) // 2
     depth, row, column = (int(c) for c in centre)
-    return {"axial": (volume[depth], depth), "coronal": (volume[:, row, :], row), "sagittal": (volume[:, :, column], column)}
+    return {"axial": (volume[depth], depth), "coronal": (_take(volume, "coronal", row), row),
+            "sagittal": (_take(volume, "sagittal", column), column)}
 
 
 def loss_curve_svg(history: list[list[float]], width: int = 640, height: int = 240) -> str:
@@ -101,9 +102,11 @@ def loss_curve_svg(history: list[list[float]], width: int = 640, height: int = 2
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>'
         f'<polyline points="{points}" fill="none" stroke="#2a6fdb" stroke-width="2"/>'
         + "".join(ticks)
-        + f'<text x="{left}" y="{height - 12}" font-size="11">step {int(steps.min())}</text>'
-        f'<text x="{width - right}" y="{height - 12}" font-size="11" text-anchor="end">step {int(steps.max())}</text>'
-        f'<text x="{(left + width - right) / 2}" y="{height - 2}" font-size="11" text-anchor="middle">loss</text>'
+        + f'<text x="{left}" y="{height - 22}" font-size="11">{int(steps.min())}</text>'
+        f'<text x="{width - right}" y="{height - 22}" font-size="11" text-anchor="end">{int(steps.max())}</text>'
+        f'<text x="{(left + width - right) / 2}" y="{height - 6}" font-size="11" text-anchor="middle">step</text>'
+        f'<text x="12" y="{(top + height - bottom) / 2}" font-size="11" text-anchor="middle" '
+        f'transform="rotate(-90 12 {(top + height - bottom) / 2})">loss</text>'
         "</svg>"
     )
 
@@ -152,8 +155,9 @@ def segmentation_report(scores: dict, samples: list[dict], loss_history: list, c
 
 
 def _take(volume: np.ndarray, view: str, index: int) -> np.ndarray:
-    return {"axial": lambda: volume[index], "coronal": lambda: volume[:, index, :],
-            "sagittal": lambda: volume[:, :, index]}[view]()
+    """One slice of a (D, H, W) LPS volume; coronal and sagittal slices upside down, so superior is up."""
+    return {"axial": lambda: volume[index], "coronal": lambda: volume[::-1, index, :],
+            "sagittal": lambda: volume[::-1, :, index]}[view]()
 
 
 def draw_boxes(image: np.ndarray, truth: dict, detections: dict, class_names: list[str],

@@ -38,7 +38,11 @@ class RetinaNetConfig:
         min_level, max_level: pyramid levels P_min..P_max (P_l has stride 2^l).
         head_conv_layers: convolutions in each prediction head before its output.
         head_filters: filters of the FPN and the heads.
-        aspect_ratios, num_scales, anchor_size: anchors per position (A = scales × ratios).
+        aspect_ratios, num_scales, anchor_size: anchors per position (A = scales × ratios);
+            the smallest anchor on level P_l is `anchor_size · 2^l` pixels.
+        box_variance: box targets are the center-xywh deltas divided by these. KerasHub's
+            default (1, 1, 1, 1) leaves deltas of ~0.1 in the Huber loss's quadratic part,
+            where their gradient is tiny; (0.1, 0.1, 0.2, 0.2) is the usual scaling.
 
     Example:
         >>> config = RetinaNetConfig(num_classes=3, stackwise_num_blocks=(1, 1, 1, 1), head_filters=32)
@@ -56,6 +60,7 @@ class RetinaNetConfig:
     aspect_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
     num_scales: int = 3
     anchor_size: float = 4.0
+    box_variance: tuple[float, ...] = (0.1, 0.1, 0.2, 0.2)
 
     def __post_init__(self):
         if self.num_classes < 1:
@@ -136,7 +141,8 @@ def anchor_tools(config: RetinaNetConfig):
     generator = AnchorGenerator("yxyx", min_level=config.min_level, max_level=config.max_level,
                                 num_scales=config.num_scales, aspect_ratios=list(config.aspect_ratios),
                                 anchor_size=config.anchor_size)
-    encoder = RetinaNetLabelEncoder(generator, bounding_box_format="yxyx", encoding_format="center_xywh")
+    encoder = RetinaNetLabelEncoder(generator, bounding_box_format="yxyx", encoding_format="center_xywh",
+                                    box_variance=list(config.box_variance))
     return generator, encoder
 
 

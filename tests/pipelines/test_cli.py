@@ -39,6 +39,12 @@ def test_train_help_documents_partitioning():
         (["--input-partition-dims", "1,4,1,1,1", "--batch-size", "3"], "global batch size 3 does not divide over 2 replicas"),
         (["--preset", "huge"], "--preset 'huge' is not known"),
         (["--precision", "float16"], "TrainConfig.precision must be one of"),
+        (["--task", "detection", "--num-levels", "3"], "--num-levels configure the UNet; they do not apply to --task detection"),
+        (["--preset", "detection_demo"], "--preset detection_demo is a detection preset but --task is segmentation"),
+        (["--task", "classification"], "--task 'classification' is not known"),
+        (["--task", "detection", "--image-size", "256"], "--image-size '256' is not valid"),
+        (["--task", "detection", "--preset", "detection_demo", "--input-partition-dims", "1,3,1,1"],
+         "asks for 3 cores per replica"),
     ],
 )
 def test_train_refuses_bad_configuration_in_one_line(demo_data, tmp_path, args, message):

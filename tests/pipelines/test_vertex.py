@@ -4,7 +4,8 @@ A local HTTP server stands in for the Vertex AI REST endpoint (aiplatform
 takes a custom `api_endpoint` and the REST transport); it records the request
 the real google-cloud-aiplatform client sends and answers like Vertex does.
 The same server answers the Cloud Storage JSON API (`STORAGE_EMULATOR_HOST`):
-before submitting, aiplatform checks that the pipeline root's bucket exists.
+before submitting, aiplatform looks for the pipeline root's bucket, creates it
+when it is missing (as here) and grants the run's service account access.
 """
 
 import http.server
@@ -23,27 +24,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class _Vertex(http.server.BaseHTTPRequestHandler):
     requests: list = []
 
-    def _reply(self, body: dict):
+    def _reply(self, body: dict, status: int = 200):
         data = json.dumps(body).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length)) if length else {}
+
     def do_POST(self):  # noqa: N802  (http.server's naming)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self._body()
         self.requests.append({"method": "POST", "path": self.path, "body": body, "headers": dict(self.headers)})
+        if self.path.startswith("/storage/v1/b?"):  # Cloud Storage: create a bucket
+            self._reply({"kind": "storage#bucket", "id": body["name"], **body})
+            return
         parent = self.path.split("?")[0].removeprefix("/v1/").removesuffix("/pipelineJobs")
         self._reply({**body, "name": f"{parent}/pipelineJobs/fullres-test-123", "state": "PIPELINE_STATE_PENDING"})
 
     def do_GET(self):  # noqa: N802
         self.requests.append({"method": "GET", "path": self.path})
-        if self.path.startswith("/storage/v1/b/"):  # Cloud Storage: the bucket exists
-            bucket = self.path.split("?")[0].removeprefix("/storage/v1/b/")
-            self._reply({"kind": "storage#bucket", "name": bucket, "id": bucket, "location": "EU"})
+        if self.path.split("?")[0].endswith("/iam"):  # Cloud Storage: the bucket's IAM policy
+            self._reply({"kind": "storage#policy", "bindings": [], "etag": "CAE="})
+            return
+        if self.path.startswith("/storage/v1/b/"):  # Cloud Storage: no such bucket yet
+            self._reply({"error": {"code": 404, "message": "The specified bucket does not exist."}}, status=404)
             return
         self._reply({"name": self.path.removeprefix("/v1/"), "state": "PIPELINE_STATE_PENDING"})
+
+    def do_PUT(self):  # noqa: N802
+        body = self._body()
+        self.requests.append({"method": "PUT", "path": self.path, "body": body})
+        self._reply(body)
 
     def log_message(self, *args):
         pass
@@ -81,8 +96,12 @@ def test_submit_sends_template_parameters_account_root_and_labels(vertex):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "submitted ct-segmentation: projects/my-project/locations/europe-west4/pipelineJobs/fullres-test-123" in result.stdout
-    assert any(r["path"].startswith("/storage/v1/b/my-bucket") for r in requests)  # the bucket check
-    posts = [r for r in requests if r["method"] == "POST"]
+    created = [r for r in requests if r["method"] == "POST" and r["path"].startswith("/storage/v1/b?")]
+    assert len(created) == 1 and created[0]["body"]["name"] == "my-bucket" and "project=my-project" in created[0]["path"]
+    (policy,) = [r["body"] for r in requests if r["method"] == "PUT"]
+    members = {b["role"]: b["members"] for b in policy["bindings"]}
+    assert members["roles/storage.objectCreator"] == ["serviceAccount:trainer@my-project.iam.gserviceaccount.com"]
+    posts = [r for r in requests if r["method"] == "POST" and "/pipelineJobs" in r["path"]]
     assert len(posts) == 1
     request = posts[0]
     assert request["path"].startswith("/v1/projects/my-project/locations/europe-west4/pipelineJobs")
@@ -116,13 +135,18 @@ def test_submit_sends_template_parameters_account_root_and_labels(vertex):
 ])
 def test_bad_submissions_are_refused_in_one_sentence(vertex, args, message):
     endpoint, requests = vertex
+    # In-process (each case fails before any request), through the CLI users call.
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
     base = {"--project": "p", "--region": "us-central1", "--pipeline-root": "gs://b/r"}
-    for flag in ("--pipeline-root",):
-        if flag in args:
-            base.pop(flag)
-    result = _fullres("pipeline", "submit", *[x for kv in base.items() for x in kv], *args, "--api-endpoint", endpoint,
-                      storage=endpoint)
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
-    assert not [r for r in requests if r["method"] == "POST"]
+    if "--pipeline-root" in args:
+        base.pop("--pipeline-root")
+    result = CliRunner().invoke(cli.app, ["pipeline", "submit", *[x for kv in base.items() for x in kv], *args,
+                                          "--api-endpoint", endpoint])
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not [r for r in requests if "/pipelineJobs" in r["path"]]

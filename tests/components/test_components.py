@@ -1,0 +1,132 @@
+"""Every component runs alone through `kfp.local` (SubprocessRunner), fed by the previous one's artifacts.
+
+The chain is preprocess CT → train (partitioned 4-way along depth on the 8
+virtual CPU devices the test environment gives every subprocess) → evaluate →
+export, plus preprocess images. A component without input artifacts is called
+directly; one with inputs runs as the only step of a pipeline whose
+`dsl.importer` hands it the earlier artifact (kfp.local takes input artifacts
+only inside a pipeline).
+"""
+
+import json
+import os
+
+import pytest
+from kfp import dsl, local
+
+from components import steps
+from pipelines import local_run
+from preprocessing import demo_ct, demo_images
+
+COMPONENTS = steps.make_components()
+
+
+def run_alone(root, component, artifacts: dict, **parameters) -> dict:
+    """Runs `component` alone with `artifacts` ({input: (path, artifact class)}); returns {output: (path, metadata)}."""
+
+    @dsl.pipeline(name="alone")
+    def alone():
+        imported = {name: dsl.importer(artifact_uri=path, artifact_class=kind).output
+                    for name, (path, kind) in artifacts.items()}
+        component(**imported, **parameters)
+
+    before = set(os.listdir(root))
+    alone()
+    (run,) = set(os.listdir(root)) - before
+    outputs = local_run.task_outputs(os.path.join(root, run))
+    (task,) = [t for t in outputs if not t.startswith("importer")]
+    with open(os.path.join(root, run, task, "executor_output.json")) as file:
+        executor_output = json.load(file)
+    metadata = {name: entry["artifacts"][0].get("metadata", {})
+                for name, entry in executor_output.get("artifacts", {}).items()}
+    return {name: (path, metadata.get(name, {})) for name, path in outputs[task].items()}
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline_root")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ct_cases(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ct")
+    return {split: demo_ct.write_demo_cases(str(directory / split), count, (16, 32, 32), seed=seed, formats=("nifti",))
+            ["nifti"] for split, count, seed in (("train", 4, 0), ("eval", 2, 1))}
+
+
+@pytest.fixture(scope="module")
+def ct_datasets(runner, ct_cases):
+    datasets = {}
+    for split, root in ct_cases.items():
+        task = COMPONENTS.preprocess_ct(input_uri=os.path.join(root, "images"), labels_uri=os.path.join(root, "labels"),
+                                        spacing="2.0,2.0,2.0", window="-200,300", shape="16,16,16")
+        datasets[split] = task.outputs["dataset"]
+    return datasets
+
+
+@pytest.fixture(scope="module")
+def trained(runner, ct_datasets):
+    return run_alone(runner, COMPONENTS.train, {"train_data": (ct_datasets["train"].path, dsl.Dataset)},
+                     task="segmentation", preset="smoke", steps=3, batch_size=2, input_partition_dims="1,4,1,1,1")
+
+
+def test_preprocess_ct_writes_records_and_describes_them(ct_datasets):
+    dataset = ct_datasets["train"]
+    with open(os.path.join(dataset.path, "summary.json")) as file:
+        summary = json.load(file)
+    assert summary["ok"] == 4 and summary["failed"] == 0
+    assert dataset.metadata["records"] == 4
+    assert any(name.startswith("data-") for name in os.listdir(dataset.path))
+
+
+def test_train_writes_the_model_and_metrics(trained):
+    model_dir = trained["model"][0]
+    for name in ("model.keras", "train_config.json", "model_info.json", "history.jsonl"):
+        assert os.path.exists(os.path.join(model_dir, name)), name
+    assert not os.path.exists(os.path.join(model_dir, "saved_model"))  # export is its own step
+    with open(os.path.join(model_dir, "train_config.json")) as file:
+        assert json.load(file)["partition"]["input_partition_dims"] == [1, 4, 1, 1, 1]
+    _, metrics = trained["metrics"]
+    assert metrics["steps"] == 3 and metrics["final_loss"] > 0
+
+
+def test_evaluate_scores_and_reports(runner, trained, ct_datasets):
+    outputs = run_alone(runner, COMPONENTS.evaluate, {"model": (trained["model"][0], dsl.Model),
+                                                      "eval_data": (ct_datasets["eval"].path, dsl.Dataset)},
+                        class_names="background,liver,kidney", report_examples=1)
+    (metrics_path, metrics), (report_path, _) = outputs["metrics"], outputs["report"]
+    with open(metrics_path) as file:
+        scores = json.load(file)
+    assert scores["cases"] == 2 and len(scores["dice_per_class"]) == 3
+    assert scores["class_names"] == ["background", "liver", "kidney"]
+    assert "dice/liver" in metrics
+    with open(report_path) as file:
+        page = file.read()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<img") == 6  # 3 views × (true, predicted)
+
+
+def test_export_writes_a_saved_model_that_serves(runner, trained):
+    import numpy as np
+    import tensorflow as tf
+
+    outputs = run_alone(runner, COMPONENTS.export, {"model": (trained["model"][0], dsl.Model)})
+    exported, metadata = outputs["exported"]
+    assert metadata["framework"] == "tensorflow"
+    loaded = tf.saved_model.load(os.path.join(exported, "saved_model"))
+    logits = loaded.serve(tf.zeros((1, 16, 16, 16, 1)))
+    assert np.asarray(logits).shape == (1, 16, 16, 16, 3)
+
+
+def test_preprocess_images_converts_coco(runner, tmp_path):
+    written = demo_images.write_demo_coco(str(tmp_path), num_images=5, size=(64, 64), seed=2)
+    task = COMPONENTS.preprocess_images(annotations_uri=written["annotations"], images_uri=written["images"])
+    dataset = task.outputs["dataset"]
+    assert dataset.metadata["records"] == 5
+    with open(os.path.join(dataset.path, "label_map.json")) as file:
+        assert json.load(file) == {"circle": 1, "square": 2, "triangle": 3}
+
+
+def test_worker_replicas_counts_hosts_beyond_the_chief(runner):
+    assert COMPONENTS.worker_replicas(replica_count=4).output == 3
