@@ -133,7 +133,7 @@ def demo(**overrides) -> TrainConfig:
     defaults = dict(
         model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8),
         partition=partitioning.PartitionConfig((1, 1, 1, 1, 1)),
-        steps=300,
+        steps=500,
         batch_size=2,
         learning_rate=3e-3,
         warmup_steps=20,

@@ -122,10 +122,12 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
     history_path = os.path.join(config.output_dir, "history.jsonl")
     os.makedirs(config.output_dir, exist_ok=True)
-    with open(os.path.join(config.output_dir, "train_config.json"), "w") as file:
-        json.dump(config_lib.to_dict(config), file, indent=2)
-    with open(os.path.join(config.output_dir, "model_info.json"), "w") as file:
-        json.dump({"task": task.name, "image_shape": list(image_shape[1:])}, file)
+    is_chief = jax.process_index() == 0
+    if is_chief:
+        with open(os.path.join(config.output_dir, "train_config.json"), "w") as file:
+            json.dump(config_lib.to_dict(config), file, indent=2)
+        with open(os.path.join(config.output_dir, "model_info.json"), "w") as file:
+            json.dump({"task": task.name, "image_shape": list(image_shape[1:])}, file)
     start_step = 0
     restored = checkpoints.restore_latest(checkpoint_dir, state)
     if restored is not None:
@@ -142,7 +144,6 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         label_sharding=task.label_sharding(distribution, len(image_shape)),
     )
     batches = task.batches(start_step)
-    is_chief = jax.process_index() == 0
     writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
 
     started = time.perf_counter()
