@@ -78,7 +78,9 @@ class _ProgressFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         match = _PROGRESS_LINE.search(record.getMessage())
         if match is None:
-            return True
+            # The loggers are lowered to INFO for the progress lines only: the workers' other INFO chatter
+            # (bundle processing, harness start-up) stays hidden, their warnings and errors do not.
+            return record.levelno >= logging.WARNING
         if match.group(1) == "ok":
             self.ok += 1
         else:
