@@ -493,6 +493,18 @@ def pipeline_compile(
         _print(f"compiled {name} for image {image} into {path}")
 
 
+@pipeline_app.command("parameters")
+def pipeline_parameters(name: PipelineName = "ct-segmentation") -> None:
+    """List a pipeline's parameters with their types and defaults (pass them as --param KEY=VALUE)."""
+    _check_pipeline_name(name)
+    from pipelines import definitions
+
+    inputs = definitions.PIPELINES[name]().component_spec.inputs
+    for key, spec in inputs.items():
+        default = "(required)" if spec.default is None and not spec.optional else json.dumps(spec.default)
+        _print(f"{key:<24} {spec.type:<8} {default}")
+
+
 @pipeline_app.command("run")
 def pipeline_run(
     local: Annotated[bool, typer.Option("--local", help="Run on this machine with kfp.local's SubprocessRunner (the only runner here; use `submit` for Vertex AI).")] = False,

@@ -54,3 +54,13 @@ def test_the_pipeline_has_every_step_and_the_accelerator_parameters():
     text = open(os.path.join(ROOT, "pipeline.yaml")).read()
     assert "tpu_topology: '{{$.inputs.parameters[''pipelinechannel--tpu_topology'']}}'" in text
     assert "accelerator_type: '{{$.inputs.parameters[''pipelinechannel--accelerator_type'']}}'" in text
+
+
+def test_parameters_are_listed_with_types_and_defaults():
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "pipeline", "parameters", "--pipeline", "detection"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()}
+    assert rows["train_annotations_uri"] == ["String", "(required)"]
+    assert rows["accelerator_type"] == ["String", '"CPU"']
+    assert rows["replica_count"] == ["Integer", "1"]
