@@ -107,13 +107,14 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     from trainer import report
 
     config, task, model, state, distribution = load_trained(model_dir, None)
-    samples: list = []
-    scores = task.evaluate(model, state, distribution, log, pattern=pattern, samples=samples, keep=report_examples)
-    if task.name == "segmentation":
+    if task.name == "segmentation":  # checked before the (long) evaluation
         names = list(class_names or ["background"] + [f"class_{i}" for i in range(1, config.model.num_classes)])
         if len(names) != config.model.num_classes:
             raise ValueError(f"{len(names)} class names given for a model of {config.model.num_classes} classes; give "
                              "one name per class, background first.")
+    samples: list = []
+    scores = task.evaluate(model, state, distribution, log, pattern=pattern, samples=samples, keep=report_examples)
+    if task.name == "segmentation":
         scores["class_names"] = names
     history = []
     history_path = os.path.join(model_dir, "history.jsonl")
