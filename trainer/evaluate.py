@@ -80,6 +80,12 @@ def load_trained(model_dir: str, devices=None):
     replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
     distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
     task = tasks.make_task(config)
+    info_path = os.path.join(model_dir, "model_info.json")
+    if os.path.exists(info_path):  # the names the model was trained with, wherever its training data is now
+        with open(info_path) as file:
+            names = json.load(file).get("class_names")
+        if names:
+            task.class_names = names
     with distribution.scope():
         # Rebuilt from its config and given the trained weights: KerasHub's backbones inside the detector do not
         # survive `keras.saving.load_model`, and a rebuilt model is the one the trainer compiled.

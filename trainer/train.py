@@ -8,7 +8,7 @@ Output directory:
     tensorboard/                    loss, learning rate, gradient norm, Dice or mAP
     history.jsonl                   one line per logged step (survives resumes)
     train_config.json               the run's TrainConfig (read back by evaluation and export)
-    model_info.json                 the task and the shape of one input, for export
+    model_info.json                 the task, the shape of one input, detection class names
     model.keras, saved_model/       the trained model
     metrics.json                    final loss, per-class Dice or COCO AP, timing, partitioning
 """
@@ -127,7 +127,8 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         with open(os.path.join(config.output_dir, "train_config.json"), "w") as file:
             json.dump(config_lib.to_dict(config), file, indent=2)
         with open(os.path.join(config.output_dir, "model_info.json"), "w") as file:
-            json.dump({"task": task.name, "image_shape": list(image_shape[1:])}, file)
+            json.dump({"task": task.name, "image_shape": list(image_shape[1:]),
+                       "class_names": getattr(task, "class_names", None)}, file)
     start_step = 0
     restored = checkpoints.restore_latest(checkpoint_dir, state)
     if restored is not None:
