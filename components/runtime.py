@@ -11,6 +11,11 @@ import json
 import math
 
 
+def log(message: str) -> None:
+    """Progress lines, flushed at once: the runner shows a step's output as it happens."""
+    print(message, flush=True)
+
+
 def numbers(text: str, kind=float) -> tuple | None:
     """ "1.0,1.0,2.5" -> (1.0, 1.0, 2.5); "" or "none" -> None."""
     if not text or text.strip().lower() == "none":

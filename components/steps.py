@@ -45,7 +45,8 @@ def preprocess_ct(
         spacing=runtime.numbers(spacing, float), window=runtime.numbers(window, float),
         shape=runtime.numbers(shape, int))
     summary = ct_pipeline.run(input_path=input_uri, output=output, labels=labels_uri or None, config=config,
-                              pipeline_args=runtime.beam_arguments(beam_args), max_failed_fraction=max_failed_fraction)
+                              pipeline_args=runtime.beam_arguments(beam_args), max_failed_fraction=max_failed_fraction,
+                              log=runtime.log)
     runtime.describe_dataset(dataset, summary, output)
 
 
@@ -63,7 +64,7 @@ def preprocess_images(
     output = runtime.output_location(dataset, beam_args)
     summary = images_pipeline.run(annotations=annotations_uri, images=images_uri, output=output,
                                   pipeline_args=runtime.beam_arguments(beam_args),
-                                  max_failed_fraction=max_failed_fraction)
+                                  max_failed_fraction=max_failed_fraction, log=runtime.log)
     runtime.describe_dataset(dataset, summary, output)
 
 
@@ -95,7 +96,7 @@ def train(
         task=task, preset=preset, train_data=train_data.path + "/data-*", output_dir=model.path, steps=steps,
         batch_size=batch_size, learning_rate=learning_rate, input_partition_dims=input_partition_dims,
         precision=precision, overrides=overrides)
-    results = train_lib.train(config, export_saved_model=False)
+    results = train_lib.train(config, log=runtime.log, export_saved_model=False)
     runtime.write_metrics(metrics, results, ("final_loss", "steps", "train_seconds", "steps_per_second"))
     model.metadata.update({"task": task, "framework": "keras", "input_partition_dims": config.partition.input_partition_dims})
 
@@ -114,7 +115,8 @@ def evaluate(
 
     scores = evaluate_lib.evaluate_trained(
         model.path, eval_data.path + "/data-*", report_path=report.path,
-        class_names=[n.strip() for n in class_names.split(",") if n.strip()] or None, report_examples=report_examples)
+        class_names=[n.strip() for n in class_names.split(",") if n.strip()] or None, report_examples=report_examples,
+        log=runtime.log)
     runtime.write_metrics(metrics, scores, ("dice_mean", "mAP", "mAP@0.5"))
 
 
