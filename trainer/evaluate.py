@@ -107,10 +107,9 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     Returns:
         The scores, with `class_names` and, when a report was written, `report`.
     """
-    import json
     import os
 
-    from trainer import report
+    from trainer import report, train
 
     config, task, model, state, distribution = load_trained(model_dir, None)
     if task.name == "segmentation":  # checked before the (long) evaluation
@@ -122,11 +121,7 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     scores = task.evaluate(model, state, distribution, log, pattern=pattern, samples=samples, keep=report_examples)
     if task.name == "segmentation":
         scores["class_names"] = names
-    history = []
-    history_path = os.path.join(model_dir, "history.jsonl")
-    if os.path.exists(history_path):
-        with open(history_path) as file:
-            history = [[e["step"], e["loss"]] for e in map(json.loads, filter(str.strip, file))]
+    history = [[e["step"], e["loss"]] for e in train.read_history(os.path.join(model_dir, "history.jsonl"))]
     if report_path:
         if task.name == "segmentation":
             page = report.segmentation_report(scores, samples, history, scores["class_names"])

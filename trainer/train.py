@@ -61,7 +61,8 @@ def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
     )
 
 
-def _read_history(path: str, up_to_step: int) -> list[dict]:
+def read_history(path: str, up_to_step: float = math.inf) -> list[dict]:
+    """The logged steps in `history.jsonl` up to `up_to_step` (all of them by default); [] when there is none."""
     if not os.path.exists(path):
         return []
     with open(path) as file:
@@ -134,7 +135,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     if restored is not None:
         state, start_step = restored
         log(f"resuming from checkpoint at step {start_step}")
-    history = _read_history(history_path, start_step)
+    history = read_history(history_path, start_step)
     state = step.place_state(state, distribution)
 
     train_step = step.jit_train_step(
