@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer import ct_input, metrics, partitioning, step
+from trainer import ct_input, metrics, partitioning, step, tasks
 
 
 def evaluate_segmentation(
@@ -35,9 +35,7 @@ def evaluate_segmentation(
     for batch in ct_input.ct_dataset(pattern, batch_size).as_numpy_iterator():
         images, labels = batch["image"], batch["label"]
         real = images.shape[0]
-        if real < batch_size:
-            pad = batch_size - real
-            images = np.concatenate([images, np.repeat(images[:1], pad, axis=0)])  # (B, D, H, W, 1)
+        images = tasks.pad_batch(images, batch_size)  # (B, D, H, W, 1)
         if predict is None:
             predict = step.jit_predict_step(step.make_predict_step(model), distribution, state, images.ndim)
         predictions = np.asarray(predict(state, step.place_batch(distribution, images)))[:real]
@@ -62,7 +60,7 @@ def load_trained(model_dir: str, devices=None):
 
     import jax
 
-    from trainer import config as config_lib, tasks
+    from trainer import config as config_lib
 
     config_path = os.path.join(model_dir, "train_config.json")
     if not os.path.exists(config_path):

@@ -18,6 +18,7 @@ detection`); decoding, NMS and COCO mAP are in `trainer.detection_eval`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,7 @@ def build_retinanet(config: RetinaNetConfig, dtype: str | None = None) -> keras.
     return keras.Model(image, outputs, name="retinanet")
 
 
+@functools.cache  # one per config: `encode_targets` runs every training step
 def anchor_tools(config: RetinaNetConfig):
     """KerasHub's anchor generator and label encoder for this config (boxes in "yxyx" pixels)."""
     from keras_hub.src.layers.modeling.anchor_generator import AnchorGenerator

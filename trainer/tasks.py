@@ -32,7 +32,7 @@ def _process_share(dataset, batch_size: int):
     return dataset.unbatch().shard(processes, jax.process_index()).batch(batch_size // processes, drop_remainder=True)
 
 
-def _pad_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
+def pad_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
     """Pads the last, short batch with copies of its first example, so every replica gets an equal share."""
     if images.shape[0] == batch_size:
         return images
@@ -200,7 +200,7 @@ class DetectionTask:
                                                  max_boxes=self.EVAL_MAX_BOXES)
         for batch in data.as_numpy_iterator():
             real = batch["image"].shape[0]
-            images = _pad_batch(batch["image"], config.batch_size)
+            images = pad_batch(batch["image"], config.batch_size)
             outputs = forward(state, step.place_batch(distribution, images))
             outputs = {key: np.asarray(value)[:real] for key, value in outputs.items()}
             found = detection_eval.decode_detections(outputs, config.image_size, config.model,
