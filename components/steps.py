@@ -85,6 +85,7 @@ def train(
 
     Multi-host runs (several replicas of a Vertex custom job, or a TPU slice)
     start `jax.distributed` first; only the first process writes the outputs.
+    A preempted run (SIGTERM) checkpoints and exits with status 75; rerun, it resumes.
     """
     from components import runtime
     from trainer import distributed
@@ -96,7 +97,11 @@ def train(
         task=task, preset=preset, train_data=train_data.path + "/data-*", output_dir=model.path, steps=steps,
         batch_size=batch_size, learning_rate=learning_rate, input_partition_dims=input_partition_dims,
         precision=precision, overrides=overrides)
-    results = train_lib.train(config, log=runtime.log, export_saved_model=False)
+    try:
+        results = train_lib.train(config, log=runtime.log, export_saved_model=False)
+    except distributed.Preempted as preempted:  # checkpointed: the restarted job resumes
+        runtime.log(str(preempted))
+        raise SystemExit(distributed.PREEMPTED_EXIT_CODE) from None
     runtime.write_metrics(metrics, results, ("final_loss", "steps", "train_seconds", "steps_per_second"))
     model.metadata.update({"task": task, "framework": "keras", "input_partition_dims": config.partition.input_partition_dims})
 

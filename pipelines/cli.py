@@ -98,8 +98,32 @@ def train(
     virtual_devices: Annotated[
         int | None, typer.Option(help="On a CPU, present it as this many devices (to try partitioning without accelerators).")
     ] = None,
+    coordinator_address: Annotated[
+        str | None, typer.Option(help="Multi-process run: HOST:PORT of process 0 (the same on every process).")
+    ] = None,
+    num_processes: Annotated[int | None, typer.Option(help="Multi-process run: how many processes in all.")] = None,
+    process_id: Annotated[int | None, typer.Option(help="Multi-process run: this process's number, 0 to N-1.")] = None,
+    local_processes: Annotated[
+        int | None,
+        typer.Option(help="Start this many processes here, one global mesh (with --virtual-devices K: K CPU devices each)."),
+    ] = None,
+    context: typer.Context = None,
 ) -> None:
-    """Train a UNet (segmentation) or a RetinaNet (detection), spatially partitioned over all devices present."""
+    """Train a UNet (segmentation) or a RetinaNet (detection), spatially partitioned over all devices present.
+
+    Exits with status 75 ("preempted, resume me") after a SIGTERM made it checkpoint and stop.
+    """
+    if local_processes:
+        from trainer import local_launcher
+
+        if coordinator_address or num_processes or process_id is not None:
+            _fail("--local-processes starts the processes itself; leave out --coordinator-address, --num-processes "
+                  "and --process-id.")
+        raise typer.Exit(code=local_launcher.launch(_options_without(context, "local_processes"), local_processes,
+                                                    log=_print))
+    given = [coordinator_address is not None, num_processes is not None, process_id is not None]
+    if any(given) and not all(given):
+        _fail("a multi-process run needs all of --coordinator-address, --num-processes and --process-id.")
     _use_virtual_devices(virtual_devices)
     if task not in ("segmentation", "detection"):
         _fail(f"--task {task!r} is not known; use segmentation or detection.")
@@ -113,9 +137,12 @@ def train(
             size = ()
         if len(size) != 2:
             _fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
-    from trainer import config as config_lib, partitioning, tasks, train as train_lib
+    from trainer import config as config_lib, distributed, partitioning, tasks, train as train_lib
 
     try:
+        distributed.initialize(
+            distributed.ProcessGroup(coordinator_address, num_processes, process_id) if all(given) else None
+        )
         if preset == "default":
             base = config_lib.detection() if task == "detection" else config_lib.TrainConfig()
         else:
@@ -156,8 +183,25 @@ def train(
             **{k: v for k, v in overrides.items() if v is not None},
         )
         train_lib.train(config, log=_print)
+    except distributed.Preempted as preempted:
+        _print(f"fullres: {preempted}")
+        raise typer.Exit(code=distributed.PREEMPTED_EXIT_CODE) from None
     except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError is a ValueError
         _fail(str(error))
+
+
+def _options_without(context: typer.Context, *left_out: str) -> list[str]:
+    """The command's options as given (defaults left out), except `left_out`: the arguments to pass on."""
+    arguments = []
+    for parameter in context.command.params:
+        value = context.params.get(parameter.name)
+        if parameter.name in left_out or value is None:
+            continue
+        if parameter.is_flag and parameter.secondary_opts:
+            arguments.append(parameter.opts[0] if value else parameter.secondary_opts[0])
+        else:
+            arguments += [parameter.opts[0], str(value)]
+    return arguments
 
 
 DEMO_PREPROCESSING = {"spacing": "1.7,1.7,2.25", "window": "-200,300", "shape": "32,32,32"}

@@ -15,6 +15,11 @@ pipeline runs (so one compiled file serves the laptop and the cloud):
   host and `replica_count` hosts (multi-host: a chief pool and a worker pool;
   the trainer starts `jax.distributed` from Vertex's CLUSTER_SPEC).
 
+Custom jobs are scheduled as `strategy` says: STANDARD (on-demand), SPOT
+(preemptible, cheaper) or FLEX_START (waits up to `max_wait_duration` for
+capacity). A preempted trainer checkpoints and exits with status 75; with
+`restart_job_on_worker_restart` Vertex restarts it and it resumes.
+
 Evaluate and export follow in each branch rather than after a `dsl.OneOf`:
 the local runner cannot yet pick an artifact out of a OneOf, and the pipeline
 must run there too. Preprocessing runs Beam with `beam_args` (add
@@ -41,6 +46,12 @@ def _custom_job(components: steps.Components):
     return job, template
 
 
+def _scheduling(strategy, max_wait_duration, restart_job_on_worker_restart) -> dict:
+    """Vertex's scheduling of the training custom job (pipeline parameters of the same names)."""
+    return dict(strategy=strategy, max_wait_duration=max_wait_duration,
+                restart_job_on_worker_restart=restart_job_on_worker_restart)
+
+
 def _pool(template: dict, machine_spec: dict, replica_count) -> dict:
     pool = copy.deepcopy(template)
     pool["machine_spec"] = machine_spec
@@ -49,8 +60,9 @@ def _pool(template: dict, machine_spec: dict, replica_count) -> dict:
 
 
 def _train_evaluate_export(components, train_data, eval_data, train_arguments: dict, class_names, accelerator_type,
-                           accelerator_count, machine_type, tpu_topology, replica_count, location):
+                           accelerator_count, machine_type, tpu_topology, replica_count, location, scheduling: dict):
     job, template = _custom_job(components)
+    job_arguments = dict(location=location, **scheduling, **train_arguments)
 
     def evaluate_and_export(train_task):
         evaluation = components.evaluate(model=train_task.outputs["model"], eval_data=eval_data,
@@ -64,14 +76,13 @@ def _train_evaluate_export(components, train_data, eval_data, train_arguments: d
         evaluate_and_export(train)
     with dsl.Elif(tpu_topology != "", name="train-on-tpu-slice"):
         pools = [_pool(template, {"machine_type": machine_type, "tpu_topology": tpu_topology}, 1)]
-        train = job(train_data=train_data, worker_pool_specs=pools, location=location, **train_arguments)
+        train = job(train_data=train_data, worker_pool_specs=pools, **job_arguments)
         train.set_display_name("train (TPU slice)")
         evaluate_and_export(train)
     with dsl.Elif(replica_count == 1, name="train-on-accelerator-host"):
         machine = {"machine_type": machine_type, "accelerator_type": accelerator_type,
                    "accelerator_count": accelerator_count}
-        train = job(train_data=train_data, worker_pool_specs=[_pool(template, machine, 1)], location=location,
-                    **train_arguments)
+        train = job(train_data=train_data, worker_pool_specs=[_pool(template, machine, 1)], **job_arguments)
         train.set_display_name("train (accelerators)")
         evaluate_and_export(train)
     with dsl.Else(name="train-on-accelerator-hosts"):
@@ -79,7 +90,7 @@ def _train_evaluate_export(components, train_data, eval_data, train_arguments: d
                    "accelerator_count": accelerator_count}
         workers = components.worker_replicas(replica_count=replica_count)
         pools = [_pool(template, machine, 1), _pool(template, machine, workers.output)]
-        train = job(train_data=train_data, worker_pool_specs=pools, location=location, **train_arguments)
+        train = job(train_data=train_data, worker_pool_specs=pools, **job_arguments)
         train.set_display_name("train (multi-host)")
         evaluate_and_export(train)
 
@@ -114,6 +125,9 @@ def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
         tpu_topology: str = "",
         replica_count: int = 1,
         location: str = "us-central1",
+        strategy: str = "STANDARD",
+        max_wait_duration: str = "86400s",
+        restart_job_on_worker_restart: bool = False,
     ):
         preprocessed = {}
         for split, input_uri, labels_uri in (("train", train_input_uri, train_labels_uri),
@@ -127,7 +141,8 @@ def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
                                learning_rate=learning_rate, input_partition_dims=input_partition_dims,
                                precision=precision, overrides=train_overrides)
         _train_evaluate_export(components, preprocessed["train"], preprocessed["eval"], train_arguments, class_names,
-                               accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location)
+                               accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location,
+                               _scheduling(strategy, max_wait_duration, restart_job_on_worker_restart))
 
     return pipeline
 
@@ -159,6 +174,9 @@ def detection_pipeline(image: str = steps.DEFAULT_IMAGE):
         tpu_topology: str = "",
         replica_count: int = 1,
         location: str = "us-central1",
+        strategy: str = "STANDARD",
+        max_wait_duration: str = "86400s",
+        restart_job_on_worker_restart: bool = False,
     ):
         preprocessed = {}
         for split, annotations_uri, images_uri in (("train", train_annotations_uri, train_images_uri),
@@ -171,7 +189,8 @@ def detection_pipeline(image: str = steps.DEFAULT_IMAGE):
                                learning_rate=learning_rate, input_partition_dims=input_partition_dims,
                                precision=precision, overrides=train_overrides)
         _train_evaluate_export(components, preprocessed["train"], preprocessed["eval"], train_arguments, "",
-                               accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location)
+                               accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location,
+                               _scheduling(strategy, max_wait_duration, restart_job_on_worker_restart))
 
     return pipeline
 

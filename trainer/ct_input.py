@@ -7,6 +7,7 @@ JAX needs, so GPUs are hidden from it before the first dataset is built.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -65,6 +66,15 @@ def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, 
     return dataset
 
 
+def rows_of_each_batch(positions: tf.Tensor, batch_size: int, rows: Sequence[int]) -> tf.Tensor:
+    """True where a stream position falls on one of `rows` of its global batch of `batch_size`.
+
+    A process of a multi-process run keeps only the records its own devices
+    need and parses nothing else; the global batches stay those of one process.
+    """
+    return tf.reduce_any(tf.equal(positions % batch_size, tf.constant(list(rows), tf.int64)))
+
+
 def ct_dataset(
     pattern: str,
     batch_size: int,
@@ -74,16 +84,23 @@ def ct_dataset(
     seed: int = 0,
     skip_examples: int = 0,
     drop_remainder: bool = False,
+    rows: Sequence[int] | None = None,
 ) -> tf.data.Dataset:
     """Batches of `{"image": (B, D, H, W, 1) float32, "label": (B, D, H, W) int32, "case_id": (B,)}`.
 
     The order is a pure function of `seed`: with `shuffle` and `repeat`, epoch k
-    is always the same permutation, so `skip_examples` puts a resumed run back
-    at exactly the record an uninterrupted run would read next.
+    is always the same permutation, so `skip_examples` (a multiple of
+    `batch_size`) puts a resumed run back at exactly the record an
+    uninterrupted run would read next. With `rows`, only those rows of every
+    global batch of `batch_size` are read (B = len(rows)): one process's share.
     """
     dataset = record_stream(pattern, shuffle=shuffle, repeat=repeat, seed=seed)
     if skip_examples:
         dataset = dataset.skip(skip_examples)  # skipped before parsing: cheap
+    if rows is not None:
+        dataset = dataset.enumerate().filter(lambda position, _: rows_of_each_batch(position, batch_size, rows))
+        dataset = dataset.map(lambda _, serialized: serialized)
+        batch_size = len(rows)
     dataset = dataset.map(tfrecord_schema.parse_ct_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     dataset = dataset.map(lambda e: {"image": e["image"], "label": e["label"], "case_id": e["case_id"]})
     return dataset.batch(batch_size, drop_remainder=drop_remainder).prefetch(2)

@@ -73,14 +73,20 @@ def detection_dataset(
     seed: int = 0,
     skip_examples: int = 0,
     drop_remainder: bool = False,
+    rows=None,
 ) -> tf.data.Dataset:
     """Batches of `{"image": (B, H, W, 3) float32, "boxes": (B, M, 4) yxyx pixels, "classes": (B, M), "source_id"}`.
 
     Augmentation draws from (seed, position in the stream), so a resumed run
     that skips `skip_examples` sees exactly what an uninterrupted one would.
+    With `rows`, only those rows of every global batch of `batch_size` are read
+    and decoded (B = len(rows)): one process's share of a multi-process run.
     """
     dataset = ct_input.record_stream(pattern, shuffle=shuffle, repeat=repeat, seed=seed)
     dataset = dataset.enumerate().skip(skip_examples)
+    if rows is not None:
+        dataset = dataset.filter(lambda index, _: ct_input.rows_of_each_batch(index, batch_size, rows))
+        batch_size = len(rows)
     dataset = dataset.map(
         lambda index, serialized: _transform(tfrecord_schema.parse_detection_example(serialized), canvas, max_boxes,
                                              augment, tf.stack([tf.cast(seed, tf.int64), index])),

@@ -1,21 +1,73 @@
-"""Multi-host start-up: `jax.distributed` from the environment a cluster gives each process.
+"""Multi-process start-up and preemption: `jax.distributed` from the command line or the cluster's environment.
 
+Where the processes come from:
+
+* by hand (or `fullres train --local-processes N`): `--coordinator-address
+  HOST:PORT --num-processes N --process-id I` on every process;
 * Vertex AI custom jobs (GPU hosts) set `CLUSTER_SPEC`: worker pool 0 is the
-  chief, whose first address is the coordinator.
-* Cloud TPU slices are found by `jax.distributed.initialize()` itself.
-* One host: nothing to do.
+  chief, whose first address is the coordinator;
+* Cloud TPU slices are found by `jax.distributed.initialize()` itself;
+* one process: nothing to do.
+
+All processes of a run form one global mesh. If one of them dies, the others
+stop within `HEARTBEAT_TIMEOUT_SECONDS` (JAX's coordination service notices the
+missing heartbeats and ends them), instead of waiting forever in a collective.
+
+Preemption (SIGTERM) is agreed on through JAX's preemption sync point: the
+process that gets the signal tells the coordinator, and every process learns
+the same step at which to stop, checkpoint, and exit with `PREEMPTED_EXIT_CODE`.
+Checking costs nothing per step (a local flag until a notice arrives).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
 
 COORDINATOR_PORT = 8476
+# How long the others wait for a silent process before they stop (JAX's default is 100 s).
+HEARTBEAT_TIMEOUT_SECONDS = 20
+# "Preempted, resume me": EX_TEMPFAIL from sysexits.h, a temporary failure worth retrying.
+PREEMPTED_EXIT_CODE = 75
 
 
-def cluster_from_spec(spec: str) -> dict | None:
-    """`jax.distributed.initialize` arguments from a Vertex `CLUSTER_SPEC`, or None for a single process.
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup:
+    """Where this process stands in a multi-process run.
+
+    Args:
+        coordinator_address: HOST:PORT of process 0's coordination service.
+        num_processes: processes in the run, each with its own local devices.
+        process_id: this process's number, 0 to num_processes - 1 (0 coordinates).
+    """
+
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+
+    def __post_init__(self):
+        host, _, port = self.coordinator_address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"coordinator address {self.coordinator_address!r} is not HOST:PORT; write e.g. "
+                             f"10.0.0.2:{COORDINATOR_PORT} (process 0's host).")
+        if self.num_processes < 1 or not 0 <= self.process_id < self.num_processes:
+            raise ValueError(f"process id {self.process_id} is not between 0 and num_processes - 1 "
+                             f"({self.num_processes - 1}); number the processes 0, 1, ... {self.num_processes - 1}.")
+
+
+class Preempted(Exception):
+    """Raised by training after it checkpointed at a preemption notice; exit with `PREEMPTED_EXIT_CODE`."""
+
+    def __init__(self, step_number: int):
+        super().__init__(f"preempted (SIGTERM): checkpoint written at step {step_number}; rerun the same command to "
+                         f"resume (exit status {PREEMPTED_EXIT_CODE})")
+        self.step_number = step_number
+
+
+def cluster_from_spec(spec: str) -> ProcessGroup | None:
+    """The process group a Vertex `CLUSTER_SPEC` describes, or None for a single process.
 
     Processes are numbered pool by pool (workerpool0 first), then by index.
     """
@@ -26,19 +78,71 @@ def cluster_from_spec(spec: str) -> dict | None:
     if len(hosts) <= 1:
         return None
     chief = cluster[pools[0]][0].split(":")[0]
-    return {"coordinator_address": f"{chief}:{COORDINATOR_PORT}", "num_processes": len(hosts),
-            "process_id": hosts.index((task["type"], int(task["index"])))}
+    return ProcessGroup(f"{chief}:{COORDINATOR_PORT}", len(hosts), hosts.index((task["type"], int(task["index"]))))
+
+
+def initialize(group: ProcessGroup | None = None) -> None:
+    """Joins this process to its run's global mesh; before any JAX computation.
+
+    Args:
+        group: explicit coordinates (from the command line); None reads them
+            from the environment (Vertex's `CLUSTER_SPEC`, a TPU slice) and
+            does nothing in a single-process run.
+    """
+    import jax
+
+    if group is None:
+        spec = os.environ.get("CLUSTER_SPEC")
+        if spec:
+            group = cluster_from_spec(spec)
+        elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:  # a multi-host TPU slice
+            jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS)
+            return
+        if group is None:
+            install_single_process_sigterm_handler()
+            return
+    if group.num_processes == 1:
+        install_single_process_sigterm_handler()
+        return
+    # CPU devices of different processes talk through gloo (TCP); other platforms bring their own collectives.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=group.coordinator_address,
+        num_processes=group.num_processes,
+        process_id=group.process_id,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS,
+    )
 
 
 def initialize_from_environment() -> None:
-    """Starts `jax.distributed` when this process is one of several; before any JAX computation."""
-    import jax
+    """Starts `jax.distributed` when the cluster's environment says this process is one of several."""
+    initialize(None)
 
-    spec = os.environ.get("CLUSTER_SPEC")
-    if spec:
-        arguments = cluster_from_spec(spec)
-        if arguments:
-            jax.distributed.initialize(**arguments)
-        return
-    if os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:  # a multi-host TPU slice
-        jax.distributed.initialize()
+
+_sigterm_received = False
+
+
+def install_single_process_sigterm_handler() -> None:
+    """In a single process, SIGTERM sets a flag the loop reads (several processes use JAX's preemption notifier)."""
+
+    def note(signum, frame):
+        global _sigterm_received
+        _sigterm_received = True
+
+    try:
+        signal.signal(signal.SIGTERM, note)
+    except ValueError:  # not the main thread (e.g. inside a test runner's worker); SIGTERM keeps its default
+        pass
+
+
+def preemption_reached(step_number: int) -> bool:
+    """True at the step where every process of the run stops for a preemption notice.
+
+    Call it once per step, with the same step numbers on every process.
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() > 1:
+        return multihost_utils.reached_preemption_sync_point(step_number)
+    return _sigterm_received

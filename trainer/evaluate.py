@@ -38,7 +38,7 @@ def evaluate_segmentation(
         images = tasks.pad_batch(images, batch_size)  # (B, D, H, W, 1)
         if predict is None:
             predict = step.jit_predict_step(step.make_predict_step(model), distribution, state, images.ndim)
-        predictions = np.asarray(predict(state, step.place_batch(distribution, images)))[:real]
+        predictions = step.to_host(predict(state, step.place_batch(distribution, images)))[:real]
         dice.update(predictions, labels)
         if samples is not None:
             for index in range(min(real, keep - len(samples))):

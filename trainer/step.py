@@ -113,18 +113,64 @@ def place_state(state: TrainState, distribution: partitioning.SpatialParallel) -
     return jax.device_put(state, state_shardings(state, distribution), may_alias=False)
 
 
-def place_batch(distribution: partitioning.SpatialParallel, images: np.ndarray, labels: np.ndarray | None = None):
-    """Places a host batch on the mesh: batch over replicas, space over cores.
+def process_rows(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> list[int]:
+    """The rows of a global batch of `shape` that this process's devices hold under `sharding`, in order.
 
-    Works in multi-process runs too: each process passes its own share of the
-    global batch (`jax.make_array_from_process_local_data`).
+    One process: every row. Replicas on processes: each process its replicas'
+    rows. A partitioned dimension crossing processes: every process that holds
+    a part of an example needs that example's row.
     """
+    rows = set()
+    for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
+        rows.update(range(*index[0].indices(shape[0])))
+    return sorted(rows)
+
+
+def global_array(sharding: jax.sharding.Sharding, local: np.ndarray, batch_size: int,
+                 rows: list[int] | None = None) -> jax.Array:
+    """A global batch array laid out by `sharding`, from the rows of it this process holds.
+
+    Args:
+        sharding: the global batch's sharding (over every process's devices).
+        local: (len(rows), ...) the rows `rows` of the global batch, in that order;
+            with `rows=None`, the whole global batch (batch_size, ...).
+        batch_size: the global batch size.
+        rows: which global rows `local` holds (`process_rows`); None: all.
+    """
+    positions = {row: i for i, row in enumerate(range(batch_size) if rows is None else rows)}
+
+    def device_block(index):  # index: one slice per dimension of the global array
+        wanted = [positions[row] for row in range(*index[0].indices(batch_size))]
+        return local[wanted][(slice(None), *index[1:])]
+
+    return jax.make_array_from_callback((batch_size, *local.shape[1:]), sharding, device_block)
+
+
+def place_batch(distribution: partitioning.SpatialParallel, images: np.ndarray, labels: np.ndarray | None = None,
+                *, batch_size: int | None = None, rows: list[int] | None = None):
+    """Places a batch on the mesh: batch over replicas, space over cores.
+
+    In one process `images` is the whole global batch. In a multi-process run
+    each process passes the rows `rows` of the global batch of `batch_size`
+    that its own devices need (`process_rows`), or, with `rows=None`, the whole
+    global batch; either way every device gets exactly its block.
+    """
+    batch_size = batch_size or images.shape[0]
     image_sharding = distribution.get_data_layout(images.shape).backend_layout
-    placed_images = jax.make_array_from_process_local_data(image_sharding, images)
+    placed_images = global_array(image_sharding, images, batch_size, rows)
     if labels is None:
         return placed_images
     label_sharding = distribution.get_label_layout(labels.shape).backend_layout
-    return placed_images, jax.make_array_from_process_local_data(label_sharding, labels)
+    return placed_images, global_array(label_sharding, labels, batch_size, rows)
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+    """The whole of a global array as one host array, also when it spans processes (every process gets it all)."""
+    if array.is_fully_addressable or array.is_fully_replicated:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
 
 
 def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state: TrainState, image_ndim: int,

@@ -24,14 +24,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 from trainer import config as config_lib, ct_input, partitioning, step
 
 
-def _process_share(dataset, batch_size: int):
-    """This process's share of every global batch, in multi-process (multi-host) runs."""
-    processes = jax.process_count()
-    if processes == 1:
-        return dataset
-    return dataset.unbatch().shard(processes, jax.process_index()).batch(batch_size // processes, drop_remainder=True)
-
-
 def pad_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
     """Pads the last, short batch with copies of its first example, so every replica gets an equal share."""
     if images.shape[0] == batch_size:
@@ -71,22 +63,28 @@ class SegmentationTask:
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         return distribution.get_label_layout((0,) * (image_ndim - 1)).backend_layout
 
-    def place_labels(self, distribution: partitioning.SpatialParallel, labels: np.ndarray):
-        return jax.make_array_from_process_local_data(self.label_sharding(distribution, labels.ndim + 1), labels)
+    def place_labels(self, distribution: partitioning.SpatialParallel, labels: np.ndarray, rows=None):
+        """Labels of the global batch rows `rows` (all by default) onto the mesh."""
+        sharding = self.label_sharding(distribution, labels.ndim + 1)
+        return step.global_array(sharding, labels, self.config.batch_size, rows)
 
-    def batches(self, start_step: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(images, labels) for every step from `start_step` on, augmented as an uninterrupted run would be."""
+    def batches(self, start_step: int, rows=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(images, labels) for every step from `start_step` on, augmented as an uninterrupted run would be.
+
+        Args:
+            rows: the rows of every global batch this process reads (`step.process_rows`); None: all.
+        """
         from trainer import train
 
         config = self.config
         data = ct_input.ct_dataset(
-            config.train_data, config.batch_size // jax.process_count(), shuffle=True, repeat=True, seed=config.seed,
-            skip_examples=start_step * config.batch_size, drop_remainder=True,
+            config.train_data, config.batch_size, shuffle=True, repeat=True, seed=config.seed,
+            skip_examples=start_step * config.batch_size, drop_remainder=True, rows=rows,
         )
-        for step_number, batch in enumerate(_process_share(data, config.batch_size).as_numpy_iterator(), start_step):
+        for step_number, batch in enumerate(data.as_numpy_iterator(), start_step):
             images, labels = batch["image"], batch["label"]
             if config.augment:
-                images, labels = train.random_flips(images, labels, config.seed, step_number)
+                images, labels = train.random_flips(images, labels, config.seed, step_number, rows)
             yield images, labels
 
     def evaluate(self, model, state, distribution, log: Callable[[str], None], pattern: str | None = None,
@@ -164,21 +162,23 @@ class DetectionTask:
         whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec(partitioning.REPLICA_AXIS))
         return {f"{kind}/{level}": whole for level in self.config.model.levels for kind in ("boxes", "classes")}
 
-    def place_labels(self, distribution: partitioning.SpatialParallel, targets: dict):
+    def place_labels(self, distribution: partitioning.SpatialParallel, targets: dict, rows=None):
+        """Anchor targets of the global batch rows `rows` (all by default) onto the mesh."""
         shardings = self.label_sharding(distribution, 4)
-        return {key: jax.make_array_from_process_local_data(shardings[key], value) for key, value in targets.items()}
+        return {key: step.global_array(shardings[key], value, self.config.batch_size, rows)
+                for key, value in targets.items()}
 
-    def batches(self, start_step: int) -> Iterator[tuple[np.ndarray, dict]]:
-        """(images, anchor targets) for every step from `start_step` on."""
+    def batches(self, start_step: int, rows=None) -> Iterator[tuple[np.ndarray, dict]]:
+        """(images, anchor targets) for every step from `start_step` on; `rows` as in `SegmentationTask.batches`."""
         from trainer import detection_input, retinanet
 
         config = self.config
         data = detection_input.detection_dataset(
-            config.train_data, config.batch_size // jax.process_count(), config.image_size, max_boxes=config.max_boxes,
+            config.train_data, config.batch_size, config.image_size, max_boxes=config.max_boxes,
             augment=config.augment, shuffle=True, repeat=True, seed=config.seed,
-            skip_examples=start_step * config.batch_size, drop_remainder=True,
+            skip_examples=start_step * config.batch_size, drop_remainder=True, rows=rows,
         )
-        for batch in _process_share(data, config.batch_size).as_numpy_iterator():
+        for batch in data.as_numpy_iterator():
             targets = retinanet.encode_targets(batch["boxes"], batch["classes"], config.image_size, config.model)
             yield batch["image"], targets
 
@@ -202,7 +202,7 @@ class DetectionTask:
             real = batch["image"].shape[0]
             images = pad_batch(batch["image"], config.batch_size)
             outputs = forward(state, step.place_batch(distribution, images))
-            outputs = {key: np.asarray(value)[:real] for key, value in outputs.items()}
+            outputs = {key: step.to_host(value)[:real] for key, value in outputs.items()}
             found = detection_eval.decode_detections(outputs, config.image_size, config.model,
                                                      max_detections=max_detections)
             for index in range(real):

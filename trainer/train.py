@@ -4,7 +4,7 @@
 `fullres train` parse arguments into a `TrainConfig` and call it.
 
 Output directory:
-    checkpoints/ckpt-XXXXXXXX.npz   every `checkpoint_every` steps; a rerun resumes
+    checkpoints/XXXXXXXX/           Orbax checkpoints every `checkpoint_every` steps; a rerun resumes
     tensorboard/                    loss, learning rate, gradient norm, Dice or mAP
     history.jsonl                   one line per logged step (survives resumes)
     train_config.json               the run's TrainConfig (read back by evaluation and export)
@@ -23,25 +23,29 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainer import checkpoints, config as config_lib, ct_input, partitioning
+from trainer import checkpoints, config as config_lib, ct_input, distributed, partitioning
 
 
-def random_flips(images: np.ndarray, labels: np.ndarray, seed: int, step_number: int):
+def random_flips(images: np.ndarray, labels: np.ndarray, seed: int, step_number: int, rows=None):
     """Flips each example along each spatial axis with probability 1/2.
 
-    The draw depends only on (seed, step), so a resumed run augments exactly as
-    an uninterrupted one.
+    The draw depends only on (seed, step, the example's row in the global
+    batch), so a resumed run augments exactly as an uninterrupted one, and a
+    process holding some rows of the batch flips them as one process would.
 
     Args:
         images: (B, D, H, W, C) or (B, H, W, C).
         labels: (B, D, H, W) or (B, H, W).
+        rows: the global batch rows these examples are (default: 0 to B - 1).
     """
+    rows = list(range(images.shape[0])) if rows is None else list(rows)
     rng = np.random.default_rng([seed, step_number])
     spatial_axes = range(1, labels.ndim)
+    flips = rng.random((max(rows) + 1, len(spatial_axes))) < 0.5  # (global rows, axes), drawn row by row
     images, labels = images.copy(), labels.copy()
-    for example in range(images.shape[0]):
+    for example, row in enumerate(rows):
         for axis in spatial_axes:
-            if rng.random() < 0.5:
+            if flips[row, axis - 1]:
                 images[example] = np.flip(images[example], axis=axis - 1)
                 labels[example] = np.flip(labels[example], axis=axis - 1)
     return images, labels
@@ -82,9 +86,17 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
 
+    In a multi-process run (`distributed.initialize` first) every process calls
+    this with the same config: each reads only the rows of every global batch
+    its devices hold, all write the checkpoints together, and process 0 alone
+    writes the other files. At a preemption notice (SIGTERM) every process
+    finishes the same step, the checkpoint of that step is written, and
+    `distributed.Preempted` is raised.
+
     Raises:
         partitioning.PartitionError: the partitioning does not fit the data or devices.
         FileNotFoundError: no training data matches `config.train_data`.
+        distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
     """
     import jax
     import keras
@@ -111,6 +123,8 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         f"fullres train ({task.name}): {num_examples} training examples of {image_shape[1:-1]}, {total_steps} steps, "
         f"global batch {config.batch_size}, mesh {dict(zip(mesh.axis_names, mesh.shape))} on "
         f"{len(devices)} {devices[0].platform} device(s), {config.precision}"
+        + (f"; process {jax.process_index()} of {jax.process_count()}, {jax.local_device_count()} local devices"
+           if jax.process_count() > 1 else "")
     )
 
     keras.utils.set_random_seed(config.seed)
@@ -131,12 +145,13 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
             json.dump({"task": task.name, "image_shape": list(image_shape[1:]),
                        "class_names": getattr(task, "class_names", None)}, file)
     start_step = 0
-    restored = checkpoints.restore_latest(checkpoint_dir, state)
+    checkpointer = checkpoints.Checkpointer(checkpoint_dir, keep=config.keep_checkpoints)
+    state = step.place_state(state, distribution)
+    restored = checkpointer.restore_latest(state)
     if restored is not None:
         state, start_step = restored
         log(f"resuming from checkpoint at step {start_step}")
     history = read_history(history_path, start_step)
-    state = step.place_state(state, distribution)
 
     train_step = step.jit_train_step(
         step.make_train_step(model, optimizer, task.loss),
@@ -145,16 +160,19 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         image_ndim=len(image_shape),
         label_sharding=task.label_sharding(distribution, len(image_shape)),
     )
-    batches = task.batches(start_step)
+    image_sharding = distribution.get_data_layout(image_shape).backend_layout
+    rows = step.process_rows(image_sharding, image_shape) if jax.process_count() > 1 else None
+    batches = task.batches(start_step, rows)
     writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
 
     started = time.perf_counter()
     window_start, window_steps = started, 0
     for step_number in range(start_step, total_steps):
         images, labels = next(batches)
-        placed_images = step.place_batch(distribution, images)
-        state, step_metrics = train_step(state, placed_images, task.place_labels(distribution, labels))
+        placed_images = step.place_batch(distribution, images, batch_size=config.batch_size, rows=rows)
+        state, step_metrics = train_step(state, placed_images, task.place_labels(distribution, labels, rows))
         done = step_number + 1
+        preempted = distributed.preemption_reached(done)  # the same step on every process
         window_steps += 1
         if done % config.log_every == 0 or done == total_steps:
             loss = float(step_metrics["loss"])
@@ -174,9 +192,17 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
                     tf.summary.scalar("loss", loss)
                     tf.summary.scalar("learning_rate", learning_rate)
                     tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
-        if is_chief and (done % config.checkpoint_every == 0 or done == total_steps):
-            checkpoints.save(checkpoint_dir, done, state, keep=config.keep_checkpoints)
-            _write_history(history_path, history)
+        if preempted or done % config.checkpoint_every == 0 or done == total_steps:
+            checkpointer.save(done, state)  # every process writes its part
+            if is_chief:
+                _write_history(history_path, history)
+        if preempted and done < total_steps:
+            checkpointer.close()
+            if writer is not None:
+                writer.close()
+            log(f"preemption notice: stopped after step {done}, checkpoint written")
+            raise distributed.Preempted(done)
+    checkpointer.close()
     train_seconds = time.perf_counter() - started
 
     results = {
@@ -202,8 +228,13 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
             with writer.as_default(step=total_steps):
                 for name, value in task.headline(scores).items():
                     tf.summary.scalar(name, value)
+    # Every process takes the weights to its host (replicated, so no communication); process 0 alone exports,
+    # from a copy of the model outside the mesh: the mesh's model would run on every process's devices.
+    host_state = jax.tree_util.tree_map(np.asarray, state)
     if is_chief:
-        step.write_state_to_model(state, model, optimizer)
+        model = task.build_model()
+        optimizer = keras.optimizers.Adam(schedule)
+        step.write_state_to_model(host_state, model, optimizer)
         if export_saved_model:
             results["model"] = export.export_model(model, config.output_dir, image_shape)
         else:

@@ -14,9 +14,8 @@ def _spec(task_type, index):
 
 def test_every_host_gets_its_own_process_id_and_the_chief_coordinates():
     chief = distributed.cluster_from_spec(_spec("workerpool0", 0))
-    assert chief == {"coordinator_address": f"chief-0:{distributed.COORDINATOR_PORT}", "num_processes": 4,
-                     "process_id": 0}
-    ids = [distributed.cluster_from_spec(_spec("workerpool1", i))["process_id"] for i in range(3)]
+    assert chief == distributed.ProcessGroup(f"chief-0:{distributed.COORDINATOR_PORT}", num_processes=4, process_id=0)
+    ids = [distributed.cluster_from_spec(_spec("workerpool1", i)).process_id for i in range(3)]
     assert ids == [1, 2, 3]
 
 
