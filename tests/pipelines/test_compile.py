@@ -64,3 +64,21 @@ def test_parameters_are_listed_with_types_and_defaults():
     assert rows["train_annotations_uri"] == ["String", "(required)"]
     assert rows["accelerator_type"] == ["String", '"CPU"']
     assert rows["replica_count"] == ["Integer", "1"]
+
+
+def test_every_custom_job_is_scheduled_by_the_pipeline_parameters():
+    """strategy (STANDARD / SPOT / FLEX_START), max_wait_duration and restart_job_on_worker_restart reach the
+    Vertex custom job of every accelerator branch, in both pipelines."""
+    for file_name in definitions.COMPILED_FILES.values():
+        spec = yaml.safe_load(open(os.path.join(ROOT, file_name)))
+        parameters = spec["root"]["inputDefinitions"]["parameters"]
+        assert parameters["strategy"]["defaultValue"] == "STANDARD"
+        assert parameters["max_wait_duration"]["defaultValue"] == "86400s"
+        assert parameters["restart_job_on_worker_restart"]["defaultValue"] is False
+        job_tasks = [task for component in spec["components"].values()
+                     for task in component.get("dag", {}).get("tasks", {}).values()
+                     if "worker_pool_specs" in task.get("inputs", {}).get("parameters", {})]
+        assert len(job_tasks) == 3, file_name
+        for task in job_tasks:
+            for name in ("strategy", "max_wait_duration", "restart_job_on_worker_restart"):
+                assert task["inputs"]["parameters"][name] == {"componentInputParameter": f"pipelinechannel--{name}"}
