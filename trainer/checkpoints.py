@@ -72,7 +72,9 @@ class Checkpointer:
             cleanup_tmp_directories=True,  # what a crash mid-save left behind
             enable_async_checkpointing=False,  # a checkpoint is complete when save returns
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        # The handler named up front, so a fresh manager (a resumed run) can read the metadata before restoring.
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_handlers=ocp.StandardCheckpointHandler())
 
     def save(self, step_number: int, state: step.TrainState) -> None:
         """Writes the checkpoint for `step_number` (a no-op if it exists) and deletes all but the newest `keep`."""
