@@ -141,6 +141,8 @@ def global_array(sharding: jax.sharding.Sharding, local: np.ndarray, batch_size:
 
     def device_block(index):  # index: one slice per dimension of the global array
         wanted = [positions[row] for row in range(*index[0].indices(batch_size))]
+        if wanted == list(range(wanted[0], wanted[-1] + 1)):  # contiguous (always, in practice): a view, no copy
+            return local[(slice(wanted[0], wanted[-1] + 1), *index[1:])]
         return local[wanted][(slice(None), *index[1:])]
 
     return jax.make_array_from_callback((batch_size, *local.shape[1:]), sharding, device_block)

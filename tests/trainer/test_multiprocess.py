@@ -33,6 +33,25 @@ def _relative(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def test_a_process_reads_exactly_its_rows_of_every_global_batch(demo_data):
+    """The rows a process reads, and their flips, are those rows of what one process reads."""
+    from trainer import ct_input, train
+
+    def batches(rows):
+        data = ct_input.ct_dataset(demo_data["train"], 4, shuffle=True, repeat=True, seed=3, skip_examples=4,
+                                   drop_remainder=True, rows=rows)
+        return [batch for _, batch in zip(range(3), data.as_numpy_iterator())]
+
+    whole = batches(None)
+    for rows in ([0, 1], [2, 3], [1, 3]):
+        for step_number, (full, share) in enumerate(zip(whole, batches(rows))):
+            assert list(share["case_id"]) == list(full["case_id"][rows])
+            flipped_full = train.random_flips(full["image"], full["label"], 3, step_number)
+            flipped_share = train.random_flips(share["image"], share["label"], 3, step_number, rows)
+            np.testing.assert_array_equal(flipped_share[0], flipped_full[0][rows])
+            np.testing.assert_array_equal(flipped_share[1], flipped_full[1][rows])
+
+
 @pytest.mark.slow
 def test_one_step_in_two_processes_matches_one_process(tmp_path):
     """2 processes × 4 devices, the depth split crossing the process boundary (1,8,1,1,1) and replicas on
