@@ -5,6 +5,7 @@ as subprocesses with 4 devices each, so 2 processes × 4 devices and 1 process �
 8 devices are the same 8-device mesh.
 """
 
+import json
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from trainer import checkpoints, distributed, local_launcher
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 1e-5  # as in test_parity.py: per-tensor ||a − b|| / ||b||
+WEIGHT_TOLERANCE = 2e-3  # after 20 Adam steps (see the run test's docstring)
 
 
 def _environment():
@@ -111,9 +113,12 @@ def test_two_process_run_survives_preemption_and_a_lost_process(demo_data, tmp_p
     within 60 s; the last rerun resumes from the newest complete checkpoint and ends with the weights of an
     uninterrupted 1-process run on the same 8 devices.
 
-    Tolerance: rtol 1e-5 per tensor. The 2-process mesh runs the same XLA program as the 1-process one, but its
-    cross-process reductions go through gloo in another order: float32 rounding, which 20 Adam steps carry
-    along (measured: at most 2e-6)."""
+    Tolerance: the loss of every one of the 20 steps agrees to 1e-5 relative (measured: within 1e-6), which
+    only holds if every step saw the same batch, split and augmentation through the preemption, the kill and
+    both resumes. The weights and Adam moments agree per tensor to 2e-3 relative (measured: 6.5e-4, largest in
+    Adam's moments): the 2-process mesh runs the same XLA program, but its cross-process reductions go through
+    gloo in another order, and Adam turns float32 rounding of a gradient element near zero into a whole
+    lr-sized step (see test_parity.py's SGD note), which 20 steps carry along."""
     reference = tmp_path / "one_process"
     subprocess.run(_fullres_train(*_train_arguments(demo_data["train"], reference, 8)), env=_environment(),
                    check=True, capture_output=True, cwd=REPOSITORY, timeout=540)
@@ -173,8 +178,12 @@ def test_two_process_run_survives_preemption_and_a_lost_process(demo_data, tmp_p
     assert f"[p0] resuming from checkpoint at step {last_complete}" in finished.stdout
     assert f"[p1] resuming from checkpoint at step {last_complete}" in finished.stdout
 
+    histories = [json.loads((directory / "metrics.json").read_text())["loss_history"] for directory in (run, reference)]
+    assert [s for s, _ in histories[0]] == [s for s, _ in histories[1]] == list(range(1, STEPS + 1))
+    for (step_number, ours), (_, theirs) in zip(*histories):
+        assert abs(ours - theirs) / abs(theirs) <= TOLERANCE, f"step {step_number}: loss {ours} vs {theirs}"
     ours = checkpoints.load_arrays(checkpoint_dir, STEPS)
     theirs = checkpoints.load_arrays(str(reference / "checkpoints"), STEPS)
     assert sorted(ours) == sorted(theirs)
     worst = max(_relative(ours[key], theirs[key]) for key in theirs if np.linalg.norm(theirs[key]) > 0)
-    assert worst <= TOLERANCE, f"largest relative weight difference {worst:.2e}"
+    assert worst <= WEIGHT_TOLERANCE, f"largest relative weight difference {worst:.2e}"
