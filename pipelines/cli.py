@@ -384,6 +384,8 @@ def preprocess_ct(
     spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = "1.0,1.0,1.0",
     window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1].")] = "-1000,1000",
     shape: Annotated[str | None, typer.Option(help="Crop or pad every case to D,H,W (choose sizes your partitioning accepts).")] = None,
+    spacing_tolerance: Annotated[float, typer.Option(help="DICOM slice gaps may vary by this fraction of their median; beyond it slices are interpolated onto a uniform grid (noted in summary.json).")] = 0.05,
+    classes: Annotated[str | None, typer.Option(help="Class names of DICOM SEG segments / RTSTRUCT ROIs, NAME1,NAME2,... (NAME1 is class 1), or a label_map.json of a previous run.")] = None,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -400,7 +402,9 @@ def preprocess_ct(
     from preprocessing import ct_pipeline, ct_transforms
 
     try:
-        config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values)
+        config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
+                                                  spacing_tolerance=spacing_tolerance,
+                                                  classes=ct_transforms.class_names(classes) if classes else ())
     except ValueError as error:
         _fail(str(error))
     _run_conversion(

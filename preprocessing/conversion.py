@@ -6,6 +6,7 @@ module runs it and lays out the output directory:
 
     data-SSSSS-of-NNNNN.tfrecord[.gz]   the records
     dead_letter.jsonl                   {"source", "stage", "reason", "detail"} per rejected input
+    notes.json                          the same, per input set aside or repaired without failing (if any)
     summary.json                        {"ok", "failed", "reasons", "shards", "bytes", ...}
 
 Everything is written to a staging directory beside the output and swapped in
@@ -196,6 +197,7 @@ def run(
     compress: bool = False,
     max_failed_fraction: float = 0.1,
     extra_files: dict[str, object] | None = None,
+    notes: Sequence[dict] = (),
     log: Callable[[str], None] = print,
 ) -> dict:
     """Runs `convert` over `items` with Beam and publishes the output directory.
@@ -211,6 +213,9 @@ def run(
         max_failed_fraction: dead letters / (records + dead letters) above which
             `PreprocessingFailed` is raised (after the output is in place).
         extra_files: more JSON files to write into the output, by name.
+        notes: dead-letter-shaped records of inputs set aside or repaired
+            without failing (a duplicate file dropped, slices resampled):
+            written to `notes.json` and counted by reason in the summary.
 
     Returns:
         The summary written to `summary.json`.
@@ -245,6 +250,9 @@ def run(
         "shards": [m.path.rsplit("/", 1)[-1] for m in shards],
         "bytes": sum(m.size_in_bytes for m in shards),
     }
+    if notes:
+        summary["notes"] = dict(sorted(collections.Counter(note["reason"] for note in notes).items()))
+        extra_files = {**(extra_files or {}), "notes.json": list(notes)}
     for name, content in {**(extra_files or {}), "summary.json": summary}.items():
         _write_json(FileSystems.join(staging, name), content)
     publish(staging, output)

@@ -1,10 +1,9 @@
 """Finding and reading CT cases: DICOM series, NIfTI, NRRD and MetaImage, with label maps.
 
 A *case* is one image volume (a volume file, or the files of one DICOM series)
-and, optionally, its label map. Reading uses SimpleITK for volume files and
-pydicom for DICOM: slices are grouped by SeriesInstanceUID and ordered by their
-position along the slice normal — never by file name or InstanceNumber — and
-rescale slope/intercept turn stored values into Hounsfield units.
+and, optionally, its label map. Reading uses SimpleITK for volume files;
+DICOM series (grouping, multi-frame, compressed files, uneven slices) are
+`preprocessing.dicom_series`, DICOM SEG and RTSTRUCT labels `preprocessing.dicom_labels`.
 
 Every problem with one case raises `CaseError(stage, reason, detail)`, which the
 pipeline turns into a dead-letter record; it never stops other cases.
@@ -12,16 +11,15 @@ pipeline turns into a dead-letter record; it never stops other cases.
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
 import os
 
 import nibabel
 import numpy as np
-import pydicom
 import SimpleITK as sitk
 
+from preprocessing import dicom_labels, dicom_series
 from preprocessing.conversion import dead_letter
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
@@ -39,14 +37,22 @@ class CaseError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class VolumeSource:
-    """Where one volume comes from: a volume file, or the files of a DICOM series."""
+    """Where one volume comes from: a volume file, the files of a DICOM series, or a DICOM SEG/RTSTRUCT.
+
+    `series_uid` is a DICOM series' SeriesInstanceUID, or the one a SEG/RTSTRUCT
+    (`dicom_label` names which) references. `notes` are (source, reason,
+    detail) triples about files discovery dropped or slices to be resampled.
+    """
 
     path: str  # the file, or the series' directory
     dicom_files: tuple[str, ...] = ()
+    series_uid: str = ""
+    dicom_label: str = ""  # "SEG" or "RTSTRUCT"
+    notes: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def is_dicom(self) -> bool:
-        return bool(self.dicom_files)
+        return bool(self.dicom_files) and not self.dicom_label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +73,16 @@ def case_id_of(path: str) -> str:
     return name
 
 
-def discover(root: str) -> tuple[dict[str, VolumeSource], list[dict]]:
+def discover(root: str, spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE
+             ) -> tuple[dict[str, VolumeSource], list[dict]]:
     """Finds every volume under `root` (a file or a directory tree).
 
     Returns:
         (volumes by case id, dead letters for files that could not be used).
         A DICOM series takes the name of its directory as case id; when a
-        directory holds several series, `-` and the end of the SeriesInstanceUID
-        are appended.
+        directory holds several series, its SeriesNumber (and where needed the
+        end of its SeriesInstanceUID) is appended (`dicom_volumes`). DICOM SEG
+        and RTSTRUCT files are returned too, under `dicom_label`.
     """
     if not os.path.exists(root):
         raise FileNotFoundError(f"input {root!r} does not exist; pass a CT file or a directory of CT files.")
@@ -86,26 +94,30 @@ def discover(root: str) -> tuple[dict[str, VolumeSource], list[dict]]:
     )
     volumes: dict[str, VolumeSource] = {}
     dead: list[dict] = []
-    series: dict[str, list[str]] = collections.defaultdict(list)
+    other_files = []
     for path in files:
         lower = path.lower()
         if lower.endswith(VOLUME_SUFFIXES):
             _add(volumes, dead, case_id_of(path), VolumeSource(path))
-        elif lower.endswith(IGNORED_SUFFIXES):
-            continue
-        else:
-            try:
-                header = pydicom.dcmread(path, stop_before_pixels=True)
-                uid = str(header.SeriesInstanceUID)
-            except Exception as error:  # pydicom raises many kinds for non-DICOM or corrupt files
-                dead.append(dead_letter(path, "discover", "unreadable", f"not a readable DICOM or volume file ({error})"))
-                continue
-            series[uid].append(path)
-    directories = collections.Counter(os.path.dirname(paths[0]) for paths in series.values())
-    for uid, paths in sorted(series.items()):
-        directory = os.path.dirname(paths[0])
-        case_id = case_id_of(directory) if directories[directory] == 1 else f"{case_id_of(directory)}-{uid[-8:]}"
-        _add(volumes, dead, case_id, VolumeSource(directory, tuple(sorted(paths))))
+        elif not lower.endswith(IGNORED_SUFFIXES):
+            other_files.append(path)
+    dicom, dicom_dead = dicom_volumes(other_files, set(volumes), spacing_tolerance)
+    dead.extend(dicom_dead)
+    for case_id, source in dicom.items():
+        _add(volumes, dead, case_id, source)
+    return volumes, dead
+
+
+def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
+                  ) -> tuple[dict[str, VolumeSource], list[dict]]:
+    """DICOM series (and SEG/RTSTRUCT files) among `paths`, under case ids unique among themselves and `taken`."""
+    groups, label_objects, dead = dicom_series.group_files(paths, spacing_tolerance)
+    volumes = {
+        case_id: VolumeSource(group.directory, group.files, group.series_uid, notes=group.notes)
+        for case_id, group in zip(dicom_series.case_ids(groups, taken), groups)
+    }
+    for label in label_objects:
+        volumes[f"{label.modality}:{label.path}"] = VolumeSource(label.path, (label.path,), label.referenced_series_uid, label.modality)
     return volumes, dead
 
 
@@ -124,14 +136,17 @@ def pair_with_labels(images: dict[str, VolumeSource], labels: str | None) -> tup
         (cases, dead letters): an image without a label is a dead letter when
         labels were asked for; a label without an image is reported too.
     """
+    images, by_case, dead = _dicom_labels_by_case(images, images)
     if labels is None:
-        return [CaseSource(case_id, source) for case_id, source in sorted(images.items())], []
-    dead: list[dict] = []
+        return [CaseSource(case_id, source, by_case.get(case_id)) for case_id, source in sorted(images.items())], dead
     if os.path.isfile(labels) and labels.lower().endswith(".csv"):
-        by_case = _read_manifest(labels, images, dead)
+        by_case.update(_read_manifest(labels, images, dead))
     else:
-        by_case, label_dead = discover(labels)
+        found, label_dead = discover(labels)
         dead.extend(label_dead)
+        found, dicom_labels_found, dicom_dead = _dicom_labels_by_case(found, images)
+        dead.extend(dicom_dead)
+        by_case.update({**found, **dicom_labels_found})
     cases = []
     for case_id, source in sorted(images.items()):
         label = by_case.get(case_id)
@@ -142,6 +157,32 @@ def pair_with_labels(images: dict[str, VolumeSource], labels: str | None) -> tup
     for case_id in sorted(set(by_case) - set(images)):
         dead.append(dead_letter(by_case[case_id].path, "pair", "missing_image", f"label for case {case_id!r} has no image"))
     return cases, dead
+
+
+def _dicom_labels_by_case(volumes: dict[str, VolumeSource], images: dict[str, VolumeSource]
+                          ) -> tuple[dict[str, VolumeSource], dict[str, VolumeSource], list[dict]]:
+    """Takes DICOM SEG/RTSTRUCT files out of `volumes` and keys them by the case id of the series they reference.
+
+    Returns:
+        (the other volumes, labels by case id, dead letters for labels whose
+        series is not among `images` or that share a series with another label).
+    """
+    by_uid = {source.series_uid: case_id for case_id, source in images.items() if source.is_dicom}
+    others, by_case, dead = {}, {}, []
+    for key, source in volumes.items():
+        if not source.dicom_label:
+            others[key] = source
+            continue
+        case_id = by_uid.get(source.series_uid)
+        if case_id is None:
+            dead.append(dead_letter(source.path, "pair", "missing_image", f"{source.dicom_label} {source.path} labels "
+                                    f"series {source.series_uid}, which is not among the input images"))
+        elif case_id in by_case:
+            dead.append(dead_letter(source.path, "pair", "duplicate_label", f"{source.path} and {by_case[case_id].path} "
+                                    f"both label case {case_id!r}; keep one of them"))
+        else:
+            by_case[case_id] = source
+    return others, by_case, dead
 
 
 def _read_manifest(path: str, images: dict[str, VolumeSource], dead: list) -> dict[str, VolumeSource]:
@@ -164,15 +205,27 @@ def _read_manifest(path: str, images: dict[str, VolumeSource], dead: list) -> di
     return by_case
 
 
-def read_volume(source: VolumeSource, pixel_type=sitk.sitkFloat32) -> sitk.Image:
-    """Reads a volume file or DICOM series as a SimpleITK image (HU for CT).
+def read_volume(source: VolumeSource, pixel_type=sitk.sitkFloat32, *, reference: sitk.Image | None = None,
+                spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE,
+                classes: tuple[str, ...] = ()) -> sitk.Image:
+    """Reads a volume file, DICOM series or DICOM SEG/RTSTRUCT as a SimpleITK image (HU for CT).
+
+    Args:
+        reference: the image a DICOM SEG/RTSTRUCT label is rasterised onto.
+        spacing_tolerance: see `dicom_series.read_series`.
+        classes: segment/ROI names of DICOM labels; name i is class i + 1.
 
     Raises:
-        CaseError: unreadable file, or a DICOM series with missing, duplicate or
-            unevenly spaced slices.
+        CaseError: unreadable file, a DICOM series with two different slices at
+            one position, or a SEG/RTSTRUCT naming a segment not in `classes`.
     """
+    if source.dicom_label:
+        if reference is None:
+            raise CaseError("read", "unpaired_label", f"{source.path} is a DICOM {source.dicom_label}, which labels an "
+                            "image series; give it together with that series")
+        return dicom_labels.read_label(source.path, source.dicom_label, reference, classes)
     if source.is_dicom:
-        return read_dicom_series(source.dicom_files)
+        return dicom_series.read_series(source.dicom_files, spacing_tolerance)
     try:
         image = sitk.ReadImage(source.path, pixel_type)
     except RuntimeError as error:
@@ -195,50 +248,7 @@ def _check_nifti_finite(path: str) -> None:
             raise CaseError("validate", "non_finite_voxels", f"{bad} voxels of {path} are NaN or infinite")
 
 
-def read_dicom_series(files: tuple[str, ...]) -> sitk.Image:
-    """Reads one DICOM series into a float32 HU image with its patient-space geometry."""
-    try:
-        datasets = [pydicom.dcmread(path) for path in files]
-    except Exception as error:
-        raise CaseError("read", "unreadable", f"a slice of the series cannot be read ({error})") from None
-    if len(datasets) < 2:
-        raise CaseError("read", "too_few_slices", f"series has {len(datasets)} slice; a volume needs at least 2")
-    try:
-        orientation = np.array([float(v) for v in datasets[0].ImageOrientationPatient])
-        positions = np.array([[float(v) for v in ds.ImagePositionPatient] for ds in datasets])
-        orientations = np.array([[float(v) for v in ds.ImageOrientationPatient] for ds in datasets])
-        pixel_spacing = [float(v) for v in datasets[0].PixelSpacing]  # (row spacing, column spacing)
-    except AttributeError as error:
-        raise CaseError("read", "missing_geometry", f"a slice lacks a geometry attribute ({error})") from None
-    if np.abs(orientations - orientation).max() > 1e-4:
-        raise CaseError("read", "inconsistent_orientation", "slices of the series have different ImageOrientationPatient")
-    row_direction, column_direction = orientation[:3], orientation[3:]
-    normal = np.cross(row_direction, column_direction)
-    along_normal = positions @ normal
-    order = np.argsort(along_normal, kind="stable")
-    gaps = np.diff(along_normal[order])
-    step = float(np.median(gaps))
-    if np.any(gaps < 1e-3 * max(abs(step), 1e-6)):
-        raise CaseError("read", "duplicate_slice", f"two slices share a position along the slice normal ({len(files)} files)")
-    if np.abs(gaps - step).max() > 0.01 * step + 1e-3:
-        if np.any(np.abs(gaps / step - np.round(gaps / step)) < 0.05) and np.any(np.round(gaps / step) >= 2):
-            raise CaseError("read", "missing_slice", f"gaps of {gaps.max():.3g} mm between slices spaced {step:.3g} mm")
-        raise CaseError("read", "non_uniform_spacing", f"slice gaps range from {gaps.min():.3g} to {gaps.max():.3g} mm")
-    slices = []
-    for index in order:
-        dataset = datasets[index]
-        try:
-            pixels = dataset.pixel_array.astype(np.float32)
-        except Exception as error:
-            raise CaseError("read", "unreadable", f"pixel data of {files[index]} cannot be decoded ({error})") from None
-        slope = float(getattr(dataset, "RescaleSlope", 1.0))
-        intercept = float(getattr(dataset, "RescaleIntercept", 0.0))
-        slices.append(pixels * slope + intercept)
-    if len({s.shape for s in slices}) != 1:
-        raise CaseError("read", "inconsistent_slice_shape", "slices of the series have different rows/columns")
-    image = sitk.GetImageFromArray(np.stack(slices))  # (D, H, W)
-    image.SetSpacing((pixel_spacing[1], pixel_spacing[0], step))
-    image.SetOrigin(tuple(float(v) for v in positions[order[0]]))
-    # ITK direction: row-major 3×3 whose columns are the x (row), y (column) and z (normal) axes.
-    image.SetDirection(tuple(np.stack([row_direction, column_direction, normal], axis=1).reshape(-1).tolist()))
-    return image
+def read_dicom_series(files: tuple[str, ...],
+                      spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> sitk.Image:
+    """Reads one DICOM volume into a float32 HU image with its patient-space geometry (`dicom_series.read_series`)."""
+    return dicom_series.read_series(files, spacing_tolerance)

@@ -51,13 +51,19 @@ def run(
         conversion.PreprocessingFailed: more than `max_failed_fraction` of the
             cases failed (raised after the output, good records included, is in place).
     """
-    images, dead = ct_io.discover(input_path)
+    images, dead = ct_io.discover(input_path, config.spacing_tolerance)
     cases, pairing_dead = ct_io.pair_with_labels(images, labels)
     dead.extend(pairing_dead)
     if not cases and not dead:
         raise ValueError(f"no CT volumes (DICOM, {', '.join(ct_io.VOLUME_SUFFIXES)}) found under {input_path}.")
-    log(f"fullres preprocess ct: {len(cases)} cases to convert, {len(dead)} rejected before reading; writing {output}")
+    notes = [conversion.dead_letter(source, "discover", reason, detail)
+             for case in cases for source, reason, detail in case.image.notes]
+    log(f"fullres preprocess ct: {len(cases)} cases to convert, {len(dead)} rejected before reading"
+        f"{f', {len(notes)} notes' if notes else ''}; writing {output}")
+    # The class names of DICOM SEG/RTSTRUCT labels, recorded beside the data they numbered.
+    label_map = {"label_map.json": {"background": 0, **{name: i + 1 for i, name in enumerate(config.classes)}}}
     return conversion.run(
         cases, dead, PreprocessCaseFn(config), output, pipeline_args=pipeline_args, num_shards=num_shards,
-        compress=compress, max_failed_fraction=max_failed_fraction, log=log,
+        compress=compress, max_failed_fraction=max_failed_fraction, extra_files=label_map if config.classes else None,
+        notes=notes, log=log,
     )

@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import SimpleITK as sitk
 
-from preprocessing import ct_io, tfrecord_schema
+from preprocessing import ct_io, dicom_series, tfrecord_schema
 
 AIR_HU = -1024.0
 
@@ -27,6 +27,9 @@ class CtPreprocessConfig:
             end and background label); None keeps the resampled size.
         orientation: canonical orientation code (DICOM convention, ITK's "LPS"
             gives the identity direction for axis-aligned scans).
+        spacing_tolerance: DICOM slice gaps may vary by this fraction of their
+            median; beyond it the slices are interpolated onto a uniform grid.
+        classes: names of DICOM SEG segments / RTSTRUCT ROIs; name i is class i + 1.
 
     Example:
         >>> config = CtPreprocessConfig(spacing=(1.5, 1.5, 2.0), window=(-160, 240), shape=(64, 128, 128))
@@ -36,14 +39,40 @@ class CtPreprocessConfig:
     window: tuple[float, float] = (-1000.0, 1000.0)
     shape: tuple[int, int, int] | None = None
     orientation: str = "LPS"
+    spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE
+    classes: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if not 0 <= self.spacing_tolerance < 1:
+            raise ValueError(f"--spacing-tolerance needs a fraction in [0, 1), e.g. 0.05, got {self.spacing_tolerance}.")
+        if len({name.strip().lower() for name in self.classes}) != len(self.classes) or not all(n.strip() for n in self.classes):
+            raise ValueError(f"--classes needs distinct, non-empty names, got {','.join(self.classes)!r}.")
         if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
             raise ValueError(f"--spacing needs three positive values X,Y,Z in mm, got {self.spacing}.")
         if len(self.window) != 2 or self.window[0] >= self.window[1]:
             raise ValueError(f"--window needs LOW,HIGH with LOW < HIGH, got {self.window}.")
         if self.shape is not None and (len(self.shape) != 3 or min(self.shape) < 1):
             raise ValueError(f"--shape needs three positive sizes D,H,W, got {self.shape}.")
+
+
+def class_names(text: str) -> tuple[str, ...]:
+    """`--classes`: NAME1,NAME2,... (NAME1 is class 1), or a label map JSON file {"name": id, ...} with ids 1..N.
+
+    Raises:
+        ValueError: a label map file that is not {"name": id} with ids 1..N (0 may name the background).
+    """
+    if not text.lower().endswith(".json"):
+        return tuple(name.strip() for name in text.split(","))
+    import json
+
+    try:
+        with open(text) as file:
+            mapping = {str(name): int(class_id) for name, class_id in json.load(file).items() if int(class_id) != 0}
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"--classes {text} must be a JSON object {{\"name\": class id}} ({error}).") from None
+    if sorted(mapping.values()) != list(range(1, len(mapping) + 1)):
+        raise ValueError(f"--classes {text} must number its classes 1..{len(mapping)}, got {sorted(mapping.values())}.")
+    return tuple(sorted(mapping, key=mapping.get))
 
 
 def window_and_scale(volume_hu: np.ndarray, window: tuple[float, float]) -> np.ndarray:
@@ -98,7 +127,7 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
     Raises:
         ct_io.CaseError: for anything wrong with this case (read, geometry, values).
     """
-    image = ct_io.read_volume(case.image)
+    image = ct_io.read_volume(case.image, spacing_tolerance=config.spacing_tolerance)
     values = sitk.GetArrayViewFromImage(image)
     if values.size == 0:
         raise ct_io.CaseError("read", "empty_volume", "the volume has no voxels")
@@ -106,7 +135,7 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
         raise ct_io.CaseError("validate", "non_finite_voxels",
                               f"{int(np.size(values) - np.isfinite(values).sum())} voxels are NaN or infinite")
     if case.label is not None:
-        label = ct_io.read_volume(case.label, sitk.sitkUInt8)
+        label = ct_io.read_volume(case.label, sitk.sitkUInt8, reference=image, classes=config.classes)
         mismatch = _same_geometry(image, label)
         if mismatch:
             raise ct_io.CaseError("validate", "geometry_mismatch", mismatch)
