@@ -28,7 +28,7 @@ import numpy as np
 import pydicom
 import SimpleITK as sitk
 
-from preprocessing import ct_io  # circular on purpose: CaseError lives there; used only at call time
+from preprocessing import ct_io, dicom_series  # ct_io is circular on purpose: CaseError lives there
 
 
 def class_ids(names: list[str], classes: tuple[str, ...], path: str, kind: str) -> list[int]:
@@ -54,13 +54,17 @@ def read_label(path: str, modality: str, reference: sitk.Image, classes: tuple[s
     return image
 
 
-def _slice_index(reference: sitk.Image, point, source: str) -> int:
-    """The reference slice a plane at `point` (mm) lies on; refuses planes between slices or outside the volume."""
+def _slice_index(reference: sitk.Image, point, source: str, corner: bool = False) -> int:
+    """The reference slice a plane at `point` (mm) lies on; refuses planes between slices or outside the volume.
+
+    With `corner`, `point` must also be the slice's first pixel (a SEG frame covers the whole slice).
+    """
     continuous = reference.TransformPhysicalPointToContinuousIndex(tuple(float(v) for v in point))
     index = int(round(continuous[2]))
-    if abs(continuous[2] - index) > 0.25 or not 0 <= index < reference.GetSize()[2]:
-        raise ct_io.CaseError("read", "geometry_mismatch", f"{source} lies at slice index {continuous[2]:.2f} of the "
-                              "image it references, not on one of its slices; export the label on the image's grid")
+    off_corner = corner and max(abs(continuous[0]), abs(continuous[1])) > 0.25
+    if abs(continuous[2] - index) > 0.25 or not 0 <= index < reference.GetSize()[2] or off_corner:
+        raise ct_io.CaseError("read", "geometry_mismatch", f"{source} lies at index {tuple(round(v, 2) for v in continuous)} "
+                              "of the image it references, not on one of its slices; export the label on the image's grid")
     return index
 
 
@@ -77,10 +81,17 @@ def _seg_masks(path: str, reference: sitk.Image) -> list[tuple[str, np.ndarray]]
                               f"{segmentation.Columns}, the image slices {shape[1]}×{shape[2]}")
     masks = {number: np.zeros(shape, bool) for number in segmentation.get_segment_numbers()}
     shared = segmentation.SharedFunctionalGroupsSequence[0]
+    first_frame = segmentation.PerFrameFunctionalGroupsSequence[0]
+    plane = dicom_series.functional_group(first_frame, "PlaneOrientationSequence", shared)
+    orientation = np.asarray([float(v) for v in plane.ImageOrientationPatient])
+    direction = np.asarray(reference.GetDirection()).reshape(3, 3)
+    if np.abs(orientation - np.concatenate([direction[:, 0], direction[:, 1]])).max() > 1e-3:
+        raise ct_io.CaseError("read", "geometry_mismatch", f"SEG {path} frames are oriented {orientation.round(3).tolist()}, "
+                              "unlike the image slices it references; export the SEG on the image's grid")
     for index, group in enumerate(segmentation.PerFrameFunctionalGroupsSequence):
         number = int(group.SegmentIdentificationSequence[0].ReferencedSegmentNumber)
-        position = (group if "PlanePositionSequence" in group else shared).PlanePositionSequence[0].ImagePositionPatient
-        z = _slice_index(reference, position, f"frame {index + 1} of SEG {path}")
+        position = dicom_series.functional_group(group, "PlanePositionSequence", shared).ImagePositionPatient
+        z = _slice_index(reference, position, f"frame {index + 1} of SEG {path}", corner=True)
         masks[number][z] |= np.asarray(segmentation.get_frame(index + 1)) >= 0.5  # binary 1, fractional ≥ half
     return [(segmentation.get_segment_description(number).segment_label, mask) for number, mask in masks.items()]
 

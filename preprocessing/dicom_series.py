@@ -93,7 +93,7 @@ def _floats(values, count: int, path: str, field: str) -> tuple[float, ...]:
     return result
 
 
-def _functional(group, sequence: str, shared):
+def functional_group(group, sequence: str, shared):
     """The first item of functional group `sequence`, per-frame first, then shared; None when neither has it."""
     for source in (group, shared):
         if source is not None and sequence in source and len(source[sequence].value):
@@ -119,9 +119,9 @@ def frames_of(dataset: pydicom.Dataset, path: str) -> list[Frame]:
     shared = dataset.SharedFunctionalGroupsSequence[0] if "SharedFunctionalGroupsSequence" in dataset else None
     frames = []
     for index, group in enumerate(per_frame):
-        position = _functional(group, "PlanePositionSequence", shared)
-        orientation = _functional(group, "PlaneOrientationSequence", shared)
-        measures = _functional(group, "PixelMeasuresSequence", shared)
+        position = functional_group(group, "PlanePositionSequence", shared)
+        orientation = functional_group(group, "PlaneOrientationSequence", shared)
+        measures = functional_group(group, "PixelMeasuresSequence", shared)
         if position is None or orientation is None or measures is None:
             raise ct_io.CaseError("read", "missing_geometry", f"frame {index + 1} of {path} has no Plane Position, "
                                       "Plane Orientation or Pixel Measures functional group")
@@ -155,24 +155,29 @@ def _rescale(dataset: pydicom.Dataset, index: int | None) -> tuple[float, float]
     """(slope, intercept) of one frame: Pixel Value Transformation (per-frame, then shared), else the top level."""
     if index is not None and "PerFrameFunctionalGroupsSequence" in dataset:
         shared = dataset.SharedFunctionalGroupsSequence[0] if "SharedFunctionalGroupsSequence" in dataset else None
-        transform = _functional(dataset.PerFrameFunctionalGroupsSequence[index], "PixelValueTransformationSequence", shared)
+        transform = functional_group(dataset.PerFrameFunctionalGroupsSequence[index], "PixelValueTransformationSequence", shared)
         if transform is not None:
             return float(getattr(transform, "RescaleSlope", 1.0)), float(getattr(transform, "RescaleIntercept", 0.0))
     return float(getattr(dataset, "RescaleSlope", 1.0)), float(getattr(dataset, "RescaleIntercept", 0.0))
 
 
-def _pixels(path: str) -> tuple[pydicom.Dataset, np.ndarray]:
-    """A file's dataset and its stored pixels as (frames, rows, columns)."""
+def _decode(dataset: pydicom.Dataset, path: str) -> np.ndarray:
+    """A file's stored pixels as (frames, rows, columns), through pydicom's decoder plug-ins."""
     try:
-        dataset = pydicom.dcmread(path)
         pixels = dataset.pixel_array
     except Exception as error:  # pydicom and its decoder plug-ins raise many kinds
-        syntax = getattr(getattr(locals().get("dataset"), "file_meta", None), "TransferSyntaxUID", None)
+        syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
         described = f" (transfer syntax {syntax.name})" if syntax is not None else ""
         raise ct_io.CaseError("read", "unreadable", f"pixel data of {path}{described} cannot be decoded ({error})") from None
-    if pixels.ndim == 2:
-        pixels = pixels[None]  # (1, H, W)
-    return dataset, pixels
+    return pixels[None] if pixels.ndim == 2 else pixels  # (frames, H, W)
+
+
+def _read_pixels(path: str) -> tuple[pydicom.Dataset, np.ndarray]:
+    try:
+        dataset = pydicom.dcmread(path)
+    except Exception as error:  # pydicom raises many kinds for corrupt files
+        raise ct_io.CaseError("read", "unreadable", f"{path} cannot be read ({error})") from None
+    return dataset, _decode(dataset, path)
 
 
 def _drop_identical(frames: list[Frame], along: np.ndarray) -> tuple[list[Frame], list[tuple[str, str, str]]]:
@@ -204,7 +209,7 @@ def _drop_identical(frames: list[Frame], along: np.ndarray) -> tuple[list[Frame]
 
 
 def _same_pixels(first: str, second: str) -> bool:
-    (a, pixels_a), (b, pixels_b) = _pixels(first), _pixels(second)
+    (a, pixels_a), (b, pixels_b) = _read_pixels(first), _read_pixels(second)
     return pixels_a.shape == pixels_b.shape and np.array_equal(pixels_a, pixels_b) and _rescale(a, None) == _rescale(b, None)
 
 
@@ -217,76 +222,84 @@ def group_files(
         (volumes, SEG/RTSTRUCT label objects, dead letters). Each dead letter
         names the file or files at fault.
     """
-    dead_letter = conversion.dead_letter
-    dead: list[dict] = []
-    labels: list[LabelObject] = []
-    groups: dict[tuple, list[Frame]] = collections.defaultdict(list)
-    headers: dict[str, pydicom.Dataset] = {}
-    for path in paths:
-        try:
-            header = pydicom.dcmread(path, stop_before_pixels=True)
-            uid = str(header.SeriesInstanceUID)
-        except Exception as error:  # pydicom raises many kinds for non-DICOM or corrupt files
-            dead.append(dead_letter(path, "discover", "unreadable", f"not a readable DICOM or volume file ({error})"))
-            continue
-        if is_label_object(header):
-            try:
-                labels.append(LabelObject(path, str(header.Modality).upper(), referenced_series_uid(header)))
-            except ct_io.CaseError as error:
-                dead.append(dead_letter(path, "discover", error.reason, error.detail))
-            continue
-        try:
-            frames = frames_of(header, path)
-        except ct_io.CaseError as error:
-            dead.append(dead_letter(path, "discover", error.reason, error.detail))
-            continue
-        headers[path] = header
-        multi_frame = frames[0].index is not None
-        for frame in frames:
-            key = (uid, tuple(np.round(frame.orientation, _ORIENTATION_DECIMALS) + 0.0),
-                   str(getattr(header, "FrameOfReferenceUID", "")), frame.size, path if multi_frame else "")
-            groups[key].append(frame)
+    groups, headers, labels, dead = _index(paths)
     by_series: dict[str, list[tuple]] = collections.defaultdict(list)
     for key in groups:
         by_series[key[0]].append(key)
     volumes: list[SeriesGroup] = []
     for uid, keys in sorted(by_series.items()):
-        keys.sort(key=lambda k: (-len(groups[k]), groups[k][0].path))  # the largest group is the series
-        set_aside = []
-        for key in keys:
-            frames = groups[key]
-            header = headers[frames[0].path]
-            files = tuple(sorted({f.path for f in frames}))
-            if len(frames) < 2 and (key is not keys[0] or len(keys) > 1):
-                kind = "localizer" if "LOCALIZER" in [str(v).upper() for v in getattr(header, "ImageType", [])] \
-                    or key[1] != keys[0][1] else "stray_file"
-                set_aside.append((files[0], kind, f"{files[0]} has the series' UID but a different orientation, frame of "
-                                                  f"reference or size, and {len(frames)} slice; it was left out"))
-                continue
-            if len(frames) < 2:
-                dead.append(dead_letter(files[0], "discover", "too_few_slices",
-                                        f"{files[0]} holds the only slice of its series; a volume needs at least 2"))
-                continue
-            try:
-                frames, notes = _drop_identical(frames, _along_normal(frames))
-            except ct_io.CaseError:
-                notes = []  # two different slices at one position: reading refuses the case, naming both files
-            along = np.sort(_along_normal(frames))
-            step, resample = slice_grid(along, spacing_tolerance) if len(frames) > 1 else (0.0, False)
-            files = tuple(sorted({f.path for f in frames}))
-            if resample:
-                gaps = np.diff(along)
-                notes.append((os.path.dirname(files[0]), "slices_resampled",
-                              f"slice gaps of {os.path.dirname(files[0])} range from {gaps.min():.3g} to {gaps.max():.3g} mm, "
-                              f"beyond the {spacing_tolerance:.0%} tolerance; slices were interpolated onto a "
-                              f"{step:.3g} mm grid"))
-            volumes.append(SeriesGroup(os.path.dirname(files[0]), files, uid, str(getattr(header, "SeriesNumber", "")),
-                                       str(getattr(header, "Modality", "")), tuple(notes)))
-        if volumes and volumes[-1].series_uid == uid:
-            volumes[-1] = dataclasses.replace(volumes[-1], notes=volumes[-1].notes + tuple(set_aside))
-        else:
-            dead.extend(dead_letter(source, "discover", reason, detail) for source, reason, detail in set_aside)
+        series_volumes, series_dead = _series_volumes([groups[key] for key in keys], headers, spacing_tolerance)
+        volumes.extend(series_volumes)
+        dead.extend(series_dead)
     return volumes, labels, dead
+
+
+def _index(paths: list[str]) -> tuple[dict[tuple, list[Frame]], dict[str, pydicom.Dataset], list[LabelObject], list[dict]]:
+    """Reads headers: frames keyed by (series UID, orientation, frame of reference, size, multi-frame file), label objects."""
+    groups: dict[tuple, list[Frame]] = collections.defaultdict(list)
+    headers, labels, dead = {}, [], []
+    for path in paths:
+        try:
+            header = pydicom.dcmread(path, stop_before_pixels=True)
+            uid = str(header.SeriesInstanceUID)
+            if is_label_object(header):
+                labels.append(LabelObject(path, str(header.Modality).upper(), referenced_series_uid(header)))
+                continue
+            frames = frames_of(header, path)
+        except ct_io.CaseError as error:
+            dead.append(conversion.dead_letter(path, "discover", error.reason, error.detail))
+            continue
+        except Exception as error:  # pydicom raises many kinds for non-DICOM or corrupt files
+            dead.append(conversion.dead_letter(path, "discover", "unreadable", f"not a readable DICOM or volume file ({error})"))
+            continue
+        headers[path] = header
+        multi_frame = frames[0].index is not None  # an enhanced file is a volume of its own
+        for frame in frames:
+            key = (uid, tuple(np.round(frame.orientation, _ORIENTATION_DECIMALS) + 0.0),
+                   str(getattr(header, "FrameOfReferenceUID", "")), frame.size, path if multi_frame else "")
+            groups[key].append(frame)
+    return groups, headers, labels, dead
+
+
+def _series_volumes(groups: list[list[Frame]], headers: dict[str, pydicom.Dataset], spacing_tolerance: float
+                    ) -> tuple[list[SeriesGroup], list[dict]]:
+    """The volumes of one SeriesInstanceUID; lone slices beside the main group (localizers, strays) are set aside."""
+    groups = sorted(groups, key=lambda frames: (-len(frames), frames[0].path))  # the largest group is the series
+    main_orientation = np.round(groups[0][0].orientation, _ORIENTATION_DECIMALS)
+    volumes, set_aside, dead = [], [], []
+    for frames in groups:
+        header = headers[frames[0].path]
+        files = tuple(sorted({f.path for f in frames}))
+        if len(frames) < 2 and len(groups) > 1:
+            localizer = "LOCALIZER" in [str(v).upper() for v in getattr(header, "ImageType", [])] or not np.array_equal(
+                np.round(frames[0].orientation, _ORIENTATION_DECIMALS), main_orientation)
+            set_aside.append((files[0], "localizer" if localizer else "stray_file",
+                              f"{files[0]} shares its SeriesInstanceUID with other files but not their orientation, frame "
+                              "of reference or size, and is a single slice; it was left out"))
+            continue
+        if len(frames) < 2:
+            dead.append(conversion.dead_letter(files[0], "discover", "too_few_slices",
+                                               f"{files[0]} holds the only slice of its series; a volume needs at least 2"))
+            continue
+        try:
+            frames, notes = _drop_identical(frames, _along_normal(frames))
+        except ct_io.CaseError:
+            notes = []  # two different slices at one position: reading refuses the case, naming both files
+        files = tuple(sorted({f.path for f in frames}))
+        directory = os.path.dirname(files[0])
+        along = np.sort(_along_normal(frames))
+        step, resample = slice_grid(along, spacing_tolerance) if len(frames) > 1 else (0.0, False)
+        if resample:
+            notes.append((directory, "slices_resampled", f"slice gaps of {directory} range from {np.diff(along).min():.3g} "
+                          f"to {np.diff(along).max():.3g} mm, beyond the {spacing_tolerance:.0%} tolerance; slices were "
+                          f"interpolated onto a {step:.3g} mm grid"))
+        volumes.append(SeriesGroup(directory, files, str(header.SeriesInstanceUID), str(getattr(header, "SeriesNumber", "")),
+                                   str(getattr(header, "Modality", "")), tuple(notes)))
+    if volumes:
+        volumes[0] = dataclasses.replace(volumes[0], notes=volumes[0].notes + tuple(set_aside))
+    else:
+        dead.extend(conversion.dead_letter(source, "discover", reason, detail) for source, reason, detail in set_aside)
+    return volumes, dead
 
 
 def referenced_series_uid(header: pydicom.Dataset) -> str:
@@ -344,10 +357,10 @@ def read_series(files: tuple[str, ...], spacing_tolerance: float = DEFAULT_SPACI
     datasets, frames = {}, []
     for path in files:
         try:
-            header = pydicom.dcmread(path, stop_before_pixels=True)
-        except Exception as error:
+            datasets[path] = pydicom.dcmread(path)
+        except Exception as error:  # pydicom raises many kinds for corrupt files
             raise ct_io.CaseError("read", "unreadable", f"{path} cannot be read ({error})") from None
-        frames.extend(frames_of(header, path))
+        frames.extend(frames_of(datasets[path], path))
     if len(frames) < 2:
         raise ct_io.CaseError("read", "too_few_slices",
                                   f"{', '.join(files)} hold {len(frames)} slice; a volume needs at least 2")
@@ -363,13 +376,12 @@ def read_series(files: tuple[str, ...], spacing_tolerance: float = DEFAULT_SPACI
     order = np.argsort(along, kind="stable")
     frames, along = [frames[i] for i in order], along[order]
     step, resample = slice_grid(along, spacing_tolerance)
-    slices = []
+    slices, decoded = [], {}
     for frame in frames:
-        if frame.path not in datasets:
-            datasets[frame.path] = _pixels(frame.path)
-        dataset, pixels = datasets[frame.path]
-        slope, intercept = _rescale(dataset, frame.index)
-        slices.append(pixels[frame.index or 0].astype(np.float32) * slope + intercept)
+        if frame.path not in decoded:
+            decoded[frame.path] = _decode(datasets[frame.path], frame.path)
+        slope, intercept = _rescale(datasets[frame.path], frame.index)
+        slices.append(decoded[frame.path][frame.index or 0].astype(np.float32) * slope + intercept)
     volume = np.stack(slices)  # (D, H, W)
     if resample:
         volume = _interpolate_slices(volume, along, step)

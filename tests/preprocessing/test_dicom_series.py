@@ -409,6 +409,7 @@ def test_dicom_seg_among_the_inputs_labels_its_series(tmp_path):
     assert (record.label == 1).sum() == truth[..., 1].sum() and (record.label == 2).sum() == truth[..., 0].sum()
 
 
+@pytest.mark.slow
 def test_preprocess_ct_command_on_a_scanner_export(tmp_path):
     """A folder as a PACS exports it: a series with a gap, a scout, a stray copy, and its RTSTRUCT."""
     volume = _volume((7, 16, 16))
@@ -425,7 +426,8 @@ def test_preprocess_ct_command_on_a_scanner_export(tmp_path):
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     result = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "preprocess", "ct", "--input", str(tmp_path / "export"), "--output",
-         str(tmp_path / "out"), "--spacing", "none", "--classes", "liver", "--spacing-tolerance", "0.05", "--workers", "1"],
+         str(tmp_path / "out"), "--spacing", "none", "--classes", "liver", "--spacing-tolerance", "0.05", "--workers", "1",
+         "--direct_running_mode=in_memory"],
         capture_output=True, text=True, env=environment, cwd=REPOSITORY)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -445,3 +447,16 @@ def test_preprocess_ct_command_on_a_scanner_export(tmp_path):
     truth.CopyInformation(reference)
     stored = record["label"].numpy()
     assert _within_one_voxel(stored == 1, sitk.GetArrayFromImage(sitk.DICOMOrient(truth, "LPS")).astype(bool))
+
+
+def test_classes_from_a_label_map_file_and_refusals(tmp_path):
+    (tmp_path / "label_map.json").write_text(json.dumps({"background": 0, "kidney": 2, "liver": 1}))
+    assert ct_transforms.class_names(str(tmp_path / "label_map.json")) == ("liver", "kidney")
+    assert ct_transforms.class_names("liver, kidney") == ("liver", "kidney")
+    (tmp_path / "gap.json").write_text(json.dumps({"liver": 1, "kidney": 3}))
+    with pytest.raises(ValueError, match=r"--classes .*gap.json must number its classes 1..2, got \[1, 3\]"):
+        ct_transforms.class_names(str(tmp_path / "gap.json"))
+    with pytest.raises(ValueError, match="--classes needs distinct, non-empty names"):
+        ct_transforms.CtPreprocessConfig(classes=("liver", "Liver"))
+    with pytest.raises(ValueError, match=r"--spacing-tolerance needs a fraction in \[0, 1\)"):
+        ct_transforms.CtPreprocessConfig(spacing_tolerance=5)
