@@ -246,9 +246,3 @@ def _check_nifti_finite(path: str) -> None:
         bad = int(stored.size - np.count_nonzero(np.isfinite(stored)))
         if bad:
             raise CaseError("validate", "non_finite_voxels", f"{bad} voxels of {path} are NaN or infinite")
-
-
-def read_dicom_series(files: tuple[str, ...],
-                      spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> sitk.Image:
-    """Reads one DICOM volume into a float32 HU image with its patient-space geometry (`dicom_series.read_series`)."""
-    return dicom_series.read_series(files, spacing_tolerance)

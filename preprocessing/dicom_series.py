@@ -16,7 +16,7 @@ pitch) the slices are interpolated linearly onto a uniform grid at the median
 gap, from their true positions, and the case carries a `slices_resampled` note.
 
 Example:
-    >>> groups, dead = group_files(["series/IM1.dcm", "series/IM2.dcm"])  # doctest: +SKIP
+    >>> groups, label_objects, dead = group_files(["series/IM1.dcm", "series/IM2.dcm"])  # doctest: +SKIP
     >>> image = read_series(groups[0].files)  # doctest: +SKIP
 """
 
@@ -343,6 +343,12 @@ def case_ids(groups: list[SeriesGroup], taken: set[str] = frozenset()) -> list[s
         while length < len(uid) and any(other.endswith(uid[-length:]) for other in others):
             length += 1
         ids[position] = f"{bases[position]}-{uid[-length:]}"
+    # Groups of one series UID (enhanced files of one series, stacks of several orientations): numbered in order.
+    seen = collections.Counter()
+    for position, case_id in enumerate(list(ids)):
+        seen[case_id] += 1
+        if seen[case_id] > 1:
+            ids[position] = f"{case_id}-{seen[case_id]}"
     return ids
 
 

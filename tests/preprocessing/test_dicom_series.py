@@ -460,3 +460,13 @@ def test_classes_from_a_label_map_file_and_refusals(tmp_path):
         ct_transforms.CtPreprocessConfig(classes=("liver", "Liver"))
     with pytest.raises(ValueError, match=r"--spacing-tolerance needs a fraction in \[0, 1\)"):
         ct_transforms.CtPreprocessConfig(spacing_tolerance=5)
+
+
+def test_case_ids_stay_unique_for_groups_of_one_series_and_beside_other_volumes():
+    def group(directory, uid, number):
+        return dicom_series.SeriesGroup(directory, (f"{directory}/{uid}-{number}.dcm",), uid, number, "CT")
+
+    groups = [group("/d/ct", "1.2.3.99912345678", "4"), group("/d/ct", "1.2.3.99912345678", "4"),  # two enhanced files
+              group("/d/other", "1.2.3.5", "1")]
+    # "other" is taken by a NIfTI volume: the series gets its UID's digits (all four of them) appended.
+    assert dicom_series.case_ids(groups, taken={"other"}) == ["ct-s4-12345678", "ct-s4-12345678-2", "other-1235"]
