@@ -117,7 +117,8 @@ def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
         for case_id, group in zip(dicom_series.case_ids(groups, taken), groups)
     }
     for label in label_objects:
-        volumes[f"{label.modality}:{label.path}"] = VolumeSource(label.path, (label.path,), label.referenced_series_uid, label.modality)
+        key = f"{label.modality}:{label.path}"  # not a case: pair_with_labels gives it the case of its series
+        volumes[key] = VolumeSource(label.path, (label.path,), label.referenced_series_uid, label.modality)
     return volumes, dead
 
 
