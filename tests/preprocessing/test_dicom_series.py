@@ -197,16 +197,24 @@ def _enhanced_ct(volume, path, frame_of_reference):
 
 
 def test_multi_frame_enhanced_ct_equals_the_single_frame_series(tmp_path):
+    import highdicom
+
     volume = _volume()
     paths = _series(tmp_path / "single", volume)
-    (tmp_path / "enhanced").mkdir()
+    (tmp_path / "enhanced").mkdir(), (tmp_path / "legacy").mkdir()
     _enhanced_ct(volume, tmp_path / "enhanced" / "ct.dcm", str(pydicom.dcmread(paths[0]).FrameOfReferenceUID))
+    # highdicom's own multi-frame writer (Legacy Converted Enhanced CT), as PACS conversions produce it.
+    highdicom.legacy.LegacyConvertedEnhancedCTImage([pydicom.dcmread(p) for p in paths], generate_uid(), 7,
+                                                    generate_uid(), 1).save_as(str(tmp_path / "legacy" / "ct.dcm"))
     volumes, dead = ct_io.discover(str(tmp_path))
-    assert dead == [] and sorted(volumes) == ["enhanced", "single"]
-    enhanced = ct_io.read_volume(volumes["enhanced"])
-    _assert_same_image(enhanced, ct_io.read_volume(volumes["single"]))
-    _assert_same_image(enhanced, _gdcm_reference(tmp_path / "single"))
-    np.testing.assert_array_equal(sitk.GetArrayFromImage(enhanced), volume)
+    assert dead == [] and sorted(volumes) == ["enhanced", "legacy", "single"]
+    assert [len(volumes[name].dicom_files) for name in ("enhanced", "legacy")] == [1, 1]
+    single = ct_io.read_volume(volumes["single"])
+    _assert_same_image(single, _gdcm_reference(tmp_path / "single"))
+    for name in ("enhanced", "legacy"):
+        multi_frame = ct_io.read_volume(volumes[name])
+        _assert_same_image(multi_frame, single)
+        np.testing.assert_array_equal(sitk.GetArrayFromImage(multi_frame), volume)
 
 
 def _gdcm_transcode(path, syntax):
