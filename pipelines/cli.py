@@ -380,9 +380,12 @@ def preprocess_ct(
     context: typer.Context,
     input_path: Annotated[str, typer.Option("--input", help="A CT file, or a directory of DICOM series / NIfTI / NRRD / MetaImage files.")],
     output: ConversionOutput,
-    labels: Annotated[str | None, typer.Option(help="Label maps: a directory with a file named like each image, or a CSV with image,label rows.")] = None,
-    spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = "1.0,1.0,1.0",
-    window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1].")] = "-1000,1000",
+    labels: Annotated[str | None, typer.Option(help="Label maps: a directory with a file named like each image, or a CSV with image,label rows. Omit for layouts whose names pair them (nnU-Net/MSD imagesTr+labelsTr, KiTS case folders, CASE_image+CASE_label).")] = None,
+    spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = None,
+    window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1] (CT only; MR is z-scored).")] = "-1000,1000",
+    modality: Annotated[str, typer.Option(help="ct (HU window), mr (z-score per case), or auto (DICOM's Modality tag; for volume files, CT if the values look like HU).")] = "auto",
+    pseudonymize: Annotated[bool, typer.Option(help="Replace case ids by keyed hashes; the mapping back goes to OUTPUT.pseudonyms.json beside the output, never inside it.")] = False,
+    pseudonymize_key_file: Annotated[str | None, typer.Option(help="Key for --pseudonymize (share it between splits); default OUTPUT.pseudonym-key, generated once.")] = None,
     shape: Annotated[str | None, typer.Option(help="Crop or pad every case to D,H,W (choose sizes your partitioning accepts).")] = None,
     spacing_tolerance: Annotated[float, typer.Option(help="DICOM slice gaps may vary by this fraction of their median; beyond it slices are interpolated onto a uniform grid (noted in summary.json).")] = 0.05,
     classes: Annotated[str | None, typer.Option(help="Class names of DICOM SEG segments / RTSTRUCT ROIs, NAME1,NAME2,... (NAME1 is class 1), or a label_map.json of a previous run.")] = None,
@@ -404,13 +407,14 @@ def preprocess_ct(
     try:
         config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
                                                   spacing_tolerance=spacing_tolerance,
-                                                  classes=ct_transforms.class_names(classes) if classes else ())
+                                                  classes=ct_transforms.class_names(classes) if classes else (),
+                                                  modality=modality)
     except ValueError as error:
         _fail(str(error))
     _run_conversion(
         ct_pipeline.run, input_path=input_path, output=output, labels=labels, config=config,
         pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
-        max_failed_fraction=max_failed_fraction,
+        max_failed_fraction=max_failed_fraction, pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
     )
 
 

@@ -198,6 +198,7 @@ def run(
     max_failed_fraction: float = 0.1,
     extra_files: dict[str, object] | None = None,
     notes: Sequence[dict] = (),
+    summary_fields: Callable[[dict], dict] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Runs `convert` over `items` with Beam and publishes the output directory.
@@ -216,6 +217,7 @@ def run(
         notes: dead-letter-shaped records of inputs set aside or repaired
             without failing (a duplicate file dropped, slices resampled):
             written to `notes.json` and counted by reason in the summary.
+        summary_fields: more summary entries, computed from the run's counters (by name).
 
     Returns:
         The summary written to `summary.json`.
@@ -249,6 +251,7 @@ def run(
         "reasons": dict(sorted(collections.Counter(letter["reason"] for letter in letters).items())),
         "shards": [m.path.rsplit("/", 1)[-1] for m in shards],
         "bytes": sum(m.size_in_bytes for m in shards),
+        **(summary_fields(counters) if summary_fields else {}),
     }
     if notes:
         summary["notes"] = dict(sorted(collections.Counter(note["reason"] for note in notes).items()))

@@ -19,7 +19,7 @@ import nibabel
 import numpy as np
 import SimpleITK as sitk
 
-from preprocessing import dicom_labels, dicom_series
+from preprocessing import ct_layouts, dicom_labels, dicom_series
 from preprocessing.conversion import dead_letter
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
@@ -49,6 +49,7 @@ class VolumeSource:
     series_uid: str = ""
     dicom_label: str = ""  # "SEG" or "RTSTRUCT"
     notes: tuple[tuple[str, str, str], ...] = ()
+    name: str = ""  # how outputs name it: the path relative to the input root, or a pseudonym (`identifiers`)
 
     @property
     def is_dicom(self) -> bool:
@@ -75,37 +76,83 @@ def case_id_of(path: str) -> str:
 
 def discover(root: str, spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE
              ) -> tuple[dict[str, VolumeSource], list[dict]]:
-    """Finds every volume under `root` (a file or a directory tree).
+    """Finds every image volume under `root` (a file or a directory tree).
 
     Returns:
         (volumes by case id, dead letters for files that could not be used).
-        A DICOM series takes the name of its directory as case id; when a
-        directory holds several series, its SeriesNumber (and where needed the
-        end of its SeriesInstanceUID) is appended (`dicom_volumes`). DICOM SEG
-        and RTSTRUCT files are returned too, under `dicom_label`.
+        Label maps named as such (`ct_layouts`) are not images and are left
+        out; DICOM SEG and RTSTRUCT files are returned, under `dicom_label`.
+    """
+    found = find_volumes(root, spacing_tolerance=spacing_tolerance)
+    return {**found.images, **{key: source for key, source in found.labels.items() if source.dicom_label}}, found.dead
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """The volumes under one root, by role and case id (see `find_volumes`)."""
+
+    images: dict[str, VolumeSource]
+    labels: dict[str, VolumeSource]
+    layouts: dict[str, str]  # (role, case id) -> the layout its name follows, where one does
+    notes: tuple[str, ...]
+    dead: list[dict]
+
+
+def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: frozenset[str] = frozenset(),
+                 spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> Found:
+    """Finds every volume under `root` and sorts it into images and label maps by its name (`ct_layouts`).
+
+    A DICOM series takes the name of its directory as case id (`dicom_volumes`)
+    and the role `neutral_role`; DICOM SEG and RTSTRUCT files are label maps,
+    keyed `MODALITY:path` until pairing gives them the case of their series. A
+    file given as `root` itself is taken in `neutral_role`.
+
+    Args:
+        root: a file or a directory tree.
+        neutral_role: the role of volumes whose names do not say (`ct_layouts.IMAGE` or `ct_layouts.LABEL`).
+        exclude: absolute real paths of files or directories to leave out (the other side's files).
+        spacing_tolerance: see `dicom_series.read_series`.
     """
     if not os.path.exists(root):
         raise FileNotFoundError(f"input {root!r} does not exist; pass a CT file or a directory of CT files.")
+    root = os.path.abspath(root)
     files = [root] if os.path.isfile(root) else sorted(
         os.path.join(directory, name)
         for directory, _, names in os.walk(root)
         for name in names
         if not name.startswith(".")
     )
-    volumes: dict[str, VolumeSource] = {}
+    files = [path for path in files if not _excluded(path, exclude)]
     dead: list[dict] = []
-    other_files = []
+    other_files: list[str] = []
+    volume_files: list[tuple[str, str]] = []
     for path in files:
         lower = path.lower()
         if lower.endswith(VOLUME_SUFFIXES):
-            _add(volumes, dead, case_id_of(path), VolumeSource(path))
+            volume_files.append((path, case_id_of(path)))
         elif not lower.endswith(IGNORED_SUFFIXES):
             other_files.append(path)
-    dicom, dicom_dead = dicom_volumes(other_files, set(volumes), spacing_tolerance)
+    if os.path.isfile(root):
+        path, stem = volume_files[0] if volume_files else (None, None)
+        named = ct_layouts.name_file(path, stem) if path else None
+        classified = ct_layouts.Classified(
+            (dataclasses.replace(named, role=neutral_role),) if named and neutral_role == ct_layouts.IMAGE else (),
+            (dataclasses.replace(named, role=neutral_role),) if named and neutral_role == ct_layouts.LABEL else ())
+    else:
+        classified = ct_layouts.classify(volume_files, neutral_role)
+    images: dict[str, VolumeSource] = {}
+    labels: dict[str, VolumeSource] = {}
+    layouts = {}
+    for target, named_files in ((images, classified.images), (labels, classified.labels)):
+        for named in named_files:
+            if _add(target, dead, named.case_id, VolumeSource(named.path)) and named.layout:
+                layouts[(named.role, named.case_id)] = named.layout
+    neutral = images if neutral_role == ct_layouts.IMAGE else labels
+    dicom, dicom_dead = dicom_volumes(other_files, set(neutral), spacing_tolerance)
     dead.extend(dicom_dead)
-    for case_id, source in dicom.items():
-        _add(volumes, dead, case_id, source)
-    return volumes, dead
+    for key, source in dicom.items():
+        _add(labels if source.dicom_label else neutral, dead, key, source)
+    return Found(images, labels, layouts, classified.notes, dead)
 
 
 def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
@@ -122,42 +169,163 @@ def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
     return volumes, dead
 
 
-def _add(volumes: dict, dead: list, case_id: str, source: VolumeSource) -> None:
+def _excluded(path: str, exclude: frozenset[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == item or real.startswith(item.rstrip(os.sep) + os.sep) for item in exclude)
+
+
+def _add(volumes: dict, dead: list, case_id: str, source: VolumeSource) -> bool:
     if case_id in volumes:
         dead.append(dead_letter(source.path, "discover", "duplicate_case_id",
                                 f"case id {case_id!r} is also used by {volumes[case_id].path}; rename one of them"))
-    else:
-        volumes[case_id] = source
+        return False
+    volumes[case_id] = source
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Pairing:
+    """Cases with their label maps, the inputs that could not be paired, and how the pairs were found.
+
+    Attributes:
+        cases: the cases to convert.
+        dead: dead letters for files that could not be paired (each names its file).
+        layout: how images and labels were paired: `nnunet`, `msd`, `kits`,
+            `side_by_side`, `same_names` (a labels folder with the images' names),
+            `manifest`, or `unlabelled`; several joined by `+`.
+        notes: files a layout names but that were not converted, one sentence per kind.
+        roots: absolute input and labels locations (for relative names in outputs).
+    """
+
+    cases: list[CaseSource]
+    dead: list[dict]
+    layout: str
+    notes: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()
+
+
+def pair(input_path: str, labels: str | None = None,
+         spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> Pairing:
+    """Finds the cases under `input_path` and pairs each with its label map.
+
+    Label maps come from the names under `input_path` (the layouts of
+    `ct_layouts`), from DICOM SEG/RTSTRUCT files (the case of the series they
+    reference), from a `labels` folder (same case ids), or from a manifest CSV
+    (`image,label` rows). A file is never paired with itself, and a label map
+    is never a case. Once any case has a label map, a case without one is a
+    dead letter.
+
+    Raises:
+        FileNotFoundError: `input_path` or `labels` does not exist.
+        ValueError: `labels` is the input folder but no file name there says
+            which files are label maps; or the manifest has no header.
+    """
+    input_real = os.path.realpath(input_path)
+    roots = (os.path.abspath(input_path),) + ((os.path.abspath(labels),) if labels is not None else ())
+    if labels is not None and os.path.isfile(labels) and labels.lower().endswith(".csv"):
+        rows = _manifest_rows(labels)
+        label_files = frozenset(os.path.realpath(label) for _, image, label in rows
+                                if os.path.realpath(label) != os.path.realpath(image))
+        found = find_volumes(input_path, exclude=label_files, spacing_tolerance=spacing_tolerance)
+        dead = list(found.dead)
+        by_manifest = _match_manifest(labels, rows, found.images, dead)
+        by_case, ambiguous = _merge_labels([found.labels, by_manifest], found.images, dead)
+        cases, pair_dead = _match(_without(found.images, ambiguous), by_case, f"manifest {labels}")
+        return Pairing(cases, dead + pair_dead, "manifest", found.notes, roots)
+    if labels is not None and not os.path.exists(labels):
+        raise FileNotFoundError(f"--labels {labels!r} does not exist; pass a folder of label maps or a manifest CSV.")
+    if labels is None or os.path.realpath(labels) == input_real:
+        found = find_volumes(input_path, spacing_tolerance=spacing_tolerance)
+        if labels is not None and found.images and not found.labels:
+            raise ValueError(
+                f"--labels {labels} is the --input folder, and no file name there says which files are label maps; "
+                "put the label maps in a folder of their own with the images' file names, name them like "
+                "CASE_label.nii.gz beside CASE_image.nii.gz (or _seg/_mask beside _img/_ct), or pass a manifest CSV "
+                "with image,label rows as --labels.")
+        if not found.labels:
+            return Pairing([CaseSource(case_id, source) for case_id, source in sorted(found.images.items())],
+                           list(found.dead), "unlabelled", found.notes, roots)
+        dead = list(found.dead)
+        by_case, ambiguous = _merge_labels([found.labels], found.images, dead)
+        cases, pair_dead = _match(_without(found.images, ambiguous), by_case, input_path, found.layouts)
+        return Pairing(cases, dead + pair_dead, _layout_name(cases, found.layouts, "same_names"), found.notes, roots)
+    labels_real = os.path.realpath(labels)
+    # One location may hold the other (labels/ inside the input, or the input inside the labels' folder):
+    # each side leaves the other's files out, so no file is both an image and a label map.
+    input_inside_labels = _excluded(input_real, frozenset({labels_real}))
+    found = find_volumes(input_path, exclude=frozenset() if input_inside_labels else frozenset({labels_real}),
+                         spacing_tolerance=spacing_tolerance)
+    label_found = find_volumes(labels, ct_layouts.LABEL, exclude=frozenset({input_real}),
+                               spacing_tolerance=spacing_tolerance)
+    dead = found.dead + label_found.dead
+    # Label maps named as such beside the images count too; two for one case are refused.
+    by_case, ambiguous = _merge_labels([label_found.labels, found.labels], found.images, dead)
+    layouts = {**label_found.layouts, **found.layouts}
+    cases, pair_dead = _match(_without(found.images, ambiguous), by_case, labels, layouts)
+    return Pairing(cases, dead + pair_dead, _layout_name(cases, layouts, "same_names"),
+                   found.notes + label_found.notes, roots)
+
+
+def _merge_labels(sources: list[dict[str, VolumeSource]], images: dict[str, VolumeSource], dead: list
+                  ) -> tuple[dict[str, VolumeSource], set[str]]:
+    """Label maps by case id from several places; a case with two is a dead letter naming both files.
+
+    Returns:
+        (label maps by case id, the case ids that had more than one).
+    """
+    by_case: dict[str, VolumeSource] = {}
+    ambiguous: set[str] = set()
+    for labels in sources:
+        others, dicom_by_case, dicom_dead = _dicom_labels_by_case(labels, images)
+        dead.extend(dicom_dead)
+        for group in (others, dicom_by_case):
+            for case_id, source in sorted(group.items()):
+                if case_id in ambiguous:
+                    continue
+                if case_id in by_case:
+                    dead.append(dead_letter(source.path, "pair", "ambiguous_label",
+                                            f"case {case_id!r} has two label maps, {source.path} and "
+                                            f"{by_case[case_id].path}; keep one of them"))
+                    ambiguous.add(case_id)
+                    del by_case[case_id]
+                else:
+                    by_case[case_id] = source
+    return by_case, ambiguous
+
+
+def _without(images: dict[str, VolumeSource], case_ids: set[str]) -> dict[str, VolumeSource]:
+    return {case_id: source for case_id, source in images.items() if case_id not in case_ids}
+
+
+def _layout_name(cases: list[CaseSource], layouts: dict, default: str) -> str:
+    names = {layouts.get((ct_layouts.IMAGE, c.case_id)) or layouts.get((ct_layouts.LABEL, c.case_id)) or default
+             for c in cases}
+    return "+".join(sorted(names)) or default
 
 
 def pair_with_labels(images: dict[str, VolumeSource], labels: str | None) -> tuple[list[CaseSource], list[dict]]:
-    """Pairs images with label maps from a directory (same case id) or a manifest CSV (`image,label` rows).
+    """Pairs images (as `discover` returns them) with label maps from a directory or a manifest CSV.
+
+    DICOM SEG/RTSTRUCT files among `images` label the case of their series.
 
     Returns:
         (cases, dead letters): an image without a label is a dead letter when
         labels were asked for; a label without an image is reported too.
     """
-    images, by_case, dead = _dicom_labels_by_case(images, images)
+    images, in_input, dead = _dicom_labels_by_case(images, images)
     if labels is None:
-        return [CaseSource(case_id, source, by_case.get(case_id)) for case_id, source in sorted(images.items())], dead
+        return [CaseSource(case_id, source, in_input.get(case_id)) for case_id, source in sorted(images.items())], dead
     if os.path.isfile(labels) and labels.lower().endswith(".csv"):
-        by_case.update(_read_manifest(labels, images, dead))
+        found = _match_manifest(labels, _manifest_rows(labels), images, dead)
+        where = f"manifest {labels}"
     else:
-        found, label_dead = discover(labels)
-        dead.extend(label_dead)
-        found, dicom_labels_found, dicom_dead = _dicom_labels_by_case(found, images)
-        dead.extend(dicom_dead)
-        by_case.update({**found, **dicom_labels_found})
-    cases = []
-    for case_id, source in sorted(images.items()):
-        label = by_case.get(case_id)
-        if label is None:
-            dead.append(dead_letter(source.path, "pair", "missing_label", f"no label map for case {case_id!r} in {labels}"))
-        else:
-            cases.append(CaseSource(case_id, source, label))
-    for case_id in sorted(set(by_case) - set(images)):
-        dead.append(dead_letter(by_case[case_id].path, "pair", "missing_image", f"label for case {case_id!r} has no image"))
-    return cases, dead
+        exclude = frozenset(os.path.realpath(source.path) for source in images.values())
+        label_found = find_volumes(labels, ct_layouts.LABEL, exclude=exclude)
+        found, where = label_found.labels, labels
+        dead.extend(label_found.dead)
+    by_case, ambiguous = _merge_labels([in_input, found], images, dead)
+    cases, pair_dead = _match(_without(images, ambiguous), by_case, where)
+    return cases, dead + pair_dead
 
 
 def _dicom_labels_by_case(volumes: dict[str, VolumeSource], images: dict[str, VolumeSource]
@@ -186,23 +354,52 @@ def _dicom_labels_by_case(volumes: dict[str, VolumeSource], images: dict[str, Vo
     return others, by_case, dead
 
 
-def _read_manifest(path: str, images: dict[str, VolumeSource], dead: list) -> dict[str, VolumeSource]:
+def _match(images: dict[str, VolumeSource], labels: dict[str, VolumeSource], where: str,
+           layouts: dict | None = None) -> tuple[list[CaseSource], list[dict]]:
+    """Cases for the images with a label map of the same case id; dead letters for the rest."""
+    dead: list[dict] = []
+    cases = []
+    for case_id, source in sorted(images.items()):
+        label = labels.get(case_id)
+        if label is None:
+            dead.append(dead_letter(source.path, "pair", "missing_label", f"no label map for case {case_id!r} in {where}"))
+        elif os.path.realpath(label.path) == os.path.realpath(source.path):
+            dead.append(dead_letter(source.path, "pair", "label_is_image",
+                                    f"{source.path} would be the label map of itself (case {case_id!r}); give the "
+                                    "case its own label map"))
+        else:
+            cases.append(CaseSource(case_id, source, label))
+    for case_id in sorted(set(labels) - set(images)):
+        dead.append(dead_letter(labels[case_id].path, "pair", "missing_image",
+                                f"label map {labels[case_id].path} of case {case_id!r} has no image"))
+    return cases, dead
+
+
+def _manifest_rows(path: str) -> list[tuple[str, str, str]]:
+    """(where, absolute image path, absolute label path) per row; paths are relative to the manifest's folder."""
     base = os.path.dirname(os.path.abspath(path))
-    by_image_path = {os.path.abspath(source.path): case_id for case_id, source in images.items()}
-    by_case = {}
     with open(path, newline="") as file:
         reader = csv.DictReader(file)
         if reader.fieldnames is None or not {"image", "label"} <= set(reader.fieldnames):
             raise ValueError(f"manifest {path} needs a header row with the columns image,label.")
-        for line, row in enumerate(reader, start=2):
-            image_path = os.path.abspath(os.path.join(base, row["image"]))
-            label_path = os.path.join(base, row["label"])
-            case_id = by_image_path.get(image_path)
-            if case_id is None:
-                dead.append(dead_letter(f"{path}:{line}", "pair", "missing_image",
-                                        f"manifest image {row['image']!r} is not among the input images"))
-            else:
-                by_case[case_id] = VolumeSource(label_path)
+        return [(f"{path}:{line}", os.path.abspath(os.path.join(base, row["image"])),
+                 os.path.abspath(os.path.join(base, row["label"]))) for line, row in enumerate(reader, start=2)]
+
+
+def _match_manifest(path: str, rows, images: dict[str, VolumeSource], dead: list) -> dict[str, VolumeSource]:
+    """Label maps by case id from manifest rows; rows naming no input image, or one file twice, are dead letters."""
+    by_image_path = {os.path.abspath(source.path): case_id for case_id, source in images.items()}
+    by_case = {}
+    for where, image_path, label_path in rows:
+        case_id = by_image_path.get(image_path)
+        if os.path.realpath(image_path) == os.path.realpath(label_path):
+            dead.append(dead_letter(where, "pair", "label_is_image",
+                                    f"manifest row names {image_path} as both image and label map; give it its own label map"))
+        elif case_id is None:
+            dead.append(dead_letter(where, "pair", "missing_image",
+                                    f"manifest image {image_path} is not among the input images"))
+        else:
+            by_case[case_id] = VolumeSource(label_path)
     return by_case
 
 

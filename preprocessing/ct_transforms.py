@@ -1,19 +1,44 @@
-"""One CT case to one training record: orient, resample, window, crop or pad.
+"""One CT case to one training record: put the label on the image grid, orient, resample, normalize, crop or pad.
 
 Plain functions on SimpleITK images and NumPy arrays, so they are tested
 directly and run unchanged inside a Beam `DoFn` on any runner.
+
+Intensities are normalized by modality. CT is clipped to the HU window and
+mapped onto [0, 1] (`ct_window`). MR has no physical unit, so it is not
+windowed: it is z-scored per case as nnU-Net does (`zscore`), over the non-zero
+voxels when they are under 3/4 of the volume (the background of skull-stripped
+or masked scans is exactly 0, and stays 0), else over the whole volume. The
+modality comes from `--modality`; with `auto`, from a DICOM series' Modality
+tag, and for volume files from the values (`looks_like_hu`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
+import os
 
 import numpy as np
+import pydicom
 import SimpleITK as sitk
 
 from preprocessing import ct_io, dicom_series, tfrecord_schema
 
 AIR_HU = -1024.0
+MODALITIES = ("auto", "ct", "mr")
+CT_WINDOW, ZSCORE = "ct_window", "zscore"
+# A label grid within this fraction of a voxel of the image grid is the same grid (nearest neighbour is exact).
+GRID_TOLERANCE_VOXELS = 0.1
+# Warnings counted in summary.json.
+WARNING_NON_HU = "ct_window_on_non_hu_values"
+WARNING_MODALITY = "modality_differs_from_dicom"
+LOGGER = logging.getLogger("fullres.preprocess")
+_WARNING_TEXT = {
+    WARNING_NON_HU: "a CT window was applied to values that do not look like Hounsfield units; check --modality "
+                    "and the scan's rescale slope/intercept",
+    WARNING_MODALITY: "--modality overrides the series' DICOM Modality tag",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +47,7 @@ class CtPreprocessConfig:
 
     Args:
         spacing: target voxel spacing in mm, (x, y, z); None keeps each case's own.
-        window: HU window (low, high) clipped and mapped onto [0, 1].
+        window: HU window (low, high) clipped and mapped onto [0, 1] (CT only).
         shape: target (D, H, W), centre-cropped or padded (with the window's low
             end and background label); None keeps the resampled size.
         orientation: canonical orientation code (DICOM convention, ITK's "LPS"
@@ -30,17 +55,20 @@ class CtPreprocessConfig:
         spacing_tolerance: DICOM slice gaps may vary by this fraction of their
             median; beyond it the slices are interpolated onto a uniform grid.
         classes: names of DICOM SEG segments / RTSTRUCT ROIs; name i is class i + 1.
+        modality: `ct` (HU window), `mr` (z-score), or `auto` (DICOM's
+            Modality tag, else `looks_like_hu`).
 
     Example:
         >>> config = CtPreprocessConfig(spacing=(1.5, 1.5, 2.0), window=(-160, 240), shape=(64, 128, 128))
     """
 
-    spacing: tuple[float, float, float] | None = (1.0, 1.0, 1.0)
+    spacing: tuple[float, float, float] | None = None
     window: tuple[float, float] = (-1000.0, 1000.0)
     shape: tuple[int, int, int] | None = None
     orientation: str = "LPS"
     spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE
     classes: tuple[str, ...] = ()
+    modality: str = "auto"
 
     def __post_init__(self):
         if not 0 <= self.spacing_tolerance < 1:
@@ -53,6 +81,8 @@ class CtPreprocessConfig:
             raise ValueError(f"--window needs LOW,HIGH with LOW < HIGH, got {self.window}.")
         if self.shape is not None and (len(self.shape) != 3 or min(self.shape) < 1):
             raise ValueError(f"--shape needs three positive sizes D,H,W, got {self.shape}.")
+        if self.modality not in MODALITIES:
+            raise ValueError(f"--modality {self.modality!r} is not known; use {', '.join(MODALITIES)}.")
 
 
 def class_names(text: str) -> tuple[str, ...]:
@@ -108,17 +138,161 @@ def crop_or_pad(array: np.ndarray, shape, fill) -> tuple[np.ndarray, np.ndarray]
     return output, start
 
 
-def _same_geometry(image: sitk.Image, label: sitk.Image) -> str | None:
-    if image.GetSize() != label.GetSize():
-        return f"label size {label.GetSize()} differs from image size {image.GetSize()}"
-    if not np.allclose(image.GetSpacing(), label.GetSpacing(), rtol=1e-3):
-        return f"label spacing {label.GetSpacing()} differs from image spacing {image.GetSpacing()}"
-    tolerance = 1e-2 * max(image.GetSpacing())
-    if not np.allclose(image.GetOrigin(), label.GetOrigin(), atol=tolerance):
-        return f"label origin {label.GetOrigin()} differs from image origin {image.GetOrigin()}"
-    if not np.allclose(image.GetDirection(), label.GetDirection(), atol=1e-4):
-        return "label direction differs from image direction"
-    return None
+def looks_like_hu(volume: np.ndarray) -> bool:
+    """True if the values look like Hounsfield units: CT, for `--modality auto` on volume files.
+
+    At least 90 % of the voxels lie in [-1100, 3100] HU and the 1st percentile is
+    at most -500 HU (air, around the body or in the lungs, is in every CT field
+    of view). Voxels at the volume's minimum below -1100 are left out first: the
+    padding some scanners write outside the round field of view (-2048, -3024).
+    Raw MR (no negative values) and z-scored data fail the air test. A CT
+    cropped to air-free tissue fails it too: pass `--modality ct` for those.
+    """
+    sample = np.asarray(volume).ravel()[:: max(1, volume.size // 1_000_000)]  # a million voxels decide
+    low = sample.min()
+    if low < -1100:
+        sample = sample[sample > low]
+    if sample.size == 0:
+        return False
+    in_range = np.count_nonzero((sample >= -1100) & (sample <= 3100)) / sample.size
+    return bool(in_range >= 0.9 and np.percentile(sample, 1) <= -500)
+
+
+def dicom_modality(source: ct_io.VolumeSource) -> str | None:
+    """The Modality tag of a DICOM series (`CT`, `MR`, ...), None for volume files or when it is absent."""
+    if not source.is_dicom:
+        return None
+    try:
+        header = pydicom.dcmread(source.dicom_files[0], stop_before_pixels=True, specific_tags=["Modality"])
+    except Exception:  # the reader reports unreadable files itself; here the tag is just unknown
+        return None
+    return str(getattr(header, "Modality", "") or "").upper() or None
+
+
+def choose_normalization(volume: np.ndarray, modality: str, dicom_tag: str | None) -> tuple[str, tuple[str, ...]]:
+    """`ct_window` or `zscore` for one case, and the warnings that come with it.
+
+    Args:
+        volume: the case's voxel values as read.
+        modality: the `--modality` setting (`auto`, `ct` or `mr`).
+        dicom_tag: the series' Modality tag, if it is DICOM.
+
+    Returns:
+        (normalization, warnings): `WARNING_NON_HU` when a CT window meets values
+        that do not look like HU; `WARNING_MODALITY` when `--modality` overrides a
+        different DICOM Modality tag.
+    """
+    hu = looks_like_hu(volume)
+    if modality == "auto":
+        kind = {"CT": "ct", "MR": "mr"}.get(dicom_tag or "") or ("ct" if hu else "mr")
+    else:
+        kind = modality
+    warnings = []
+    if kind == "ct" and not hu:
+        warnings.append(WARNING_NON_HU)
+    if modality != "auto" and dicom_tag in ("CT", "MR") and dicom_tag.lower() != modality:
+        warnings.append(WARNING_MODALITY)
+    return (CT_WINDOW if kind == "ct" else ZSCORE), tuple(warnings)
+
+
+def zscore(volume: np.ndarray) -> tuple[np.ndarray, tuple[float, float], float]:
+    """Z-scores a (D, H, W) volume as nnU-Net does for MR (see the module docstring).
+
+    Returns:
+        (normalized float32 volume, (mean, std) used, the value padding gets: the normalized background).
+    """
+    nonzero = volume != 0
+    use_mask = np.count_nonzero(nonzero) < 0.75 * volume.size
+    values = volume[nonzero] if use_mask else volume
+    if values.size == 0:
+        return np.zeros(volume.shape, np.float32), (0.0, 1.0), 0.0
+    mean, std = float(values.mean()), float(values.std())
+    std = std if std > 1e-8 else 1.0  # a constant volume stays constant instead of dividing by zero
+    normalized = ((volume - mean) / std).astype(np.float32)
+    if use_mask:
+        normalized[~nonzero] = 0.0
+        return normalized, (mean, std), 0.0
+    return normalized, (mean, std), float((volume.min() - mean) / std)
+
+
+def normalize(volume: np.ndarray, normalization: str, window: tuple[float, float]):
+    """Applies `ct_window` or `zscore` to a (D, H, W) volume.
+
+    Returns:
+        (float32 volume, the record's `window` field: the HU window, or the
+        z-score's (mean, std), the value padding gets).
+    """
+    if normalization == CT_WINDOW:
+        return window_and_scale(volume, window), tuple(window), 0.0
+    return zscore(volume)
+
+
+def _grid(image: sitk.Image) -> np.ndarray:
+    """(4, 4) affine from voxel index (x, y, z) to physical point (mm)."""
+    affine = np.eye(4)
+    affine[:3, :3] = np.array(image.GetDirection()).reshape(3, 3) @ np.diag(image.GetSpacing())
+    affine[:3, 3] = image.GetOrigin()
+    return affine
+
+
+def label_on_image_grid(image: sitk.Image, label: sitk.Image) -> sitk.Image:
+    """The label map on the image's voxel grid, when both cover the same physical grid.
+
+    The grids are compared in physical space, so a label stored with its axes
+    in another order or flipped (NIfTI from dcm2niix, nibabel, 3D Slicer,
+    TotalSegmentator beside a DICOM series) pairs. Callers reorient both to the
+    canonical orientation first (`sitk.DICOMOrient`), after which such a label
+    has the image's grid and is returned as it is. Otherwise every label voxel
+    centre must land within `GRID_TOLERANCE_VOXELS` of an image voxel centre, one
+    to one, and the label is resampled onto the image grid by nearest neighbour,
+    which only reorders its voxels.
+
+    Raises:
+        ct_io.CaseError: `geometry_mismatch`, naming the difference in mm.
+    """
+    if (image.GetSize() == label.GetSize() and np.allclose(image.GetSpacing(), label.GetSpacing(), rtol=1e-3)
+            and np.allclose(image.GetOrigin(), label.GetOrigin(), atol=1e-2 * max(image.GetSpacing()))
+            and np.allclose(image.GetDirection(), label.GetDirection(), atol=1e-4)):
+        return label
+    to_image = np.linalg.inv(_grid(image)) @ _grid(label)  # label index -> image continuous index
+    linear = np.round(to_image[:3, :3])
+    signed_permutation = (np.all(np.isin(linear, (-1.0, 0.0, 1.0)))
+                          and np.all(np.abs(linear).sum(axis=0) == 1) and np.all(np.abs(linear).sum(axis=1) == 1))
+    corners = np.array([[*corner, 1.0] for corner in itertools.product(*[(0, n - 1) for n in label.GetSize()])]).T
+    mapped = (to_image @ corners)[:3]  # (3, 8) image indices of the label's corner voxels
+    image_corners = {tuple(c) for c in itertools.product(*[(0, n - 1) for n in image.GetSize()])}
+    if (signed_permutation and np.abs(mapped - np.round(mapped)).max() <= GRID_TOLERANCE_VOXELS
+            and {tuple(int(v) for v in c) for c in np.round(mapped).T} == image_corners):
+        return sitk.Resample(label, image, sitk.Transform(), sitk.sitkNearestNeighbor, 0, label.GetPixelID())
+    raise ct_io.CaseError("validate", "geometry_mismatch", describe_grid_mismatch(image, label))
+
+
+def describe_grid_mismatch(image: sitk.Image, label: sitk.Image) -> str:
+    """One sentence on how the label's grid differs from the image's, in mm, after reorienting both to LPS."""
+    image, label = sitk.DICOMOrient(image, "LPS"), sitk.DICOMOrient(label, "LPS")
+    parts = []
+    image_spacing, label_spacing = np.array(image.GetSpacing()), np.array(label.GetSpacing())
+    if not np.allclose(image_spacing, label_spacing, rtol=1e-3):
+        parts.append(f"label voxels are {_mm(label_spacing)} mm, image voxels {_mm(image_spacing)} mm")
+    image_extent = (np.array(image.GetSize()) - 1) * image_spacing
+    label_extent = (np.array(label.GetSize()) - 1) * label_spacing
+    if np.abs(image_extent - label_extent).max() > GRID_TOLERANCE_VOXELS * image_spacing.min():
+        parts.append(f"the label spans {_mm(label_extent)} mm ({'×'.join(map(str, label.GetSize()))} voxels), "
+                     f"the image {_mm(image_extent)} mm ({'×'.join(map(str, image.GetSize()))} voxels)")
+    shift = np.array(label.GetOrigin()) - np.array(image.GetOrigin())
+    if np.linalg.norm(shift) > GRID_TOLERANCE_VOXELS * image_spacing.min():
+        parts.append(f"the label's first voxel is {np.linalg.norm(shift):.1f} mm from the image's "
+                     f"(x, y, z shift {_mm(shift, ', ')} mm)")
+    rotation = np.array(image.GetDirection()).reshape(3, 3).T @ np.array(label.GetDirection()).reshape(3, 3)
+    angle = float(np.degrees(np.arccos(np.clip((np.trace(rotation) - 1) / 2, -1.0, 1.0))))
+    if angle > 0.1:
+        parts.append(f"the label's axes are rotated {angle:.1f}° from the image's")
+    return ("the label map does not cover the image's voxel grid: " + "; ".join(parts or ["the grids differ"])
+            + "; use the label map made for this image, or resample it onto the image first")
+
+
+def _mm(values, separator: str = "×") -> str:
+    return separator.join(f"{v:.4g}" for v in values)
 
 
 def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrecord_schema.CtRecord:
@@ -134,27 +308,28 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
     if not np.isfinite(values).all():
         raise ct_io.CaseError("validate", "non_finite_voxels",
                               f"{int(np.size(values) - np.isfinite(values).sum())} voxels are NaN or infinite")
+    normalization, warnings = choose_normalization(values, config.modality, dicom_modality(case.image))
+    background = AIR_HU if normalization == CT_WINDOW else float(values.min())
+    raw_image, image = image, sitk.DICOMOrient(image, config.orientation)
     if case.label is not None:
-        label = ct_io.read_volume(case.label, sitk.sitkUInt8, reference=image, classes=config.classes)
-        mismatch = _same_geometry(image, label)
-        if mismatch:
-            raise ct_io.CaseError("validate", "geometry_mismatch", mismatch)
+        label = ct_io.read_volume(case.label, sitk.sitkUInt8, reference=raw_image, classes=config.classes)
+        label = label_on_image_grid(image, sitk.DICOMOrient(label, config.orientation))
     else:
         label = sitk.Image(image.GetSize(), sitk.sitkUInt8)
         label.CopyInformation(image)
 
-    image = sitk.DICOMOrient(image, config.orientation)
-    label = sitk.DICOMOrient(label, config.orientation)
-    image = resample(image, config.spacing, sitk.sitkLinear, AIR_HU, sitk.sitkFloat32)
+    image = resample(image, config.spacing, sitk.sitkLinear, background, sitk.sitkFloat32)
     label = resample(label, config.spacing, sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)
 
     volume = sitk.GetArrayFromImage(image)  # (D, H, W)
     labels = sitk.GetArrayFromImage(label)  # (D, H, W)
     original_shape = volume.shape
-    scaled = window_and_scale(volume, config.window)
+    scaled, window, padding = normalize(volume, normalization, config.window)
+    for warning in warnings:
+        LOGGER.warning("case %s: %s (%s)", case.case_id, warning, _WARNING_TEXT[warning])
     origin = np.array(image.GetOrigin())
     if config.shape is not None:
-        scaled, start = crop_or_pad(scaled, config.shape, 0.0)
+        scaled, start = crop_or_pad(scaled, config.shape, padding)
         labels, _ = crop_or_pad(labels, config.shape, 0)
         # Output voxel 0 sits at input index `start` (z, y, x): move the origin there.
         index_xyz = start[::-1].astype(float)
@@ -162,12 +337,14 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
         origin = origin + direction @ (index_xyz * np.array(image.GetSpacing()))
     return tfrecord_schema.CtRecord(
         case_id=case.case_id,
-        source_path=case.image.path,
+        source_path=case.image.name or os.path.basename(case.image.path),
         image=scaled,
         label=labels,
         spacing=tuple(image.GetSpacing()),
         origin=tuple(origin.tolist()),
         direction=tuple(image.GetDirection()),
         original_shape=tuple(original_shape),
-        window=tuple(config.window),
+        window=window,
+        normalization=normalization,
+        warnings=warnings,
     )
