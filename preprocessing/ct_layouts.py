@@ -110,11 +110,11 @@ def classify(files: list[tuple[str, str]], neutral_role: str) -> Classified:
     notes: list[str] = []
     kits_folders = {os.path.dirname(n.path) for n in named if n.layout == "kits" and n.role == IMAGE}
     msd_parents = {os.path.dirname(os.path.dirname(n.path)) for n in named
-                   if n.layout == "msd" and os.path.basename(os.path.dirname(n.path)).lower() == "imagestr"}
+                   if os.path.basename(os.path.dirname(n.path)).lower() == "imagestr"}
     images, labels = [], []
     for item in named:
         folder = os.path.dirname(item.path)
-        if item.layout == "msd" and os.path.basename(folder).lower() == "imagests" and os.path.dirname(folder) in msd_parents:
+        if os.path.basename(folder).lower() == "imagests" and os.path.dirname(folder) in msd_parents:
             ignored.append((item.path, "test images beside imagesTr have no label maps; pass --input .../imagesTs to convert them"))
         elif item.channel not in (None, 0):
             ignored.append((item.path, "nnU-Net channels other than _0000; fullres trains on one channel"))
