@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from preprocessing import conversion, ct_io, ct_pipeline, ct_transforms
+from preprocessing import conversion, ct_io, ct_pipeline, ct_transforms, tfrecord_schema
 from trainer import ct_input
 
 IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
@@ -214,3 +214,10 @@ def test_cli_pairs_image_and_label_side_by_side_as_a_user_would(side_by_side, tm
         case_id = batch["case_id"][0].decode()
         np.testing.assert_array_equal(batch["label"][0], truth[case_id])  # the label map, not the CT cast to uint8
         assert batch["image"].min() >= 0 and batch["image"].max() <= 1
+    # No --spacing: each case keeps its own (1, 1, 2) mm instead of being resampled to 1 mm.
+    import tensorflow as tf
+
+    for serialized in tf.data.TFRecordDataset(str(tmp_path / "out" / "data-00000-of-00001.tfrecord")):
+        parsed = tfrecord_schema.parse_ct_example(serialized)
+        np.testing.assert_allclose(parsed["spacing"].numpy(), (1.0, 1.0, 2.0))
+        assert tuple(parsed["image"].shape[:3]) == (6, 8, 10) and parsed["normalization"].numpy() == b"ct_window"
