@@ -291,3 +291,24 @@ def test_every_bad_kind_is_a_dead_letter_in_one_cli_run(every_bad_kind):
     np.testing.assert_allclose(records["2"]["boxes"].numpy(), [[20 / 40, 10 / 60, 35 / 40, 40 / 60]], rtol=1e-6)
     assert list(records["4"]["labels"].numpy()) == [1]  # category 0 is stored as 1, not dropped
     assert json.loads((output / "label_map.json").read_text()) == {"zero": 1, "one": 2}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--extend-label-map"], "--extend-label-map extends the map given with --label-map; pass --label-map too, or "
+                             "drop the flag."),
+    (["--label-map", "{root}/nope.json"], "--label-map '{root}/nope.json' does not exist."),
+    (["--label-map", "{root}/label_map.json"], "class 'thing' in {root}/coco.json is not in the label map "
+                                               "{root}/label_map.json; add it there, or pass --extend-label-map to "
+                                               "give it the next free id."),
+])
+def test_label_map_refusals_on_the_command_line(bad_coco, extra, message):
+    (bad_coco / "label_map.json").write_text(json.dumps({"other": 1}))
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "preprocess", "images", "--annotations", str(bad_coco / "coco.json"),
+         "--images", str(bad_coco / "images"), "--output", str(bad_coco / "out"),
+         *[part.format(root=bad_coco) for part in extra]],
+        capture_output=True, text=True, env=environment, cwd=REPOSITORY, timeout=300,
+    )
+    assert result.returncode == 2 and result.stderr.strip() == f"fullres: error: {message.format(root=bad_coco)}"
+    assert not (bad_coco / "out").exists()
