@@ -65,7 +65,7 @@ class _Object:
 
 def safe_image_path(image_dir: str, file_name: str) -> str | None:
     """`image_dir/file_name`, or None if the name escapes `image_dir` (absolute, `..`, links out)."""
-    if os.path.isabs(file_name):
+    if os.path.isabs(file_name) or "\0" in file_name:
         return None
     root = os.path.realpath(image_dir)
     path = os.path.realpath(os.path.join(root, file_name))

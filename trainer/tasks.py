@@ -298,7 +298,7 @@ class DetectionTask:
         scores["eval_boxes_dropped_max_boxes"] = self.eval_boxes_dropped
         if self.eval_boxes_dropped:
             log(f"{self.eval_boxes_dropped} ground-truth boxes beyond {self.EVAL_MAX_BOXES} per image were left out of "
-                "the evaluation (a missed box among them would lower the mAP)")
+                "the evaluation; the mAP is computed without them")
         per_class = ", ".join(f"{name} {'n/a' if ap is None else f'{ap:.3f}'}" for name, ap in scores["per_class_AP"].items())
         log(f"COCO mAP {scores['mAP']:.3f}, mAP@0.5 {scores['mAP@0.5']:.3f} on {len(truths)} images; AP {per_class}")
         return scores

@@ -144,7 +144,7 @@ def test_convert_fn_in_test_pipeline(bad_coco):
 
 
 @pytest.mark.parametrize("name, safe", [("a.png", True), ("sub/a.png", True), ("../a.png", False),
-                                        ("sub/../../a.png", False), ("/abs/a.png", False)])
+                                        ("sub/../../a.png", False), ("/abs/a.png", False), ("a\0.png", False)])
 def test_safe_image_path(tmp_path, name, safe):
     assert (annotations.safe_image_path(str(tmp_path), name) is not None) == safe
 
