@@ -424,6 +424,9 @@ def preprocess_images(
     annotations: Annotated[str, typer.Option(help="A COCO JSON file, or a directory of Pascal VOC XML files.")],
     images: Annotated[str, typer.Option(help="The directory the annotations' file names are relative to.")],
     output: ConversionOutput,
+    label_map: Annotated[str | None, typer.Option(help="label_map.json of a previous conversion (e.g. the training split): class ids are taken from it, so every split agrees.")] = None,
+    extend_label_map: Annotated[bool, typer.Option(help="Give a class the --label-map lacks the next free id (default: refuse it).")] = False,
+    max_pixels: Annotated[int, typer.Option(help="Images over this many pixels (read from the header) are dead letters: decompression bombs.")] = 100_000_000,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -431,15 +434,18 @@ def preprocess_images(
     workers: Workers = None,
 ) -> None:
     """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
-    for name, path in (("--annotations", annotations), ("--images", images)):
-        if "://" not in path and not os.path.exists(path):
+    for name, path in (("--annotations", annotations), ("--images", images), ("--label-map", label_map)):
+        if path is not None and "://" not in path and not os.path.exists(path):
             _fail(f"{name} {path!r} does not exist.")
+    if extend_label_map and label_map is None:
+        _fail("--extend-label-map extends the map given with --label-map; pass --label-map too, or drop the flag.")
     from preprocessing import images_pipeline
 
     _run_conversion(
         images_pipeline.run, annotations=annotations, images=images, output=output,
         pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
-        max_failed_fraction=max_failed_fraction,
+        max_failed_fraction=max_failed_fraction, label_map=label_map, extend_label_map=extend_label_map,
+        max_pixels=max_pixels,
     )
 
 

@@ -145,7 +145,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         image_ndim=len(image_shape),
         label_sharding=task.label_sharding(distribution, len(image_shape)),
     )
-    batches = task.batches(start_step)
+    batches = task.batches(start_step, log)
     writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
 
     started = time.perf_counter()
@@ -192,6 +192,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         "input_partition_dims": list(config.partition.input_partition_dims),
         "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.shape)},
         "precision": config.precision,
+        **task.input_counts(),  # e.g. detection boxes beyond max_boxes
         "config": config_lib.to_dict(config),
     }
     if config.eval_data:
