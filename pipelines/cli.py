@@ -389,6 +389,9 @@ def preprocess_ct(
     shape: Annotated[str | None, typer.Option(help="Crop or pad every case to D,H,W (choose sizes your partitioning accepts).")] = None,
     spacing_tolerance: Annotated[float, typer.Option(help="DICOM slice gaps may vary by this fraction of their median; beyond it slices are interpolated onto a uniform grid (noted in summary.json).")] = 0.05,
     classes: Annotated[str | None, typer.Option(help="Class names of DICOM SEG segments / RTSTRUCT ROIs, NAME1,NAME2,... (NAME1 is class 1), or a label_map.json of a previous run.")] = None,
+    crop: Annotated[str, typer.Option(help="Where --shape crops: center of the volume, or foreground (centred on the labelled voxels).")] = "center",
+    num_classes: Annotated[int | None, typer.Option(help="Classes including background: label values must be 0..N-1 (default: 0..255).")] = None,
+    max_voxels: Annotated[int, typer.Option(help="Cases with more voxels (read from the header, and after resampling) are dead letters.")] = 2**29,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -408,7 +411,8 @@ def preprocess_ct(
         config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
                                                   spacing_tolerance=spacing_tolerance,
                                                   classes=ct_transforms.class_names(classes) if classes else (),
-                                                  modality=modality)
+                                                  modality=modality, crop=crop, max_voxels=max_voxels,
+                                                  max_label=255 if num_classes is None else num_classes - 1)
     except ValueError as error:
         _fail(str(error))
     _run_conversion(

@@ -26,6 +26,8 @@ import logging
 import os
 import re
 import shutil
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -37,6 +39,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 METRICS_NAMESPACE = "fullres"
 DEAD_LETTER = "dead_letter"
+SUMMARY_COUNTER = "summary/"  # counters named summary/FIELD/KEY become summary.json's FIELD: {KEY: total}
 PROGRESS_LOGGER = logging.getLogger("fullres.progress")
 # Where the local runners deliver worker log lines: directly (in-memory runner), or
 # forwarded from worker processes by the job service (multi-processing DirectRunner).
@@ -58,6 +61,11 @@ def reject(letter: dict):
     Metrics.counter(METRICS_NAMESPACE, f"failed_{letter['reason']}").inc()
     PROGRESS_LOGGER.info("fullres-progress failed %s", letter["source"])
     return beam.pvalue.TaggedOutput(DEAD_LETTER, letter)
+
+
+def count(field: str, key, amount: int = 1) -> None:
+    """Adds `amount` to `summary.json`'s `field`[`key`] (a conversion's own summary fields, e.g. label values)."""
+    Metrics.counter(METRICS_NAMESPACE, f"{SUMMARY_COUNTER}{field}/{key}").inc(amount)
 
 
 def accept(serialized: bytes) -> bytes:
@@ -186,6 +194,128 @@ def publish(staging: str, output: str, last: str = "summary.json") -> None:
         FileSystems.rename([path], [FileSystems.join(output, path.rsplit("/", 1)[-1])])
 
 
+def _summary_fields(counters: dict) -> dict:
+    """`summary/FIELD/KEY` counters (see `count`) as {FIELD: {KEY: total}}, keys in numeric order where numeric."""
+    fields: dict[str, dict] = collections.defaultdict(dict)
+    for name, total in counters.items():
+        if name.startswith(SUMMARY_COUNTER) and total:
+            field, key = name[len(SUMMARY_COUNTER):].split("/", 1)
+            fields[field][key] = int(total)
+    order = lambda key: (0, int(key), "") if key.lstrip("-").isdigit() else (1, 0, key)  # noqa: E731
+    return {field: dict(sorted(values.items(), key=lambda item: order(item[0]))) for field, values in fields.items()}
+
+
+_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
+
+
+def _worker_processes() -> list[int]:
+    """Process ids of this process's local Beam SDK workers (Linux /proc; empty elsewhere)."""
+    children = collections.defaultdict(list)
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a process may end while we look
+            with open(f"/proc/{name}/stat", "rb") as file:
+                # The parent id is the 2nd field after the parenthesised command name, which may hold spaces.
+                children[int(file.read().rsplit(b")", 1)[1].split()[1])].append(int(name))
+    workers, pending = [], list(children[os.getpid()])
+    while pending:
+        pid = pending.pop()
+        pending.extend(children[pid])
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                if _WORKER_MODULE in file.read():
+                    workers.append(pid)
+    return workers
+
+
+class _DebugOnly(logging.Filter):
+    """Turns a logger's records that start with `prefix` into debug records of this module."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith(self.prefix):
+            return True
+        logging.getLogger(__name__).debug(record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+def _stop_workers(pipeline_thread: threading.Thread, wait_seconds: float = 10.0) -> None:
+    """Kills this process's local Beam workers, then lets the runner wind down (quietly) for a few seconds."""
+    beam_logger = logging.getLogger("apache_beam")
+    level = beam_logger.level
+    beam_logger.setLevel(logging.CRITICAL)  # the runner's complaints about the workers we killed are not for people
+    try:
+        for pid in _worker_processes():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        pipeline_thread.join(wait_seconds)
+    finally:
+        beam_logger.setLevel(level)
+
+
+def _run_watched(pipeline: beam.Pipeline, output: str, poll_seconds: float = 0.5):
+    """Runs `pipeline` to the end and returns its result; a worker that dies fails the run instead of hanging it.
+
+    Beam's local runner notices a dead worker process (the out-of-memory killer's
+    kill -9) only in the thread that started it, which raises and ends, while the
+    runner waits for that worker's results for good. So the pipeline runs in a
+    thread of its own, any thread's uncaught exception during the run counts as a
+    dead worker, and the run stops with one sentence; the remaining local workers
+    are stopped and the previous output is left as it was.
+    """
+    outcome: dict = {}
+    finished = threading.Event()
+    crashes: list[str] = []
+    previous_hook = threading.excepthook
+
+    def on_thread_exception(args) -> None:
+        crashes.append(f"{args.exc_type.__name__}: {args.exc_value}")
+        exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+        logging.getLogger(__name__).debug("thread %s failed", args.thread.name, exc_info=exc_info)
+        finished.set()
+
+    def execute() -> None:
+        try:
+            result = pipeline.run()
+            result.wait_until_finish()
+            outcome["result"] = result
+        except BaseException as error:  # handed to the caller's thread below
+            outcome["error"] = error
+        finally:
+            finished.set()
+
+    # The runner logs the dead worker's broken connection with a traceback before anything else notices; the
+    # sentence below says it for people, the traceback goes to debug logging.
+    data_plane = logging.getLogger("apache_beam.runners.worker.data_plane")
+    broken_connection = _DebugOnly("Failed to read inputs")
+    data_plane.addFilter(broken_connection)
+    threading.excepthook = on_thread_exception
+    try:
+        # A daemon thread: the threads Beam starts from it are daemons too, so a stuck runner cannot hold the exit.
+        pipeline_thread = threading.Thread(target=execute, name="fullres-pipeline", daemon=True)
+        pipeline_thread.start()
+        while not finished.wait(poll_seconds):
+            pass
+        if crashes and "result" not in outcome:
+            _stop_workers(pipeline_thread)  # their threads' exceptions still land in this hook, not on the screen
+    finally:
+        threading.excepthook = previous_hook
+        data_plane.removeFilter(broken_connection)
+    if crashes and "result" not in outcome:
+        # The thread that waited on the dead worker says how it ended; other threads only see a broken connection.
+        crash = next((c for c in crashes if "exited with return code" in c), crashes[0])
+        killed = ": killed, as the out-of-memory killer does" if re.search(r"code (-9|137)$", crash) else ""
+        raise PreprocessingFailed(
+            f"a Beam worker died ({crash}{killed}), so the run stopped and {output} was left as it was; give "
+            f"each worker more memory (fewer --workers, or a lower --max-voxels) and rerun."
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
 def run(
     items: Sequence,
     early_dead_letters: Sequence[dict],
@@ -232,8 +362,7 @@ def run(
         pipeline = beam.Pipeline(options=options)
         build(pipeline, items, early_dead_letters, convert, staging, num_shards, compress)
         with _progress(len(items), log):
-            result = pipeline.run()
-            result.wait_until_finish()
+            result = _run_watched(pipeline, output)
     except BaseException:
         if _is_local(staging):
             shutil.rmtree(staging, ignore_errors=True)
@@ -251,6 +380,7 @@ def run(
         "reasons": dict(sorted(collections.Counter(letter["reason"] for letter in letters).items())),
         "shards": [m.path.rsplit("/", 1)[-1] for m in shards],
         "bytes": sum(m.size_in_bytes for m in shards),
+        **_summary_fields(counters),
         **(summary_fields(counters) if summary_fields else {}),
     }
     if notes:

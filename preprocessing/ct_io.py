@@ -433,6 +433,30 @@ def read_volume(source: VolumeSource, pixel_type=sitk.sitkFloat32, *, reference:
     return image
 
 
+def read_size(source: VolumeSource) -> tuple[tuple[int, int, int], tuple[float, float, float]]:
+    """A volume's size and spacing, both (x, y, z), from its header alone: no voxel is read or decompressed.
+
+    Raises:
+        CaseError: the header cannot be read.
+    """
+    try:
+        if source.is_dicom:
+            header = pydicom.dcmread(source.dicom_files[0], stop_before_pixels=True)
+            row_spacing, column_spacing = (float(v) for v in getattr(header, "PixelSpacing", (1.0, 1.0)))
+            frames = int(getattr(header, "NumberOfFrames", 1) or 1)  # multi-frame (enhanced) files hold many slices
+            size = (int(header.Columns), int(header.Rows), frames * len(source.dicom_files))
+            return size, (column_spacing, row_spacing, float(getattr(header, "SliceThickness", None) or 1.0))
+        reader = sitk.ImageFileReader()
+        reader.SetFileName(source.path)
+        reader.ReadImageInformation()
+    except RuntimeError as error:
+        raise CaseError("read", "unreadable", f"SimpleITK cannot read {source.path}: {str(error).strip().splitlines()[-1]}") from None
+    except Exception as error:  # pydicom raises many kinds for corrupt headers
+        raise CaseError("read", "unreadable", f"the header of {source.dicom_files[0]} cannot be read ({error})") from None
+    size = tuple(reader.GetSize()) + (1,) * (3 - reader.GetDimension())
+    return size[:3], tuple(reader.GetSpacing())[:3]
+
+
 def _check_nifti_finite(path: str) -> None:
     """Refuses NaN/Inf voxels in a NIfTI file.
 

@@ -45,7 +45,13 @@ class PreprocessCaseFn(beam.DoFn):
         Metrics.counter(conversion.METRICS_NAMESPACE, f"normalization_{record.normalization}").inc()
         for warning in record.warnings:
             Metrics.counter(conversion.METRICS_NAMESPACE, f"warning_{warning}").inc()
-        yield conversion.accept(tfrecord_schema.encode_ct_example(record))
+        serialized = tfrecord_schema.encode_ct_example(record)
+        for value in record.label_values:
+            conversion.count("label_values", value)  # cases holding each class id
+        for label_class, voxels in record.cropped_voxels:
+            conversion.count("cropped_voxels", label_class, voxels)
+            conversion.count("cropped_cases", label_class)
+        yield conversion.accept(serialized)
 
 
 def _summary_fields(pairing: ct_io.Pairing, notes: list[str], config: ct_transforms.CtPreprocessConfig,
@@ -127,4 +133,11 @@ def run(
     )
     for warning, count in summary["warnings"].items():
         log(f"warning: {count} case(s) {warning.replace('_', ' ')} (the workers' log names them; see summary.json)")
+    if summary.get("label_values"):
+        log(f"label values in the data: {', '.join(summary['label_values'])}")
+    if summary.get("cropped_voxels"):
+        cut = ", ".join(f"class {c}: {n:,} voxels in {summary['cropped_cases'][c]} cases"
+                        for c, n in summary["cropped_voxels"].items())
+        log(f"the crop to --shape {','.join(map(str, config.shape))} ({config.crop}) cut labelled voxels ({cut}); "
+            "see label/cropped_voxels in each record, and try --crop foreground or a larger --shape")
     return summary

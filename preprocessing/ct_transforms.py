@@ -39,6 +39,11 @@ _WARNING_TEXT = {
                     "and the scan's rescale slope/intercept",
     WARNING_MODALITY: "--modality overrides the series' DICOM Modality tag",
 }
+# 2**29 voxels: a 512×512 matrix with 2048 slices (the longest routine thin-slice scans) fits; a worker then holds
+# about 20 bytes per voxel at its peak (float32 image, its resampled copy, the array and windowed copies, labels),
+# some 10 GiB, which is what one worker of an ordinary 4-core, 64 GiB machine (or a Dataflow highmem worker) has.
+DEFAULT_MAX_VOXELS = 2**29
+CROPS = ("center", "foreground")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +62,12 @@ class CtPreprocessConfig:
         classes: names of DICOM SEG segments / RTSTRUCT ROIs; name i is class i + 1.
         modality: `ct` (HU window), `mr` (z-score), or `auto` (DICOM's
             Modality tag, else `looks_like_hu`).
+        max_label: the largest class id a label map may hold (`--num-classes` - 1;
+            255, the most a uint8 record stores, when not given).
+        max_voxels: the most voxels a case may have, read from the header before
+            decompressing, and after resampling; larger cases are dead letters.
+        crop: where `shape` crops: "center" of the volume, or "foreground",
+            centred on the labelled voxels' bounding box.
 
     Example:
         >>> config = CtPreprocessConfig(spacing=(1.5, 1.5, 2.0), window=(-160, 240), shape=(64, 128, 128))
@@ -69,6 +80,9 @@ class CtPreprocessConfig:
     spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE
     classes: tuple[str, ...] = ()
     modality: str = "auto"
+    max_label: int = 255
+    max_voxels: int = DEFAULT_MAX_VOXELS
+    crop: str = "center"
 
     def __post_init__(self):
         if not 0 <= self.spacing_tolerance < 1:
@@ -83,6 +97,12 @@ class CtPreprocessConfig:
             raise ValueError(f"--shape needs three positive sizes D,H,W, got {self.shape}.")
         if self.modality not in MODALITIES:
             raise ValueError(f"--modality {self.modality!r} is not known; use {', '.join(MODALITIES)}.")
+        if not 0 <= self.max_label <= 255:
+            raise ValueError(f"--num-classes must be 1 to 256 (records store class ids as uint8), got {self.max_label + 1}.")
+        if self.max_voxels < 1:
+            raise ValueError(f"--max-voxels must be positive, got {self.max_voxels}.")
+        if self.crop not in CROPS:
+            raise ValueError(f"--crop {self.crop!r} is not known; use center or foreground.")
 
 
 def class_names(text: str) -> tuple[str, ...]:
@@ -122,8 +142,13 @@ def resample(image: sitk.Image, spacing, interpolator, default_value: float, pix
     )
 
 
-def crop_or_pad(array: np.ndarray, shape, fill) -> tuple[np.ndarray, np.ndarray]:
-    """Centre-crops or pads (D, H, W) `array` to `shape`.
+def crop_or_pad(array: np.ndarray, shape, fill, centre=None) -> tuple[np.ndarray, np.ndarray]:
+    """Crops or pads (D, H, W) `array` to `shape`, around the volume's centre or `centre`.
+
+    Args:
+        centre: (z, y, x) index (may be fractional) the crop is centred on, moved
+            as little as needed to stay inside the volume; None: the volume's centre.
+            Axes that are padded are always padded evenly.
 
     Returns:
         (array, start): `start` (z, y, x) is the index in the input of output
@@ -131,6 +156,9 @@ def crop_or_pad(array: np.ndarray, shape, fill) -> tuple[np.ndarray, np.ndarray]
     """
     # Centre; an odd remainder is cropped from, or padded at, the end of the axis.
     start = np.array([(n - t) // 2 if n >= t else -((t - n) // 2) for n, t in zip(array.shape, shape)])
+    if centre is not None:
+        start = np.array([min(max(int(np.floor(c - t / 2 + 0.5)), 0), n - t) if n >= t else s
+                          for c, t, n, s in zip(centre, shape, array.shape, start)])
     output = np.full(shape, fill, array.dtype)
     source = tuple(slice(max(s, 0), max(s, 0) + min(t, n - max(s, 0))) for s, t, n in zip(start, shape, array.shape))
     target = tuple(slice(max(-s, 0), max(-s, 0) + (src.stop - src.start)) for s, src in zip(start, source))
@@ -295,12 +323,89 @@ def _mm(values, separator: str = "×") -> str:
     return separator.join(f"{v:.4g}" for v in values)
 
 
+def foreground_centre(labels: np.ndarray) -> tuple[float, ...] | None:
+    """The centre (z, y, x) of the bounding box of the labelled (non-zero) voxels; None if there are none."""
+    if not labels.any():
+        return None
+    centre = []
+    for axis in range(labels.ndim):
+        present = np.flatnonzero(labels.any(axis=tuple(a for a in range(labels.ndim) if a != axis)))
+        centre.append((present[0] + present[-1] + 1) / 2)
+    return tuple(centre)
+
+
+def class_counts(labels: np.ndarray) -> np.ndarray:
+    """Voxels of each class id 0..255 in a (D, H, W) uint8 label array, counted slice by slice (bounded memory)."""
+    counts = np.zeros(256, np.int64)
+    for plane in labels:
+        counts += np.bincount(plane.ravel(), minlength=256)
+    return counts
+
+
+def _listed(values) -> str:
+    shown = ", ".join(f"{v:g}" for v in values[:8])
+    return shown + (f" and {len(values) - 8} more" if len(values) > 8 else "")
+
+
+def check_label_values(label: sitk.Image, path: str, max_label: int) -> sitk.Image:
+    """Refuses a label map whose values are not class ids 0..`max_label`; returns it as uint8.
+
+    Float label maps are accepted when every value is a whole number.
+
+    Raises:
+        ct_io.CaseError: non-integer, negative or too large values, named in the detail.
+    """
+    values = sitk.GetArrayViewFromImage(label)
+    name = os.path.basename(os.path.normpath(path))  # a file, or a DICOM series' folder
+    if np.issubdtype(values.dtype, np.floating):
+        fractional = values != np.round(values)
+        if fractional.any():
+            raise ct_io.CaseError(
+                "validate", "non_integer_labels",
+                f"label map {name} holds non-integer values {_listed(np.unique(values[fractional]))}; labels must be "
+                f"whole class ids 0..{max_label}, not probabilities or interpolated values (resample label maps with "
+                "nearest-neighbour interpolation)")
+    if values.min() < 0 or values.max() > max_label:
+        outside = np.unique(values[(values < 0) | (values > max_label)])
+        rule = (f"for --num-classes {max_label + 1}; pass the data's number of classes" if max_label < 255
+                else "(class ids; fullres stores at most 256 classes)")
+        raise ct_io.CaseError("validate", "label_out_of_range",
+                              f"label map {name} holds values {_listed(outside)}; labels must be integers 0..{max_label} {rule}")
+    return sitk.Cast(label, sitk.sitkUInt8)
+
+
+def check_size(case: ct_io.CaseSource, config: CtPreprocessConfig) -> None:
+    """Refuses a case over `config.max_voxels`, from its headers, before any voxel is decompressed.
+
+    Raises:
+        ct_io.CaseError: `too_many_voxels`, with the size found; or `unreadable`.
+    """
+    advice = f"more than --max-voxels {config.max_voxels:,}; raise --max-voxels if each worker has about 20 bytes per voxel of memory"
+    for source in (case.image, case.label):
+        if source is None or source.dicom_label:  # a DICOM SEG/RTSTRUCT is drawn onto the image's grid
+            continue
+        size, spacing = ct_io.read_size(source)
+        voxels = int(np.prod(size, dtype=np.int64))
+        if voxels > config.max_voxels:
+            raise ct_io.CaseError("read", "too_many_voxels",
+                                  f"{source.path} holds {' x '.join(map(str, size))} = {voxels:,} voxels, {advice}")
+        if source is case.image and config.spacing is not None:
+            resampled = [max(1, int(round(n * s / t))) for n, s, t in zip(size, spacing, config.spacing)]
+            voxels = int(np.prod(resampled, dtype=np.int64))
+            if voxels > config.max_voxels:
+                raise ct_io.CaseError("read", "too_many_voxels",
+                                      f"{source.path} resampled to --spacing {','.join(f'{t:g}' for t in config.spacing)} "
+                                      f"would hold {' x '.join(map(str, resampled))} = {voxels:,} voxels, {advice}")
+
+
+
 def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrecord_schema.CtRecord:
     """Reads and transforms one case into a `CtRecord`.
 
     Raises:
         ct_io.CaseError: for anything wrong with this case (read, geometry, values).
     """
+    check_size(case, config)
     image = ct_io.read_volume(case.image, spacing_tolerance=config.spacing_tolerance)
     values = sitk.GetArrayViewFromImage(image)
     if values.size == 0:
@@ -312,11 +417,14 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
     background = AIR_HU if normalization == CT_WINDOW else float(values.min())
     raw_image, image = image, sitk.DICOMOrient(image, config.orientation)
     if case.label is not None:
-        label = ct_io.read_volume(case.label, sitk.sitkUInt8, reference=raw_image, classes=config.classes)
+        label = ct_io.read_volume(case.label, sitk.sitkUnknown, reference=raw_image, classes=config.classes)
+        label = check_label_values(label, case.label.path, config.max_label)
+        label_values = tuple(int(v) for v in np.flatnonzero(class_counts(sitk.GetArrayViewFromImage(label))))
         label = label_on_image_grid(image, sitk.DICOMOrient(label, config.orientation))
     else:
         label = sitk.Image(image.GetSize(), sitk.sitkUInt8)
         label.CopyInformation(image)
+        label_values = ()
 
     image = resample(image, config.spacing, sitk.sitkLinear, background, sitk.sitkFloat32)
     label = resample(label, config.spacing, sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)
@@ -328,9 +436,14 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
     for warning in warnings:
         LOGGER.warning("case %s: %s (%s)", case.case_id, warning, _WARNING_TEXT[warning])
     origin = np.array(image.GetOrigin())
+    cropped_voxels = ()
     if config.shape is not None:
-        scaled, start = crop_or_pad(scaled, config.shape, padding)
-        labels, _ = crop_or_pad(labels, config.shape, 0)
+        centre = foreground_centre(labels) if config.crop == "foreground" else None
+        before = class_counts(labels)
+        scaled, start = crop_or_pad(scaled, config.shape, padding, centre)
+        labels, _ = crop_or_pad(labels, config.shape, 0, centre)
+        cut = before - class_counts(labels)
+        cropped_voxels = tuple((int(c), int(cut[c])) for c in np.flatnonzero(cut) if c > 0)
         # Output voxel 0 sits at input index `start` (z, y, x): move the origin there.
         index_xyz = start[::-1].astype(float)
         direction = np.array(image.GetDirection()).reshape(3, 3)
@@ -347,4 +460,6 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
         window=window,
         normalization=normalization,
         warnings=warnings,
+        label_values=label_values,
+        cropped_voxels=cropped_voxels,
     )

@@ -18,6 +18,9 @@ patient space.
 | `image/window`         | float × 2     | `ct_window`: HU (low, high) mapped to [0, 1]; `zscore`: the (mean, std) used |
 | `image/normalization`  | bytes         | `ct_window` (CT) or `zscore` (MR); absent in older records: `ct_window` |
 | `label/encoded`        | bytes         | uint8 class ids, C order, shape `image/shape`            |
+| `label/values`         | int64 × K     | class ids present in the label map as read (none: no map) |
+| `label/cropped_classes`| int64 × M     | classes of which the crop to `--shape` cut voxels        |
+| `label/cropped_voxels` | int64 × M     | voxels of each of those classes cut (resampled grid)     |
 
 Detection records use the TF Object Detection API keys (`DETECTION_KEYS`) so
 existing tools read them.
@@ -46,6 +49,9 @@ IMAGE_DIRECTION = "image/direction"
 IMAGE_WINDOW = "image/window"
 IMAGE_NORMALIZATION = "image/normalization"
 LABEL_ENCODED = "label/encoded"
+LABEL_VALUES = "label/values"
+LABEL_CROPPED_CLASSES = "label/cropped_classes"
+LABEL_CROPPED_VOXELS = "label/cropped_voxels"
 
 # TF Object Detection API keys for 2D detection records.
 DETECTION_KEYS = (
@@ -89,6 +95,8 @@ class CtRecord:
     window: tuple[float, float] = (-1000.0, 1000.0)
     normalization: str = "ct_window"
     warnings: tuple[str, ...] = ()  # for the converter's log and summary; not serialized
+    label_values: tuple[int, ...] = ()  # class ids in the label map as read; () without a label map
+    cropped_voxels: tuple[tuple[int, int], ...] = ()  # (class, voxels cut by the crop), foreground classes only
 
     def __post_init__(self):
         if self.image.ndim != 3:
@@ -121,6 +129,9 @@ def encode_ct_example(record: CtRecord) -> bytes:
         IMAGE_WINDOW: _floats(record.window),
         IMAGE_NORMALIZATION: _bytes(record.normalization.encode()),
         LABEL_ENCODED: _bytes(label.tobytes()),
+        LABEL_VALUES: _ints(record.label_values),
+        LABEL_CROPPED_CLASSES: _ints([c for c, _ in record.cropped_voxels]),
+        LABEL_CROPPED_VOXELS: _ints([n for _, n in record.cropped_voxels]),
     }
     return example_proto.serialize_example(features)
 

@@ -48,7 +48,14 @@ class SegmentationTask:
         self.config = config
 
     def example_shape(self) -> tuple[int, ...]:
-        """(D, H, W, 1) (or (H, W, 1)) of the training records."""
+        """(D, H, W, 1) (or (H, W, 1)) of the training records; refuses too few classes for their labels."""
+        values = read_label_values(self.config.train_data)
+        num_classes = self.config.model.num_classes
+        if values and max(values) >= num_classes:
+            raise ValueError(
+                f"--num-classes {num_classes} is too small for {self.config.train_data}: its summary.json lists label "
+                f"values {', '.join(map(str, values))}; pass --num-classes {max(values) + 1} or more."
+            )
         first = next(ct_input.ct_dataset(self.config.train_data, 1).as_numpy_iterator())
         shape = first["image"].shape[1:]
         if len(shape) != self.config.model.spatial_dims + 1:
@@ -111,6 +118,17 @@ class SegmentationTask:
     def headline(scores: dict) -> dict:
         """The scalars worth a TensorBoard curve."""
         return {"dice_mean": scores["dice_mean"]} if scores.get("dice_mean") is not None else {}
+
+
+def read_label_values(pattern: str) -> list[int]:
+    """The class ids `fullres preprocess ct` found in the data (`summary.json` beside the records); [] if not recorded."""
+    import tensorflow as tf
+
+    path = os.path.join(os.path.dirname(pattern), "summary.json")
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as file:
+        return sorted(int(value) for value in json.load(file).get("label_values", {}))
 
 
 def label_map_path(pattern: str) -> str:

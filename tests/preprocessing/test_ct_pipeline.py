@@ -284,3 +284,62 @@ def test_metaimage_with_missing_raw_file_is_unreadable(tmp_path):
     with pytest.raises(ct_io.CaseError, match="SimpleITK cannot read") as error:
         ct_io.read_volume(ct_io.VolumeSource(str(tmp_path / "case.mhd")))
     assert error.value.reason == "unreadable"
+
+
+def _gzip_bomb(path, shape_xyz=(2048, 2048, 512)):
+    """A .nii.gz whose header claims `shape_xyz` uint8 voxels (2 GiB), all zeros, in about 10 MB.
+
+    The zeros are one compressed 64 MiB gzip member repeated: gzip readers join
+    concatenated members, so the file really does expand to the size it claims.
+    """
+    import gzip
+    import zlib
+
+    import nibabel
+
+    header = nibabel.Nifti1Header()
+    header.set_data_dtype(np.uint8)
+    header.set_data_shape(shape_xyz)
+    header.set_zooms((0.7, 0.7, 1.0))
+    prefix = header.binaryblock + b"\0" * (int(header["vox_offset"]) - len(header.binaryblock))
+    chunk = 64 * 2**20
+    total = int(np.prod(shape_xyz))
+    zeros = zlib.compressobj(6, zlib.DEFLATED, 31)
+    member = zeros.compress(bytes(chunk)) + zeros.flush()
+    with open(path, "wb") as file:
+        file.write(gzip.compress(prefix + bytes(chunk - len(prefix)), 6))
+        for _ in range(total // chunk - 1):
+            file.write(member)
+        file.write(gzip.compress(bytes(len(prefix)), 6))  # the bytes the header displaced
+    return path
+
+
+BOMB_UNDER_A_MEMORY_CAP = """
+import json, resource, sys
+cap = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+from preprocessing import ct_io, ct_pipeline, ct_transforms
+case = ct_io.CaseSource("bomb", ct_io.VolumeSource(sys.argv[1]))
+outputs = list(ct_pipeline.PreprocessCaseFn(ct_transforms.CtPreprocessConfig(spacing=None)).process(case))
+print(json.dumps([getattr(output, "value", None) for output in outputs]))
+"""
+
+
+def test_a_gzip_bomb_is_a_dead_letter_without_being_decompressed(tmp_path):
+    import subprocess
+    import sys
+
+    bomb = _gzip_bomb(str(tmp_path / "bomb.nii.gz"))
+    assert os.path.getsize(bomb) < 16 * 2**20  # 2 GiB of voxels in a few MB
+    # The header alone tells the size; a real NIfTI reader agrees on what the file holds.
+    import nibabel
+    assert nibabel.load(bomb).shape == (2048, 2048, 512)
+    # 2 GiB of address space: Python, Beam and SimpleITK take ~0.8 GiB; the volume (2 GiB as stored, 8 GiB as
+    # float32) cannot fit, so the case must be refused from its header.
+    run = subprocess.run([sys.executable, "-c", BOMB_UNDER_A_MEMORY_CAP, bomb, str(2 * 2**30)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    [letter] = json.loads(run.stdout.splitlines()[-1])
+    assert letter["reason"] == "too_many_voxels"
+    assert letter["detail"] == (f"{bomb} holds 2048 x 2048 x 512 = 2,147,483,648 voxels, more than --max-voxels "
+                                "536,870,912; raise --max-voxels if each worker has about 20 bytes per voxel of memory")
