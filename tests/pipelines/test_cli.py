@@ -60,6 +60,27 @@ def test_train_refuses_bad_configuration_in_one_line(demo_data, tmp_path, args, 
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+def test_train_refuses_fewer_classes_than_the_data_has(demo_data, tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(demo_data["train"].replace("*", "00000-of-00001"), data)
+    (data / "summary.json").write_text(json.dumps({"ok": 6, "failed": 0, "label_values": {"0": 6, "1": 6, "3": 2}}))
+    result = CliRunner().invoke(cli.app, ["train", "--train", str(data / "train-*.tfrecord"), "--output",
+                                          str(tmp_path / "run"), "--num-classes", "3"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"fullres: error: --num-classes 3 is too small for {data / 'train-*.tfrecord'}: its summary.json lists label "
+        "values 0, 1, 3; pass --num-classes 4 or more."
+    ]
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
 def test_train_names_missing_data(tmp_path):
     result = _fullres("train", "--train", str(tmp_path / "none-*.tfrecord"), "--output", str(tmp_path / "out"))
     assert result.returncode == 2
@@ -71,10 +92,12 @@ def test_preprocess_ct_end_to_end_and_failure_exit(tmp_path):
     assert written.returncode == 0, written.stderr[-2000:]
     images = tmp_path / "demo" / "nifti" / "images"
     result = _fullres("preprocess", "ct", "--input", str(images), "--labels", str(tmp_path / "demo" / "nifti" / "labels"),
-                      "--output", str(tmp_path / "out"), "--spacing", "2,2,4", "--shape", "8,16,16", "--workers", "1")
+                      "--output", str(tmp_path / "out"), "--spacing", "2,2,4", "--shape", "8,16,16", "--workers", "1",
+                      "--num-classes", "3", "--crop", "foreground")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["ok"] == 2 and summary["failed"] == 0
+    assert summary["label_values"] == {"0": 2, "1": 2, "2": 2}  # the demo's background, liver and tumour, in both cases
     # Labels asked for but missing: every case fails; exit 2 with one sentence naming the threshold.
     (tmp_path / "nolabels").mkdir()
     result = _fullres("preprocess", "ct", "--input", str(images), "--labels", str(tmp_path / "nolabels"),
@@ -91,6 +114,10 @@ def test_preprocess_ct_end_to_end_and_failure_exit(tmp_path):
         (["preprocess", "ct", "--input", ".", "--output", "o", "--window", "300,100"],
          "--window needs LOW,HIGH with LOW < HIGH"),
         (["preprocess", "ct", "--input", ".", "--output", "o", "--shape", "1,2"], "--shape '1,2' is not valid"),
+        (["preprocess", "ct", "--input", ".", "--output", "o", "--crop", "middle"],
+         "--crop 'middle' is not known; use center or foreground."),
+        (["preprocess", "ct", "--input", ".", "--output", "o", "--num-classes", "300"],
+         "--num-classes must be 1 to 256 (records store class ids as uint8), got 300."),
         (["preprocess", "images", "--annotations", "/no.json", "--images", ".", "--output", "o"],
          "--annotations '/no.json' does not exist"),
     ],

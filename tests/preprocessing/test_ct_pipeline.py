@@ -1,5 +1,6 @@
 """CT preprocessing: readers, transforms and the Beam pipeline, against independent references."""
 
+import dataclasses
 import json
 import os
 
@@ -301,6 +302,7 @@ def _gzip_bomb(path, shape_xyz=(2048, 2048, 512)):
     header.set_data_dtype(np.uint8)
     header.set_data_shape(shape_xyz)
     header.set_zooms((0.7, 0.7, 1.0))
+    header["vox_offset"] = 352
     prefix = header.binaryblock + b"\0" * (int(header["vox_offset"]) - len(header.binaryblock))
     chunk = 64 * 2**20
     total = int(np.prod(shape_xyz))
@@ -343,3 +345,115 @@ def test_a_gzip_bomb_is_a_dead_letter_without_being_decompressed(tmp_path):
     assert letter["reason"] == "too_many_voxels"
     assert letter["detail"] == (f"{bomb} holds 2048 x 2048 x 512 = 2,147,483,648 voxels, more than --max-voxels "
                                 "536,870,912; raise --max-voxels if each worker has about 20 bytes per voxel of memory")
+
+
+def _labelled_case(root, name, label, image=None):
+    """A plain CT volume with `label` (any dtype) as its label map, both NIfTI, identity geometry."""
+    image = np.full(label.shape, -500.0, np.float32) if image is None else image
+    sitk.WriteImage(sitk.GetImageFromArray(image), str(root / f"{name}.nii.gz"))
+    sitk.WriteImage(sitk.GetImageFromArray(label), str(root / f"{name}_label.nii.gz"))
+    return ct_io.CaseSource(name, ct_io.VolumeSource(str(root / f"{name}.nii.gz")),
+                            ct_io.VolumeSource(str(root / f"{name}_label.nii.gz")))
+
+
+@pytest.mark.parametrize(
+    "values, dtype, max_label, reason, detail",
+    [
+        ((0, 1, 300, -1), np.int16, 255, "label_out_of_range",
+         "label map lung1_label.nii.gz holds values -1, 300; labels must be integers 0..255 (class ids; fullres "
+         "stores at most 256 classes)"),
+        ((0, 0.7, 1.6, 1), np.float32, 255, "non_integer_labels",
+         "label map lung1_label.nii.gz holds non-integer values 0.7, 1.6; labels must be whole class ids 0..255, not "
+         "probabilities or interpolated values (resample label maps with nearest-neighbour interpolation)"),
+        ((0, 1, 2, 2), np.uint8, 1, "label_out_of_range",
+         "label map lung1_label.nii.gz holds values 2; labels must be integers 0..1 for --num-classes 2; pass the "
+         "data's number of classes"),
+    ],
+)
+def test_label_values_that_are_not_class_ids_are_refused(tmp_path, values, dtype, max_label, reason, detail):
+    label = np.zeros((4, 6, 6), dtype)
+    label[1, 2, :4] = values  # today's uint8 reading made 300 into 44, -1 into 0 and 1.6 into 1
+    case = _labelled_case(tmp_path, "lung1", label)
+    config = ct_transforms.CtPreprocessConfig(spacing=None, max_label=max_label)
+    with pytest.raises(ct_io.CaseError) as error:
+        ct_transforms.preprocess_case(case, config)
+    assert (error.value.reason, error.value.detail) == (reason, detail)
+
+
+def test_whole_float_labels_are_accepted_and_their_values_recorded(tmp_path):
+    label = np.zeros((4, 6, 6), np.float64)
+    label[1, 2, 1], label[2, 3, 4] = 2.0, 5.0
+    record = ct_transforms.preprocess_case(_labelled_case(tmp_path, "case", label),
+                                           ct_transforms.CtPreprocessConfig(spacing=None))
+    assert record.label_values == (0, 2, 5)
+    np.testing.assert_array_equal(record.label, label.astype(np.uint8))
+    unlabelled = ct_io.CaseSource("case", ct_io.VolumeSource(str(tmp_path / "case.nii.gz")))
+    assert ct_transforms.preprocess_case(unlabelled, ct_transforms.CtPreprocessConfig(spacing=None)).label_values == ()
+
+
+def test_resampling_beyond_the_voxel_budget_is_refused_from_the_header(tmp_path):
+    case = _labelled_case(tmp_path, "small", np.zeros((4, 6, 6), np.uint8))  # 6 x 6 x 4 voxels of 1 mm
+    config = ct_transforms.CtPreprocessConfig(spacing=(0.25, 0.25, 0.25), max_voxels=5_000)
+    with pytest.raises(ct_io.CaseError) as error:
+        ct_transforms.preprocess_case(case, config)
+    assert error.value.reason == "too_many_voxels"
+    assert error.value.detail == (
+        f"{tmp_path / 'small.nii.gz'} resampled to --spacing 0.25,0.25,0.25 would hold 24 x 24 x 16 = 9,216 voxels, "
+        "more than --max-voxels 5,000; raise --max-voxels if each worker has about 20 bytes per voxel of memory")
+
+
+def _off_centre_case(tmp_path):
+    """A 16 x 24 x 24 volume whose tumour (class 2) sits in a corner, with a central organ (class 1)."""
+    label = np.zeros((16, 24, 24), np.uint8)
+    label[6:10, 10:14, 10:14] = 1
+    label[1:4, 2:6, 17:22] = 2
+    return _labelled_case(tmp_path, "corner", label), label
+
+
+def test_centre_crop_counts_the_labelled_voxels_it_cuts(tmp_path):
+    case, label = _off_centre_case(tmp_path)
+    config = ct_transforms.CtPreprocessConfig(spacing=None, shape=(8, 12, 12))
+    record = ct_transforms.preprocess_case(case, config)
+    kept = label[4:12, 6:18, 6:18]  # the centre crop, spelled out
+    assert record.cropped_voxels == ((2, int((label == 2).sum() - (kept == 2).sum())),)
+    assert record.cropped_voxels == ((2, 60),)  # the whole tumour: 3 x 4 x 5 voxels
+    parsed = tfrecord_schema.parse_ct_example(tfrecord_schema.encode_ct_example(record))  # the record still parses
+    assert parsed["label"].numpy().max() == 1
+
+
+def test_foreground_crop_centres_on_the_labelled_region(tmp_path):
+    case, label = _off_centre_case(tmp_path)
+    config = ct_transforms.CtPreprocessConfig(spacing=None, shape=(12, 20, 20), crop="foreground")
+    record = ct_transforms.preprocess_case(case, config)
+    # Foreground box z 1..9, y 2..13, x 10..21: centre (5.5, 8, 16), moved inside the volume: start (0, 0, 4).
+    assert record.cropped_voxels == ()
+    np.testing.assert_array_equal(record.label, label[0:12, 0:20, 4:24])
+    centred = ct_transforms.preprocess_case(case, dataclasses.replace(config, crop="center"))
+    assert dict(centred.cropped_voxels)[2] > 0  # the same shape, centred on the volume, cuts the tumour
+
+
+def test_summary_lists_label_values_and_crop_cuts(tmp_path):
+    case, _ = _off_centre_case(tmp_path)
+    other = np.zeros((16, 24, 24), np.uint8)
+    other[8, 12, 12] = 1
+    _labelled_case(tmp_path, "centred", other)
+    (tmp_path / "images").mkdir(), (tmp_path / "labels").mkdir()
+    for name in ("corner", "centred"):
+        os.rename(tmp_path / f"{name}.nii.gz", tmp_path / "images" / f"{name}.nii.gz")
+        os.rename(tmp_path / f"{name}_label.nii.gz", tmp_path / "labels" / f"{name}.nii.gz")
+    lines = []
+    config = ct_transforms.CtPreprocessConfig(spacing=None, shape=(8, 12, 12))
+    summary = ct_pipeline.run(str(tmp_path / "images"), str(tmp_path / "out"), labels=str(tmp_path / "labels"),
+                              config=config, pipeline_args=IN_PROCESS, log=lines.append)
+    assert summary["label_values"] == {"0": 2, "1": 2, "2": 1}
+    assert summary["cropped_voxels"] == {"2": 60} and summary["cropped_cases"] == {"2": 1}
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    assert lines[-1] == ("the crop to --shape 8,12,12 (center) cut labelled voxels (class 2: 60 voxels in 1 cases); "
+                         "see label/cropped_voxels in each record, and try --crop foreground or a larger --shape")
+    import tensorflow as tf
+    fields = {}
+    for serialized in tf.data.TFRecordDataset(sorted(str(p) for p in (tmp_path / "out").glob("data-*"))):
+        example = tf.train.Example.FromString(serialized.numpy()).features.feature
+        fields[example["case_id"].bytes_list.value[0].decode()] = [
+            list(example[key].int64_list.value) for key in ("label/values", "label/cropped_classes", "label/cropped_voxels")]
+    assert fields == {"corner": [[0, 1, 2], [2], [60]], "centred": [[0, 1], [], []]}
