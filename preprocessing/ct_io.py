@@ -439,6 +439,8 @@ def read_size(source: VolumeSource) -> tuple[tuple[int, int, int], tuple[float, 
     Raises:
         CaseError: the header cannot be read.
     """
+    import pydicom
+
     try:
         if source.is_dicom:
             header = pydicom.dcmread(source.dicom_files[0], stop_before_pixels=True)

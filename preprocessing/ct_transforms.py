@@ -385,16 +385,17 @@ def check_size(case: ct_io.CaseSource, config: CtPreprocessConfig) -> None:
         if source is None or source.dicom_label:  # a DICOM SEG/RTSTRUCT is drawn onto the image's grid
             continue
         size, spacing = ct_io.read_size(source)
+        name = source.name or os.path.basename(os.path.normpath(source.path))  # no absolute paths in dead letters
         voxels = int(np.prod(size, dtype=np.int64))
         if voxels > config.max_voxels:
             raise ct_io.CaseError("read", "too_many_voxels",
-                                  f"{source.path} holds {' x '.join(map(str, size))} = {voxels:,} voxels, {advice}")
+                                  f"{name} holds {' x '.join(map(str, size))} = {voxels:,} voxels, {advice}")
         if source is case.image and config.spacing is not None:
             resampled = [max(1, int(round(n * s / t))) for n, s, t in zip(size, spacing, config.spacing)]
             voxels = int(np.prod(resampled, dtype=np.int64))
             if voxels > config.max_voxels:
                 raise ct_io.CaseError("read", "too_many_voxels",
-                                      f"{source.path} resampled to --spacing {','.join(f'{t:g}' for t in config.spacing)} "
+                                      f"{name} resampled to --spacing {','.join(f'{t:g}' for t in config.spacing)} "
                                       f"would hold {' x '.join(map(str, resampled))} = {voxels:,} voxels, {advice}")
 
 
@@ -418,7 +419,7 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
     raw_image, image = image, sitk.DICOMOrient(image, config.orientation)
     if case.label is not None:
         label = ct_io.read_volume(case.label, sitk.sitkUnknown, reference=raw_image, classes=config.classes)
-        label = check_label_values(label, case.label.path, config.max_label)
+        label = check_label_values(label, case.label.name or case.label.path, config.max_label)
         label_values = tuple(int(v) for v in np.flatnonzero(class_counts(sitk.GetArrayViewFromImage(label))))
         label = label_on_image_grid(image, sitk.DICOMOrient(label, config.orientation))
     else:
