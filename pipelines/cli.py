@@ -391,7 +391,7 @@ def preprocess_ct(
     classes: Annotated[str | None, typer.Option(help="Class names of DICOM SEG segments / RTSTRUCT ROIs, NAME1,NAME2,... (NAME1 is class 1), or a label_map.json of a previous run.")] = None,
     crop: Annotated[str, typer.Option(help="Where --shape crops: center of the volume, or foreground (centred on the labelled voxels).")] = "center",
     num_classes: Annotated[int | None, typer.Option(help="Classes including background: label values must be 0..N-1 (default: 0..255).")] = None,
-    max_voxels: Annotated[int, typer.Option(help="Cases with more voxels (read from the header, and after resampling) are dead letters.")] = 2**29,
+    max_voxels: Annotated[int | None, typer.Option(help="Cases with more voxels (read from the header, and after resampling) are dead letters (default 2^29).")] = None,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -411,8 +411,9 @@ def preprocess_ct(
         config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
                                                   spacing_tolerance=spacing_tolerance,
                                                   classes=ct_transforms.class_names(classes) if classes else (),
-                                                  modality=modality, crop=crop, max_voxels=max_voxels,
-                                                  max_label=255 if num_classes is None else num_classes - 1)
+                                                  modality=modality, crop=crop,
+                                                  max_label=255 if num_classes is None else num_classes - 1,
+                                                  **({"max_voxels": max_voxels} if max_voxels is not None else {}))
     except ValueError as error:
         _fail(str(error))
     _run_conversion(
