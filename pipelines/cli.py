@@ -11,9 +11,11 @@ import dataclasses
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 app = typer.Typer(
@@ -27,9 +29,30 @@ app = typer.Typer(
 PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "detection", "detection_2560", "detection_demo")
 
 
+@app.callback()
+def _global_options(
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show the traceback behind an error (e.g. fullres --verbose train ...).")] = False,
+) -> None:
+    pass
+
+
 def _fail(message: str) -> None:
+    """One sentence on stderr and exit 2; with `fullres --verbose`, the traceback of the error being handled first."""
+    context = click.get_current_context(silent=True)
+    if context is not None and context.find_root().params.get("verbose") and sys.exc_info()[1] is not None:
+        traceback.print_exc()
     typer.echo(f"fullres: error: {message}", err=True)
     raise typer.Exit(code=2)
+
+
+def _fail_if_write_error(error: Exception, output) -> None:
+    """Disk full or permission denied while writing `output` becomes one sentence; other errors propagate."""
+    from preprocessing import output_guard
+
+    sentence = output_guard.write_failure(error, str(output))
+    if sentence is None:
+        raise error
+    _fail(sentence)
 
 
 def _jax_backend_started() -> bool:
@@ -156,8 +179,10 @@ def train(
             **{k: v for k, v in overrides.items() if v is not None},
         )
         train_lib.train(config, log=_print)
-    except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError is a ValueError
+    except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError, OutputRefused: ValueErrors
         _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, output)
 
 
 DEMO_PREPROCESSING = {"spacing": "1.7,1.7,2.25", "window": "-200,300", "shape": "32,32,32"}
@@ -178,10 +203,25 @@ def demo(
     (3D UNet) → evaluate (Dice, HTML report) → export, and writes summary.json.
     """
     from pipelines import definitions, local_run
-    from preprocessing import demo_ct
+    from preprocessing import demo_ct, output_guard
 
     output = output.resolve()
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output_guard.check_owned_directory(str(output), "demo", {})
+        output.mkdir(parents=True, exist_ok=True)
+        output_guard.write_marker(str(output), "demo")
+        with output_guard.lock(str(output)):
+            _run_demo(output, steps, cases, eval_cases)
+    except output_guard.OutputRefused as error:
+        _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, output)
+
+
+def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int) -> None:
+    from pipelines import definitions, local_run
+    from preprocessing import demo_ct
+
     _print(f"generating {cases} training and {eval_cases} held-out synthetic CT scans (NIfTI) in {output / 'data'}")
     # 32×64×64 voxels at 0.7–1.0 mm in-plane and 1.5–3 mm slices; resampled to 1.7×1.7×2.25 mm
     # (≈32³ on average) and cut or padded to 32³.
@@ -364,12 +404,16 @@ def _worker_wheel() -> str:
 def _run_conversion(function, **kwargs):
     from preprocessing import conversion
 
+    from preprocessing import output_guard
+
     try:
         function(**kwargs, log=_print)
-    except conversion.PreprocessingFailed as error:
+    except (conversion.PreprocessingFailed, output_guard.OutputWriteFailed) as error:
         _fail(str(error))
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:  # OutputRefused is a ValueError
         _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, kwargs["output"])
 
 
 _BEAM_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -536,12 +580,20 @@ def pipeline_run(
         _fail("pipeline run needs --local (kfp.local on this machine); to run on Vertex AI use `fullres pipeline submit`.")
     _check_pipeline_name(name)
     from pipelines import local_run, vertex
+    from preprocessing import output_guard
 
     try:
         arguments = vertex.parse_parameters(name, param or [])
-        run = local_run.run_local(name, arguments, str(pipeline_root), log=_print)
-    except ValueError as error:
+        inputs = {f"--param {key}": value for key, value in arguments.items() if key.endswith("_uri") and value}
+        output_guard.check_owned_directory(str(pipeline_root), "pipeline-root", inputs, option="--pipeline-root")
+        pipeline_root.mkdir(parents=True, exist_ok=True)
+        output_guard.write_marker(str(pipeline_root), "pipeline-root")
+        with output_guard.lock(str(pipeline_root), option="--pipeline-root"):
+            run = local_run.run_local(name, arguments, str(pipeline_root), log=_print)
+    except ValueError as error:  # OutputRefused too
         _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, pipeline_root)
     except local_run.PipelineRunFailed as error:
         _fail(str(error))
     for task, outputs in run["outputs"].items():

@@ -9,12 +9,17 @@ module runs it and lays out the output directory:
     notes.json                          the same, per input set aside or repaired without failing (if any)
     summary.json                        {"ok", "failed", "reasons", "shards", "bytes", ...}
 
+    .fullres-output                     the manifest: the files above, which a rerun may replace
+
 Everything is written to a staging directory beside the output and swapped in
 only when the pipeline has finished, so a rerun or a crash never leaves old and
-new shards mixed. On a local disk the swap is two directory renames. On an
-object store (gs://), which has no directories to rename, the old files are
-deleted, the new ones moved in, and `summary.json` is written last: a reader
-that finds `summary.json` finds the complete output.
+new shards mixed. An existing output is replaced only if fullres wrote it, and
+then only the files its manifest lists are deleted (`preprocessing.output_guard`);
+a lock beside the output keeps a second run out while one writes. On a local
+disk the swap is two directory renames. On an object store (gs://), which has
+no directories to rename, the old files are deleted, the new ones moved in, and
+`summary.json` is written last: a reader that finds `summary.json` finds the
+complete output.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+
+from preprocessing import output_guard
 
 METRICS_NAMESPACE = "fullres"
 DEAD_LETTER = "dead_letter"
@@ -172,26 +179,79 @@ def _write_json(path: str, content) -> None:
 
 
 def publish(staging: str, output: str, last: str = "summary.json") -> None:
-    """Swaps `staging` in as `output`; the old output is removed.
+    """Swaps `staging` in as `output`, deleting only the files a previous conversion wrote there.
 
-    Local: two directory renames. Object store: delete old files, move new ones
-    in, and move `last` (the completion marker) after everything else.
+    Local: two directory renames, then the old output's own files are deleted.
+    Object store: a manifest covering old and new files first (so an interrupted
+    swap is still recognised as fullres's), delete the old files, move the new
+    ones in with `last` (the completion marker) after everything else, then the
+    manifest of the new files.
+
+    Raises:
+        output_guard.OutputRefused: `output` holds files fullres did not write
+            (they may have appeared while the pipeline ran); `staging` is kept.
     """
+    old_files = output_guard.conversion_files(output)
+    new_files = [name for name in _names(staging) if name != output_guard.MARKER]
+    output_guard.write_marker(staging, "tfrecords", new_files)
     if _is_local(output):
         if os.path.exists(output):
             old = f"{output}.old-{uuid.uuid4().hex[:8]}"
             os.rename(output, old)
             os.rename(staging, output)
-            shutil.rmtree(old)
+            for name in old_files:
+                os.remove(os.path.join(old, name))
+            os.rmdir(old)  # empty now; rmdir, unlike rmtree, could never take a file fullres did not write
         else:
             os.rename(staging, output)
         return
-    old_files = [m.path for m in _list(output)]
-    if old_files:
-        FileSystems.delete(old_files)
-    new_files = sorted((m.path for m in _list(staging)), key=lambda path: path.endswith("/" + last))
-    for path in new_files:
-        FileSystems.rename([path], [FileSystems.join(output, path.rsplit("/", 1)[-1])])
+    output_guard.write_marker(output, "tfrecords", sorted(set(old_files) | set(new_files)))
+    stale = [FileSystems.join(output, name) for name in old_files if name != output_guard.MARKER]
+    if stale:
+        FileSystems.delete(stale)
+    for name in sorted(new_files, key=lambda name: name == last):
+        FileSystems.rename([FileSystems.join(staging, name)], [FileSystems.join(output, name)])
+    output_guard.write_marker(output, "tfrecords", new_files)
+    FileSystems.delete([FileSystems.join(staging, output_guard.MARKER)])
+
+
+def _names(directory: str) -> list[str]:
+    """The names of the files in `directory` (local or object store)."""
+    if _is_local(directory):
+        return sorted(os.listdir(directory))
+    return sorted(m.path.rsplit("/", 1)[-1] for m in _list(directory))
+
+
+def _convert(items, early_dead_letters, convert, staging, output, pipeline_args, num_shards, compress, extra_files,
+             notes, summary_fields, log) -> tuple[dict, list]:
+    """Runs the Beam pipeline into `staging` and writes the summary (and `extra_files`, `notes.json`) there."""
+    options = PipelineOptions(list(pipeline_args) if pipeline_args is not None else default_pipeline_args())
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline, items, early_dead_letters, convert, staging, num_shards, compress)
+    with _progress(len(items), log):
+        result = _run_watched(pipeline, output)
+    counters = {
+        c.key.metric.name: c.committed
+        for c in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    }
+    with FileSystems.open(FileSystems.join(staging, "dead_letter.jsonl")) as file:
+        letters = [json.loads(line) for line in file.read().decode().splitlines() if line.strip()]
+    shards = sorted(_list(staging, "data-*"), key=lambda m: m.path)
+    summary = {
+        "ok": int(counters.get("ok", 0)),
+        "failed": len(letters),
+        "reasons": dict(sorted(collections.Counter(letter["reason"] for letter in letters).items())),
+        "shards": [m.path.rsplit("/", 1)[-1] for m in shards],
+        "bytes": sum(m.size_in_bytes for m in shards),
+        **_summary_fields(counters),
+        **(summary_fields(counters) if summary_fields else {}),
+    }
+    if notes:
+        summary["notes"] = dict(sorted(collections.Counter(note["reason"] for note in notes).items()))
+        extra_files = {**(extra_files or {}), "notes.json": list(notes)}
+    for name, content in {**(extra_files or {}), "summary.json": summary}.items():
+        _write_json(FileSystems.join(staging, name), content)
+    return summary, shards
 
 
 def _summary_fields(counters: dict) -> dict:
@@ -337,7 +397,7 @@ def run(
         items: the work items, one `convert` call each.
         early_dead_letters: inputs rejected before the pipeline (discovery, pairing).
         convert: a `DoFn` yielding `accept(record)` / `reject(letter)`.
-        output: the output directory (replaced whole).
+        output: the output directory: new, empty, or a previous conversion's (replaced whole).
         pipeline_args: Beam options; DirectRunner on every core by default.
         num_shards: TFRecord shards; 0 lets the runner decide.
         compress: write `.tfrecord.gz`.
@@ -351,44 +411,34 @@ def run(
 
     Returns:
         The summary written to `summary.json`.
+
+    Raises:
+        output_guard.OutputRefused: `output` holds files fullres did not write, or
+            another run is writing it; nothing was written.
+        output_guard.OutputWriteFailed: the disk filled up or refused a write;
+            the previous output is untouched.
     """
     if _is_local(output):
         output = os.path.abspath(output)
     staging = f"{output}.staging-{uuid.uuid4().hex[:8]}"
-    if _is_local(staging):
-        os.makedirs(staging)
     try:
-        options = PipelineOptions(list(pipeline_args) if pipeline_args is not None else default_pipeline_args())
-        pipeline = beam.Pipeline(options=options)
-        build(pipeline, items, early_dead_letters, convert, staging, num_shards, compress)
-        with _progress(len(items), log):
-            result = _run_watched(pipeline, output)
-    except BaseException:
-        if _is_local(staging):
-            shutil.rmtree(staging, ignore_errors=True)
+        with output_guard.lock(output):
+            output_guard.conversion_files(output)  # again, under the lock: another run may have written it meanwhile
+            try:
+                if _is_local(staging):
+                    os.makedirs(staging)
+                summary, shards = _convert(items, early_dead_letters, convert, staging, output, pipeline_args,
+                                           num_shards, compress, extra_files, notes, summary_fields, log)
+                publish(staging, output)
+            except BaseException:
+                if _is_local(staging):
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise
+    except Exception as error:
+        sentence = output_guard.write_failure(error, output)
+        if sentence is not None:
+            raise output_guard.OutputWriteFailed(sentence) from error
         raise
-    counters = {
-        c.key.metric.name: c.committed
-        for c in result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
-    }
-    with FileSystems.open(FileSystems.join(staging, "dead_letter.jsonl")) as file:
-        letters = [json.loads(line) for line in file.read().decode().splitlines() if line.strip()]
-    shards = sorted(_list(staging, "data-*"), key=lambda m: m.path)
-    summary = {
-        "ok": int(counters.get("ok", 0)),
-        "failed": len(letters),
-        "reasons": dict(sorted(collections.Counter(letter["reason"] for letter in letters).items())),
-        "shards": [m.path.rsplit("/", 1)[-1] for m in shards],
-        "bytes": sum(m.size_in_bytes for m in shards),
-        **_summary_fields(counters),
-        **(summary_fields(counters) if summary_fields else {}),
-    }
-    if notes:
-        summary["notes"] = dict(sorted(collections.Counter(note["reason"] for note in notes).items()))
-        extra_files = {**(extra_files or {}), "notes.json": list(notes)}
-    for name, content in {**(extra_files or {}), "summary.json": summary}.items():
-        _write_json(FileSystems.join(staging, name), content)
-    publish(staging, output)
     log(f"wrote {summary['ok']} records in {len(shards)} shards ({summary['bytes'] / 2**20:.1f} MiB), "
         f"{summary['failed']} dead letters {summary['reasons'] or ''}".rstrip())
     total = summary["ok"] + summary["failed"]

@@ -116,12 +116,7 @@ def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: froze
     if not os.path.exists(root):
         raise FileNotFoundError(f"input {root!r} does not exist; pass a CT file or a directory of CT files.")
     root = os.path.abspath(root)
-    files = [root] if os.path.isfile(root) else sorted(
-        os.path.join(directory, name)
-        for directory, _, names in os.walk(root)
-        for name in names
-        if not name.startswith(".")
-    )
+    files = [root] if os.path.isfile(root) else _files_under(root)
     files = [path for path in files if not _excluded(path, exclude)]
     dead: list[dict] = []
     other_files: list[str] = []
@@ -167,6 +162,19 @@ def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
         key = f"{label.modality}:{label.path}"  # not a case: pair_with_labels gives it the case of its series
         volumes[key] = VolumeSource(label.path, (label.path,), label.referenced_series_uid, label.modality)
     return volumes, dead
+
+
+def _files_under(root: str) -> list[str]:
+    """Every file below `root`, sorted, hidden ones left out; directory symlinks are followed, each directory once."""
+    visited, files = set(), []
+    for directory, subdirectories, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in visited:  # a link back up the tree, or a second way to the same folder
+            subdirectories[:] = []
+            continue
+        visited.add(real)
+        files.extend(os.path.join(directory, name) for name in names if not name.startswith("."))
+    return sorted(files)
 
 
 def _excluded(path: str, exclude: frozenset[str]) -> bool:

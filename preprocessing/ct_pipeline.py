@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 from apache_beam.metrics.metric import Metrics
 
-from preprocessing import conversion, ct_io, ct_transforms, identifiers, tfrecord_schema
+from preprocessing import conversion, ct_io, ct_transforms, identifiers, output_guard, tfrecord_schema
 
 
 class PreprocessCaseFn(beam.DoFn):
@@ -97,9 +97,11 @@ def run(
         FileNotFoundError: `input_path` does not exist.
         ValueError: nothing under `input_path` looks like a CT volume, or the
             labels cannot be told from the images.
+        output_guard.OutputRefused: `output` overlaps the inputs, or holds files fullres did not write.
         conversion.PreprocessingFailed: more than `max_failed_fraction` of the
             cases failed (raised after the output, good records included, is in place).
     """
+    output_guard.check_conversion_output(output, {"input": input_path, "labels": labels})
     pairing = ct_io.pair(input_path, labels, config.spacing_tolerance)
     if not pairing.cases and not pairing.dead:
         raise ValueError(f"no CT volumes (DICOM, {', '.join(ct_io.VOLUME_SUFFIXES)}) found under {input_path}.")

@@ -24,7 +24,7 @@ import apache_beam as beam
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from preprocessing import annotations as annotations_lib, conversion, tfrecord_schema
+from preprocessing import annotations as annotations_lib, conversion, output_guard, tfrecord_schema
 
 KEPT_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
 # 100 megapixels (10000 × 10000): 300 MB decoded as RGB, far above any detection canvas.
@@ -161,9 +161,11 @@ def run(
         FileNotFoundError: the annotations, the image directory or the label map do not exist.
         ValueError: the annotations are not COCO JSON or VOC XML, or list no image;
             a class is not in `label_map`; `max_pixels` is not positive.
+        output_guard.OutputRefused: `output` overlaps the inputs, or holds files fullres did not write.
         conversion.PreprocessingFailed: too large a fraction of dead letters
             (raised after the output, good records included, is in place).
     """
+    output_guard.check_conversion_output(output, {"annotations": annotations, "images": images, "label map": label_map})
     if not os.path.isdir(images):
         raise FileNotFoundError(f"image directory {images!r} does not exist; pass the directory the annotations refer to.")
     if max_pixels < 1:

@@ -15,6 +15,7 @@ Output directory:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from preprocessing import output_guard
 from trainer import checkpoints, config as config_lib, ct_input, partitioning
 
 
@@ -81,19 +83,36 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
+    The output directory must be new, empty, or an earlier run (resumed), and
+    outside the data's directories; the first process holds its lock while it
+    trains. A rerun refused for its configuration leaves the run untouched.
 
     Raises:
         partitioning.PartitionError: the partitioning does not fit the data or devices.
         FileNotFoundError: no training data matches `config.train_data`.
+        output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
+        ValueError: the run's newest checkpoint was written by another configuration.
     """
+    import jax
+
+    if not config.train_data or not config.output_dir:
+        raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
+    ct_input.list_files(config.train_data)  # names a pattern that matches nothing before judging the output
+    output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
+                                                         "evaluation data": config.eval_data})
+    chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with chief_lock:
+        return _train(config, log, export_saved_model)
+
+
+def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool) -> dict:
+    """`train`, once the output directory is known to be safe and this process holds it."""
     import jax
     import keras
     import tensorflow as tf
 
     from trainer import export, step, tasks
 
-    if not config.train_data or not config.output_dir:
-        raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
     ct_input.hide_accelerators_from_tensorflow()
     task = tasks.make_task(config)
     num_examples = ct_input.count_examples(config.train_data)
@@ -122,6 +141,12 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
     history_path = os.path.join(config.output_dir, "history.jsonl")
+    start_step = 0
+    # Checked before anything is written: a rerun refused here leaves the finished run as it was.
+    restored = checkpoints.restore_latest(checkpoint_dir, state)
+    if restored is not None:
+        state, start_step = restored
+        log(f"resuming from checkpoint at step {start_step}")
     os.makedirs(config.output_dir, exist_ok=True)
     is_chief = jax.process_index() == 0
     if is_chief:
@@ -130,11 +155,6 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         with open(os.path.join(config.output_dir, "model_info.json"), "w") as file:
             json.dump({"task": task.name, "image_shape": list(image_shape[1:]),
                        "class_names": getattr(task, "class_names", None)}, file)
-    start_step = 0
-    restored = checkpoints.restore_latest(checkpoint_dir, state)
-    if restored is not None:
-        state, start_step = restored
-        log(f"resuming from checkpoint at step {start_step}")
     history = read_history(history_path, start_step)
     state = step.place_state(state, distribution)
 
