@@ -15,7 +15,6 @@ import traceback
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
 app = typer.Typer(
@@ -31,15 +30,15 @@ PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "detection", "detection_25
 
 @app.callback()
 def _global_options(
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show the traceback behind an error (e.g. fullres --verbose train ...).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show the traceback behind an error (e.g. fullres --verbose train ...; or set FULLRES_VERBOSE=1).")] = False,
 ) -> None:
-    pass
+    if verbose:
+        os.environ["FULLRES_VERBOSE"] = "1"  # read by _fail, here and in the processes a command starts
 
 
 def _fail(message: str) -> None:
     """One sentence on stderr and exit 2; with `fullres --verbose`, the traceback of the error being handled first."""
-    context = click.get_current_context(silent=True)
-    if context is not None and context.find_root().params.get("verbose") and sys.exc_info()[1] is not None:
+    if os.environ.get("FULLRES_VERBOSE") == "1" and sys.exc_info()[1] is not None:
         traceback.print_exc()
     typer.echo(f"fullres: error: {message}", err=True)
     raise typer.Exit(code=2)
@@ -181,7 +180,7 @@ def train(
         train_lib.train(config, log=_print)
     except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError, OutputRefused: ValueErrors
         _fail(str(error))
-    except OSError as error:
+    except Exception as error:  # OSError, or TensorFlow's own error for a full disk (ResourceExhaustedError)
         _fail_if_write_error(error, output)
 
 

@@ -32,6 +32,8 @@ import os
 import re
 import shutil
 import signal
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -124,6 +126,40 @@ def _progress(total: int, log: Callable[[str], None], every_seconds: float = 5.0
             logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _quiet_local_workers(pipeline_args: Sequence[str] | None):
+    """Holds back what local Beam workers print to stderr while the pipeline runs, unless the run fails to write.
+
+    A worker prints its traceback straight to the stderr it inherited; when the
+    run then fails for want of disk space or permission, the command says so in
+    one sentence and the traceback is dropped. On success, or on any other
+    failure, everything held back is shown. `fullres --verbose`
+    (FULLRES_VERBOSE=1) and remote runners (Dataflow) are left alone.
+    """
+    runner = next((a.split("=", 1)[1] for a in (pipeline_args or []) if a.startswith("--runner=")), LOCAL_RUNNER)
+    if os.environ.get("FULLRES_VERBOSE") == "1" or runner not in (LOCAL_RUNNER, "DirectRunner"):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        show = True
+        try:
+            yield
+        except Exception as error:
+            show = output_guard.write_failure(error, "") is None
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if show:
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors="replace"))
+                sys.stderr.flush()
+
+
 # The local runner, named exactly: Beam's "DirectRunner" first tries the Prism runner, which downloads its
 # binary from GitHub at run time, and falls back to this FnApiRunner only when that fails.
 LOCAL_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
@@ -189,7 +225,7 @@ def publish(staging: str, output: str, last: str = "summary.json") -> None:
 
     Raises:
         output_guard.OutputRefused: `output` holds files fullres did not write
-            (they may have appeared while the pipeline ran); `staging` is kept.
+            (they may have appeared while the pipeline ran); nothing is deleted.
     """
     old_files = output_guard.conversion_files(output)
     new_files = [name for name in _names(staging) if name != output_guard.MARKER]
@@ -427,8 +463,9 @@ def run(
             try:
                 if _is_local(staging):
                     os.makedirs(staging)
-                summary, shards = _convert(items, early_dead_letters, convert, staging, output, pipeline_args,
-                                           num_shards, compress, extra_files, notes, summary_fields, log)
+                with _quiet_local_workers(pipeline_args):
+                    summary, shards = _convert(items, early_dead_letters, convert, staging, output, pipeline_args,
+                                               num_shards, compress, extra_files, notes, summary_fields, log)
                 publish(staging, output)
             except BaseException:
                 if _is_local(staging):

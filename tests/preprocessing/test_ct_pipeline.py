@@ -457,3 +457,16 @@ def test_summary_lists_label_values_and_crop_cuts(tmp_path):
         fields[example["case_id"].bytes_list.value[0].decode()] = [
             list(example[key].int64_list.value) for key in ("label/values", "label/cropped_classes", "label/cropped_voxels")]
     assert fields == {"corner": [[0, 1, 2], [2], [60]], "centred": [[0, 1], [], []]}
+
+
+def test_series_folders_reached_through_symlinks_are_found_once(tmp_path):
+    written = demo_ct.write_demo_cases(str(tmp_path / "elsewhere"), 2, (8, 16, 16), seed=0, formats=("dicom",))
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    os.symlink(os.path.join(written["dicom"], "images", "case000"), scans / "case000")  # a series folder, linked in
+    os.symlink(os.path.join(written["dicom"], "images"), scans / "more")  # a folder of series, linked in
+    os.symlink(scans, scans / "loop")  # a link back to the top
+    volumes, dead = ct_io.discover(str(scans))
+    assert sorted(volumes) == ["case000", "case001"] and all(v.is_dicom for v in volumes.values())
+    # case000 is reachable twice (directly and through more/); it is read once, and nothing loops.
+    assert dead == []
