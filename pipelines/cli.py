@@ -401,9 +401,7 @@ def _worker_wheel() -> str:
 
 
 def _run_conversion(function, **kwargs):
-    from preprocessing import conversion
-
-    from preprocessing import output_guard
+    from preprocessing import conversion, output_guard
 
     try:
         function(**kwargs, log=_print)

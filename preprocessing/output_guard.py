@@ -6,7 +6,7 @@ Before anything is read, a command checks its output location:
 - it must not be an existing file;
 - an existing, non-empty directory must be one fullres wrote: a conversion
   output (its `.fullres-output` manifest lists the files it holds; an older
-  output is recognised by `summary.json` beside only fullres's own file names),
+  output is recognised by holding nothing but fullres's own file names),
   a training run (`train_config.json`), or a demo / pipeline root (the marker).
 
 A conversion replaces its output by deleting exactly the files the manifest
@@ -155,10 +155,8 @@ def conversion_files(output: str, option: str = "--output") -> list[str]:
     marker = _read_marker(output)
     if marker is not None and marker.get("kind") == "tfrecords":
         listed = set(marker.get("files", [])) | {MARKER}
-    elif "summary.json" in names:  # written before the manifest existed: fullres's own names only
+    else:  # written before the manifest existed (or cut short): recognised if it holds fullres's own names only
         listed = {n for n in names if CONVERSION_NAMES.match(n)}
-    else:
-        raise _foreign(output, names, option, fix)
     unknown = [n for n in names if n not in listed]
     if unknown:
         raise _foreign(output, unknown, option, fix)

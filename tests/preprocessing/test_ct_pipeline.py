@@ -209,7 +209,8 @@ def test_rerun_replaces_output_whole(bad_inputs, tmp_path):
     (output / "data-00000-of-00009.tfrecord").write_bytes(b"stale shard of an earlier run")
     ct_pipeline.run(str(bad_inputs / "images" / "good1.nii.gz"), str(output), config=CONFIG,
                     pipeline_args=IN_PROCESS, log=lambda line: None)
-    assert sorted(os.listdir(output)) == ["data-00000-of-00001.tfrecord", "dead_letter.jsonl", "summary.json"]
+    assert sorted(os.listdir(output)) == [".fullres-output", "data-00000-of-00001.tfrecord", "dead_letter.jsonl",
+                                          "summary.json"]
     assert [p for p in os.listdir(tmp_path) if p != "out"] == []  # no staging or old directories left
 
 
