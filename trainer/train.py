@@ -195,8 +195,10 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
                     tf.summary.scalar("learning_rate", learning_rate)
                     tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
         if is_chief and (done % config.checkpoint_every == 0 or done == total_steps):
-            checkpoints.save(checkpoint_dir, done, state, keep=config.keep_checkpoints)
+            # History first: a run killed between the two resumes from the older checkpoint and drops the
+            # newer lines, whereas the other order would resume past lines that were never written.
             _write_history(history_path, history)
+            checkpoints.save(checkpoint_dir, done, state, keep=config.keep_checkpoints)
     train_seconds = time.perf_counter() - started
 
     results = {

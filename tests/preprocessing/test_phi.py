@@ -76,7 +76,7 @@ def test_no_dicom_patient_attribute_and_no_absolute_path_reaches_outputs(tmp_pat
                               max_failed_fraction=1.0, log=lambda line: None)
     assert summary["ok"] == 1 and summary["failed"] == 3 and summary["pseudonymized"] is False
     contents = _output_bytes(tmp_path / "out")
-    assert sorted(contents) == ["data-00000-of-00001.tfrecord", "dead_letter.jsonl", "summary.json"]
+    assert sorted(contents) == [".fullres-output", "data-00000-of-00001.tfrecord", "dead_letter.jsonl", "summary.json"]
     for marker in (TAG, BIRTH_DATE, ROOT, str(tmp_path)):
         assert _found(contents, marker) == [], marker
     letters = [json.loads(line) for line in contents["dead_letter.jsonl"].decode().splitlines()]
@@ -98,7 +98,7 @@ def test_pseudonymized_outputs_hold_no_marker_at_all(tmp_path):
         capture_output=True, text=True, env=environment, cwd=REPOSITORY)
     assert result.returncode == 0, result.stderr[-2000:]
     contents = _output_bytes(output)
-    assert sorted(contents) == ["data-00000-of-00001.tfrecord.gz", "dead_letter.jsonl", "summary.json"]
+    assert sorted(contents) == [".fullres-output", "data-00000-of-00001.tfrecord.gz", "dead_letter.jsonl", "summary.json"]
     for marker in (TAG, BIRTH_DATE, FOLDER, ROOT, "DOE", "SMITH", "ROE", "JOHN"):
         assert _found(contents, marker) == [], marker
     summary = json.loads(contents["summary.json"])
