@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -27,9 +28,30 @@ app = typer.Typer(
 PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "detection", "detection_2560", "detection_demo")
 
 
+@app.callback()
+def _global_options(
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show the traceback behind an error (e.g. fullres --verbose train ...; or set FULLRES_VERBOSE=1).")] = False,
+) -> None:
+    if verbose:
+        os.environ["FULLRES_VERBOSE"] = "1"  # read by _fail, here and in the processes a command starts
+
+
 def _fail(message: str) -> None:
+    """One sentence on stderr and exit 2; with `fullres --verbose`, the traceback of the error being handled first."""
+    if os.environ.get("FULLRES_VERBOSE") == "1" and sys.exc_info()[1] is not None:
+        traceback.print_exc()
     typer.echo(f"fullres: error: {message}", err=True)
     raise typer.Exit(code=2)
+
+
+def _fail_if_write_error(error: Exception, output) -> None:
+    """Disk full or permission denied while writing `output` becomes one sentence; other errors propagate."""
+    from preprocessing import output_guard
+
+    sentence = output_guard.write_failure(error, str(output))
+    if sentence is None:
+        raise error
+    _fail(sentence)
 
 
 def _jax_backend_started() -> bool:
@@ -186,8 +208,10 @@ def train(
     except distributed.Preempted as preempted:
         _print(f"fullres: {preempted}")
         raise typer.Exit(code=distributed.PREEMPTED_EXIT_CODE) from None
-    except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError is a ValueError
+    except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError, OutputRefused: ValueErrors
         _fail(str(error))
+    except Exception as error:  # OSError, or TensorFlow's own error for a full disk (ResourceExhaustedError)
+        _fail_if_write_error(error, output)
 
 
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:
@@ -222,10 +246,25 @@ def demo(
     (3D UNet) → evaluate (Dice, HTML report) → export, and writes summary.json.
     """
     from pipelines import definitions, local_run
-    from preprocessing import demo_ct
+    from preprocessing import demo_ct, output_guard
 
     output = output.resolve()
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output_guard.check_owned_directory(str(output), "demo", {})
+        output.mkdir(parents=True, exist_ok=True)
+        output_guard.write_marker(str(output), "demo")
+        with output_guard.lock(str(output)):
+            _run_demo(output, steps, cases, eval_cases)
+    except output_guard.OutputRefused as error:
+        _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, output)
+
+
+def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int) -> None:
+    from pipelines import definitions, local_run
+    from preprocessing import demo_ct
+
     _print(f"generating {cases} training and {eval_cases} held-out synthetic CT scans (NIfTI) in {output / 'data'}")
     # 32×64×64 voxels at 0.7–1.0 mm in-plane and 1.5–3 mm slices; resampled to 1.7×1.7×2.25 mm
     # (≈32³ on average) and cut or padded to 32³.
@@ -406,14 +445,16 @@ def _worker_wheel() -> str:
 
 
 def _run_conversion(function, **kwargs):
-    from preprocessing import conversion
+    from preprocessing import conversion, output_guard
 
     try:
         function(**kwargs, log=_print)
-    except conversion.PreprocessingFailed as error:
+    except (conversion.PreprocessingFailed, output_guard.OutputWriteFailed) as error:
         _fail(str(error))
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:  # OutputRefused is a ValueError
         _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, kwargs["output"])
 
 
 _BEAM_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -424,10 +465,18 @@ def preprocess_ct(
     context: typer.Context,
     input_path: Annotated[str, typer.Option("--input", help="A CT file, or a directory of DICOM series / NIfTI / NRRD / MetaImage files.")],
     output: ConversionOutput,
-    labels: Annotated[str | None, typer.Option(help="Label maps: a directory with a file named like each image, or a CSV with image,label rows.")] = None,
-    spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = "1.0,1.0,1.0",
-    window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1].")] = "-1000,1000",
+    labels: Annotated[str | None, typer.Option(help="Label maps: a directory with a file named like each image, or a CSV with image,label rows. Omit for layouts whose names pair them (nnU-Net/MSD imagesTr+labelsTr, KiTS case folders, CASE_image+CASE_label).")] = None,
+    spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = None,
+    window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1] (CT only; MR is z-scored).")] = "-1000,1000",
+    modality: Annotated[str, typer.Option(help="ct (HU window), mr (z-score per case), or auto (DICOM's Modality tag; for volume files, CT if the values look like HU).")] = "auto",
+    pseudonymize: Annotated[bool, typer.Option(help="Replace case ids by keyed hashes; the mapping back goes to OUTPUT.pseudonyms.json beside the output, never inside it.")] = False,
+    pseudonymize_key_file: Annotated[str | None, typer.Option(help="Key for --pseudonymize (share it between splits); default OUTPUT.pseudonym-key, generated once.")] = None,
     shape: Annotated[str | None, typer.Option(help="Crop or pad every case to D,H,W (choose sizes your partitioning accepts).")] = None,
+    spacing_tolerance: Annotated[float, typer.Option(help="DICOM slice gaps may vary by this fraction of their median; beyond it slices are interpolated onto a uniform grid (noted in summary.json).")] = 0.05,
+    classes: Annotated[str | None, typer.Option(help="Class names of DICOM SEG segments / RTSTRUCT ROIs, NAME1,NAME2,... (NAME1 is class 1), or a label_map.json of a previous run.")] = None,
+    crop: Annotated[str, typer.Option(help="Where --shape crops: center of the volume, or foreground (centred on the labelled voxels).")] = "center",
+    num_classes: Annotated[int | None, typer.Option(help="Classes including background: label values must be 0..N-1 (default: 0..255).")] = None,
+    max_voxels: Annotated[int | None, typer.Option(help="Cases with more voxels (read from the header, and after resampling) are dead letters (default 2^29).")] = None,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -444,13 +493,18 @@ def preprocess_ct(
     from preprocessing import ct_pipeline, ct_transforms
 
     try:
-        config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values)
+        config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
+                                                  spacing_tolerance=spacing_tolerance,
+                                                  classes=ct_transforms.class_names(classes) if classes else (),
+                                                  modality=modality, crop=crop,
+                                                  max_label=255 if num_classes is None else num_classes - 1,
+                                                  **({"max_voxels": max_voxels} if max_voxels is not None else {}))
     except ValueError as error:
         _fail(str(error))
     _run_conversion(
         ct_pipeline.run, input_path=input_path, output=output, labels=labels, config=config,
         pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
-        max_failed_fraction=max_failed_fraction,
+        max_failed_fraction=max_failed_fraction, pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
     )
 
 
@@ -460,6 +514,9 @@ def preprocess_images(
     annotations: Annotated[str, typer.Option(help="A COCO JSON file, or a directory of Pascal VOC XML files.")],
     images: Annotated[str, typer.Option(help="The directory the annotations' file names are relative to.")],
     output: ConversionOutput,
+    label_map: Annotated[str | None, typer.Option(help="label_map.json of a previous conversion (e.g. the training split): class ids are taken from it, so every split agrees.")] = None,
+    extend_label_map: Annotated[bool, typer.Option(help="Give a class the --label-map lacks the next free id (default: refuse it).")] = False,
+    max_pixels: Annotated[int, typer.Option(help="Images over this many pixels (read from the header) are dead letters: decompression bombs.")] = 100_000_000,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -467,15 +524,18 @@ def preprocess_images(
     workers: Workers = None,
 ) -> None:
     """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
-    for name, path in (("--annotations", annotations), ("--images", images)):
-        if "://" not in path and not os.path.exists(path):
+    for name, path in (("--annotations", annotations), ("--images", images), ("--label-map", label_map)):
+        if path is not None and "://" not in path and not os.path.exists(path):
             _fail(f"{name} {path!r} does not exist.")
+    if extend_label_map and label_map is None:
+        _fail("--extend-label-map extends the map given with --label-map; pass --label-map too, or drop the flag.")
     from preprocessing import images_pipeline
 
     _run_conversion(
         images_pipeline.run, annotations=annotations, images=images, output=output,
         pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
-        max_failed_fraction=max_failed_fraction,
+        max_failed_fraction=max_failed_fraction, label_map=label_map, extend_label_map=extend_label_map,
+        max_pixels=max_pixels,
     )
 
 
@@ -561,12 +621,20 @@ def pipeline_run(
         _fail("pipeline run needs --local (kfp.local on this machine); to run on Vertex AI use `fullres pipeline submit`.")
     _check_pipeline_name(name)
     from pipelines import local_run, vertex
+    from preprocessing import output_guard
 
     try:
         arguments = vertex.parse_parameters(name, param or [])
-        run = local_run.run_local(name, arguments, str(pipeline_root), log=_print)
-    except ValueError as error:
+        inputs = {f"--param {key}": value for key, value in arguments.items() if key.endswith("_uri") and value}
+        output_guard.check_owned_directory(str(pipeline_root), "pipeline-root", inputs, option="--pipeline-root")
+        pipeline_root.mkdir(parents=True, exist_ok=True)
+        output_guard.write_marker(str(pipeline_root), "pipeline-root")
+        with output_guard.lock(str(pipeline_root), option="--pipeline-root"):
+            run = local_run.run_local(name, arguments, str(pipeline_root), log=_print)
+    except ValueError as error:  # OutputRefused too
         _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, pipeline_root)
     except local_run.PipelineRunFailed as error:
         _fail(str(error))
     for task, outputs in run["outputs"].items():

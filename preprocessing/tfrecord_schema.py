@@ -8,15 +8,19 @@ patient space.
 | key                    | type          | meaning                                                  |
 | ---------------------- | ------------- | -------------------------------------------------------- |
 | `case_id`              | bytes         | case identifier, unique within a data set                |
-| `source_path`          | bytes         | the image file or DICOM series directory it came from    |
+| `source_path`          | bytes         | the image file or DICOM series folder, relative to the input root (a pseudonym under `--pseudonymize`) |
 | `image/encoded`        | bytes         | little-endian float32 voxels, C order, shape `image/shape` |
 | `image/shape`          | int64 × 3     | (D, H, W) of the stored volume                           |
 | `image/original_shape` | int64 × 3     | (D, H, W) after resampling, before crop or pad           |
 | `image/spacing`        | float × 3     | voxel spacing in mm, (x, y, z)                           |
 | `image/origin`         | float × 3     | physical position of voxel (0, 0, 0) in mm, (x, y, z)    |
 | `image/direction`      | float × 9     | direction cosines, row-major 3×3, ITK convention         |
-| `image/window`         | float × 2     | HU window (low, high) mapped to [0, 1]                   |
+| `image/window`         | float × 2     | `ct_window`: HU (low, high) mapped to [0, 1]; `zscore`: the (mean, std) used |
+| `image/normalization`  | bytes         | `ct_window` (CT) or `zscore` (MR); absent in older records: `ct_window` |
 | `label/encoded`        | bytes         | uint8 class ids, C order, shape `image/shape`            |
+| `label/values`         | int64 × K     | class ids present in the label map as read (none: no map) |
+| `label/cropped_classes`| int64 × M     | classes of which the crop to `--shape` cut voxels        |
+| `label/cropped_voxels` | int64 × M     | voxels of each of those classes cut (resampled grid)     |
 
 Detection records use the TF Object Detection API keys (`DETECTION_KEYS`) so
 existing tools read them.
@@ -43,7 +47,11 @@ IMAGE_SPACING = "image/spacing"
 IMAGE_ORIGIN = "image/origin"
 IMAGE_DIRECTION = "image/direction"
 IMAGE_WINDOW = "image/window"
+IMAGE_NORMALIZATION = "image/normalization"
 LABEL_ENCODED = "label/encoded"
+LABEL_VALUES = "label/values"
+LABEL_CROPPED_CLASSES = "label/cropped_classes"
+LABEL_CROPPED_VOXELS = "label/cropped_voxels"
 
 # TF Object Detection API keys for 2D detection records.
 DETECTION_KEYS = (
@@ -85,6 +93,10 @@ class CtRecord:
     direction: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
     original_shape: tuple[int, int, int] | None = None
     window: tuple[float, float] = (-1000.0, 1000.0)
+    normalization: str = "ct_window"
+    warnings: tuple[str, ...] = ()  # for the converter's log and summary; not serialized
+    label_values: tuple[int, ...] = ()  # class ids in the label map as read; () without a label map
+    cropped_voxels: tuple[tuple[int, int], ...] = ()  # (class, voxels cut by the crop), foreground classes only
 
     def __post_init__(self):
         if self.image.ndim != 3:
@@ -115,7 +127,11 @@ def encode_ct_example(record: CtRecord) -> bytes:
         IMAGE_ORIGIN: _floats(record.origin),
         IMAGE_DIRECTION: _floats(record.direction),
         IMAGE_WINDOW: _floats(record.window),
+        IMAGE_NORMALIZATION: _bytes(record.normalization.encode()),
         LABEL_ENCODED: _bytes(label.tobytes()),
+        LABEL_VALUES: _ints(record.label_values),
+        LABEL_CROPPED_CLASSES: _ints([c for c, _ in record.cropped_voxels]),
+        LABEL_CROPPED_VOXELS: _ints([n for _, n in record.cropped_voxels]),
     }
     return example_proto.serialize_example(features)
 
@@ -134,6 +150,7 @@ def _ct_features() -> dict:
         IMAGE_ORIGIN: tf.io.FixedLenFeature([3], tf.float32),
         IMAGE_DIRECTION: tf.io.FixedLenFeature([9], tf.float32),
         IMAGE_WINDOW: tf.io.FixedLenFeature([2], tf.float32),
+        IMAGE_NORMALIZATION: tf.io.FixedLenFeature([], tf.string, default_value="ct_window"),
         LABEL_ENCODED: tf.io.FixedLenFeature([], tf.string),
     }
 
@@ -163,6 +180,7 @@ def parse_ct_example(serialized) -> dict:
         "direction": parsed[IMAGE_DIRECTION],
         "original_shape": parsed[IMAGE_ORIGINAL_SHAPE],
         "window": parsed[IMAGE_WINDOW],
+        "normalization": parsed[IMAGE_NORMALIZATION],
     }
 
 

@@ -5,7 +5,9 @@ one static shape — and placed in its top-left corner, padded with zeros. With
 augmentation, the scale is jittered (a random factor on top of the fitting
 scale, then a random crop or placement on the canvas) and the image is flipped
 left-right half the time; boxes move with the image, are clipped to the canvas
-and dropped when less than a quarter of them is left.
+and dropped when less than a quarter of them is left. An image keeps its first
+`max_boxes` boxes; how many more it had is reported with it (`boxes_dropped`),
+so the trainer can say so instead of dropping them without a word.
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ def _transform(example: dict, canvas: tuple[int, int], max_boxes: int, augment: 
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     kept_area = (clipped[:, 2] - clipped[:, 0]) * (clipped[:, 3] - clipped[:, 1])
     keep = kept_area >= 0.25 * area
-    boxes, classes = tf.boolean_mask(clipped, keep)[:max_boxes], tf.boolean_mask(classes, keep)[:max_boxes]
+    boxes, classes = tf.boolean_mask(clipped, keep), tf.boolean_mask(classes, keep)
+    dropped = tf.maximum(tf.shape(classes)[0] - max_boxes, 0)  # boxes beyond max_boxes, left out below
+    boxes, classes = boxes[:max_boxes], classes[:max_boxes]
     count = tf.shape(classes)[0]
     boxes = tf.pad(boxes, [[0, max_boxes - count], [0, 0]])  # (M, 4)
     classes = tf.pad(classes, [[0, max_boxes - count]], constant_values=-1)  # (M,), -1 = no box
     image = tf.ensure_shape(image, [height, width, 3])
     return {"image": image, "boxes": tf.ensure_shape(boxes, [max_boxes, 4]),
-            "classes": tf.ensure_shape(classes, [max_boxes]), "source_id": example["source_id"]}
+            "classes": tf.ensure_shape(classes, [max_boxes]), "source_id": example["source_id"], "boxes_dropped": dropped}
 
 
 def detection_dataset(
@@ -75,7 +79,8 @@ def detection_dataset(
     drop_remainder: bool = False,
     rows=None,
 ) -> tf.data.Dataset:
-    """Batches of `{"image": (B, H, W, 3) float32, "boxes": (B, M, 4) yxyx pixels, "classes": (B, M), "source_id"}`.
+    """Batches of `{"image": (B, H, W, 3) float32, "boxes": (B, M, 4) yxyx pixels, "classes": (B, M), "source_id",
+    "boxes_dropped": (B,)}`; M is `max_boxes`, and `boxes_dropped` counts each image's boxes beyond it.
 
     Augmentation draws from (seed, position in the stream), so a resumed run
     that skips `skip_examples` sees exactly what an uninterrupted one would.

@@ -40,7 +40,14 @@ class SegmentationTask:
         self.config = config
 
     def example_shape(self) -> tuple[int, ...]:
-        """(D, H, W, 1) (or (H, W, 1)) of the training records."""
+        """(D, H, W, 1) (or (H, W, 1)) of the training records; refuses too few classes for their labels."""
+        values = read_label_values(self.config.train_data)
+        num_classes = self.config.model.num_classes
+        if values and max(values) >= num_classes:
+            raise ValueError(
+                f"--num-classes {num_classes} is too small for {self.config.train_data}: its summary.json lists label "
+                f"values {', '.join(map(str, values))}; pass --num-classes {max(values) + 1} or more."
+            )
         first = next(ct_input.ct_dataset(self.config.train_data, 1).as_numpy_iterator())
         shape = first["image"].shape[1:]
         if len(shape) != self.config.model.spatial_dims + 1:
@@ -68,7 +75,8 @@ class SegmentationTask:
         sharding = self.label_sharding(distribution, labels.ndim + 1)
         return step.global_array(sharding, labels, self.config.batch_size, rows)
 
-    def batches(self, start_step: int, rows=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(images, labels) for every step from `start_step` on, augmented as an uninterrupted run would be.
 
         Args:
@@ -86,6 +94,10 @@ class SegmentationTask:
             if config.augment:
                 images, labels = train.random_flips(images, labels, config.seed, step_number, rows)
             yield images, labels
+
+    def input_counts(self) -> dict:
+        """What the input left out, for metrics.json: nothing (volumes are cropped at preprocessing, and say so)."""
+        return {}
 
     def evaluate(self, model, state, distribution, log: Callable[[str], None], pattern: str | None = None,
                  samples: list | None = None, keep: int = 0) -> dict:
@@ -107,15 +119,63 @@ class SegmentationTask:
         return {"dice_mean": scores["dice_mean"]} if scores.get("dice_mean") is not None else {}
 
 
-def read_label_map(pattern: str) -> dict[str, int] | None:
-    """`label_map.json` (name -> 1-based id) beside the records, as `fullres preprocess images` writes it."""
+def read_label_values(pattern: str) -> list[int]:
+    """The class ids `fullres preprocess ct` found in the data (`summary.json` beside the records); [] if not recorded."""
     import tensorflow as tf
 
-    path = os.path.join(os.path.dirname(pattern), "label_map.json")
+    path = os.path.join(os.path.dirname(pattern), "summary.json")
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as file:
+        return sorted(int(value) for value in json.load(file).get("label_values", {}))
+
+
+def label_map_path(pattern: str) -> str:
+    """Where `fullres preprocess images` writes `label_map.json`: beside the records."""
+    return os.path.join(os.path.dirname(pattern), "label_map.json")
+
+
+def read_label_map(pattern: str) -> dict[str, int] | None:
+    """`label_map.json` (name -> id) beside the records; None when there is none.
+
+    Ids count from 1, as the records store them (TF Object Detection API); the
+    class index the model predicts is id - 1, everywhere: input, loss, mAP, report.
+
+    Raises:
+        ValueError: an id is not a whole number from 1 (a map written before
+            COCO category 0 was stored as 1 holds a 0).
+    """
+    import tensorflow as tf
+
+    path = label_map_path(pattern)
     if not tf.io.gfile.exists(path):
         return None
     with tf.io.gfile.GFile(path) as file:
-        return json.load(file)
+        label_map = json.load(file)
+    for name, number in label_map.items():
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            raise ValueError(f"{path} maps {name!r} to {number!r}, but class ids count from 1 (0 is the background "
+                             "in the TF Object Detection API); convert the data again with fullres preprocess images, "
+                             "which stores COCO category 0 as 1.")
+    return label_map
+
+
+def check_label_maps_agree(train_pattern: str, eval_pattern: str) -> None:
+    """Refuses evaluation data whose class ids differ from the training data's: it would be scored silently wrong.
+
+    Raises:
+        ValueError: a class of the eval label map has another id (or none) in the training label map.
+    """
+    train_map, eval_map = read_label_map(train_pattern), read_label_map(eval_pattern)
+    if not train_map or not eval_map:
+        return
+    for name, number in sorted(eval_map.items(), key=lambda item: item[1]):
+        if train_map.get(name) != number:
+            raise ValueError(
+                f"class {name!r} has id {number} in {label_map_path(eval_pattern)} but "
+                f"{train_map.get(name) or 'no id'} in {label_map_path(train_pattern)}, so evaluation would score it "
+                f"as another class; convert the eval data again with --label-map {label_map_path(train_pattern)}."
+            )
 
 
 def class_names(label_map: dict[str, int] | None, num_classes: int) -> list[str]:
@@ -140,6 +200,10 @@ class DetectionTask:
                 f"predicts {config.model.num_classes} classes; set num_classes to {max(label_map.values())}."
             )
         self.class_names = class_names(label_map, config.model.num_classes)
+        if config.eval_data:
+            check_label_maps_agree(config.train_data, config.eval_data)
+        self.boxes_dropped_max_boxes = 0  # training boxes beyond max_boxes, in the batches handed out so far
+        self.eval_boxes_dropped = 0  # ground-truth boxes beyond EVAL_MAX_BOXES, in the last evaluation
 
     def example_shape(self) -> tuple[int, ...]:
         ct_input.list_files(self.config.train_data)  # a clear error when nothing matches
@@ -168,8 +232,13 @@ class DetectionTask:
         return {key: step.global_array(shardings[key], value, self.config.batch_size, rows)
                 for key, value in targets.items()}
 
-    def batches(self, start_step: int, rows=None) -> Iterator[tuple[np.ndarray, dict]]:
-        """(images, anchor targets) for every step from `start_step` on; `rows` as in `SegmentationTask.batches`."""
+    def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print
+                ) -> Iterator[tuple[np.ndarray, dict]]:
+        """(images, anchor targets) for every step from `start_step` on; `rows` as in `SegmentationTask.batches`.
+
+        Boxes beyond `max_boxes` are counted (`input_counts`; in this process's rows) and logged:
+        on the first step that drops any, then once per `log_every` steps that drop more.
+        """
         from trainer import detection_input, retinanet
 
         config = self.config
@@ -178,9 +247,24 @@ class DetectionTask:
             augment=config.augment, shuffle=True, repeat=True, seed=config.seed,
             skip_examples=start_step * config.batch_size, drop_remainder=True, rows=rows,
         )
-        for batch in data.as_numpy_iterator():
+        unreported = unreported_images = 0
+        for step_number, batch in enumerate(data.as_numpy_iterator(), start_step):
+            dropped = int(batch["boxes_dropped"].sum())
+            self.boxes_dropped_max_boxes += dropped
+            unreported += dropped
+            unreported_images += int((batch["boxes_dropped"] > 0).sum())
+            first = dropped and self.boxes_dropped_max_boxes == dropped
+            if unreported and (first or (step_number + 1) % config.log_every == 0):
+                log(f"step {step_number + 1}: {unreported} boxes beyond max_boxes {config.max_boxes} left out of "
+                    f"{unreported_images} training images ({self.boxes_dropped_max_boxes} in this run so far); raise "
+                    "max_boxes to train on them")
+                unreported = unreported_images = 0
             targets = retinanet.encode_targets(batch["boxes"], batch["classes"], config.image_size, config.model)
             yield batch["image"], targets
+
+    def input_counts(self) -> dict:
+        """What the input left out, for metrics.json."""
+        return {"boxes_dropped_max_boxes": self.boxes_dropped_max_boxes}
 
     def predict(self, model, state, distribution, pattern: str, max_detections: int = 100):
         """Detections and ground truth of every image matching `pattern`, at full resolution, partitioned as in training.
@@ -198,7 +282,9 @@ class DetectionTask:
         )
         data = detection_input.detection_dataset(pattern, config.batch_size, config.image_size,
                                                  max_boxes=self.EVAL_MAX_BOXES)
+        self.eval_boxes_dropped = 0
         for batch in data.as_numpy_iterator():
+            self.eval_boxes_dropped += int(batch["boxes_dropped"].sum())
             real = batch["image"].shape[0]
             images = pad_batch(batch["image"], config.batch_size)
             outputs = forward(state, step.place_batch(distribution, images))
@@ -218,9 +304,10 @@ class DetectionTask:
         """COCO AP on `pattern` (default: the config's eval data); the first `keep` images go to `samples`."""
         from trainer import detection_eval
 
+        pattern = pattern or self.config.eval_data
+        check_label_maps_agree(self.config.train_data, pattern)
         truths, found = [], []
-        for image, truth, detections, source_id in self.predict(model, state, distribution,
-                                                                pattern or self.config.eval_data):
+        for image, truth, detections, source_id in self.predict(model, state, distribution, pattern):
             if samples is not None and len(samples) < keep:
                 samples.append({"source_id": source_id, "image": image, "truth": truth, "detections": detections})
             truths.append(truth)
@@ -228,6 +315,10 @@ class DetectionTask:
         scores = detection_eval.coco_metrics(found, truths, self.class_names)
         scores["images"] = len(truths)
         scores["class_names"] = self.class_names
+        scores["eval_boxes_dropped_max_boxes"] = self.eval_boxes_dropped
+        if self.eval_boxes_dropped:
+            log(f"{self.eval_boxes_dropped} ground-truth boxes beyond {self.EVAL_MAX_BOXES} per image were left out of "
+                "the evaluation; the mAP is computed without them")
         per_class = ", ".join(f"{name} {'n/a' if ap is None else f'{ap:.3f}'}" for name, ap in scores["per_class_AP"].items())
         log(f"COCO mAP {scores['mAP']:.3f}, mAP@0.5 {scores['mAP@0.5']:.3f} on {len(truths)} images; AP {per_class}")
         return scores

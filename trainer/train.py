@@ -15,6 +15,7 @@ Output directory:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from preprocessing import output_guard
 from trainer import checkpoints, config as config_lib, ct_input, distributed, partitioning
 
 
@@ -85,6 +87,9 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
+    The output directory must be new, empty, or an earlier run (resumed), and
+    outside the data's directories; the first process holds its lock while it
+    trains. A rerun refused for its configuration leaves the run untouched.
 
     In a multi-process run (`distributed.initialize` first) every process calls
     this with the same config: each reads only the rows of every global batch
@@ -96,16 +101,30 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     Raises:
         partitioning.PartitionError: the partitioning does not fit the data or devices.
         FileNotFoundError: no training data matches `config.train_data`.
+        output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
+        ValueError: the run's newest checkpoint was written by another configuration.
         distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
     """
+    import jax
+
+    if not config.train_data or not config.output_dir:
+        raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
+    ct_input.list_files(config.train_data)  # names a pattern that matches nothing before judging the output
+    output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
+                                                         "evaluation data": config.eval_data})
+    chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with chief_lock:
+        return _train(config, log, export_saved_model)
+
+
+def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool) -> dict:
+    """`train`, once the output directory is known to be safe and this process holds it."""
     import jax
     import keras
     import tensorflow as tf
 
     from trainer import export, step, tasks
 
-    if not config.train_data or not config.output_dir:
-        raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
     ct_input.hide_accelerators_from_tensorflow()
     task = tasks.make_task(config)
     num_examples = ct_input.count_examples(config.train_data)
@@ -136,6 +155,14 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
     history_path = os.path.join(config.output_dir, "history.jsonl")
+    start_step = 0
+    state = step.place_state(state, distribution)
+    checkpointer = checkpoints.Checkpointer(checkpoint_dir, keep=config.keep_checkpoints)
+    # Checked before anything is written: a rerun refused here leaves the finished run as it was.
+    restored = checkpointer.restore_latest(state)
+    if restored is not None:
+        state, start_step = restored
+        log(f"resuming from checkpoint at step {start_step}")
     os.makedirs(config.output_dir, exist_ok=True)
     is_chief = jax.process_index() == 0
     if is_chief:
@@ -144,13 +171,6 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         with open(os.path.join(config.output_dir, "model_info.json"), "w") as file:
             json.dump({"task": task.name, "image_shape": list(image_shape[1:]),
                        "class_names": getattr(task, "class_names", None)}, file)
-    start_step = 0
-    checkpointer = checkpoints.Checkpointer(checkpoint_dir, keep=config.keep_checkpoints)
-    state = step.place_state(state, distribution)
-    restored = checkpointer.restore_latest(state)
-    if restored is not None:
-        state, start_step = restored
-        log(f"resuming from checkpoint at step {start_step}")
     history = read_history(history_path, start_step)
 
     train_step = step.jit_train_step(
@@ -162,7 +182,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     )
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
     rows = step.process_rows(image_sharding, image_shape) if jax.process_count() > 1 else None
-    batches = task.batches(start_step, rows)
+    batches = task.batches(start_step, rows, log)
     writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
 
     started = time.perf_counter()
@@ -193,9 +213,11 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
                     tf.summary.scalar("learning_rate", learning_rate)
                     tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
         if preempted or done % config.checkpoint_every == 0 or done == total_steps:
-            checkpointer.save(done, state)  # every process writes its part
             if is_chief:
+                # History first: a run killed between the two resumes from the older checkpoint and drops the
+                # newer lines, whereas the other order would resume past lines that were never written.
                 _write_history(history_path, history)
+            checkpointer.save(done, state)  # every process writes its part
         if preempted and done < total_steps:
             checkpointer.close()
             if writer is not None:
@@ -218,6 +240,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         "input_partition_dims": list(config.partition.input_partition_dims),
         "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.shape)},
         "precision": config.precision,
+        **task.input_counts(),  # e.g. detection boxes beyond max_boxes
         "config": config_lib.to_dict(config),
     }
     if config.eval_data:

@@ -130,3 +130,31 @@ def test_preprocess_images_converts_coco(runner, tmp_path):
 
 def test_worker_replicas_counts_hosts_beyond_the_chief(runner):
     assert COMPONENTS.worker_replicas(replica_count=4).output == 3
+
+
+@dsl.component(base_image=steps.DEFAULT_IMAGE, install_kfp_package=False)
+def resolved_overrides(overrides: dict) -> str:
+    """The types `runtime.train_config` ends up with for `overrides`, as KFP delivered them to the step."""
+    from components import runtime
+
+    config = runtime.train_config(task="segmentation", preset="smoke", train_data="unused-*", output_dir="unused",
+                                  steps=0, batch_size=0, learning_rate=0.0, input_partition_dims="", precision="",
+                                  overrides=overrides)
+    values = (config.model.num_classes, config.steps, config.partition.input_partition_dims[1], config.learning_rate)
+    return " ".join(f"{type(v).__name__}:{v}" for v in values)
+
+
+@pytest.mark.slow
+def test_integer_train_overrides_stay_integers_through_kfp(runner):
+    # KFP hands a dict parameter over as a protobuf Struct: every number a double. Keras refuses 2.0 classes.
+    task = resolved_overrides(overrides={"model": {"num_classes": 2}, "steps": 7,
+                                         "partition": {"input_partition_dims": [1, 2, 1, 1, 1]}, "learning_rate": 1})
+    assert task.output == "int:2 int:7 int:2 float:1.0"
+
+
+def test_fractional_value_for_an_integer_setting_is_refused():
+    from components import runtime
+
+    with pytest.raises(ValueError, match=r"^train override model.num_classes must be a whole number, got 2.5; "
+                                         r"write it like 2\.$"):
+        runtime.restore_integers({"model": {"num_classes": 2.5}}, "segmentation")

@@ -60,6 +60,27 @@ def test_train_refuses_bad_configuration_in_one_line(demo_data, tmp_path, args, 
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
+def test_train_refuses_fewer_classes_than_the_data_has(demo_data, tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(demo_data["train"].replace("*", "00000-of-00001"), data)
+    (data / "summary.json").write_text(json.dumps({"ok": 6, "failed": 0, "label_values": {"0": 6, "1": 6, "3": 2}}))
+    result = CliRunner().invoke(cli.app, ["train", "--train", str(data / "train-*.tfrecord"), "--output",
+                                          str(tmp_path / "run"), "--num-classes", "3"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"fullres: error: --num-classes 3 is too small for {data / 'train-*.tfrecord'}: its summary.json lists label "
+        "values 0, 1, 3; pass --num-classes 4 or more."
+    ]
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
 def test_train_names_missing_data(tmp_path):
     result = _fullres("train", "--train", str(tmp_path / "none-*.tfrecord"), "--output", str(tmp_path / "out"))
     assert result.returncode == 2
@@ -71,10 +92,12 @@ def test_preprocess_ct_end_to_end_and_failure_exit(tmp_path):
     assert written.returncode == 0, written.stderr[-2000:]
     images = tmp_path / "demo" / "nifti" / "images"
     result = _fullres("preprocess", "ct", "--input", str(images), "--labels", str(tmp_path / "demo" / "nifti" / "labels"),
-                      "--output", str(tmp_path / "out"), "--spacing", "2,2,4", "--shape", "8,16,16", "--workers", "1")
+                      "--output", str(tmp_path / "out"), "--spacing", "2,2,4", "--shape", "8,16,16", "--workers", "1",
+                      "--num-classes", "3", "--crop", "foreground")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["ok"] == 2 and summary["failed"] == 0
+    assert summary["label_values"] == {"0": 2, "1": 2, "2": 2}  # the demo's background, liver and tumour, in both cases
     # Labels asked for but missing: every case fails; exit 2 with one sentence naming the threshold.
     (tmp_path / "nolabels").mkdir()
     result = _fullres("preprocess", "ct", "--input", str(images), "--labels", str(tmp_path / "nolabels"),
@@ -91,6 +114,10 @@ def test_preprocess_ct_end_to_end_and_failure_exit(tmp_path):
         (["preprocess", "ct", "--input", ".", "--output", "o", "--window", "300,100"],
          "--window needs LOW,HIGH with LOW < HIGH"),
         (["preprocess", "ct", "--input", ".", "--output", "o", "--shape", "1,2"], "--shape '1,2' is not valid"),
+        (["preprocess", "ct", "--input", ".", "--output", "o", "--crop", "middle"],
+         "--crop 'middle' is not known; use center or foreground."),
+        (["preprocess", "ct", "--input", ".", "--output", "o", "--num-classes", "300"],
+         "--num-classes must be 1 to 256 (records store class ids as uint8), got 300."),
         (["preprocess", "images", "--annotations", "/no.json", "--images", ".", "--output", "o"],
          "--annotations '/no.json' does not exist"),
     ],
@@ -120,3 +147,138 @@ def test_direct_runner_worker_count():
     from pipelines import cli
 
     assert "--direct_num_workers=3" in cli._beam_args("DirectRunner", 3, [])
+
+
+def _snapshot(root) -> dict:
+    found = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as file:
+                found[os.path.relpath(path, root)] = file.read()
+    return found
+
+
+def _without_dac_override():
+    """Run as root without CAP_DAC_OVERRIDE: folder permissions then apply to us too (root ignores them otherwise)."""
+    import ctypes
+
+    pr_capbset_drop, cap_dac_override = 24, 1
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_capbset_drop, cap_dac_override, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def _fullres_on_small_disk(mount_point, size, *args):
+    """`fullres ARGS` with a tmpfs of `size` mounted at `mount_point` (a private user and mount namespace)."""
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    command = f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"'
+    return subprocess.run(["unshare", "-Urm", "sh", "-c", command, str(mount_point), sys.executable, "-m",
+                           "pipelines.cli", *args], capture_output=True, text=True, env=environment, cwd=REPOSITORY)
+
+
+def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_deleted(tmp_path):
+    """The issue's reproduction: --output /tmp/x with the scans in /tmp/x/s deleted them, notes and thesis too."""
+    from preprocessing import demo_ct
+
+    demo_ct.write_demo_cases(str(tmp_path / "x" / "s"), 1, (8, 16, 16), seed=0, formats=("nifti",))
+    (tmp_path / "x" / "notes.txt").write_text("t\n")
+    (tmp_path / "x" / "thesis.tex").write_text("\\chapter{Results}\n")
+    before = _snapshot(tmp_path)
+    result = _fullres("preprocess", "ct", "--input", str(tmp_path / "x" / "s" / "nifti" / "images"),
+                      "--output", str(tmp_path / "x"), "--spacing", "2,2,2", "--shape", "8,16,16")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"fullres: error: --output {tmp_path / 'x'} contains the input {tmp_path / 'x' / 's' / 'nifti' / 'images'}; "
+        f"fullres would replace or mix its files with yours, so choose an --output outside "
+        f"{tmp_path / 'x' / 's' / 'nifti' / 'images'} (e.g. {tmp_path / 'x' / 's' / 'nifti'}/fullres-output).")
+    assert _snapshot(tmp_path) == before
+    # An existing file as --output: kept as it is, not renamed to *.old-xxxx.
+    result = _fullres("preprocess", "ct", "--input", str(tmp_path / "x" / "s" / "nifti" / "images"),
+                      "--output", str(tmp_path / "x" / "thesis.tex"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--output {tmp_path / 'x' / 'thesis.tex'} is an existing file, not a directory;" in result.stderr
+    assert _snapshot(tmp_path) == before
+
+
+def test_permission_denied_is_one_sentence_and_verbose_shows_the_traceback(tmp_path):
+    from preprocessing import demo_images
+
+    written = demo_images.write_demo_coco(str(tmp_path / "coco"), num_images=2, size=(64, 64), seed=0)
+    (tmp_path / "locked").mkdir()
+    os.chmod(tmp_path / "locked", 0o555)
+    args = ["preprocess", "images", "--annotations", written["annotations"], "--images", written["images"],
+            "--output", str(tmp_path / "locked" / "out")]
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    for verbose in ([], ["--verbose"]):
+        result = subprocess.run([sys.executable, "-m", "pipelines.cli", *verbose, *args], capture_output=True,
+                                text=True, env=environment, cwd=REPOSITORY, preexec_fn=_without_dac_override)
+        assert result.returncode == 2
+        assert result.stderr.strip().endswith(
+            f"fullres: error: permission denied while writing {tmp_path / 'locked' / 'out'}.fullres-lock; choose an "
+            f"--output you may write to, or fix the permissions of {tmp_path / 'locked'}.")
+        assert ("Traceback" in result.stderr) == bool(verbose)
+        assert "PermissionError: [Errno 13]" in result.stderr or not verbose
+    assert os.listdir(tmp_path / "locked") == []
+
+
+def test_disk_full_while_converting_is_one_sentence(tmp_path):
+    from preprocessing import demo_ct
+
+    demo_ct.write_demo_cases(str(tmp_path / "demo"), 1, (16, 32, 32), seed=0, formats=("nifti",))
+    (tmp_path / "disk").mkdir()
+    result = _fullres_on_small_disk(
+        tmp_path / "disk", "16k", "preprocess", "ct", "--input", str(tmp_path / "demo" / "nifti" / "images"),
+        "--output", str(tmp_path / "disk" / "out"), "--spacing", "1,1,1", "--workers", "1")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    assert len(errors) == 1 and errors[0].startswith("fullres: error: the disk is full while writing ")
+    assert errors[0].endswith("; free space there or choose an --output on a disk with room, then run again.")
+
+
+@pytest.mark.slow
+def test_disk_full_while_training_is_one_sentence(demo_data, tmp_path):
+    (tmp_path / "disk").mkdir()
+    result = _fullres_on_small_disk(
+        tmp_path / "disk", "12k", "train", "--train", demo_data["train"], "--output", str(tmp_path / "disk" / "run"),
+        "--preset", "smoke", "--steps", "2", "--checkpoint-every", "2", "--virtual-devices", "2",
+        "--input-partition-dims", "1,2,1,1,1")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"fullres: error: the disk is full while writing {tmp_path}/disk/run")
+
+
+@pytest.mark.parametrize("command", [
+    ["demo", "--output", "{folder}"],
+    ["pipeline", "run", "--local", "--pipeline-root", "{folder}", "--param", "train_input_uri=/data/train",
+     "--param", "eval_input_uri=/data/eval"],
+])
+def test_demo_and_pipeline_root_refuse_a_folder_of_other_files(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    (tmp_path / "thesis.tex").write_text("mine")
+    option = "--output" if command[0] == "demo" else "--pipeline-root"
+    result = CliRunner().invoke(cli.app, [part.format(folder=tmp_path) for part in command])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"fullres: error: {option} {tmp_path} holds files fullres did not write "
+                                     f"(thesis.tex); fullres never deletes or overwrites them, so pass a new or empty "
+                                     f"directory as {option}.")
+    assert os.listdir(tmp_path) == ["thesis.tex"]
+
+
+def test_pipeline_root_inside_an_input_is_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    (tmp_path / "scans").mkdir()
+    result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(tmp_path / "scans" / "root"),
+                                          "--param", f"train_input_uri={tmp_path / 'scans'}", "--param",
+                                          f"eval_input_uri={tmp_path / 'eval'}"])
+    assert result.exit_code == 2
+    assert (f"fullres: error: --pipeline-root {tmp_path / 'scans' / 'root'} lies inside the --param train_input_uri "
+            f"{tmp_path / 'scans'};") in result.stderr
+    assert os.listdir(tmp_path / "scans") == []

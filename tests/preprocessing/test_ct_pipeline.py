@@ -1,5 +1,6 @@
 """CT preprocessing: readers, transforms and the Beam pipeline, against independent references."""
 
+import dataclasses
 import json
 import os
 
@@ -123,9 +124,11 @@ def test_record_keeps_geometry(cases):
 def _dicom_case(root, name, positions_mm=None, duplicate=False):
     volume, _ = demo_ct.synthetic_case(np.random.default_rng(5), (6, 8, 8))
     paths = demo_ct.write_dicom_series(volume, str(root / name), spacing=(1.0, 1.0, 2.0))
-    if duplicate:
-        import shutil
-        shutil.copy(paths[2], str(root / name / "copy.dcm"))
+    if duplicate:  # a second file at slice 2's position with other pixels (an identical copy is dropped instead)
+        import pydicom
+        dataset = pydicom.dcmread(paths[2])
+        dataset.PixelData = (dataset.pixel_array + 7).astype(dataset.pixel_array.dtype).tobytes()
+        dataset.save_as(str(root / name / "copy.dcm"))
     if positions_mm is not None:
         import pydicom
         for path, z in zip(paths, positions_mm):
@@ -150,10 +153,9 @@ def bad_inputs(tmp_path_factory):
     (images / "notes.dcm").write_bytes(b"neither DICOM nor anything else")
     (images / "empty.nii.gz").write_bytes(b"")  # an empty file
     sitk.WriteImage(_image(good_label), str(labels / "empty.nii.gz"))
-    _dicom_case(images, "missing_slice", positions_mm=[0, 2, 4, 8, 10, 12])
+    # A missing slice and uneven gaps are resampled, not refused: tests/preprocessing/test_dicom_series.py.
     _dicom_case(images, "duplicate_slice", duplicate=True)
-    _dicom_case(images, "uneven", positions_mm=[0, 2, 4.7, 6, 8, 10])
-    for name in ("missing_slice", "duplicate_slice", "uneven"):
+    for name in ("duplicate_slice",):
         sitk.WriteImage(_image(np.zeros((6, 8, 8), np.uint8)), str(labels / f"{name}.nii.gz"))
     sitk.WriteImage(_image(good), str(images / "shape_mismatch.nii.gz"))
     sitk.WriteImage(_image(np.zeros((8, 12, 10), np.uint8)), str(labels / "shape_mismatch.nii.gz"))
@@ -171,9 +173,7 @@ EXPECTED_REASONS = {
     "corrupt.nii.gz": "unreadable",
     "notes.dcm": "unreadable",
     "empty.nii.gz": "unreadable",
-    "missing_slice": "missing_slice",
     "duplicate_slice": "duplicate_slice",
-    "uneven": "non_uniform_spacing",
     "shape_mismatch.nii.gz": "geometry_mismatch",
     "moved.nii.gz": "geometry_mismatch",
     "unlabelled.nii.gz": "missing_label",
@@ -182,7 +182,7 @@ EXPECTED_REASONS = {
 
 
 def test_every_bad_case_is_a_dead_letter_and_no_good_case_is_lost(bad_inputs, tmp_path):
-    with pytest.raises(conversion.PreprocessingFailed, match=r"10 of 12 inputs failed \(83%\), more than "
+    with pytest.raises(conversion.PreprocessingFailed, match=r"8 of 10 inputs failed \(80%\), more than "
                                                               r"--max-failed-fraction 0.1; see .*dead_letter.jsonl"):
         ct_pipeline.run(str(bad_inputs / "images"), str(tmp_path / "out"), labels=str(bad_inputs / "labels"),
                         config=CONFIG, pipeline_args=IN_PROCESS, log=lambda line: None)
@@ -193,7 +193,7 @@ def test_every_bad_case_is_a_dead_letter_and_no_good_case_is_lost(bad_inputs, tm
     assert all(letter["stage"] and letter["detail"] for letter in letters)
     assert sorted(_read_output(str(output / "data-*.tfrecord"))) == ["good1", "good2"]
     summary = json.loads((output / "summary.json").read_text())
-    assert summary["ok"] == 2 and summary["failed"] == 10
+    assert summary["ok"] == 2 and summary["failed"] == 8
     assert summary["reasons"]["geometry_mismatch"] == 2 and summary["reasons"]["unreadable"] == 3
 
 
@@ -209,7 +209,8 @@ def test_rerun_replaces_output_whole(bad_inputs, tmp_path):
     (output / "data-00000-of-00009.tfrecord").write_bytes(b"stale shard of an earlier run")
     ct_pipeline.run(str(bad_inputs / "images" / "good1.nii.gz"), str(output), config=CONFIG,
                     pipeline_args=IN_PROCESS, log=lambda line: None)
-    assert sorted(os.listdir(output)) == ["data-00000-of-00001.tfrecord", "dead_letter.jsonl", "summary.json"]
+    assert sorted(os.listdir(output)) == [".fullres-output", "data-00000-of-00001.tfrecord", "dead_letter.jsonl",
+                                          "summary.json"]
     assert [p for p in os.listdir(tmp_path) if p != "out"] == []  # no staging or old directories left
 
 
@@ -285,3 +286,188 @@ def test_metaimage_with_missing_raw_file_is_unreadable(tmp_path):
     with pytest.raises(ct_io.CaseError, match="SimpleITK cannot read") as error:
         ct_io.read_volume(ct_io.VolumeSource(str(tmp_path / "case.mhd")))
     assert error.value.reason == "unreadable"
+
+
+def _gzip_bomb(path, shape_xyz=(2048, 2048, 512)):
+    """A .nii.gz whose header claims `shape_xyz` uint8 voxels (2 GiB), all zeros, in about 10 MB.
+
+    The zeros are one compressed 64 MiB gzip member repeated: gzip readers join
+    concatenated members, so the file really does expand to the size it claims.
+    """
+    import gzip
+    import zlib
+
+    import nibabel
+
+    header = nibabel.Nifti1Header()
+    header.set_data_dtype(np.uint8)
+    header.set_data_shape(shape_xyz)
+    header.set_zooms((0.7, 0.7, 1.0))
+    header["vox_offset"] = 352
+    prefix = header.binaryblock + b"\0" * (int(header["vox_offset"]) - len(header.binaryblock))
+    chunk = 64 * 2**20
+    total = int(np.prod(shape_xyz))
+    zeros = zlib.compressobj(6, zlib.DEFLATED, 31)
+    member = zeros.compress(bytes(chunk)) + zeros.flush()
+    with open(path, "wb") as file:
+        file.write(gzip.compress(prefix + bytes(chunk - len(prefix)), 6))
+        for _ in range(total // chunk - 1):
+            file.write(member)
+        file.write(gzip.compress(bytes(len(prefix)), 6))  # the bytes the header displaced
+    return path
+
+
+BOMB_UNDER_A_MEMORY_CAP = """
+import json, resource, sys
+cap = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+from preprocessing import ct_io, ct_pipeline, ct_transforms
+case = ct_io.CaseSource("bomb", ct_io.VolumeSource(sys.argv[1]))
+outputs = list(ct_pipeline.PreprocessCaseFn(ct_transforms.CtPreprocessConfig(spacing=None)).process(case))
+print(json.dumps([getattr(output, "value", None) for output in outputs]))
+"""
+
+
+def test_a_gzip_bomb_is_a_dead_letter_without_being_decompressed(tmp_path):
+    import subprocess
+    import sys
+
+    bomb = _gzip_bomb(str(tmp_path / "bomb.nii.gz"))
+    assert os.path.getsize(bomb) < 16 * 2**20  # 2 GiB of voxels in a few MB
+    # The header alone tells the size; a real NIfTI reader agrees on what the file holds.
+    import nibabel
+    assert nibabel.load(bomb).shape == (2048, 2048, 512)
+    # 2 GiB of address space: Python, Beam and SimpleITK take ~0.8 GiB; the volume (2 GiB as stored, 8 GiB as
+    # float32) cannot fit, so the case must be refused from its header.
+    run = subprocess.run([sys.executable, "-c", BOMB_UNDER_A_MEMORY_CAP, bomb, str(2 * 2**30)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    [letter] = json.loads(run.stdout.splitlines()[-1])
+    assert letter["reason"] == "too_many_voxels"
+    assert letter["detail"] == ("bomb.nii.gz holds 2048 x 2048 x 512 = 2,147,483,648 voxels, more than --max-voxels "
+                                "536,870,912; raise --max-voxels if each worker has about 20 bytes per voxel of memory")
+
+
+def _labelled_case(root, name, label, image=None):
+    """A plain CT volume with `label` (any dtype) as its label map, both NIfTI, identity geometry."""
+    image = np.full(label.shape, -500.0, np.float32) if image is None else image
+    sitk.WriteImage(sitk.GetImageFromArray(image), str(root / f"{name}.nii.gz"))
+    sitk.WriteImage(sitk.GetImageFromArray(label), str(root / f"{name}_label.nii.gz"))
+    return ct_io.CaseSource(name, ct_io.VolumeSource(str(root / f"{name}.nii.gz")),
+                            ct_io.VolumeSource(str(root / f"{name}_label.nii.gz")))
+
+
+@pytest.mark.parametrize(
+    "values, dtype, max_label, reason, detail",
+    [
+        ((0, 1, 300, -1), np.int16, 255, "label_out_of_range",
+         "label map lung1_label.nii.gz holds values -1, 300; labels must be integers 0..255 (class ids; fullres "
+         "stores at most 256 classes)"),
+        ((0, 0.7, 1.6, 1), np.float32, 255, "non_integer_labels",
+         "label map lung1_label.nii.gz holds non-integer values 0.7, 1.6; labels must be whole class ids 0..255, not "
+         "probabilities or interpolated values (resample label maps with nearest-neighbour interpolation)"),
+        ((0, 1, 2, 2), np.uint8, 1, "label_out_of_range",
+         "label map lung1_label.nii.gz holds values 2; labels must be integers 0..1 for --num-classes 2; pass the "
+         "data's number of classes"),
+    ],
+)
+def test_label_values_that_are_not_class_ids_are_refused(tmp_path, values, dtype, max_label, reason, detail):
+    label = np.zeros((4, 6, 6), dtype)
+    label[1, 2, :4] = values  # today's uint8 reading made 300 into 44, -1 into 0 and 1.6 into 1
+    case = _labelled_case(tmp_path, "lung1", label)
+    config = ct_transforms.CtPreprocessConfig(spacing=None, max_label=max_label)
+    with pytest.raises(ct_io.CaseError) as error:
+        ct_transforms.preprocess_case(case, config)
+    assert (error.value.reason, error.value.detail) == (reason, detail)
+
+
+def test_whole_float_labels_are_accepted_and_their_values_recorded(tmp_path):
+    label = np.zeros((4, 6, 6), np.float64)
+    label[1, 2, 1], label[2, 3, 4] = 2.0, 5.0
+    record = ct_transforms.preprocess_case(_labelled_case(tmp_path, "case", label),
+                                           ct_transforms.CtPreprocessConfig(spacing=None))
+    assert record.label_values == (0, 2, 5)
+    np.testing.assert_array_equal(record.label, label.astype(np.uint8))
+    unlabelled = ct_io.CaseSource("case", ct_io.VolumeSource(str(tmp_path / "case.nii.gz")))
+    assert ct_transforms.preprocess_case(unlabelled, ct_transforms.CtPreprocessConfig(spacing=None)).label_values == ()
+
+
+def test_resampling_beyond_the_voxel_budget_is_refused_from_the_header(tmp_path):
+    case = _labelled_case(tmp_path, "small", np.zeros((4, 6, 6), np.uint8))  # 6 x 6 x 4 voxels of 1 mm
+    config = ct_transforms.CtPreprocessConfig(spacing=(0.25, 0.25, 0.25), max_voxels=5_000)
+    with pytest.raises(ct_io.CaseError) as error:
+        ct_transforms.preprocess_case(case, config)
+    assert error.value.reason == "too_many_voxels"
+    assert error.value.detail == (
+        "small.nii.gz resampled to --spacing 0.25,0.25,0.25 would hold 24 x 24 x 16 = 9,216 voxels, "
+        "more than --max-voxels 5,000; raise --max-voxels if each worker has about 20 bytes per voxel of memory")
+
+
+def _off_centre_case(tmp_path):
+    """A 16 x 24 x 24 volume whose tumour (class 2) sits in a corner, with a central organ (class 1)."""
+    label = np.zeros((16, 24, 24), np.uint8)
+    label[6:10, 10:14, 10:14] = 1
+    label[1:4, 2:6, 17:22] = 2
+    return _labelled_case(tmp_path, "corner", label), label
+
+
+def test_centre_crop_counts_the_labelled_voxels_it_cuts(tmp_path):
+    case, label = _off_centre_case(tmp_path)
+    config = ct_transforms.CtPreprocessConfig(spacing=None, shape=(8, 12, 12))
+    record = ct_transforms.preprocess_case(case, config)
+    kept = label[4:12, 6:18, 6:18]  # the centre crop, spelled out
+    assert record.cropped_voxels == ((2, int((label == 2).sum() - (kept == 2).sum())),)
+    assert record.cropped_voxels == ((2, 60),)  # the whole tumour: 3 x 4 x 5 voxels
+    parsed = tfrecord_schema.parse_ct_example(tfrecord_schema.encode_ct_example(record))  # the record still parses
+    assert parsed["label"].numpy().max() == 1
+
+
+def test_foreground_crop_centres_on_the_labelled_region(tmp_path):
+    case, label = _off_centre_case(tmp_path)
+    config = ct_transforms.CtPreprocessConfig(spacing=None, shape=(12, 20, 20), crop="foreground")
+    record = ct_transforms.preprocess_case(case, config)
+    # Foreground box z 1..9, y 2..13, x 10..21: centre (5.5, 8, 16), moved inside the volume: start (0, 0, 4).
+    assert record.cropped_voxels == ()
+    np.testing.assert_array_equal(record.label, label[0:12, 0:20, 4:24])
+    centred = ct_transforms.preprocess_case(case, dataclasses.replace(config, crop="center"))
+    assert dict(centred.cropped_voxels)[2] > 0  # the same shape, centred on the volume, cuts the tumour
+
+
+def test_summary_lists_label_values_and_crop_cuts(tmp_path):
+    case, _ = _off_centre_case(tmp_path)
+    other = np.zeros((16, 24, 24), np.uint8)
+    other[8, 12, 12] = 1
+    _labelled_case(tmp_path, "centred", other)
+    (tmp_path / "images").mkdir(), (tmp_path / "labels").mkdir()
+    for name in ("corner", "centred"):
+        os.rename(tmp_path / f"{name}.nii.gz", tmp_path / "images" / f"{name}.nii.gz")
+        os.rename(tmp_path / f"{name}_label.nii.gz", tmp_path / "labels" / f"{name}.nii.gz")
+    lines = []
+    config = ct_transforms.CtPreprocessConfig(spacing=None, shape=(8, 12, 12))
+    summary = ct_pipeline.run(str(tmp_path / "images"), str(tmp_path / "out"), labels=str(tmp_path / "labels"),
+                              config=config, pipeline_args=IN_PROCESS, log=lines.append)
+    assert summary["label_values"] == {"0": 2, "1": 2, "2": 1}
+    assert summary["cropped_voxels"] == {"2": 60} and summary["cropped_cases"] == {"2": 1}
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    assert lines[-1] == ("the crop to --shape 8,12,12 (center) cut labelled voxels (class 2: 60 voxels in 1 cases); "
+                         "see label/cropped_voxels in each record, and try --crop foreground or a larger --shape")
+    import tensorflow as tf
+    fields = {}
+    for serialized in tf.data.TFRecordDataset(sorted(str(p) for p in (tmp_path / "out").glob("data-*"))):
+        example = tf.train.Example.FromString(serialized.numpy()).features.feature
+        fields[example["case_id"].bytes_list.value[0].decode()] = [
+            list(example[key].int64_list.value) for key in ("label/values", "label/cropped_classes", "label/cropped_voxels")]
+    assert fields == {"corner": [[0, 1, 2], [2], [60]], "centred": [[0, 1], [], []]}
+
+
+def test_series_folders_reached_through_symlinks_are_found_once(tmp_path):
+    written = demo_ct.write_demo_cases(str(tmp_path / "elsewhere"), 2, (8, 16, 16), seed=0, formats=("dicom",))
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    os.symlink(os.path.join(written["dicom"], "images", "case000"), scans / "case000")  # a series folder, linked in
+    os.symlink(os.path.join(written["dicom"], "images"), scans / "more")  # a folder of series, linked in
+    os.symlink(scans, scans / "loop")  # a link back to the top
+    volumes, dead = ct_io.discover(str(scans))
+    assert sorted(volumes) == ["case000", "case001"] and all(v.is_dicom for v in volumes.values())
+    # case000 is reachable twice (directly and through more/); it is read once, and nothing loops.
+    assert dead == []

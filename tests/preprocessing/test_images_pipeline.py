@@ -3,6 +3,11 @@
 import glob
 import json
 import os
+import struct
+import subprocess
+import sys
+import warnings
+import zlib
 
 import apache_beam as beam
 import numpy as np
@@ -16,6 +21,7 @@ from preprocessing import annotations, conversion, demo_images, images_pipeline,
 
 IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 QUIET = dict(pipeline_args=IN_PROCESS, log=lambda line: None)
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _records(output):
@@ -138,7 +144,7 @@ def test_convert_fn_in_test_pipeline(bad_coco):
 
 
 @pytest.mark.parametrize("name, safe", [("a.png", True), ("sub/a.png", True), ("../a.png", False),
-                                        ("sub/../../a.png", False), ("/abs/a.png", False)])
+                                        ("sub/../../a.png", False), ("/abs/a.png", False), ("a\0.png", False)])
 def test_safe_image_path(tmp_path, name, safe):
     assert (annotations.safe_image_path(str(tmp_path), name) is not None) == safe
 
@@ -154,3 +160,155 @@ def test_valid_boxes_as_a_plain_function():
     np.testing.assert_allclose(boxes, [[0.1, 0.1, 0.5, 0.3], [0.8, 0.0, 1.0, 0.2]], rtol=1e-6)
     assert labels == (1, 2) and texts == ("a", "b")
     assert [(d["source"], d["reason"]) for d in dead] == [("s#3", "box_outside_image"), ("s#4", "box_non_positive_size")]
+
+
+def _bomb_png(path, width, height):
+    """A few hundred bytes of valid PNG whose header claims `width`×`height` (its pixel data stops after 8 rows)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = zlib.compress(b"\x00" * (8 * (1 + 3 * width)), 9)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+
+
+def _convert(item, **options):
+    """`ConvertImageFn` as a plain function: (records, dead letters)."""
+    convert = images_pipeline.ConvertImageFn(**options)
+    convert.setup()
+    outputs = list(convert.process(item))
+    return ([o for o in outputs if isinstance(o, bytes)],
+            [o.value for o in outputs if isinstance(o, beam.pvalue.TaggedOutput)])
+
+
+@pytest.mark.parametrize("side, detail", [
+    # PIL itself refuses this one (over twice its own limit) before the header's size can be read: caught.
+    (20000, "the image claims 400,000,000 pixels, over the --max-pixels budget of 100,000,000"),
+    # PIL only warns about this one: our budget refuses it, from the header, before decoding.
+    (12000, "the image is 12000×12000 = 144,000,000 pixels, over the --max-pixels budget of 100,000,000"),
+])
+def test_a_decompression_bomb_is_a_dead_letter(tmp_path, side, detail):
+    _bomb_png(tmp_path / "bomb.png", side, side)
+    assert (tmp_path / "bomb.png").stat().st_size < 2000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor does PIL's DecompressionBombWarning escape
+        records, dead = _convert(annotations.ImageAnnotations("1", str(tmp_path / "bomb.png"), None, None))
+    assert records == []
+    assert dead == [{"source": str(tmp_path / "bomb.png"), "stage": "read", "reason": "image_too_large",
+                     "detail": f"{detail} (a decompression bomb, or a genuinely huge image: raise --max-pixels to "
+                               "convert it)"}]
+
+
+def test_the_pixel_budget_is_the_users(tmp_path, monkeypatch):
+    Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(tmp_path / "small.png")
+    item = annotations.ImageAnnotations("1", str(tmp_path / "small.png"), 60, 40)
+    assert [d["reason"] for d in _convert(item, max_pixels=2399)[1]] == ["image_too_large"]
+    assert len(_convert(item, max_pixels=2400)[0]) == 1
+    # A budget above PIL's own ceiling (twice its limit, lowered here to keep the test small) is honoured.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # restored after the test
+    assert [d["reason"] for d in _convert(item, max_pixels=2000)[1]] == ["image_too_large"]
+    assert len(_convert(item, max_pixels=2400)[0]) == 1
+
+
+def test_a_file_name_that_is_a_folder_is_a_dead_letter(tmp_path):
+    (tmp_path / "folder.png").mkdir()
+    records, dead = _convert(annotations.ImageAnnotations("1", str(tmp_path / "folder.png"), None, None))
+    assert records == [] and dead == [{
+        "source": str(tmp_path / "folder.png"), "stage": "read", "reason": "not_a_file",
+        "detail": "the file name points to a folder, not an image file; point it at the image"}]
+
+
+def test_a_size_the_annotations_leave_out_is_taken_from_the_file(tmp_path):
+    Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(tmp_path / "a.png")
+    assert len(_convert(annotations.ImageAnnotations("1", str(tmp_path / "a.png"), None, 40))[0]) == 1
+    _, dead = _convert(annotations.ImageAnnotations("1", str(tmp_path / "a.png"), None, 50))
+    assert [d["detail"] for d in dead] == ["annotations say ?×50, the file is 60×40"]
+
+
+@pytest.fixture
+def every_bad_kind(tmp_path):
+    """Good images beside one of every bad kind issue 10 lists, in one COCO file."""
+    image_dir = tmp_path / "images"
+    image_dir.mkdir()
+    for name in ("good.png", "strings.png", "no_size.png", "zero.png"):
+        Image.fromarray(np.full((40, 60, 3), 90, np.uint8)).save(image_dir / name)
+    _bomb_png(image_dir / "bomb.png", 20000, 20000)
+    (image_dir / "folder.png").mkdir()
+    images = [
+        {"id": 1, "file_name": "good.png", "width": 60, "height": 40},
+        {"id": 2, "file_name": "strings.png", "width": "60", "height": "40"},  # numbers as strings: accepted
+        {"id": 3, "file_name": "no_size.png"},  # no width/height: the file's size is used
+        {"id": 4, "file_name": "zero.png", "width": 60, "height": 40},  # holds a category-0 object
+        {"id": 5, "file_name": "bomb.png", "width": 20000, "height": 20000},
+        {"id": 6, "file_name": "folder.png", "width": 60, "height": 40},
+        {"id": 7, "width": 60, "height": 40},  # no file_name
+        {"id": 8, "file_name": "good.png", "width": "sixty", "height": 40},
+    ]
+    coco = {
+        "images": images,
+        "categories": [{"id": 0, "name": "zero"}, {"id": 1, "name": "one"}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 10, 10]},
+            {"id": 2, "image_id": 2, "category_id": "1", "bbox": ["10", "20", "30", "15"]},
+            {"id": 3, "image_id": 3, "category_id": 1, "bbox": [1, 1, 8, 8]},
+            {"id": 4, "image_id": 4, "category_id": 0, "bbox": [2, 3, 20, 10]},
+            {"id": 5, "image_id": 1, "category_id": 1},  # no bbox
+            {"id": 6, "image_id": 1, "category_id": 1, "bbox": ["a", "b", "c", "d"]},
+        ],
+    }
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    return tmp_path
+
+
+def test_every_bad_kind_is_a_dead_letter_in_one_cli_run(every_bad_kind):
+    root, output = every_bad_kind, every_bad_kind / "out"
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "preprocess", "images", "--annotations", str(root / "coco.json"),
+         "--images", str(root / "images"), "--output", str(output), "--max-failed-fraction", "1",
+         "--workers", "1", "--direct_running_mode=in_memory"],
+        capture_output=True, text=True, env=environment, cwd=REPOSITORY, timeout=300,
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert "wrote 4 records in" in result.stdout and "6 dead letters" in result.stdout
+    letters = {os.path.basename(d["source"]): (d["reason"], d["detail"])
+               for d in map(json.loads, (output / "dead_letter.jsonl").read_text().splitlines())}
+    assert letters == {
+        "bomb.png": ("image_too_large", "the image claims 400,000,000 pixels, over the --max-pixels budget of "
+                                        "100,000,000 (a decompression bomb, or a genuinely huge image: raise "
+                                        "--max-pixels to convert it)"),
+        "folder.png": ("not_a_file", "the file name points to a folder, not an image file; point it at the image"),
+        "coco.json#image7": ("missing_file_name", f"the image has no 'file_name' (found None); give it the image's "
+                                                  f"path relative to {root / 'images'}"),
+        "coco.json#image8": ("bad_size", "'width' is 'sixty', not a positive whole number; correct it or remove it "
+                                         "(the image file's own size is used then)"),
+        "coco.json#annotation5": ("missing_bbox", "the annotation has no 'bbox'; give it [x, y, width, height] in "
+                                                  "pixels or remove it"),
+        "coco.json#annotation6": ("bad_bbox", "'bbox' is ['a', 'b', 'c', 'd'], not four numbers [x, y, width, height] "
+                                              "in pixels; correct it"),
+    }
+    records = _records(str(output))
+    assert sorted(records) == ["1", "2", "3", "4"]
+    np.testing.assert_allclose(records["2"]["boxes"].numpy(), [[20 / 40, 10 / 60, 35 / 40, 40 / 60]], rtol=1e-6)
+    assert list(records["4"]["labels"].numpy()) == [1]  # category 0 is stored as 1, not dropped
+    assert json.loads((output / "label_map.json").read_text()) == {"zero": 1, "one": 2}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--extend-label-map"], "--extend-label-map extends the map given with --label-map; pass --label-map too, or "
+                             "drop the flag."),
+    (["--label-map", "{root}/nope.json"], "--label-map '{root}/nope.json' does not exist."),
+    (["--label-map", "{root}/label_map.json"], "class 'thing' in {root}/coco.json is not in the label map "
+                                               "{root}/label_map.json; add it there, or pass --extend-label-map to "
+                                               "give it the next free id."),
+])
+def test_label_map_refusals_on_the_command_line(bad_coco, extra, message):
+    (bad_coco / "label_map.json").write_text(json.dumps({"other": 1}))
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "preprocess", "images", "--annotations", str(bad_coco / "coco.json"),
+         "--images", str(bad_coco / "images"), "--output", str(bad_coco / "out"),
+         *[part.format(root=bad_coco) for part in extra]],
+        capture_output=True, text=True, env=environment, cwd=REPOSITORY, timeout=300,
+    )
+    assert result.returncode == 2 and result.stderr.strip() == f"fullres: error: {message.format(root=bad_coco)}"
+    assert not (bad_coco / "out").exists()

@@ -43,6 +43,8 @@ def test_detector_learns_the_shapes(trained):
     with open(os.path.join(config.output_dir, "metrics.json")) as file:
         written = json.load(file)
     assert written["mAP@0.5"] == results["mAP@0.5"] and written["images"] == 32
+    # The demo images hold at most 4 shapes, under the preset's max_boxes 16: none left out, and it says so.
+    assert written["boxes_dropped_max_boxes"] == 0 and written["eval_boxes_dropped_max_boxes"] == 0
     assert written["loss_history"][-1][1] < written["loss_history"][0][1]
 
 
