@@ -165,7 +165,7 @@ def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_da
     wider = dataclasses.replace(config, model=dataclasses.replace(config.model, base_filters=8), learning_rate=1e-3)
     with pytest.raises(ValueError) as refused:
         train.train(wider, log=lambda line: None)
-    assert str(refused.value).startswith(f"checkpoint {run}/checkpoints/ckpt-00000040.npz does not match this model (")
+    assert str(refused.value).startswith(f"checkpoint {run}/checkpoints/00000040 does not match this model (")
     assert str(refused.value).endswith("resume with the configuration that wrote it, or train into a new --output "
                                        "directory.")
     assert _files(run) == before  # train_config.json included: the run is still the one that was finished
