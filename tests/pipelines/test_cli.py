@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.files import snapshot
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -149,16 +150,6 @@ def test_direct_runner_worker_count():
     assert "--direct_num_workers=3" in cli._beam_args("DirectRunner", 3, [])
 
 
-def _snapshot(root) -> dict:
-    found = {}
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as file:
-                found[os.path.relpath(path, root)] = file.read()
-    return found
-
-
 def _without_dac_override():
     """Run as root without CAP_DAC_OVERRIDE: folder permissions then apply to us too (root ignores them otherwise)."""
     import ctypes
@@ -183,7 +174,7 @@ def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_de
     demo_ct.write_demo_cases(str(tmp_path / "x" / "s"), 1, (8, 16, 16), seed=0, formats=("nifti",))
     (tmp_path / "x" / "notes.txt").write_text("t\n")
     (tmp_path / "x" / "thesis.tex").write_text("\\chapter{Results}\n")
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     result = _fullres("preprocess", "ct", "--input", str(tmp_path / "x" / "s" / "nifti" / "images"),
                       "--output", str(tmp_path / "x"), "--spacing", "2,2,2", "--shape", "8,16,16")
     assert result.returncode == 2
@@ -191,13 +182,13 @@ def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_de
         f"fullres: error: --output {tmp_path / 'x'} contains the input {tmp_path / 'x' / 's' / 'nifti' / 'images'}; "
         f"fullres would replace or mix its files with yours, so choose an --output outside "
         f"{tmp_path / 'x' / 's' / 'nifti' / 'images'} (e.g. {tmp_path / 'x' / 's' / 'nifti'}/fullres-output).")
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
     # An existing file as --output: kept as it is, not renamed to *.old-xxxx.
     result = _fullres("preprocess", "ct", "--input", str(tmp_path / "x" / "s" / "nifti" / "images"),
                       "--output", str(tmp_path / "x" / "thesis.tex"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"--output {tmp_path / 'x' / 'thesis.tex'} is an existing file, not a directory;" in result.stderr
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_permission_denied_is_one_sentence_and_verbose_shows_the_traceback(tmp_path):

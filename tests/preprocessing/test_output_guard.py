@@ -15,6 +15,7 @@ import SimpleITK as sitk
 from apache_beam.io import filesystem
 
 from preprocessing import conversion, ct_pipeline, ct_transforms, demo_images, images_pipeline, output_guard
+from tests.files import snapshot
 
 IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 CONFIG = ct_transforms.CtPreprocessConfig(spacing=(2.0, 2.0, 2.0), shape=(8, 16, 16))
@@ -23,17 +24,6 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 def _quiet(line):
     pass
-
-
-def _snapshot(root) -> dict:
-    """Every file under `root` (links not followed) with its bytes: what must survive a refusal unchanged."""
-    found = {}
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as file:
-                found[os.path.relpath(path, root)] = file.read()
-    return found
 
 
 @pytest.fixture
@@ -61,14 +51,14 @@ class _Records(beam.DoFn):
 def test_output_overlapping_the_input_is_refused_before_anything_is_touched(user_folder, relation, output):
     os.symlink(user_folder, user_folder.parent / "link")
     target = (user_folder / output) if output != "link" else user_folder.parent / "link"
-    before = _snapshot(user_folder.parent)
+    before = snapshot(user_folder.parent)
     with pytest.raises(output_guard.OutputRefused) as refused:
         ct_pipeline.run(str(user_folder / "s"), str(target), config=CONFIG, pipeline_args=IN_PROCESS, log=_quiet)
     assert str(refused.value) == (
         f"--output {target} {relation} the input {user_folder / 's'}; fullres would replace or mix its files with "
         f"yours, so choose an --output outside {user_folder / 's'} (e.g. {user_folder}/fullres-output)."
     )
-    assert _snapshot(user_folder.parent) == before  # thesis.tex, notes.txt and the scan, byte for byte
+    assert snapshot(user_folder.parent) == before  # thesis.tex, notes.txt and the scan, byte for byte
 
 
 def test_labels_location_counts_as_an_input(user_folder, tmp_path):
@@ -93,24 +83,24 @@ def test_directory_with_foreign_files_is_refused(user_folder, tmp_path):
     output = tmp_path / "mine"
     output.mkdir()
     (output / "thesis.tex").write_text("mine")
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     with pytest.raises(output_guard.OutputRefused) as refused:
         ct_pipeline.run(str(user_folder / "s"), str(output), config=CONFIG, pipeline_args=IN_PROCESS, log=_quiet)
     assert str(refused.value) == (f"--output {output} holds files fullres did not write (thesis.tex); fullres never "
                                   "deletes or overwrites them, so pass a new or empty directory as --output, or move "
                                   "those files away.")
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_images_output_inside_the_images_folder_is_refused(tmp_path):
     written = demo_images.write_demo_coco(str(tmp_path / "coco"), num_images=2, size=(64, 64), seed=0)
     (tmp_path / "coco" / "thesis.tex").write_text("mine")
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     for output, name in ((written["images"], "images"), (os.path.dirname(written["annotations"]), "annotations")):
         with pytest.raises(output_guard.OutputRefused, match=rf"^--output {output} (is|contains) the {name} "):
             images_pipeline.run(written["annotations"], written["images"], output, pipeline_args=IN_PROCESS,
                                 log=_quiet)
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_rerun_replaces_only_the_files_its_manifest_lists(tmp_path):
@@ -132,10 +122,10 @@ def test_a_file_added_to_a_previous_output_stops_the_replacement(tmp_path):
     output = tmp_path / "out"
     conversion.run([1, 2], [], _Records(), str(output), pipeline_args=IN_PROCESS, log=_quiet)
     (output / "thesis.tex").write_text("saved here by mistake")
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     with pytest.raises(output_guard.OutputRefused, match=r"holds files fullres did not write \(thesis.tex\)"):
         conversion.run([1], [], _Records(), str(output), pipeline_args=IN_PROCESS, log=_quiet)
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_output_written_before_the_manifest_is_recognised_by_its_layout(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import checkpoints, config as config_lib, partitioning, train
+from tests.files import snapshot
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -144,31 +145,20 @@ def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
     assert checkpoints.list_steps(str(tmp_path / "checkpoints")) == [6]
 
 
-def _files(root) -> dict:
-    """Every file under `root` with its bytes."""
-    found = {}
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as file:
-                found[os.path.relpath(path, root)] = file.read()
-    return found
-
-
 @pytest.mark.slow
 def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_data):
     from trainer import evaluate
 
     config, _, _ = smoke_run
     run = config.output_dir
-    before = _files(run)
+    before = snapshot(run)
     wider = dataclasses.replace(config, model=dataclasses.replace(config.model, base_filters=8), learning_rate=1e-3)
     with pytest.raises(ValueError) as refused:
         train.train(wider, log=lambda line: None)
     assert str(refused.value).startswith(f"checkpoint {run}/checkpoints/00000040 does not match this model (")
     assert str(refused.value).endswith("resume with the configuration that wrote it, or train into a new --output "
                                        "directory.")
-    assert _files(run) == before  # train_config.json included: the run is still the one that was finished
+    assert snapshot(run) == before  # train_config.json included: the run is still the one that was finished
     assert not os.path.exists(run + ".fullres-lock")
     scores = evaluate.evaluate_trained(run, demo_data["eval"], log=lambda line: None)
     assert len(scores["dice_per_class"]) == 3 and scores["cases"] == 2
@@ -186,7 +176,7 @@ def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_pa
     assert str(refused.value) == (
         f"--output {output} holds files fullres did not write (thesis.tex); fullres never deletes or overwrites them, "
         "so pass a new or empty directory as --output, or the output of an earlier `fullres train` to resume it.")
-    assert _files(output) == {"thesis.tex": b"four years"}
+    assert snapshot(output) == {"thesis.tex": b"four years"}
     data_directory = os.path.dirname(demo_data["train"])
     inside = config_lib.smoke(train_data=demo_data["train"], output_dir=os.path.join(data_directory, "run"))
     with pytest.raises(output_guard.OutputRefused, match=r"^--output .*/run lies inside the training data .*; fullres "
