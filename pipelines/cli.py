@@ -245,8 +245,7 @@ def demo(
     Generates NIfTI scans with label maps, then runs preprocess (Beam) → train
     (3D UNet) → evaluate (Dice, HTML report) → export, and writes summary.json.
     """
-    from pipelines import definitions, local_run
-    from preprocessing import demo_ct, output_guard
+    from preprocessing import output_guard
 
     output = output.resolve()
     try:

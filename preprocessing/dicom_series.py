@@ -227,7 +227,7 @@ def group_files(
     for key in groups:
         by_series[key[0]].append(key)
     volumes: list[SeriesGroup] = []
-    for uid, keys in sorted(by_series.items()):
+    for _, keys in sorted(by_series.items()):
         series_volumes, series_dead = _series_volumes([groups[key] for key in keys], headers, spacing_tolerance)
         volumes.extend(series_volumes)
         dead.extend(series_dead)

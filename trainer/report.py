@@ -191,7 +191,7 @@ def detection_report(scores: dict, samples: list[dict], loss_history: list, clas
         "<table><thead><tr><th>class</th><th>AP</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>",
         "<h2>Training loss</h2>", loss_curve_svg(loss_history),
         "<h2>Held-out images</h2>",
-        f"<p>True boxes in green; detections with score ≥ 0.3 in their class colour.</p><div class=\"cases\">",
+        "<p>True boxes in green; detections with score ≥ 0.3 in their class colour.</p><div class=\"cases\">",
     ]
     for sample in samples:
         picture = draw_boxes(sample["image"], sample["truth"], sample["detections"], class_names)

@@ -53,9 +53,11 @@ def _reference(image: sitk.Image, label: sitk.Image, config):
         src, dst = [], []
         for n, t in zip(source.shape, config.shape):
             if n >= t:
-                src.append(slice((n - t) // 2, (n - t) // 2 + t)); dst.append(slice(0, t))
+                src.append(slice((n - t) // 2, (n - t) // 2 + t))
+                dst.append(slice(0, t))
             else:
-                src.append(slice(0, n)); dst.append(slice((t - n) // 2, (t - n) // 2 + n))
+                src.append(slice(0, n))
+                dst.append(slice((t - n) // 2, (t - n) // 2 + n))
         target[tuple(dst)] = source[tuple(src)]
     return out_image, out_label
 

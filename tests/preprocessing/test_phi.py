@@ -18,7 +18,7 @@ import numpy as np
 import pydicom
 import SimpleITK as sitk
 
-from preprocessing import conversion, ct_pipeline, ct_transforms, demo_ct, identifiers
+from preprocessing import conversion, ct_pipeline, demo_ct, identifiers
 
 IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
