@@ -63,6 +63,7 @@ def _summary_fields(pairing: ct_io.Pairing, notes: list[str], config: ct_transfo
             "layout": pairing.layout,
             "layout_notes": notes,
             "modality": config.modality,
+            "preprocessing": ct_transforms.preprocessing_record(config),
             "normalization": {name: counters.get(f"normalization_{name}", 0)
                               for name in (ct_transforms.CT_WINDOW, ct_transforms.ZSCORE)},
             "warnings": {name[len("warning_"):]: count for name, count in sorted(counters.items())

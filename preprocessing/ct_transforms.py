@@ -105,6 +105,20 @@ class CtPreprocessConfig:
             raise ValueError(f"--crop {self.crop!r} is not known; use center or foreground.")
 
 
+def preprocessing_record(config: CtPreprocessConfig) -> dict:
+    """What a model needs to prepare a new scan as its training data were: recorded in summary.json.
+
+    `fullres train` copies it into the run's model_info.json, and `fullres predict`
+    applies exactly this to each scan.
+    """
+    return {
+        "spacing": list(config.spacing) if config.spacing is not None else None,  # (x, y, z) mm
+        "orientation": config.orientation,
+        "window": list(config.window),  # HU (low, high), CT only
+        "modality": config.modality,  # ct: HU window; mr: z-score; auto: decided per scan
+        "shape": list(config.shape) if config.shape is not None else None,  # (D, H, W) the model trained on
+    }
+
 def class_names(text: str) -> tuple[str, ...]:
     """`--classes`: NAME1,NAME2,... (NAME1 is class 1), or a label map JSON file {"name": id, ...} with ids 1..N.
 

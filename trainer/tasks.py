@@ -57,6 +57,10 @@ class SegmentationTask:
             )
         return shape
 
+    def preprocessing(self) -> dict | None:
+        """How the training scans were prepared (summary.json's `preprocessing`): predict repeats it on new scans."""
+        return read_preprocessing(self.config.train_data)
+
     def build_model(self):
         from trainer import unet
 
@@ -128,6 +132,20 @@ def read_label_values(pattern: str) -> list[int]:
         return []
     with tf.io.gfile.GFile(path) as file:
         return sorted(int(value) for value in json.load(file).get("label_values", {}))
+
+
+def read_preprocessing(pattern: str) -> dict | None:
+    """The spacing, orientation, window and modality `fullres preprocess ct` used (`summary.json` beside the records).
+
+    None when the records carry no such summary (older conversions, synthetic demo records).
+    """
+    import tensorflow as tf
+
+    path = os.path.join(os.path.dirname(pattern), "summary.json")
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as file:
+        return json.load(file).get("preprocessing")
 
 
 def label_map_path(pattern: str) -> str:
@@ -208,6 +226,10 @@ class DetectionTask:
     def example_shape(self) -> tuple[int, ...]:
         ct_input.list_files(self.config.train_data)  # a clear error when nothing matches
         return (*self.config.image_size, 3)
+
+    def preprocessing(self) -> dict | None:
+        """Images are resized by the input pipeline, not preprocessed per scan: nothing for predict to repeat."""
+        return None
 
     def build_model(self):
         from trainer import retinanet

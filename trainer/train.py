@@ -8,7 +8,7 @@ Output directory:
     tensorboard/                    loss, learning rate, gradient norm, Dice or mAP
     history.jsonl                   one line per logged step (survives resumes)
     train_config.json               the run's TrainConfig (read back by evaluation and export)
-    model_info.json                 the task, the shape of one input, detection class names
+    model_info.json                 the task, the shape of one input, detection class names, the preprocessing
     model.keras, saved_model/       the trained model
     metrics.json                    final loss, per-class Dice or COCO AP, timing, partitioning
 """
@@ -170,7 +170,8 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
             json.dump(config_lib.to_dict(config), file, indent=2)
         with open(os.path.join(config.output_dir, "model_info.json"), "w") as file:
             json.dump({"task": task.name, "image_shape": list(image_shape[1:]),
-                       "class_names": getattr(task, "class_names", None)}, file)
+                       "class_names": getattr(task, "class_names", None),
+                       "preprocessing": task.preprocessing()}, file)
     history = read_history(history_path, start_step)
 
     train_step = step.jit_train_step(

@@ -450,6 +450,8 @@ def test_summary_lists_label_values_and_crop_cuts(tmp_path):
                               config=config, pipeline_args=IN_PROCESS, log=lines.append)
     assert summary["label_values"] == {"0": 2, "1": 2, "2": 1}
     assert summary["cropped_voxels"] == {"2": 60} and summary["cropped_cases"] == {"2": 1}
+    assert summary["preprocessing"] == {"spacing": None, "orientation": "LPS", "window": [-1000.0, 1000.0],
+                                        "modality": "auto", "shape": [8, 12, 12]}  # what predict repeats
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
     assert lines[-1] == ("the crop to --shape 8,12,12 (center) cut labelled voxels (class 2: 60 voxels in 1 cases); "
                          "see label/cropped_voxels in each record, and try --crop foreground or a larger --shape")

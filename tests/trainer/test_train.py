@@ -43,6 +43,9 @@ def test_partitioned_training_writes_every_output(smoke_run):
     with open(os.path.join(output, "metrics.json")) as file:
         saved = json.load(file)
     assert saved["steps"] == 40 and len(saved["dice_per_class"]) == 3 and saved["cases"] == 2
+    with open(os.path.join(output, "model_info.json")) as file:
+        info = json.load(file)
+    assert "preprocessing" in info and info["preprocessing"] is None  # synthetic records carry no summary.json
     assert [s for s, _ in saved["loss_history"]] == list(range(5, 41, 5))
     events = os.listdir(os.path.join(output, "tensorboard"))
     assert any(name.startswith("events.out.tfevents") for name in events)
