@@ -259,6 +259,7 @@ def every_bad_kind(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_every_bad_kind_is_a_dead_letter_in_one_cli_run(every_bad_kind):
     root, output = every_bad_kind, every_bad_kind / "out"
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -293,6 +294,7 @@ def test_every_bad_kind_is_a_dead_letter_in_one_cli_run(every_bad_kind):
     assert json.loads((output / "label_map.json").read_text()) == {"zero": 1, "one": 2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, message", [
     (["--extend-label-map"], "--extend-label-map extends the map given with --label-map; pass --label-map too, or "
                              "drop the flag."),

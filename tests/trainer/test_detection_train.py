@@ -16,6 +16,9 @@ import pytest
 from preprocessing import demo_images
 from trainer import config as config_lib, partitioning, step, train
 
+pytestmark = pytest.mark.slow  # trains a detector
+
+
 STEPS = 300
 FAST_FLOOR = 0.2  # mAP@0.5 after STEPS steps (measured 0.28); longer runs reach the 0.6 (README)
 SIZE = 256

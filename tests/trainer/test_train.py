@@ -35,6 +35,7 @@ def smoke_run(demo_data, tmp_path_factory):
     return config, train.train(config, log=lines.append), lines
 
 
+@pytest.mark.slow
 def test_partitioned_training_writes_every_output(smoke_run):
     config, results, lines = smoke_run
     output = config.output_dir
@@ -49,12 +50,15 @@ def test_partitioned_training_writes_every_output(smoke_run):
     assert any("step 40/40" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(smoke_run):
     _, results, _ = smoke_run
     losses = [loss for _, loss in results["loss_history"]]
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_exported_models_predict_like_the_trained_one(smoke_run, demo_data):
     import keras
 
@@ -98,6 +102,8 @@ def _environment():
     return environment
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
     """Kill -9 a run just after its step-8 checkpoint; the restart resumes there and
     ends bit-for-bit where an uninterrupted run ends (checked at rtol 1e-6)."""
@@ -134,6 +140,8 @@ def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
     assert [s for s, _ in history] == list(range(1, steps + 1))
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
     # 6 training cases, global batch 4 (4 replicas × 2 cores): ceil(6 / 4) = 2 steps an epoch, 3 epochs = 6 steps.
     config = config_lib.smoke(
@@ -146,7 +154,8 @@ def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_data):
+@pytest.mark.slow
+def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_data, snapshot):
     from trainer import evaluate
 
     config, _, _ = smoke_run
@@ -164,7 +173,7 @@ def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_da
     assert len(scores["dice_per_class"]) == 3 and scores["cases"] == 2
 
 
-def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_path):
+def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_path, snapshot):
     from preprocessing import output_guard
 
     output = tmp_path / "papers"
