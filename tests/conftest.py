@@ -34,18 +34,3 @@ def demo_data(tmp_path_factory):
     directory = tmp_path_factory.mktemp("demo_data")
     return demo_ct.write_demo_tfrecords(str(directory), num_train=6, num_eval=2, shape=(16, 16, 16), seed=1)
 
-
-def _snapshot(root) -> dict:
-    found = {}
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as file:
-                found[os.path.relpath(path, root)] = file.read()
-    return found
-
-
-@pytest.fixture(scope="session")
-def snapshot():
-    """`snapshot(root)`: every file under `root` (links not followed) with its bytes, to show a refusal changed nothing."""
-    return _snapshot

@@ -173,7 +173,7 @@ def _fullres_on_small_disk(mount_point, size, *args):
 
 
 @pytest.mark.slow
-def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_deleted(tmp_path, snapshot):
+def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_deleted(tmp_path):
     """The issue's reproduction: --output /tmp/x with the scans in /tmp/x/s deleted them, notes and thesis too."""
     from preprocessing import demo_ct
 

@@ -48,7 +48,7 @@ class _Records(beam.DoFn):
     ("lies inside", "s/out"),
     ("contains", "link"),      # a symlink to the folder above the scans
 ])
-def test_output_overlapping_the_input_is_refused_before_anything_is_touched(user_folder, relation, output, snapshot):
+def test_output_overlapping_the_input_is_refused_before_anything_is_touched(user_folder, relation, output):
     os.symlink(user_folder, user_folder.parent / "link")
     target = (user_folder / output) if output != "link" else user_folder.parent / "link"
     before = snapshot(user_folder.parent)
@@ -79,7 +79,7 @@ def test_output_that_is_a_file_is_refused_and_kept(user_folder, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["results.csv", "x"]  # no results.csv.old-xxxx beside it
 
 
-def test_directory_with_foreign_files_is_refused(user_folder, tmp_path, snapshot):
+def test_directory_with_foreign_files_is_refused(user_folder, tmp_path):
     output = tmp_path / "mine"
     output.mkdir()
     (output / "thesis.tex").write_text("mine")
@@ -92,7 +92,7 @@ def test_directory_with_foreign_files_is_refused(user_folder, tmp_path, snapshot
     assert snapshot(tmp_path) == before
 
 
-def test_images_output_inside_the_images_folder_is_refused(tmp_path, snapshot):
+def test_images_output_inside_the_images_folder_is_refused(tmp_path):
     written = demo_images.write_demo_coco(str(tmp_path / "coco"), num_images=2, size=(64, 64), seed=0)
     (tmp_path / "coco" / "thesis.tex").write_text("mine")
     before = snapshot(tmp_path)
@@ -118,7 +118,7 @@ def test_rerun_replaces_only_the_files_its_manifest_lists(tmp_path):
     assert (tmp_path / "thesis.tex").read_text() == "beside the output"
 
 
-def test_a_file_added_to_a_previous_output_stops_the_replacement(tmp_path, snapshot):
+def test_a_file_added_to_a_previous_output_stops_the_replacement(tmp_path):
     output = tmp_path / "out"
     conversion.run([1, 2], [], _Records(), str(output), pipeline_args=IN_PROCESS, log=_quiet)
     (output / "thesis.tex").write_text("saved here by mistake")

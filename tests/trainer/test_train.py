@@ -155,7 +155,7 @@ def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.slow
-def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_data, snapshot):
+def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_data):
     from trainer import evaluate
 
     config, _, _ = smoke_run
@@ -173,7 +173,7 @@ def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_da
     assert len(scores["dice_per_class"]) == 3 and scores["cases"] == 2
 
 
-def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_path, snapshot):
+def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_path):
     from preprocessing import output_guard
 
     output = tmp_path / "papers"
