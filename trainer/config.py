@@ -271,7 +271,7 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     hints = setting_types(task)
     unknown = sorted(set(settings) - set(hints))
     if unknown:
-        raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; valid settings: "
+        raise ValueError(f"unknown train override{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; valid ones: "
                          f"{', '.join(sorted(hints))}.")
     values = to_dict(base)
     values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
@@ -325,7 +325,7 @@ def _convert(value, hint, name: str):
     if isinstance(value, str) and value.strip().lower() in ("", "none"):
         if optional:
             return None
-        raise ValueError(f"setting {name} needs a value.")
+        raise ValueError(f"train override {name} needs a value.")
     if name == "partition.input_partition_dims" and isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"  # resolved once the devices are known
     kind = options[0] if options else str
@@ -342,20 +342,20 @@ def _convert(value, hint, name: str):
             return True
         if text in ("false", "0", "no", "off"):
             return False
-        raise ValueError(f"setting {name} is true or false, got {value!r}.")
+        raise ValueError(f"train override {name} is true or false, got {value!r}.")
     if kind is int:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"setting {name} must be a whole number, got {value!r}.") from None
+            raise ValueError(f"train override {name} must be a whole number, got {value!r}.") from None
         if not number.is_integer():
-            raise ValueError(f"setting {name} must be a whole number, got {value}; write it like {round(number)}.")
+            raise ValueError(f"train override {name} must be a whole number, got {value}; write it like {round(number)}.")
         return int(number)
     if kind is float:
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"setting {name} must be a number, got {value!r}.") from None
+            raise ValueError(f"train override {name} must be a number, got {value!r}.") from None
     return value if not isinstance(value, str) else value.strip()
 
 

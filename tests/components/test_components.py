@@ -159,8 +159,8 @@ def test_integer_train_overrides_stay_integers_through_kfp(runner):
 
 
 def test_fractional_value_for_an_integer_setting_is_refused():
-    from components import runtime
+    from trainer import config
 
     with pytest.raises(ValueError, match=r"^train override model.num_classes must be a whole number, got 2.5; "
                                          r"write it like 2\.$"):
-        runtime.restore_integers({"model": {"num_classes": 2.5}}, "segmentation")
+        config.resolve("segmentation", "smoke", overrides={"model": {"num_classes": 2.5}})

@@ -34,18 +34,18 @@ def test_unknown_key_is_refused_with_the_valid_ones():
     with pytest.raises(ValueError) as refused:
         config.resolve(overrides={"model.num_level": 5})
     message = str(refused.value)
-    assert message.startswith("unknown setting model.num_level; valid settings: ")
+    assert message.startswith("unknown train override model.num_level; valid ones: ")
     assert "model.num_levels" in message and "partition.input_partition_dims" in message and "steps" in message
 
 
 def test_detection_keys_are_the_detector_s():
-    with pytest.raises(ValueError, match="unknown setting model.num_levels; valid settings: .*model.head_filters"):
+    with pytest.raises(ValueError, match="unknown train override model.num_levels; valid ones: .*model.head_filters"):
         config.resolve(task="detection", overrides={"model.num_levels": 3})
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"steps": "2.5"}, "setting steps must be a whole number, got 2.5; write it like 2."),
-    ({"remat": "maybe"}, "setting remat is true or false, got 'maybe'."),
+    ({"steps": "2.5"}, "train override steps must be a whole number, got 2.5; write it like 2."),
+    ({"remat": "maybe"}, "train override remat is true or false, got 'maybe'."),
     ({"partition.input_partition_dims": "1,x,1"}, "partition.input_partition_dims '1,x,1' is not a comma-separated "
                                                   "list of ints; write it like 1,4,1,1,1."),
 ])
