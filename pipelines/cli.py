@@ -7,7 +7,6 @@ run, so `fullres --help` is instant and `--virtual-devices` can still set
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -117,6 +116,10 @@ def train(
     image_size: Annotated[str | None, typer.Option(help="Detection: the H,W canvas every image is fitted to, e.g. 2560,2560.")] = None,
     max_boxes: Annotated[int | None, typer.Option(help="Detection: boxes kept per training image.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for weights, data order and augmentation.")] = None,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Any setting as a dotted key, e.g. --set model.num_levels=5 --set partition.input_partition_dims=1,4,1,1,1 (repeatable; the flags above are shorthands for these)."),
+    ] = None,
     virtual_devices: Annotated[
         int | None, typer.Option(help="On a CPU, present it as this many devices (to try partitioning without accelerators).")
     ] = None,
@@ -159,51 +162,30 @@ def train(
             size = ()
         if len(size) != 2:
             _fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
-    from trainer import config as config_lib, distributed, partitioning, tasks, train as train_lib
+    from trainer import config as config_lib, distributed, train as train_lib
 
     try:
         distributed.initialize(
             distributed.ProcessGroup(coordinator_address, num_processes, process_id) if all(given) else None
         )
-        if preset == "default":
-            base = config_lib.detection() if task == "detection" else config_lib.TrainConfig()
-        else:
-            base = config_lib.PRESETS[preset]()
-            if base.task != task:
-                _fail(f"--preset {preset} is a {base.task} preset but --task is {task}; pass --task {base.task} or "
-                      f"another preset.")
-        unet_only = dict(num_levels=num_levels, base_filters=base_filters, normalization=normalization)
-        if task == "detection":
-            given = [f"--{k.replace('_', '-')}" for k, v in unet_only.items() if v is not None]
-            if given:
-                _fail(f"{', '.join(given)} configure the UNet; they do not apply to --task detection.")
-            if num_classes is None:
-                label_map = tasks.read_label_map(train_data)
-                num_classes = max(label_map.values()) if label_map else None
-            unet_only = {}
-        model_overrides = {k: v for k, v in dict(num_classes=num_classes, **unet_only).items() if v is not None}
-        partition = base.partition
-        if input_partition_dims is not None or label_partition_dims is not None:
-            partition = partitioning.PartitionConfig(
-                partitioning.parse_dims(input_partition_dims) or partition.input_partition_dims,
-                partitioning.parse_dims(label_partition_dims)
-                if label_partition_dims is not None
-                else partition.label_partition_dims,
-            )
-        overrides = dict(
-            steps=steps, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, warmup_steps=warmup_steps,
-            schedule=schedule, precision=precision, remat=remat, checkpoint_every=checkpoint_every,
-            log_every=log_every, augment=augment, seed=seed, image_size=size, max_boxes=max_boxes,
-        )
-        config = dataclasses.replace(
-            base,
-            train_data=train_data,
-            output_dir=str(output),
-            eval_data=eval_data,
-            model=dataclasses.replace(base.model, **model_overrides) if model_overrides else base.model,
-            partition=partition,
-            **{k: v for k, v in overrides.items() if v is not None},
-        )
+        if preset != "default" and config_lib.PRESETS[preset]().task != task:
+            _fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
+                  f"--task {config_lib.PRESETS[preset]().task} or another preset.")
+        unet_only = {"num_levels": num_levels, "base_filters": base_filters, "normalization": normalization}
+        given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items() if v is not None]
+        if task == "detection" and given_unet:
+            _fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to --task detection.")
+        flags = {
+            "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
+            "warmup_steps": warmup_steps, "schedule": schedule, "precision": precision, "remat": remat,
+            "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment, "seed": seed,
+            "image_size": size, "max_boxes": max_boxes, "model.num_classes": num_classes,
+            "partition.input_partition_dims": input_partition_dims,
+            "partition.label_partition_dims": label_partition_dims,
+            **{f"model.{k}": v for k, v in unet_only.items()},
+        }
+        config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
+                                    overrides={**flags, **config_lib.parse_settings(settings or [])})
         train_lib.train(config, log=_print)
     except distributed.Preempted as preempted:
         _print(f"fullres: {preempted}")
@@ -223,6 +205,8 @@ def _options_without(context: typer.Context, *left_out: str) -> list[str]:
             continue
         if parameter.is_flag and parameter.secondary_opts:
             arguments.append(parameter.opts[0] if value else parameter.secondary_opts[0])
+        elif isinstance(value, (list, tuple)):
+            arguments += [part for item in value for part in (parameter.opts[0], str(item))]
         else:
             arguments += [parameter.opts[0], str(value)]
     return arguments

@@ -48,6 +48,9 @@ def test_train_help_documents_partitioning():
         (["--task", "detection", "--image-size", "256"], "--image-size '256' is not valid"),
         (["--task", "detection", "--preset", "detection_demo", "--input-partition-dims", "1,3,1,1"],
          "asks for 3 cores per replica"),
+        (["--set", "partition.input_partition_dims=1,3,1,1,1"], "asks for 3 cores per replica"),
+        (["--set", "model.num_level=3"], "unknown train override model.num_level; valid ones: augment, batch_size"),
+        (["--set", "steps"], "--set 'steps' is not key=value"),
     ],
 )
 def test_train_refuses_bad_configuration_in_one_line(demo_data, tmp_path, args, message):
