@@ -1,6 +1,6 @@
 """Test set-up: 8 virtual CPU devices and the JAX backend, before anything imports JAX.
 
-Every partitioning test runs on these 8 devices (DESIGN.md, "Testing without
+Every partitioning test runs on these 8 devices (docs/design.md, "Testing without
 accelerators"); nothing skips for lack of devices.
 """
 

@@ -226,7 +226,7 @@ def test_a_size_the_annotations_leave_out_is_taken_from_the_file(tmp_path):
 
 @pytest.fixture
 def every_bad_kind(tmp_path):
-    """Good images beside one of every bad kind issue 10 lists, in one COCO file."""
+    """Good images beside one of every kind of bad input, in one COCO file."""
     image_dir = tmp_path / "images"
     image_dir.mkdir()
     for name in ("good.png", "strings.png", "no_size.png", "zero.png"):

@@ -1,8 +1,8 @@
 """Detection training end to end: `fullres train --task detection`, learning, and objects on partition borders.
 
 One short training run (module fixture) on the synthetic shapes is shared by
-the tests: it is the "faster test with a lower floor" of issue 4; the longer
-run that clears the issue's mAP@0.5 ≥ 0.6 bar (`fullres train --task detection
+the tests: a faster run with a lower floor (FAST_FLOOR); the longer
+run that clears mAP@0.5 ≥ 0.6 (`fullres train --task detection
 --preset detection_demo`) and its figures are in the README.
 """
 
