@@ -23,8 +23,8 @@ def test_a_folder_without_a_trained_model_is_named():
         tasks.restore("/nowhere")
 
 
-# Choosing the task's default preset happens where the config is resolved; these three still do it themselves.
-CHOOSE_THE_PRESET = {"trainer/config.py", "components/runtime.py", "pipelines/cli.py"}
+# Where the config is resolved from a task name (its default preset, its label map, which flags apply); nowhere else.
+CHOOSE_THE_PRESET = {"trainer/config.py", "trainer/cli.py", "components/runtime.py", "pipelines/cli.py"}
 
 
 def test_no_module_branches_on_the_task_name():
