@@ -171,9 +171,10 @@ def train(
             _fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
                   f"--task {config_lib.PRESETS[preset]().task} or another preset.")
         unet_only = {"num_levels": num_levels, "base_filters": base_filters, "normalization": normalization}
-        given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items() if v is not None]
-        if task == "detection" and given_unet:
-            _fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to --task detection.")
+        given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
+                      if v is not None and f"model.{k}" not in config_lib.setting_types(task)]
+        if given_unet:
+            _fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to --task {task}.")
         flags = {
             "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
             "warmup_steps": warmup_steps, "schedule": schedule, "precision": precision, "remat": remat,

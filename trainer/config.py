@@ -175,7 +175,7 @@ def detection(**overrides) -> TrainConfig:
 
 
 def detection_2560(**overrides) -> TrainConfig:
-    """RetinaNet at 2560², each image split 8-way along its height (the seed's large-image setting)."""
+    """RetinaNet at 2560², each image split 8-way along its height."""
     return detection(**{"partition": partitioning.PartitionConfig((1, 8, 1, 1)), "image_size": (2560, 2560),
                         "batch_size": 1, **overrides})
 
@@ -204,6 +204,10 @@ DETECTION_DEMO_MODEL = retinanet.RetinaNetConfig(
     num_classes=3, stackwise_num_blocks=(1, 1, 1, 1), stackwise_num_filters=(64, 64, 96, 128), head_filters=64,
     head_conv_layers=2, anchor_size=2.0,
 )
+
+DEFAULT_PRESETS = {"segmentation": TrainConfig, "detection": detection}
+# Detection records carry label_map.json (ids from 1): the class count is read from it unless given.
+CLASSES_FROM_LABEL_MAP = ("detection",)
 
 PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "detection": detection, "detection_2560": detection_2560,
            "detection_demo": detection_demo}
@@ -259,7 +263,7 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     if task not in TASKS:
         raise ValueError(f"task {task!r} is not known; use one of {', '.join(TASKS)}.")
     if preset == "default":
-        base = detection() if task == "detection" else TrainConfig()
+        base = DEFAULT_PRESETS[task]()
     elif preset in PRESETS:
         base = PRESETS[preset]()
     else:
@@ -275,7 +279,7 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
                          f"{', '.join(sorted(hints))}.")
     values = to_dict(base)
     values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
-    if task == "detection" and "model.num_classes" not in settings:
+    if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings:
         from trainer import tasks  # reads label_map.json with TensorFlow's file system
 
         label_map = tasks.read_label_map(train_data) if train_data else None

@@ -24,7 +24,7 @@ def test_a_folder_without_a_trained_model_is_named():
 
 
 # Where the config is resolved from a task name (its default preset, its label map, which flags apply); nowhere else.
-CHOOSE_THE_PRESET = {"trainer/config.py", "trainer/cli.py", "components/runtime.py", "pipelines/cli.py"}
+CHOOSE_THE_PRESET = {"components/runtime.py", "pipelines/cli.py"}
 
 
 def test_no_module_branches_on_the_task_name():
