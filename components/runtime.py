@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import types
-import typing
 
 
 def log(message: str) -> None:
@@ -53,78 +51,16 @@ def describe_dataset(artifact, summary: dict, output: str) -> None:
 
 def train_config(*, task: str, preset: str, train_data: str, output_dir: str, steps: int, batch_size: int,
                  learning_rate: float, input_partition_dims: str, precision: str, overrides: dict):
-    """A `TrainConfig` from the train component's parameters (0 / "" keep the preset's value)."""
-    from trainer import config as config_lib, partitioning, tasks
+    """A `TrainConfig` from the train component's parameters, through `config.resolve` as the CLI's.
 
-    if preset == "default":
-        base = config_lib.detection() if task == "detection" else config_lib.TrainConfig()
-    elif preset in config_lib.PRESETS:
-        base = config_lib.PRESETS[preset]()
-    else:
-        raise ValueError(f"preset {preset!r} is not known; use default or one of {', '.join(config_lib.PRESETS)}.")
-    if base.task != task:
-        raise ValueError(f"preset {preset} trains {base.task}, but task is {task}; pick a {task} preset.")
-    values = config_lib.to_dict(base)
-    values.update(train_data=train_data, output_dir=output_dir)
-    for name, value in (("steps", steps), ("batch_size", batch_size), ("learning_rate", learning_rate),
-                        ("precision", precision)):
-        if value:
-            values[name] = value
-    if input_partition_dims:
-        values["partition"]["input_partition_dims"] = list(partitioning.parse_dims(input_partition_dims))
-    if task == "detection":
-        label_map = tasks.read_label_map(train_data)
-        if label_map:
-            values["model"]["num_classes"] = max(label_map.values())
-    for key, value in restore_integers(overrides, task).items():
-        if key in ("model", "partition"):
-            values[key].update(value)
-        else:
-            values[key] = value
-    return config_lib.from_dict(values)
-
-
-def restore_integers(overrides: dict, task: str) -> dict:
-    """`overrides` with integral floats turned back into ints wherever the configuration declares an int.
-
-    KFP passes a dict parameter as a protobuf Struct, whose numbers are all
-    doubles: `{"model": {"num_classes": 2}}` arrives as 2.0, which Keras refuses
-    as a layer size. The dataclass field types say which numbers are counts.
-
-    Raises:
-        ValueError: a setting declared as an integer holds a fraction.
+    0 and "" are the component's "keep the preset's value" (KFP parameters have no None).
     """
-    from trainer import config as config_lib, partitioning
+    from trainer import config as config_lib
 
-    nested = {"model": config_lib.MODEL_TYPES[task], "partition": partitioning.PartitionConfig}
-    hints = typing.get_type_hints(config_lib.TrainConfig)
-    restored = {}
-    for key, value in overrides.items():
-        if key in nested and isinstance(value, dict):
-            inner = typing.get_type_hints(nested[key])
-            restored[key] = {k: _restore(v, inner.get(k), f"{key}.{k}") for k, v in value.items()}
-        else:
-            restored[key] = _restore(value, hints.get(key), key)
-    return restored
-
-
-def _restore(value, hint, name: str):
-    """`value` with the ints `hint` (int, int | None, tuple[int, ...], ...) declares restored from floats."""
-    if hint is None:
-        return value
-    is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-    options = typing.get_args(hint) if is_union else (hint,)
-    if isinstance(value, float) and int in options:
-        if not value.is_integer():
-            raise ValueError(f"train override {name} must be a whole number, got {value}; write it like {round(value)}.")
-        return int(value)
-    if isinstance(value, list):
-        for option in options:
-            if typing.get_origin(option) is tuple:  # tuple[int, ...] or tuple[int, int]
-                args = typing.get_args(option)
-                kinds = [args[0]] * len(value) if args[-1:] == (Ellipsis,) else list(args)
-                return [_restore(v, kinds[i] if i < len(kinds) else None, f"{name}[{i}]") for i, v in enumerate(value)]
-    return value
+    named = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "precision": precision,
+             "partition.input_partition_dims": input_partition_dims}
+    return config_lib.resolve(task, preset, train_data, output_dir,
+                              overrides={**{k: v for k, v in named.items() if v}, **(overrides or {})})
 
 
 def write_metrics(artifact, results: dict, scalars: tuple[str, ...]) -> None:

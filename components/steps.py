@@ -21,11 +21,6 @@ from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
 DEFAULT_IMAGE = "fullres:latest"
 
 
-def _location(artifact) -> str:
-    """Where a step writes an artifact: gs:// for Beam on Dataflow, the local (or gcsfuse) path otherwise."""
-    return artifact.uri if artifact.uri.startswith("gs://") else artifact.path
-
-
 def preprocess_ct(
     input_uri: str,
     dataset: Output[Dataset],

@@ -31,7 +31,10 @@ import numpy as np
 import pydicom
 import SimpleITK as sitk
 
-from preprocessing import conversion, ct_io  # ct_io is circular on purpose: CaseError lives there; used only at call time
+from preprocessing import (  # ct_io is circular on purpose: CaseError lives there; used only at call time
+    conversion,
+    ct_io,
+)
 
 DEFAULT_SPACING_TOLERANCE = 0.05
 LABEL_MODALITIES = ("SEG", "RTSTRUCT")

@@ -22,8 +22,9 @@ patient space.
 | `label/cropped_classes`| int64 × M     | classes of which the crop to `--shape` cut voxels        |
 | `label/cropped_voxels` | int64 × M     | voxels of each of those classes cut (resampled grid)     |
 
-Detection records use the TF Object Detection API keys (`DETECTION_KEYS`) so
-existing tools read them.
+Detection records use the TF Object Detection API keys (`image/encoded`,
+`image/object/bbox/ymin` ..., `image/object/class/label`; `encode_detection_example`)
+so existing tools read them.
 
 Writing needs no TensorFlow (`example_proto`), so Beam workers start fast;
 the parsers, used inside `tf.data`, import it when first called.
@@ -52,21 +53,6 @@ LABEL_ENCODED = "label/encoded"
 LABEL_VALUES = "label/values"
 LABEL_CROPPED_CLASSES = "label/cropped_classes"
 LABEL_CROPPED_VOXELS = "label/cropped_voxels"
-
-# TF Object Detection API keys for 2D detection records.
-DETECTION_KEYS = (
-    "image/encoded",
-    "image/format",
-    "image/height",
-    "image/width",
-    "image/source_id",
-    "image/object/bbox/ymin",
-    "image/object/bbox/xmin",
-    "image/object/bbox/ymax",
-    "image/object/bbox/xmax",
-    "image/object/class/label",
-    "image/object/class/text",
-)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Test set-up: 8 virtual CPU devices and the JAX backend, before anything imports JAX.
 
-Every partitioning test runs on these 8 devices (DESIGN.md, "Testing without
+Every partitioning test runs on these 8 devices (docs/design.md, "Testing without
 accelerators"); nothing skips for lack of devices.
 """
 
@@ -33,3 +33,4 @@ def demo_data(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("demo_data")
     return demo_ct.write_demo_tfrecords(str(directory), num_train=6, num_eval=2, shape=(16, 16, 16), seed=1)
+

@@ -57,10 +57,10 @@ class Checkpointer:
     """The checkpoints of one run; every process of the run creates one and calls every method.
 
     Example:
-        >>> checkpointer = Checkpointer("/tmp/run/checkpoints", keep=3)
-        >>> restored = checkpointer.restore_latest(state)  # (state, step) or None
-        >>> checkpointer.save(100, state)
-        >>> checkpointer.close()
+        >>> checkpointer = Checkpointer("/tmp/run/checkpoints", keep=3)  # doctest: +SKIP
+        >>> restored = checkpointer.restore_latest(state)  # doctest: +SKIP
+        >>> checkpointer.save(100, state)  # doctest: +SKIP
+        >>> checkpointer.close()  # doctest: +SKIP
     """
 
     def __init__(self, directory: str, keep: int = 3):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
 
 from trainer import partitioning, retinanet, unet
 
@@ -172,7 +175,7 @@ def detection(**overrides) -> TrainConfig:
 
 
 def detection_2560(**overrides) -> TrainConfig:
-    """RetinaNet at 2560², each image split 8-way along its height (the seed's large-image setting)."""
+    """RetinaNet at 2560², each image split 8-way along its height."""
     return detection(**{"partition": partitioning.PartitionConfig((1, 8, 1, 1)), "image_size": (2560, 2560),
                         "batch_size": 1, **overrides})
 
@@ -202,9 +205,162 @@ DETECTION_DEMO_MODEL = retinanet.RetinaNetConfig(
     head_conv_layers=2, anchor_size=2.0,
 )
 
+DEFAULT_PRESETS = {"segmentation": TrainConfig, "detection": detection}
+# Detection records carry label_map.json (ids from 1): the class count is read from it unless given.
+CLASSES_FROM_LABEL_MAP = ("detection",)
+
 PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "detection": detection, "detection_2560": detection_2560,
            "detection_demo": detection_demo}
 
+
+
+def parse_list(text: str, kind: type = int, name: str = "value") -> tuple | None:
+    """The one parser for comma lists: `"1,4,1,1,1"`, `"[1, 4, 1, 1, 1]"` -> a tuple; `""` or `"none"` -> None.
+
+    Example:
+        >>> parse_list("[1, 4, 1, 1, 1]")
+        (1, 4, 1, 1, 1)
+        >>> parse_list("1.7,1.7,2.25", float)
+        (1.7, 1.7, 2.25)
+
+    Raises:
+        ValueError: a part is not a `kind`; the message names `name`.
+    """
+    cleaned = text.strip().strip("[]()")
+    if cleaned.lower() in ("", "none"):
+        return None
+    try:
+        return tuple(kind(part) for part in cleaned.replace(" ", "").split(",") if part)
+    except ValueError:
+        example = "1,4,1,1,1" if kind is int else "1.0,1.0,2.5"
+        raise ValueError(f"{name} {text!r} is not a comma-separated list of {kind.__name__}s; write it like "
+                         f"{example}.") from None
+
+
+def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",
+            eval_data: str | None = None, overrides: Mapping[str, object] | None = None) -> TrainConfig:
+    """The one way to a `TrainConfig`: the command line, the KFP train component and `fullres plan` all call it.
+
+    Args:
+        task: "segmentation" or "detection".
+        preset: a name in `PRESETS`, or "default" for the task's default.
+        train_data, output_dir, eval_data: as in `TrainConfig`.
+        overrides: dotted keys to values, e.g. `{"model.num_levels": 5, "partition.input_partition_dims":
+            "1,4,1,1,1"}`. Values may be text (as `--set key=value` gives them) or numbers (integral floats,
+            as KFP passes them, become ints where the setting is an int); None keeps the preset's value.
+            Nested dicts (`{"model": {"num_levels": 5}}`) are read as dotted keys.
+
+    Detection's class count comes from `label_map.json` beside `train_data` unless
+    `model.num_classes` is given.
+
+    Example:
+        >>> resolve(preset="demo", overrides={"model.num_levels": "2", "steps": 10}).model.num_levels
+        2
+
+    Raises:
+        ValueError: unknown task, preset or key (the valid ones listed), or a value of the wrong kind.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task {task!r} is not known; use one of {', '.join(TASKS)}.")
+    if preset == "default":
+        base = DEFAULT_PRESETS[task]()
+    elif preset in PRESETS:
+        base = PRESETS[preset]()
+    else:
+        raise ValueError(f"preset {preset!r} is not known; use default or one of {', '.join(PRESETS)}.")
+    if base.task != task:
+        raise ValueError(f"preset {preset} is a {base.task} preset but the task is {task}; pick a {task} preset or "
+                         f"set the task to {base.task}.")
+    settings = {k: v for k, v in _flatten(overrides or {}).items() if v is not None}
+    hints = setting_types(task)
+    unknown = sorted(set(settings) - set(hints))
+    if unknown:
+        raise ValueError(f"unknown train override{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; valid ones: "
+                         f"{', '.join(sorted(hints))}.")
+    values = to_dict(base)
+    values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
+    if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings:
+        from trainer import tasks  # reads label_map.json with TensorFlow's file system
+
+        label_map = tasks.read_label_map(train_data) if train_data else None
+        if label_map:
+            values["model"]["num_classes"] = max(label_map.values())
+    for key, value in settings.items():
+        section, _, name = key.rpartition(".")
+        (values[section] if section else values)[name] = _convert(value, hints[key], key)
+    return from_dict(values)
+
+
+def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
+    """`["model.num_levels=5", "steps=100"]` (`--set` flags) -> `{"model.num_levels": "5", "steps": "100"}`."""
+    settings = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"--set {pair!r} is not key=value; write it like --set model.num_levels=5.")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def setting_types(task: str) -> dict[str, object]:
+    """Every key `resolve` accepts for `task`, with its declared type."""
+    fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition"}
+    hints = {k: v for k, v in typing.get_type_hints(TrainConfig).items() if k not in fixed}
+    for section, cls in (("model", MODEL_TYPES[task]), ("partition", partitioning.PartitionConfig)):
+        hints.update({f"{section}.{k}": v for k, v in typing.get_type_hints(cls).items()})
+    return hints
+
+
+def _flatten(overrides: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    flat = {}
+    for key, value in overrides.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _convert(value, hint, name: str):
+    """`value` (text, or a number as KFP passes it) as the type `hint` declares; None, "none" -> None if allowed."""
+    is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    options = [o for o in (typing.get_args(hint) if is_union else (hint,)) if o is not type(None)]
+    optional = is_union and type(None) in typing.get_args(hint)
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        if optional:
+            return None
+        raise ValueError(f"train override {name} needs a value.")
+    if name == "partition.input_partition_dims" and isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"  # resolved once the devices are known
+    kind = options[0] if options else str
+    if typing.get_origin(kind) is tuple:
+        args = typing.get_args(kind)
+        item = args[0] if args else int
+        parsed = parse_list(value, item, name) if isinstance(value, str) else tuple(value)
+        return [_convert(v, item, f"{name}[{i}]") for i, v in enumerate(parsed)]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"train override {name} is true or false, got {value!r}.")
+    if kind is int:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"train override {name} must be a whole number, got {value!r}.") from None
+        if not number.is_integer():
+            raise ValueError(f"train override {name} must be a whole number, got {value}; write it like {round(number)}.")
+        return int(number)
+    if kind is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"train override {name} must be a number, got {value!r}.") from None
+    return value if not isinstance(value, str) else value.strip()
 
 
 def to_dict(config: TrainConfig) -> dict:
@@ -219,7 +375,8 @@ def from_dict(values: dict) -> TrainConfig:
     model_values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.pop("model").items()}
     partition_values = values.pop("partition")
     label_dims = partition_values.get("label_partition_dims")
-    partition = partitioning.PartitionConfig(tuple(partition_values["input_partition_dims"]),
+    input_dims = partition_values["input_partition_dims"]
+    partition = partitioning.PartitionConfig(input_dims if isinstance(input_dims, str) else tuple(input_dims),
                                              None if label_dims is None else tuple(label_dims))
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = set(values) - known

@@ -32,7 +32,7 @@ def flatten_levels(outputs: dict, config: retinanet.RetinaNetConfig):
 def decode_detections(outputs: dict, image_size: tuple[int, int], config: retinanet.RetinaNetConfig,
                       confidence_threshold: float = 0.05, iou_threshold: float = 0.5, max_detections: int = 100) -> dict:
     """Boxes after NMS: `{"boxes": (B, K, 4) yxyx pixels, "confidence": (B, K), "classes": (B, K), "num_detections": (B,)}`."""
-    from keras_hub.src.layers.modeling.non_max_supression import NonMaxSuppression
+    from keras_hub.layers import NonMaxSuppression
 
     generator, _ = retinanet.anchor_tools(config)
     images = np.zeros((1, *image_size, 3), np.float32)

@@ -54,18 +54,9 @@ def load_trained(model_dir: str, devices=None):
         (config, task, model, state, distribution) with the training partitioning,
         or the largest one the present devices hold (replicas reduced first).
     """
-    import json
-    import os
-
     import jax
 
-    from trainer import config as config_lib
-
-    config_path = os.path.join(model_dir, "train_config.json")
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(f"{model_dir} has no train_config.json; pass the output directory of `fullres train`.")
-    with open(config_path) as file:
-        config = config_lib.from_dict(json.load(file))
+    config, task = tasks.restore(model_dir)
     devices = devices or jax.devices()
     cores = config.partition.num_cores_per_replica
     if cores > len(devices):
@@ -76,18 +67,8 @@ def load_trained(model_dir: str, devices=None):
         )
     replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
     distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
-    task = tasks.make_task(config)
-    info_path = os.path.join(model_dir, "model_info.json")
-    if os.path.exists(info_path):  # the names the model was trained with, wherever its training data is now
-        with open(info_path) as file:
-            names = json.load(file).get("class_names")
-        if names:
-            task.class_names = names
     with distribution.scope():
-        # Rebuilt from its config and given the trained weights: KerasHub's backbones inside the detector do not
-        # survive `keras.saving.load_model`, and a rebuilt model is the one the trainer compiled.
-        model = task.build_model()
-        model.load_weights(os.path.join(model_dir, "model.keras"))
+        model = tasks.load_weights(task, model_dir)
     state = step.TrainState([v.value for v in model.trainable_variables],
                             [v.value for v in model.non_trainable_variables], [])
     state = step.place_state(state, distribution)
@@ -106,24 +87,16 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     """
     import os
 
-    from trainer import report, train
+    from trainer import train
 
     config, task, model, state, distribution = load_trained(model_dir, None)
-    if task.name == "segmentation":  # checked before the (long) evaluation
-        names = list(class_names or ["background"] + [f"class_{i}" for i in range(1, config.model.num_classes)])
-        if len(names) != config.model.num_classes:
-            raise ValueError(f"{len(names)} class names given for a model of {config.model.num_classes} classes; give "
-                             "one name per class, background first.")
+    names = task.report_class_names(class_names)  # checked before the (long) evaluation
     samples: list = []
     scores = task.evaluate(model, state, distribution, log, pattern=pattern, samples=samples, keep=report_examples)
-    if task.name == "segmentation":
-        scores["class_names"] = names
+    scores["class_names"] = names
     history = [[e["step"], e["loss"]] for e in train.read_history(os.path.join(model_dir, "history.jsonl"))]
     if report_path:
-        if task.name == "segmentation":
-            page = report.segmentation_report(scores, samples, history, scores["class_names"])
-        else:
-            page = report.detection_report(scores, samples, history, scores["class_names"])
+        page = task.report(scores, samples, history)
         os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)
         with open(report_path, "w") as file:
             file.write(page)

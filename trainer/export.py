@@ -39,12 +39,9 @@ def export_trained(model_dir: str, output_dir: str) -> dict:
         raise FileNotFoundError(f"{model_dir} has no model_info.json; pass the output directory of `fullres train`.")
     with open(info_path) as file:
         info = json.load(file)
-    from trainer import config as config_lib, tasks
+    from trainer import tasks
 
-    with open(os.path.join(model_dir, "train_config.json")) as file:
-        config = config_lib.from_dict(json.load(file))
+    _, task = tasks.restore(model_dir)
     os.makedirs(output_dir, exist_ok=True)
-    # Rebuilt from its config, then given the trained weights (see `evaluate.load_trained`).
-    model = tasks.make_task(config).build_model()
-    model.load_weights(os.path.join(model_dir, "model.keras"))
+    model = tasks.load_weights(task, model_dir)
     return export_model(model, output_dir, (None, *info["image_shape"]))

@@ -40,7 +40,7 @@ class PlanRow:
 
 
 def default_partition_dims(partitions: int, rank: int) -> tuple[int, ...]:
-    """`[1, N, 1, 1(, 1)]`: the seed's convention, N-way along the first spatial dimension."""
+    """`[1, N, 1, 1(, 1)]`: the usual TPU convention, N-way along the first spatial dimension."""
     dims = [1] * rank
     dims[1] = partitions
     return tuple(dims)

@@ -16,7 +16,7 @@ class DiceAccumulator:
         >>> dice = DiceAccumulator(num_classes=2)
         >>> dice.update(np.array([[0, 1, 1]]), np.array([[0, 1, 0]]))
         >>> dice.per_class()
-        [1.0, 0.6666666666666666]
+        [0.6666666666666666, 0.6666666666666666]
     """
 
     def __init__(self, num_classes: int):

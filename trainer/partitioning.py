@@ -1,7 +1,7 @@
 """Spatial partitioning: from `input_partition_dims` to a device mesh and layouts.
 
 The contract is the one Cloud TPU users know from `input_partition_dims`
-(see DESIGN.md, "Partitioning semantics"):
+(docs/design.md, "Partitioning semantics"):
 
 * one integer per dimension of the feature tensor, e.g. `(1, 4, 1, 1, 1)` splits
   the depth of an NDHWC volume over 4 cores; their product is the number of

@@ -111,8 +111,10 @@ def build_retinanet(config: RetinaNetConfig, dtype: str | None = None) -> keras.
     Each output is spatial: boxes (B, H_l, W_l, A·4) as center-xywh deltas,
     classes (B, H_l, W_l, A·C) logits, in float32.
     """
+    from keras_hub.models import RetinaNetBackbone
+
+    # KerasHub exports no public name for RetinaNet's shared box/class head; this is the one its detector uses.
     from keras_hub.src.models.retinanet.prediction_head import PredictionHead
-    from keras_hub.src.models.retinanet.retinanet_backbone import RetinaNetBackbone
 
     dtype = dtype or "float32"
     pyramid = RetinaNetBackbone(image_encoder=_resnet(config, dtype), min_level=config.min_level,
@@ -137,7 +139,9 @@ def build_retinanet(config: RetinaNetConfig, dtype: str | None = None) -> keras.
 @functools.cache  # one per config: `encode_targets` runs every training step
 def anchor_tools(config: RetinaNetConfig):
     """KerasHub's anchor generator and label encoder for this config (boxes in "yxyx" pixels)."""
-    from keras_hub.src.layers.modeling.anchor_generator import AnchorGenerator
+    from keras_hub.layers import AnchorGenerator
+
+    # KerasHub exports no public name for the label encoder; its RetinaNet detector builds targets with this one.
     from keras_hub.src.models.retinanet.retinanet_label_encoder import RetinaNetLabelEncoder
 
     generator = AnchorGenerator("yxyx", min_level=config.min_level, max_level=config.max_level,

@@ -122,6 +122,26 @@ class SegmentationTask:
         """The scalars worth a TensorBoard curve."""
         return {"dice_mean": scores["dice_mean"]} if scores.get("dice_mean") is not None else {}
 
+    def report_class_names(self, given: list[str] | None) -> list[str]:
+        """One name per class, background first: `given`, or background, class_1, ...
+
+        Raises:
+            ValueError: `given` names another number of classes than the model predicts.
+        """
+        num_classes = self.config.model.num_classes
+        names = list(given or ["background"] + [f"class_{i}" for i in range(1, num_classes)])
+        if len(names) != num_classes:
+            raise ValueError(f"{len(names)} class names given for a model of {num_classes} classes; give one name per "
+                             "class, background first.")
+        return names
+
+    @staticmethod
+    def report(scores: dict, samples: list, loss_history: list) -> str:
+        """The HTML report: Dice table, loss curve, true and predicted label maps of `samples`."""
+        from trainer import report
+
+        return report.segmentation_report(scores, samples, loss_history, scores["class_names"])
+
 
 def read_label_values(pattern: str) -> list[int]:
     """The class ids `fullres preprocess ct` found in the data (`summary.json` beside the records); [] if not recorded."""
@@ -349,6 +369,53 @@ class DetectionTask:
     def headline(scores: dict) -> dict:
         return {"mAP": scores["mAP"], "mAP@0.5": scores["mAP@0.5"]}
 
+    def report_class_names(self, given: list[str] | None) -> list[str]:
+        """The label map's names (`given` is not used: the ids in the records decide the names)."""
+        return self.class_names
+
+    @staticmethod
+    def report(scores: dict, samples: list, loss_history: list) -> str:
+        """The HTML report: AP table, loss curve, true boxes and detections on `samples`."""
+        from trainer import report
+
+        return report.detection_report(scores, samples, loss_history, scores["class_names"])
+
+
+TASKS = {"segmentation": SegmentationTask, "detection": DetectionTask}
+
 
 def make_task(config: config_lib.TrainConfig):
-    return {"segmentation": SegmentationTask, "detection": DetectionTask}[config.task](config)
+    return TASKS[config.task](config)
+
+
+def restore(model_dir: str):
+    """The task of the model `fullres train` left in `model_dir`, with the class names it was trained with.
+
+    Returns:
+        (config, task): the `TrainConfig` read from `train_config.json`, and its task.
+    """
+    path = os.path.join(model_dir, "train_config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{model_dir} has no train_config.json; pass the output directory of `fullres train`.")
+    with open(path) as file:
+        config = config_lib.from_dict(json.load(file))
+    task = make_task(config)
+    info_path = os.path.join(model_dir, "model_info.json")
+    if os.path.exists(info_path):  # the names the model was trained with, wherever its training data is now
+        with open(info_path) as file:
+            names = json.load(file).get("class_names")
+        if names:
+            task.class_names = names
+    return config, task
+
+
+def load_weights(task, model_dir: str):
+    """The model of `task`, rebuilt from its config and given the trained weights in `model_dir/model.keras`.
+
+    Rebuilt rather than loaded whole: KerasHub's backbones inside the detector do
+    not survive `keras.saving.load_model`, and a rebuilt model is the one the
+    trainer compiled. Build it inside a distribution's scope to place it.
+    """
+    model = task.build_model()
+    model.load_weights(os.path.join(model_dir, "model.keras"))
+    return model

@@ -275,6 +275,6 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
 if __name__ == "__main__":
     import sys
 
-    from pipelines import cli
+    from trainer import cli
 
     cli.main(["train", *sys.argv[1:]])

@@ -181,17 +181,6 @@ class SubpixelUpsampling(keras.layers.Layer):
         return {**super().get_config(), "filters": self.filters, "spatial_dims": self.spatial_dims}
 
 
-def _conv_block(x, filters: int, config: UNetConfig, name: str, dtype):
-    conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
-    for i in (1, 2):
-        x = conv(filters, 3, padding="same", use_bias=config.normalization == "none", name=f"{name}_conv{i}", dtype=dtype)(x)
-        norm = _normalization(config, f"{name}_norm{i}", dtype)
-        if norm is not None:
-            x = norm(x)
-        x = keras.layers.ReLU(name=f"{name}_relu{i}", dtype=dtype)(x)
-    return x
-
-
 def build_unet(config: UNetConfig, dtype: str | None = None, remat: bool = False) -> keras.Model:
     """Builds the UNet as a Keras functional model with unknown spatial sizes.
 

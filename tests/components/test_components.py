@@ -72,6 +72,7 @@ def trained(runner, ct_datasets):
                      task="segmentation", preset="smoke", steps=3, batch_size=2, input_partition_dims="1,4,1,1,1")
 
 
+@pytest.mark.slow
 def test_preprocess_ct_writes_records_and_describes_them(ct_datasets):
     dataset = ct_datasets["train"]
     with open(os.path.join(dataset.path, "summary.json")) as file:
@@ -81,6 +82,7 @@ def test_preprocess_ct_writes_records_and_describes_them(ct_datasets):
     assert any(name.startswith("data-") for name in os.listdir(dataset.path))
 
 
+@pytest.mark.slow
 def test_train_writes_the_model_and_metrics(trained):
     model_dir = trained["model"][0]
     for name in ("model.keras", "train_config.json", "model_info.json", "history.jsonl"):
@@ -92,6 +94,7 @@ def test_train_writes_the_model_and_metrics(trained):
     assert metrics["steps"] == 3 and metrics["final_loss"] > 0
 
 
+@pytest.mark.slow
 def test_evaluate_scores_and_reports(runner, trained, ct_datasets):
     outputs = run_alone(runner, COMPONENTS.evaluate, {"model": (trained["model"][0], dsl.Model),
                                                       "eval_data": (ct_datasets["eval"].path, dsl.Dataset)},
@@ -107,6 +110,7 @@ def test_evaluate_scores_and_reports(runner, trained, ct_datasets):
     assert page.startswith("<!DOCTYPE html>") and page.count("<img") == 6  # 3 views × (true, predicted)
 
 
+@pytest.mark.slow
 def test_export_writes_a_saved_model_that_serves(runner, trained):
     import numpy as np
     import tensorflow as tf
@@ -119,6 +123,7 @@ def test_export_writes_a_saved_model_that_serves(runner, trained):
     assert np.asarray(logits).shape == (1, 16, 16, 16, 3)
 
 
+@pytest.mark.slow
 def test_preprocess_images_converts_coco(runner, tmp_path):
     written = demo_images.write_demo_coco(str(tmp_path), num_images=5, size=(64, 64), seed=2)
     task = COMPONENTS.preprocess_images(annotations_uri=written["annotations"], images_uri=written["images"])
@@ -128,6 +133,7 @@ def test_preprocess_images_converts_coco(runner, tmp_path):
         assert json.load(file) == {"circle": 1, "square": 2, "triangle": 3}
 
 
+@pytest.mark.slow
 def test_worker_replicas_counts_hosts_beyond_the_chief(runner):
     assert COMPONENTS.worker_replicas(replica_count=4).output == 3
 
@@ -153,8 +159,8 @@ def test_integer_train_overrides_stay_integers_through_kfp(runner):
 
 
 def test_fractional_value_for_an_integer_setting_is_refused():
-    from components import runtime
+    from trainer import config
 
     with pytest.raises(ValueError, match=r"^train override model.num_classes must be a whole number, got 2.5; "
                                          r"write it like 2\.$"):
-        runtime.restore_integers({"model": {"num_classes": 2.5}}, "segmentation")
+        config.resolve("segmentation", "smoke", overrides={"model": {"num_classes": 2.5}})

@@ -18,12 +18,14 @@ def _fullres(*args):
     )
 
 
+@pytest.mark.slow
 def test_help_lists_commands():
     result = _fullres("--help")
     assert result.returncode == 0
     assert "train" in result.stdout and "demo" in result.stdout
 
 
+@pytest.mark.slow
 def test_train_help_documents_partitioning():
     result = _fullres("train", "--help")
     assert result.returncode == 0
@@ -46,6 +48,9 @@ def test_train_help_documents_partitioning():
         (["--task", "detection", "--image-size", "256"], "--image-size '256' is not valid"),
         (["--task", "detection", "--preset", "detection_demo", "--input-partition-dims", "1,3,1,1"],
          "asks for 3 cores per replica"),
+        (["--set", "partition.input_partition_dims=1,3,1,1,1"], "asks for 3 cores per replica"),
+        (["--set", "model.num_level=3"], "unknown train override model.num_level; valid ones: augment, batch_size"),
+        (["--set", "steps"], "--set 'steps' is not key=value"),
     ],
 )
 def test_train_refuses_bad_configuration_in_one_line(demo_data, tmp_path, args, message):
@@ -82,12 +87,14 @@ def test_train_refuses_fewer_classes_than_the_data_has(demo_data, tmp_path):
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_train_names_missing_data(tmp_path):
     result = _fullres("train", "--train", str(tmp_path / "none-*.tfrecord"), "--output", str(tmp_path / "out"))
     assert result.returncode == 2
     assert "no TFRecord files match" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_preprocess_ct_end_to_end_and_failure_exit(tmp_path):
     written = _fullres("demo-data", "ct", "--output", str(tmp_path / "demo"), "--cases", "2", "--shape", "8,16,16")
     assert written.returncode == 0, written.stderr[-2000:]
@@ -108,6 +115,7 @@ def test_preprocess_ct_end_to_end_and_failure_exit(tmp_path):
     assert (tmp_path / "out2" / "dead_letter.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -167,6 +175,7 @@ def _fullres_on_small_disk(mount_point, size, *args):
                            "pipelines.cli", *args], capture_output=True, text=True, env=environment, cwd=REPOSITORY)
 
 
+@pytest.mark.slow
 def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_deleted(tmp_path):
     """The issue's reproduction: --output /tmp/x with the scans in /tmp/x/s deleted them, notes and thesis too."""
     from preprocessing import demo_ct
@@ -191,6 +200,7 @@ def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_de
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_permission_denied_is_one_sentence_and_verbose_shows_the_traceback(tmp_path):
     from preprocessing import demo_images
 
@@ -212,6 +222,7 @@ def test_permission_denied_is_one_sentence_and_verbose_shows_the_traceback(tmp_p
     assert os.listdir(tmp_path / "locked") == []
 
 
+@pytest.mark.slow
 def test_disk_full_while_converting_is_one_sentence(tmp_path):
     from preprocessing import demo_ct
 

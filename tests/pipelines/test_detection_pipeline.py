@@ -5,7 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from preprocessing import demo_images
+
+pytestmark = pytest.mark.slow  # runs the pipeline end to end
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

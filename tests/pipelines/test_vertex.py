@@ -82,6 +82,7 @@ def _fullres(*args, storage: str | None = None):
                           env=environment, timeout=300)
 
 
+@pytest.mark.slow
 def test_submit_sends_template_parameters_account_root_and_labels(vertex):
     endpoint, requests = vertex
     result = _fullres(

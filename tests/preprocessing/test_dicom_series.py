@@ -19,7 +19,7 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import EnhancedCTImageStorage, ExplicitVRLittleEndian, RTStructureSetStorage, generate_uid
 from scipy import ndimage
 
-from preprocessing import ct_io, ct_transforms, dicom_series, demo_ct
+from preprocessing import ct_io, ct_transforms, demo_ct, dicom_series
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPACING = (0.8, 0.9, 2.0)  # (x, y, z) mm
@@ -445,8 +445,9 @@ def test_preprocess_ct_command_on_a_scanner_export(tmp_path):
     assert {(os.path.basename(n["source"]), n["reason"]) for n in notes} == {
         ("copy.dcm", "duplicate_file"), ("scout.dcm", "localizer"), ("CT1", "slices_resampled")}
     assert json.loads((tmp_path / "out" / "label_map.json").read_text()) == {"background": 0, "liver": 1}
-    from preprocessing import tfrecord_schema
     import tensorflow as tf
+
+    from preprocessing import tfrecord_schema
 
     (record,) = [tfrecord_schema.parse_ct_example(r.numpy()) for r in
                  tf.data.TFRecordDataset(str(next((tmp_path / "out").glob("data-*.tfrecord"))))]

@@ -226,7 +226,7 @@ def test_a_size_the_annotations_leave_out_is_taken_from_the_file(tmp_path):
 
 @pytest.fixture
 def every_bad_kind(tmp_path):
-    """Good images beside one of every bad kind issue 10 lists, in one COCO file."""
+    """Good images beside one of every kind of bad input, in one COCO file."""
     image_dir = tmp_path / "images"
     image_dir.mkdir()
     for name in ("good.png", "strings.png", "no_size.png", "zero.png"):
@@ -259,6 +259,7 @@ def every_bad_kind(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_every_bad_kind_is_a_dead_letter_in_one_cli_run(every_bad_kind):
     root, output = every_bad_kind, every_bad_kind / "out"
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -293,6 +294,7 @@ def test_every_bad_kind_is_a_dead_letter_in_one_cli_run(every_bad_kind):
     assert json.loads((output / "label_map.json").read_text()) == {"zero": 1, "one": 2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, message", [
     (["--extend-label-map"], "--extend-label-map extends the map given with --label-map; pass --label-map too, or "
                              "drop the flag."),

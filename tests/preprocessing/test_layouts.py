@@ -197,6 +197,7 @@ def test_two_label_maps_for_one_case_name_both_files(tmp_path):
         == {"lung1_label.nrrd", "lung1_seg.nrrd"}
 
 
+@pytest.mark.slow
 def test_cli_pairs_image_and_label_side_by_side_as_a_user_would(side_by_side, tmp_path):
     """The issue's case: `lung1_image.nrrd` and `lung1_label.nrrd` with --labels naming the same folder."""
     root, truth = side_by_side

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pydicom
+import pytest
 import SimpleITK as sitk
 
 from preprocessing import conversion, ct_pipeline, demo_ct, identifiers
@@ -70,6 +71,7 @@ def _found(contents: dict[str, bytes], marker: str) -> list[str]:
     return [name for name, data in contents.items() if marker.encode() in data]
 
 
+@pytest.mark.slow
 def test_no_dicom_patient_attribute_and_no_absolute_path_reaches_outputs(tmp_path):
     images, labels = _inputs(tmp_path)
     summary = ct_pipeline.run(str(images), str(tmp_path / "out"), labels=str(labels), pipeline_args=IN_PROCESS,
@@ -88,6 +90,7 @@ def test_no_dicom_patient_attribute_and_no_absolute_path_reaches_outputs(tmp_pat
     assert f"DOE^{FOLDER}_JOHN".encode() in contents["data-00000-of-00001.tfrecord"]
 
 
+@pytest.mark.slow
 def test_pseudonymized_outputs_hold_no_marker_at_all(tmp_path):
     images, labels = _inputs(tmp_path)
     output = tmp_path / "out"

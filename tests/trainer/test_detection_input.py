@@ -84,6 +84,8 @@ def _records_with_three_boxes(directory, count=4, size=128):
     return os.path.join(directory, "data-*.tfrecord")
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_training_logs_and_counts_boxes_beyond_max_boxes(tmp_path):
     pattern = _records_with_three_boxes(str(tmp_path / "records"))
     config = config_lib.detection_demo(train_data=pattern, output_dir=str(tmp_path / "run"), image_size=(128, 128),
@@ -117,6 +119,8 @@ def category_zero_records(tmp_path):
     return str(tmp_path / "records" / "data-*.tfrecord")
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_category_zero_is_trained_and_evaluated_as_a_class(category_zero_records, tmp_path):
     label_map = tasks.read_label_map(category_zero_records)
     assert label_map == {"zero": 1, "one": 2}

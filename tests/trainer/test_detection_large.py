@@ -5,9 +5,13 @@ import json
 import jax
 import keras
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import memory_plan, partitioning, retinanet, step
+
+pytestmark = pytest.mark.slow  # compiles a 2560² detection step
+
 
 SIZE = (2560, 2560)
 DIMS = (1, 8, 1, 1)

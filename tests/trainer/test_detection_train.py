@@ -1,8 +1,8 @@
 """Detection training end to end: `fullres train --task detection`, learning, and objects on partition borders.
 
 One short training run (module fixture) on the synthetic shapes is shared by
-the tests: it is the "faster test with a lower floor" of issue 4; the longer
-run that clears the issue's mAP@0.5 ≥ 0.6 bar (`fullres train --task detection
+the tests: a faster run with a lower floor (FAST_FLOOR); the longer
+run that clears mAP@0.5 ≥ 0.6 (`fullres train --task detection
 --preset detection_demo`) and its figures are in the README.
 """
 
@@ -15,6 +15,9 @@ import pytest
 
 from preprocessing import demo_images
 from trainer import config as config_lib, partitioning, step, train
+
+pytestmark = pytest.mark.slow  # trains a detector
+
 
 STEPS = 300
 FAST_FLOOR = 0.2  # mAP@0.5 after STEPS steps (measured 0.28); longer runs reach the issue's 0.6 (README)

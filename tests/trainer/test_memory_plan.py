@@ -25,6 +25,7 @@ def rows():
     return memory_plan.plan("unet3d", (32, 32, 32), [1, 2, 4], model_config=config, device_memory=8 * 2**20)
 
 
+@pytest.mark.slow
 def test_memory_per_device_falls_with_partitions(rows):
     temps = [r.temp_bytes for r in rows]
     assert temps[0] > temps[1] > temps[2]
@@ -34,6 +35,7 @@ def test_memory_per_device_falls_with_partitions(rows):
     assert [r.fits for r in rows] == [r.total_bytes <= 8 * 2**20 for r in rows]
 
 
+@pytest.mark.slow
 def test_unet_step_has_halo_exchange_and_no_activation_all_gather(rows):
     assert [r.activation_all_gathers for r in rows] == [0, 0, 0]
     assert rows[0].halo_bytes == 0 and rows[1].halo_bytes > 0 and rows[2].halo_bytes > 0
@@ -77,6 +79,7 @@ def test_parse_bytes_refuses_nonsense():
         memory_plan.parse_bytes("lots")
 
 
+@pytest.mark.slow
 def test_plan_command_json():
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     result = subprocess.run(
@@ -92,6 +95,7 @@ def test_plan_command_json():
     assert rows[1]["activation_all_gathers"] == 0 and rows[1]["halo_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_retinanet_plan_partitions_without_all_gathers():
     from trainer import retinanet
 

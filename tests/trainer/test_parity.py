@@ -12,6 +12,8 @@ import pytest
 
 from trainer import losses, partitioning, step, unet
 
+pytestmark = pytest.mark.slow  # compiles and runs partitioned and reference steps side by side
+
 TOLERANCE = 1e-5
 
 

@@ -80,6 +80,7 @@ def _loss_and_grads(model, state, images, targets, dims, devices):
     return float(loss), [np.asarray(g) for g in grads], compiled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dims", [(1, 4, 1, 1), (1, 2, 2, 1)])
 def test_partitioned_detection_step_matches_unpartitioned(detector, dims):
     model, state, images, targets = detector

@@ -35,6 +35,7 @@ def smoke_run(demo_data, tmp_path_factory):
     return config, train.train(config, log=lines.append), lines
 
 
+@pytest.mark.slow
 def test_partitioned_training_writes_every_output(smoke_run):
     config, results, lines = smoke_run
     output = config.output_dir
@@ -52,12 +53,14 @@ def test_partitioned_training_writes_every_output(smoke_run):
     assert any("step 40/40" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(smoke_run):
     _, results, _ = smoke_run
     losses = [loss for _, loss in results["loss_history"]]
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+@pytest.mark.slow
 def test_exported_models_predict_like_the_trained_one(smoke_run, demo_data):
     import keras
 
@@ -72,6 +75,25 @@ def test_exported_models_predict_like_the_trained_one(smoke_run, demo_data):
     served_logits = served.serve(tf.constant(image)).numpy()
     assert keras_logits.shape == (1, 16, 16, 16, 3)
     np.testing.assert_allclose(served_logits, keras_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_evaluation_report_and_export_go_through_the_task(smoke_run, demo_data, tmp_path):
+    from trainer import evaluate, export
+
+    config, _, _ = smoke_run
+    report_path = str(tmp_path / "report.html")
+    scores = evaluate.evaluate_trained(config.output_dir, demo_data["eval"], report_path=report_path,
+                                       class_names=["background", "liver", "tumour"], log=lambda line: None)
+    assert scores["task"] == "segmentation" and scores["class_names"] == ["background", "liver", "tumour"]
+    with open(report_path) as file:
+        page = file.read()
+    assert page.startswith("<!DOCTYPE html>") and "tumour" in page
+    with pytest.raises(ValueError, match="2 class names given for a model of 3 classes"):
+        evaluate.evaluate_trained(config.output_dir, demo_data["eval"], class_names=["background", "liver"])
+    paths = export.export_trained(config.output_dir, str(tmp_path / "exported"))
+    assert sorted(os.listdir(tmp_path / "exported")) == ["model.keras", "saved_model"]
+    assert paths["saved_model"] == str(tmp_path / "exported" / "saved_model")
 
 
 def test_random_flips_are_a_function_of_seed_and_step():
@@ -101,6 +123,7 @@ def _environment():
     return environment
 
 
+@pytest.mark.slow
 def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
     """Kill -9 a run just after its step-8 checkpoint; the restart resumes there and
     ends bit-for-bit where an uninterrupted run ends (checked at rtol 1e-6)."""
@@ -137,6 +160,7 @@ def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
     assert [s for s, _ in history] == list(range(1, steps + 1))
 
 
+@pytest.mark.slow
 def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
     # 6 training cases, global batch 4 (4 replicas × 2 cores): ceil(6 / 4) = 2 steps an epoch, 3 epochs = 6 steps.
     config = config_lib.smoke(

@@ -1,0 +1,38 @@
+"""The `Example:` blocks in docstrings run as tests, so they stay true.
+
+Run here (not with `--doctest-modules`) so they see the 8 virtual devices and
+the JAX backend that tests/conftest.py sets up before anything imports JAX.
+"""
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+PACKAGES = ("preprocessing", "trainer", "components", "pipelines")
+
+
+def _modules_with_examples() -> list[str]:
+    names = []
+    for package in PACKAGES:
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+            spec = importlib.util.find_spec(info.name)
+            with open(spec.origin, encoding="utf-8") as file:
+                if ">>>" in file.read():
+                    names.append(info.name)
+    return names
+
+
+MODULES = _modules_with_examples()
+
+
+def test_the_examples_are_found():
+    assert {"trainer.metrics", "trainer.partitioning", "preprocessing.ct_transforms"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed (output above)"

@@ -1,0 +1,89 @@
+"""One config path: `config.resolve` turns (task, preset, data, dotted overrides) into a validated TrainConfig."""
+
+import json
+
+import pytest
+
+from trainer import config
+
+
+def test_dotted_overrides_reach_the_model_the_partition_and_the_run():
+    resolved = config.resolve(preset="demo", train_data="d/train-*.tfrecord", output_dir="run",
+                              overrides={"model.num_levels": "2", "partition.input_partition_dims": "1,2,1,1,1",
+                                         "steps": "10", "remat": "true", "learning_rate": "1e-2"})
+    assert resolved.model.num_levels == 2 and resolved.model.base_filters == config.demo().model.base_filters
+    assert resolved.partition.input_partition_dims == (1, 2, 1, 1, 1)
+    assert (resolved.steps, resolved.remat, resolved.learning_rate) == (10, True, 1e-2)
+    assert (resolved.train_data, resolved.output_dir) == ("d/train-*.tfrecord", "run")
+
+
+def test_none_keeps_the_preset_value_and_none_as_text_clears_an_optional_setting():
+    resolved = config.resolve(preset="demo", overrides={"steps": None, "partition.label_partition_dims": "none"})
+    assert resolved.steps == config.demo().steps
+    assert resolved.partition.label_partition_dims is None
+
+
+def test_kfp_numbers_and_nested_dicts_are_read_as_dotted_keys():
+    # KFP hands a dict parameter over as a protobuf Struct: every number a double.
+    resolved = config.resolve(preset="smoke", overrides={"model": {"num_classes": 2.0}, "batch_size": 4.0})
+    assert resolved.model.num_classes == 2 and isinstance(resolved.model.num_classes, int)
+    assert resolved.batch_size == 4 and isinstance(resolved.batch_size, int)
+
+
+def test_unknown_key_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError) as refused:
+        config.resolve(overrides={"model.num_level": 5})
+    message = str(refused.value)
+    assert message.startswith("unknown train override model.num_level; valid ones: ")
+    assert "model.num_levels" in message and "partition.input_partition_dims" in message and "steps" in message
+
+
+def test_detection_keys_are_the_detector_s():
+    with pytest.raises(ValueError, match="unknown train override model.num_levels; valid ones: .*model.head_filters"):
+        config.resolve(task="detection", overrides={"model.num_levels": 3})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"steps": "2.5"}, "train override steps must be a whole number, got 2.5; write it like 2."),
+    ({"remat": "maybe"}, "train override remat is true or false, got 'maybe'."),
+    ({"partition.input_partition_dims": "1,x,1"}, "partition.input_partition_dims '1,x,1' is not a comma-separated "
+                                                  "list of ints; write it like 1,4,1,1,1."),
+])
+def test_bad_values_are_one_sentence(overrides, message):
+    with pytest.raises(ValueError) as refused:
+        config.resolve(overrides=overrides)
+    assert str(refused.value) == message
+
+
+def test_preset_and_task_must_agree():
+    with pytest.raises(ValueError, match="preset detection_demo is a detection preset but the task is segmentation"):
+        config.resolve(preset="detection_demo")
+    with pytest.raises(ValueError, match="preset 'huge' is not known; use default or one of ct_256, demo"):
+        config.resolve(preset="huge")
+
+
+def test_detection_class_count_comes_from_the_label_map_unless_given(tmp_path):
+    (tmp_path / "label_map.json").write_text(json.dumps({"circle": 1, "square": 2, "triangle": 5}))
+    pattern = str(tmp_path / "train-*.tfrecord")
+    assert config.resolve(task="detection", train_data=pattern).model.num_classes == 5
+    assert config.resolve(task="detection", train_data=pattern,
+                          overrides={"model.num_classes": "7"}).model.num_classes == 7
+
+
+def test_auto_partition_dims_pass_the_list_parser():
+    assert config.setting_types("segmentation")["partition.input_partition_dims"] is not None
+    assert config._convert("auto", config.setting_types("segmentation")["partition.input_partition_dims"],
+                           "partition.input_partition_dims") == "auto"
+
+
+def test_set_flags_are_key_value_pairs():
+    assert config.parse_settings(["model.num_levels=5", "partition.input_partition_dims=1,4,1,1,1"]) == {
+        "model.num_levels": "5", "partition.input_partition_dims": "1,4,1,1,1"}
+    with pytest.raises(ValueError, match="--set 'steps' is not key=value; write it like --set model.num_levels=5."):
+        config.parse_settings(["steps"])
+
+
+def test_one_list_parser():
+    assert config.parse_list("[1, 4, 1, 1, 1]") == (1, 4, 1, 1, 1)
+    assert config.parse_list("1.7,1.7,2.25", float) == (1.7, 1.7, 2.25)
+    assert config.parse_list("none") is None and config.parse_list("") is None
