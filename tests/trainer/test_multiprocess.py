@@ -21,7 +21,18 @@ from trainer import checkpoints, distributed, local_launcher
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 1e-5  # as in test_parity.py: per-tensor ||a − b|| / ||b||
-WEIGHT_TOLERANCE = 2e-3  # after 20 Adam steps (see the run test's docstring)
+# Weights and Adam moments after the 20-step run, per tensor. Where the difference comes from, measured with
+# benchmarks/multiprocess_drift.py (the parity model, one fixed batch, lr 1e-2, 1,8,1,1,1, 20 steps):
+# - 1 process × 8 devices run twice: identical bit for bit (0.0) in every step's gradients and weights;
+# - 2 processes × 4 devices against it, SGD: gradients within 2.4e-6 and weights within 1e-6 for steps 1-4 (no
+#   gradient element of another sign), then step 5's gradients differ by 1e-2 at once and the weights end
+#   1.9e-2 apart. So it is not Adam amplifying rounding, SGD parts too: the runs follow each other to float32
+#   rounding of differently ordered sums (gloo) until a rounding-sized difference crosses a point where the
+#   gradient jumps (presumably a ReLU or max-pool switching; the element was not pinned down), after which they
+#   are two nearby trainings. The same happens without a second process (1 × 8 against 1 × 1 devices: 1.6e-4).
+# In this test's smoke run (2 levels, Adam, demo data with flips) the end difference measured 6.5e-4 (previous session);
+# 2e-3 leaves a 3x margin. It is not what shows the data was right: the per-step losses are.
+WEIGHT_TOLERANCE = 2e-3
 
 
 def _environment():
@@ -86,11 +97,12 @@ def test_one_step_in_two_processes_matches_one_process(tmp_path):
 
 
 STEPS = 20
+CHECKPOINT_EVERY = 4
 
 
 def _train_arguments(train_pattern, output, devices):
     return ["--train", train_pattern, "--output", str(output), "--preset", "smoke", "--steps", str(STEPS),
-            "--checkpoint-every", "4", "--log-every", "1", "--virtual-devices", str(devices),
+            "--checkpoint-every", str(CHECKPOINT_EVERY), "--log-every", "1", "--virtual-devices", str(devices),
             "--input-partition-dims", "1,8,1,1,1"]
 
 
@@ -106,36 +118,42 @@ def _wait_for(condition, seconds, message, process=None):
         time.sleep(0.05)
 
 
-@pytest.mark.slow
-def test_two_process_run_survives_preemption_and_a_lost_process(demo_data, tmp_path):
-    """A 20-step run in 2 processes (depth split 8-way across them): SIGTERM mid-run makes every process finish
-    its step, checkpoint it and exit 75; the rerun resumes there; kill -9 of one process makes the other stop
-    within 60 s; the last rerun resumes from the newest complete checkpoint and ends with the weights of an
-    uninterrupted 1-process run on the same 8 devices.
+@pytest.fixture(scope="module")
+def uninterrupted(demo_data, tmp_path_factory):
+    """The reference: the same 20-step run, uninterrupted, in 1 process × 8 devices (this test process's own)."""
+    from trainer import config as config_lib, partitioning, train
 
-    Tolerance: the loss of every one of the 20 steps agrees to 1e-5 relative (measured: within 1e-6), which
-    only holds if every step saw the same batch, split and augmentation through the preemption, the kill and
-    both resumes. The weights and Adam moments agree per tensor to 2e-3 relative (measured: 6.5e-4, largest in
-    Adam's moments): the 2-process mesh runs the same XLA program, but its cross-process reductions go through
-    gloo in another order, and Adam turns float32 rounding of a gradient element near zero into a whole
-    lr-sized step (see test_parity.py's SGD note), which 20 steps carry along. The same effect without any
-    second process, measured with the same smoke run and data: 1 process × 8 devices (1,8,1,1,1) against 1
-    process × 1 device ends 20 steps 1.6e-4 apart (largest in Adam's moments), while two 8-device runs are
-    identical bit for bit (0.0): the difference comes from the order of float32 sums, not from lost or
-    repeated data, which the per-step losses above would show."""
-    reference = tmp_path / "one_process"
-    subprocess.run(_fullres_train(*_train_arguments(demo_data["train"], reference, 8)), env=_environment(),
-                   check=True, capture_output=True, cwd=REPOSITORY, timeout=540)
+    output = tmp_path_factory.mktemp("one_process")
+    smoke = config_lib.smoke()
+    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(output), steps=STEPS,
+                              checkpoint_every=CHECKPOINT_EVERY, log_every=1,
+                              partition=partitioning.PartitionConfig((1, 8, 1, 1, 1),
+                                                                     smoke.partition.label_partition_dims))
+    train.train(config, log=lambda line: None, export_saved_model=False)
+    return output
 
-    run = tmp_path / "two_processes"
+
+@pytest.fixture(scope="module")
+def interrupted(demo_data, tmp_path_factory):
+    """One 20-step run in 2 processes × 4 devices (depth split 8-way across them), interrupted twice:
+
+    1. started by the launcher, SIGTERM after the step-4 checkpoint (passed on to both processes);
+    2. rerun with the processes started by hand, kill -9 of process 1 after the next checkpoint;
+    3. rerun by the launcher to the end.
+
+    Returns what each part showed, for the tests below to judge one acceptance item each.
+    """
+    run = tmp_path_factory.mktemp("two_processes")
     checkpoint_dir = str(run / "checkpoints")
     launch = _fullres_train(*_train_arguments(demo_data["train"], run, 4), "--local-processes", "2")
+    seen = {"run": run, "seconds": {}}
 
-    # 1. Preemption: SIGTERM to the launcher (passed on to both processes) after the step-4 checkpoint.
-    log = open(tmp_path / "preempted.log", "w+")
+    started = time.monotonic()
+    log = open(run.parent / "preempted.log", "w+")
     launcher = subprocess.Popen(launch, env=_environment(), stdout=log, stderr=subprocess.STDOUT, text=True,
                                 cwd=REPOSITORY)
-    _wait_for(lambda: 4 in checkpoints.list_steps(checkpoint_dir), 400, "no step-4 checkpoint", launcher)
+    _wait_for(lambda: CHECKPOINT_EVERY in checkpoints.list_steps(checkpoint_dir), 400, "no step-4 checkpoint",
+              launcher)
     launcher.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     first_seen = {}  # checkpoint step -> seconds after the signal
@@ -144,50 +162,92 @@ def test_two_process_run_survives_preemption_and_a_lost_process(demo_data, tmp_p
             first_seen.setdefault(step_number, time.monotonic() - signalled)
         assert time.monotonic() - signalled < 120, "the preempted run did not exit within 120 s"
         time.sleep(0.05)
-    assert launcher.returncode == distributed.PREEMPTED_EXIT_CODE
     log.seek(0)
-    output = log.read()
-    stopped = sorted({int(s) for s in re.findall(r"stopped after step (\d+), checkpoint written", output)})
-    assert len(stopped) == 1, output  # both processes stopped after the same step
-    preempted_at = stopped[0]
-    assert 4 < preempted_at < STEPS and max(checkpoints.list_steps(checkpoint_dir)) == preempted_at
-    assert first_seen[preempted_at] <= 30, f"the preemption checkpoint came {first_seen[preempted_at]:.0f} s after SIGTERM"
-    assert "resume" in output and "exit status 75" in output
+    seen.update(preempted_output=log.read(), preempted_status=launcher.returncode, first_seen=first_seen,
+                preempted_checkpoints=checkpoints.list_steps(checkpoint_dir))
+    log.close()
+    seen["seconds"]["preempted"] = time.monotonic() - started
 
-    # 2. Resume, then kill -9 process 1 (processes started by hand) after the next checkpoint.
+    stopped = sorted({int(s) for s in re.findall(r"stopped after step (\d+), checkpoint written",
+                                                  seen["preempted_output"])})
+    assert len(stopped) == 1, seen["preempted_output"][-3000:]  # both processes stopped after the same step
+    seen["preempted_at"] = preempted_at = stopped[0]
+
+    started = time.monotonic()
     address = f"localhost:{local_launcher.free_port()}"
     by_hand = [subprocess.Popen(_fullres_train(*_train_arguments(demo_data["train"], run, 4),
                                                "--coordinator-address", address, "--num-processes", "2",
                                                "--process-id", str(i)),
                                 env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 cwd=REPOSITORY) for i in range(2)]
-    next_checkpoint = (preempted_at // 4 + 1) * 4
+    seen["next_checkpoint"] = next_checkpoint = (preempted_at // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY
     _wait_for(lambda: next_checkpoint in checkpoints.list_steps(checkpoint_dir), 400,
               f"no step-{next_checkpoint} checkpoint after resuming", by_hand[0])
     by_hand[1].kill()
     killed = time.monotonic()
-    survivor_output = by_hand[0].communicate(timeout=90)[0]
-    assert time.monotonic() - killed <= 60
-    assert by_hand[0].returncode != 0
-    assert f"resuming from checkpoint at step {preempted_at}" in survivor_output
-    assert "another task died" in survivor_output  # JAX's coordination service names the cause
+    seen["survivor_output"] = by_hand[0].communicate(timeout=90)[0]
+    seen["survivor_seconds"] = time.monotonic() - killed
+    seen["survivor_status"] = by_hand[0].returncode
     by_hand[1].wait()
-    last_complete = max(checkpoints.list_steps(checkpoint_dir))
-    assert next_checkpoint <= last_complete < STEPS
+    seen["last_complete"] = max(checkpoints.list_steps(checkpoint_dir))
+    seen["seconds"]["killed"] = time.monotonic() - started
 
-    # 3. The rerun resumes from the newest complete checkpoint and finishes.
-    finished = subprocess.run(launch, env=_environment(), capture_output=True, text=True, cwd=REPOSITORY,
-                              timeout=540)
+    started = time.monotonic()
+    seen["finished"] = subprocess.run(launch, env=_environment(), capture_output=True, text=True, cwd=REPOSITORY,
+                                      timeout=540)
+    seen["seconds"]["finished"] = time.monotonic() - started
+    print(f"two-process parts took {seen['seconds']}")
+    return seen
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_current_step_and_exits_75(interrupted):
+    """SIGTERM mid-run: both processes finish the same step, its checkpoint is written within 30 s, status 75."""
+    assert interrupted["preempted_status"] == distributed.PREEMPTED_EXIT_CODE
+    preempted_at = interrupted["preempted_at"]
+    assert CHECKPOINT_EVERY < preempted_at < STEPS and max(interrupted["preempted_checkpoints"]) == preempted_at
+    seconds = interrupted["first_seen"][preempted_at]
+    assert seconds <= 30, f"the preemption checkpoint came {seconds:.0f} s after SIGTERM"
+    assert "resume" in interrupted["preempted_output"] and "exit status 75" in interrupted["preempted_output"]
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_process_stops_the_other_within_60_s(interrupted):
+    """The rerun resumes from the preemption's step; kill -9 of process 1 ends process 0 with a clear message."""
+    output = interrupted["survivor_output"]
+    assert f"resuming from checkpoint at step {interrupted['preempted_at']}" in output
+    assert interrupted["survivor_seconds"] <= 60
+    assert interrupted["survivor_status"] != 0
+    assert "another task died" in output, output[-3000:]  # JAX's coordination service names the cause
+    assert interrupted["next_checkpoint"] <= interrupted["last_complete"] < STEPS
+
+
+@pytest.mark.slow
+def test_rerun_resumes_and_ends_with_the_uninterrupted_weights(interrupted, uninterrupted):
+    """After the preemption and the lost process, the last rerun resumes from the newest complete checkpoint and
+    ends where the uninterrupted 1-process × 8-device run ends.
+
+    Loss tolerance: every one of the 20 steps' losses agrees to 1e-5 relative (measured: within 1e-6), which only
+    holds if every step saw the same batch, split and augmentation through the preemption, the kill and both
+    resumes.
+
+    Weight tolerance: WEIGHT_TOLERANCE, per tensor (weights and Adam moments). See its comment for what was
+    measured and why 2 processes end further apart than the step-by-step parity's 1e-5.
+    """
+    finished, run = interrupted["finished"], interrupted["run"]
     assert finished.returncode == 0, finished.stdout[-3000:]
+    last_complete = interrupted["last_complete"]
     assert f"[p0] resuming from checkpoint at step {last_complete}" in finished.stdout
     assert f"[p1] resuming from checkpoint at step {last_complete}" in finished.stdout
 
-    histories = [json.loads((directory / "metrics.json").read_text())["loss_history"] for directory in (run, reference)]
+    histories = [json.loads((directory / "metrics.json").read_text())["loss_history"]
+                 for directory in (run, uninterrupted)]
     assert [s for s, _ in histories[0]] == [s for s, _ in histories[1]] == list(range(1, STEPS + 1))
     for (step_number, ours), (_, theirs) in zip(*histories):
         assert abs(ours - theirs) / abs(theirs) <= TOLERANCE, f"step {step_number}: loss {ours} vs {theirs}"
-    ours = checkpoints.load_arrays(checkpoint_dir, STEPS)
-    theirs = checkpoints.load_arrays(str(reference / "checkpoints"), STEPS)
+    ours = checkpoints.load_arrays(str(run / "checkpoints"), STEPS)
+    theirs = checkpoints.load_arrays(str(uninterrupted / "checkpoints"), STEPS)
     assert sorted(ours) == sorted(theirs)
     worst = max(_relative(ours[key], theirs[key]) for key in theirs if np.linalg.norm(theirs[key]) > 0)
+    print(f"after {STEPS} steps: largest relative difference of a weight or Adam moment {worst:.2e}")
     assert worst <= WEIGHT_TOLERANCE, f"largest relative weight difference {worst:.2e}"
