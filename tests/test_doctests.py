@@ -25,13 +25,14 @@ def _modules_with_examples() -> list[str]:
 
 
 MODULES = _modules_with_examples()
+SLOW = {"trainer.unet"}  # builds and runs 3D UNets: about a minute on 2 cores
 
 
 def test_the_examples_are_found():
     assert {"trainer.metrics", "trainer.partitioning", "preprocessing.ct_transforms"} <= set(MODULES)
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in MODULES])
 def test_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)

@@ -330,6 +330,7 @@ print(json.dumps([getattr(output, "value", None) for output in outputs]))
 """
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_is_a_dead_letter_without_being_decompressed(tmp_path):
     import subprocess
     import sys

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from preprocessing import example_proto, tfrecord_schema
@@ -33,6 +34,7 @@ def test_serialized_example_equals_tensorflows():
     assert list(parsed["ints"].numpy()) == [0, -7, 2**40]
 
 
+@pytest.mark.slow
 def test_writing_records_does_not_load_tensorflow():
     """Beam workers write records; TensorFlow would cost each of them seconds to import."""
     code = (

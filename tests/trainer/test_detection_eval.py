@@ -35,6 +35,7 @@ def _evaluate(outputs):
     return found, detection_eval.coco_metrics(detections, truth, ["circle", "square", "triangle"])
 
 
+@pytest.mark.slow
 def test_perfect_outputs_decode_to_the_ground_truth():
     found, metrics = _evaluate(_outputs_from_targets())
     assert list(found["num_detections"]) == [2, 1]  # NMS keeps one box per object

@@ -33,6 +33,7 @@ def test_level_targets_line_up_with_anchor_positions():
         np.testing.assert_allclose(centre_x, expected_x, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_loss_prefers_the_right_class():
     boxes = np.array([[[32, 32, 64, 64]]], np.float32)
     targets = retinanet.encode_targets(boxes, np.array([[1]]), (128, 128), CONFIG)

@@ -9,10 +9,10 @@ from trainer import unet
 @pytest.mark.parametrize(
     "spatial_dims, levels, normalization, input_shape",
     [
-        (3, 3, "instance", (2, 16, 32, 8, 1)),
+        pytest.param(3, 3, "instance", (2, 16, 32, 8, 1), marks=pytest.mark.slow),
         (3, 2, "batch", (1, 8, 8, 8, 2)),
         (3, 1, "none", (1, 5, 7, 3, 1)),
-        (2, 4, "group", (2, 32, 16, 1)),
+        pytest.param(2, 4, "group", (2, 32, 16, 1), marks=pytest.mark.slow),
         (2, 3, "instance", (1, 64, 64, 3)),
     ],
 )
@@ -27,6 +27,7 @@ def test_output_shape(spatial_dims, levels, normalization, input_shape):
     assert logits.dtype == "float32"
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_keeps_float32_weights_and_logits():
     model = unet.build_unet(unet.UNetConfig(num_levels=2, base_filters=4), dtype="mixed_bfloat16")
     assert all(w.dtype == "float32" for w in model.weights)
