@@ -48,12 +48,12 @@ def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str
         raise ValueError(f"pipeline {name!r} is not known; use one of {', '.join(definitions.PIPELINES)}.")
     if runner not in RUNNERS:
         raise ValueError(f"runner {runner!r} is not known; use one of {', '.join(RUNNERS)}.")
+    if runner == "docker" and not image:
+        raise ValueError("the docker runner needs --image, e.g. fullres:cpu (build it with `fullres image build`).")
     pipeline_root = os.path.abspath(pipeline_root)
     os.makedirs(pipeline_root, exist_ok=True)
     before = set(os.listdir(pipeline_root))
     if runner == "docker":
-        if not image:
-            raise ValueError("the docker runner needs --image, e.g. fullres:cpu (build it with `fullres image build`).")
         arguments = _absolute_paths(arguments)
         kfp_runner = _docker_runner(image, arguments, pipeline_root)
         pipeline = definitions.PIPELINES[name](image)
