@@ -144,15 +144,20 @@ def test_no_ca_bundle_or_credential_in_any_layer(docker, built_image):
     assert layers >= 3 and files > 10000, (layers, files)  # the search saw the image's files
 
 
-def _run_pipeline(tmp_path, runner_args: list[str], root: str) -> tuple[dict, float]:
-    parameters = []
+def _demo_parameters(directory) -> list[str]:
+    """Synthetic NIfTI scans with label maps (4 training, 2 held-out) and the demo's parameters."""
+    parameters = list(DEMO_PARAMETERS)
     for split, count, seed in (("train", 4, 0), ("eval", 2, 1)):
-        cases = demo_ct.write_demo_cases(str(tmp_path / "data" / split), count, (32, 64, 64), seed=seed,
+        cases = demo_ct.write_demo_cases(str(directory / split), count, (32, 64, 64), seed=seed,
                                          formats=("nifti",))["nifti"]
         parameters += [f"{split}_input_uri={cases}/images", f"{split}_labels_uri={cases}/labels"]
+    return parameters
+
+
+def _run_pipeline(parameters: list[str], runner_args: list[str], root: str) -> tuple[dict, float]:
     start = time.monotonic()
     result = fullres("pipeline", "run", "--local", *runner_args, "--pipeline-root", root,
-                     *[a for p in parameters + DEMO_PARAMETERS for a in ("--param", p)])
+                     *[a for p in parameters for a in ("--param", p)])
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     run_dir = re.search(r"run directory (\S+)", result.stdout).group(1)
@@ -177,11 +182,12 @@ def test_ct_segmentation_runs_in_containers_with_the_subprocess_runners_outputs(
     # Every fullres step names the image; the only other is the Vertex custom-job launcher of GCPC.
     assert tag in named and all("google-cloud-pipeline-components" in n for n in named - {tag}), named
 
-    docker_run, docker_seconds = _run_pipeline(tmp_path / "docker", ["--runner", "docker", "--image", tag],
-                                               str(tmp_path / "docker" / "root"))
+    parameters = _demo_parameters(tmp_path / "data")  # the same scans for both runners: records name their files
+    docker_run, docker_seconds = _run_pipeline(parameters, ["--runner", "docker", "--image", tag],
+                                               str(tmp_path / "docker-root"))
     # kfp.local's DockerRunner names the image it starts, once per step: all five steps ran in it.
     assert docker_run["output"].count(f"Found image {tag!r}") == 5, docker_run["output"][-3000:]
-    local_run, local_seconds = _run_pipeline(tmp_path / "local", [], str(tmp_path / "local" / "root"))
+    local_run, local_seconds = _run_pipeline(parameters, [], str(tmp_path / "local-root"))
     print(f"ct-segmentation, 4 steps: DockerRunner {docker_seconds:.0f} s, SubprocessRunner {local_seconds:.0f} s")
 
     assert _outputs(docker_run["run_dir"]) == _outputs(local_run["run_dir"])
