@@ -29,6 +29,7 @@ def _uv() -> str:
     return uv
 
 
+@pytest.mark.slow  # exports the lock and asks the package index
 @pytest.mark.parametrize("accelerator", ["gpu", "tpu"])
 def test_the_plugin_resolves_against_the_lock(accelerator, tmp_path):
     uv = _uv()

@@ -6,7 +6,7 @@ quick run with `-m "not container"`); CI runs them. Where no engine answers they
 fail, in one sentence saying what is missing: a test that silently passes without
 Docker would prove nothing.
 
-One module, so the image is built once per test process (the session fixture) and
+One module, so the image is built once per test session (the module fixture) and
 its tests run in order on one xdist worker. The ct-segmentation pipeline runs
 through kfp.local's DockerRunner (every step a container of the image) and through
 the SubprocessRunner on the same demo data, and both must produce the same
@@ -29,7 +29,7 @@ import pytest
 from pipelines import image
 from preprocessing import demo_ct
 
-pytestmark = pytest.mark.container
+pytestmark = [pytest.mark.container, pytest.mark.slow]  # builds an image, runs the pipeline twice
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TAG = "fullres:cpu"  # what the README's `fullres image build` makes
