@@ -507,13 +507,8 @@ def image_build(
     from pipelines import image as image_lib
 
     try:
-        settings = image_lib.BuildSettings(accelerator=accelerator, base=base, tag=tag or "")
-        if base == image_lib.DEFAULT_BASE and not image_lib.pull(base):
-            _print(f"Docker Hub is out of reach ({base} could not be pulled); using the Debian base "
-                   f"{image_lib.LOCAL_BASE} made here from apt's mirror instead.")
-            if not image_lib.image_exists(image_lib.LOCAL_BASE):
-                image_lib.make_base(log=_print)
-            settings = dataclasses.replace(settings, base=image_lib.LOCAL_BASE)
+        settings = image_lib.with_reachable_base(
+            image_lib.BuildSettings(accelerator=accelerator, base=base, tag=tag or ""), log=_print)
         built = image_lib.build(settings, str(ROOT), log=_print)
         size = image_lib.size_bytes(built)
     except (ValueError, image_lib.ImageError) as error:

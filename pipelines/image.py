@@ -200,6 +200,20 @@ def make_base(name: str = LOCAL_BASE, mirror: str | None = None, log: Callable[[
     return name
 
 
+def with_reachable_base(settings: BuildSettings, log: Callable[[str], None] = print) -> BuildSettings:
+    """`settings`, on the local Debian base where the default base cannot be pulled from Docker Hub.
+
+    The local base (`LOCAL_BASE`) is made with `make_base` if it is not there yet.
+    """
+    if settings.base != DEFAULT_BASE or pull(settings.base):
+        return settings
+    log(f"Docker Hub is out of reach ({settings.base} could not be pulled); using the Debian base "
+        f"{LOCAL_BASE} made here from apt's mirror instead.")
+    if not image_exists(LOCAL_BASE):
+        make_base(log=log)
+    return dataclasses.replace(settings, base=LOCAL_BASE)
+
+
 def build_command(settings: BuildSettings, root: str, docker: str) -> list[str]:
     """The `docker build` command line (the CA bundle as a BuildKit secret, the index as a build argument)."""
     command = [docker, "build", "--progress=plain", "--build-arg", f"BASE={settings.base}",
