@@ -38,13 +38,17 @@ WORKDIR /opt/fullres
 # Dependencies first (this layer is reused while only fullres's code changes), then fullres itself.
 # uv's download cache is a cache mount: it speeds up rebuilds and stays out of the image.
 # TensorFlow's C++ headers (0.3 GB, for compiling custom ops; fullres only reads and writes
-# TFRecords and SavedModels with it) are left out, in the same layer, so they take no space.
+# TFRecords and SavedModels with it) are left out, in the same layer, so they take no space; so are
+# libclang's Python bindings (TensorFlow's build tooling) and the packages' own test suites (0.14 GB).
 COPY pyproject.toml uv.lock ./
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/run/secrets/ca \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
     && export UV_DEFAULT_INDEX="$INDEX_URL" \
     && uv sync --locked --no-dev --no-install-project \
     && rm -r /opt/fullres/.venv/lib/python3.11/site-packages/tensorflow/include \
+             /opt/fullres/.venv/lib/python3.11/site-packages/clang \
+    && find /opt/fullres/.venv/lib/python3.11/site-packages -depth -mindepth 2 -type d -name tests \
+            -exec rm -r {} + \
     && case "$ACCELERATOR" in gpu) extra=cuda12 ;; tpu) extra=tpu ;; *) extra= ;; esac \
     && if [ -n "$extra" ]; then \
          uv export --locked --no-dev --no-hashes --no-emit-project --quiet -o /tmp/locked.txt \
