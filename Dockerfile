@@ -1,40 +1,74 @@
 # The one container image every fullres pipeline step runs in (and Dataflow workers, via --sdk_container_image).
 #
-#   docker build -t fullres:cpu .
-#   docker build --build-arg ACCELERATOR=gpu -t REGION-docker.pkg.dev/PROJECT/REPO/fullres:gpu .
-#   docker build --build-arg ACCELERATOR=tpu -t REGION-docker.pkg.dev/PROJECT/REPO/fullres:tpu .
+#   fullres image build                       # the CPU image, tag fullres:cpu (see `fullres image build --help`)
+#   fullres image build --accelerator gpu --tag REGION-docker.pkg.dev/PROJECT/REPO/fullres:gpu
+#
+# or by hand (BuildKit; the CA bundle only where the registries need it, as a secret, never in a layer):
+#
+#   DOCKER_BUILDKIT=1 docker build --build-arg ACCELERATOR=cpu --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt -t fullres:cpu .
 #
 # then `fullres pipeline compile --image <that tag>` (or `fullres pipeline submit --image ...`).
 # The environment is the committed uv.lock (JAX for CPU); the gpu and tpu variants add the matching
-# JAX plug-in (CUDA 12 wheels, or libtpu) of exactly the locked JAX version.
-FROM python:3.11-slim
+# JAX plug-in (CUDA 12 wheels, or libtpu) of exactly the locked JAX version, constrained by the lock.
+# BASE is any image with Python 3.11 and venv (`fullres image base` makes a Debian one without Docker Hub).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 ARG ACCELERATOR=cpu
+# The package index (the one this machine's pip/uv use; `fullres image build` passes it).
+ARG INDEX_URL=https://pypi.org/simple
 ENV PYTHONUNBUFFERED=1 \
+    KERAS_BACKEND=jax \
     UV_COMPILE_BYTECODE=1 \
     UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
     UV_PROJECT_ENVIRONMENT=/opt/fullres/.venv \
-    PATH=/opt/fullres/.venv/bin:$PATH
+    PATH=/opt/fullres/.venv/bin:/opt/uv/bin:$PATH
 
-RUN case "$ACCELERATOR" in cpu|gpu|tpu) ;; \
+# Every step that reaches the index mounts the CA bundle secret (if given) and points pip/uv at it:
+# the file lives only for that step, in /run/secrets, never in a layer.
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca \
+    case "$ACCELERATOR" in cpu|gpu|tpu) ;; \
       *) echo "ACCELERATOR must be cpu, gpu or tpu, got '$ACCELERATOR'" >&2; exit 1 ;; esac \
-    && pip install --no-cache-dir uv
+    && if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && python3 -m venv /opt/uv \
+    && /opt/uv/bin/pip install --no-cache-dir --disable-pip-version-check --index-url "$INDEX_URL" uv
 
 WORKDIR /opt/fullres
-# Dependencies first (cached while only the code changes), then fullres itself.
-COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --locked --no-dev --no-install-project
+# Dependencies first (this layer is reused while only fullres's code changes), then fullres itself.
+# uv's download cache is a cache mount: it speeds up rebuilds and stays out of the image.
+# TensorFlow's C++ headers (0.3 GB, for compiling custom ops; fullres only reads and writes
+# TFRecords and SavedModels with it) are left out, in the same layer, so they take no space; so are
+# libclang's Python bindings (TensorFlow's build tooling) and the packages' own test suites (0.14 GB).
+COPY pyproject.toml uv.lock ./
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/run/secrets/ca \
+    if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
+    && export UV_DEFAULT_INDEX="$INDEX_URL" \
+    && uv sync --locked --no-dev --no-install-project \
+    && rm -r /opt/fullres/.venv/lib/python3.11/site-packages/tensorflow/include \
+             /opt/fullres/.venv/lib/python3.11/site-packages/clang \
+    && find /opt/fullres/.venv/lib/python3.11/site-packages -depth -mindepth 2 -type d -name tests \
+            -exec rm -r {} + \
+    && case "$ACCELERATOR" in gpu) extra=cuda12 ;; tpu) extra=tpu ;; *) extra= ;; esac \
+    && if [ -n "$extra" ]; then \
+         uv export --locked --no-dev --no-hashes --no-emit-project --quiet -o /tmp/locked.txt \
+         && JAX_VERSION="$(python -c 'import importlib.metadata as m; print(m.version("jax"))')" \
+         && uv pip install --python /opt/fullres/.venv --constraint /tmp/locked.txt "jax[$extra]==${JAX_VERSION}" \
+         && rm /tmp/locked.txt; \
+       fi
+
+COPY README.md ./
 COPY preprocessing preprocessing
 COPY trainer trainer
 COPY components components
 COPY pipelines pipelines
-RUN uv sync --locked --no-dev --no-editable \
-    && JAX_VERSION="$(python -c 'import importlib.metadata as m; print(m.version("jax"))')" \
-    && case "$ACCELERATOR" in \
-         gpu) uv pip install --python /opt/fullres/.venv "jax[cuda12]==${JAX_VERSION}" ;; \
-         tpu) uv pip install --python /opt/fullres/.venv "jax[tpu]==${JAX_VERSION}" ;; \
-       esac \
-    && python -c "import kfp, jax, keras, apache_beam, trainer, components, pipelines; print('fullres image, JAX', jax.__version__)"
+# --inexact keeps the gpu/tpu plug-in installed above. The smoke check imports Keras before the
+# trainer, as any user code may: KERAS_BACKEND=jax (above) makes that order safe.
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/run/secrets/ca \
+    if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
+    && export UV_DEFAULT_INDEX="$INDEX_URL" \
+    && uv sync --locked --no-dev --no-editable --inexact \
+    && python -c "import keras, trainer, kfp, jax, apache_beam, components, pipelines; print('fullres image, JAX', jax.__version__, 'Keras backend', keras.backend.backend())"
 
 # KFP runs each component's own command (python3 -m kfp.dsl.executor_main ...) with this PATH;
 # as a plain container it is the fullres CLI.

@@ -419,16 +419,20 @@ def pipeline_parameters(name: PipelineName = "ct-segmentation") -> None:
 
 @pipeline_app.command("run")
 def pipeline_run(
-    local: Annotated[bool, typer.Option("--local", help="Run on this machine with kfp.local's SubprocessRunner (the only runner here; use `submit` for Vertex AI).")] = False,
+    local: Annotated[bool, typer.Option("--local", help="Run on this machine with kfp.local (use `submit` for Vertex AI).")] = False,
     name: PipelineName = "ct-segmentation",
     param: Params = None,
     pipeline_root: Annotated[Path, typer.Option(help="Where the run's artifacts go.")] = Path("fullres-pipeline-root"),
+    runner: Annotated[str, typer.Option(help="subprocess (each step a process in this environment) or docker (each step in --image, as on Vertex AI).")] = "subprocess",
+    image: Annotated[str | None, typer.Option(help="The container image for --runner docker, e.g. fullres:cpu (`fullres image build`).")] = None,
 ) -> None:
-    """Run a pipeline end to end on this machine, every step a subprocess (kfp.local)."""
+    """Run a pipeline end to end on this machine (kfp.local): every step a subprocess, or a container of the image."""
     if not local:
         _fail("pipeline run needs --local (kfp.local on this machine); to run on Vertex AI use `fullres pipeline submit`.")
     _check_pipeline_name(name)
-    from pipelines import local_run, vertex
+    if image is not None and runner != "docker":
+        _fail("--image applies to --runner docker; add --runner docker, or leave --image out.")
+    from pipelines import image as image_lib, local_run, vertex
     from preprocessing import output_guard
 
     try:
@@ -438,8 +442,8 @@ def pipeline_run(
         pipeline_root.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(pipeline_root), "pipeline-root")
         with output_guard.lock(str(pipeline_root), option="--pipeline-root"):
-            run = local_run.run_local(name, arguments, str(pipeline_root), log=_print)
-    except ValueError as error:  # OutputRefused too
+            run = local_run.run_local(name, arguments, str(pipeline_root), log=_print, runner=runner, image=image)
+    except (ValueError, image_lib.ImageError) as error:  # OutputRefused too
         _fail(str(error))
     except OSError as error:
         _fail_if_write_error(error, pipeline_root)
@@ -486,6 +490,45 @@ def pipeline_submit(
     except ValueError as error:
         _fail(str(error))
     _print(f"submitted {name}: {resource}")
+
+
+image_app = typer.Typer(help="Build the container image every pipeline step runs in (Docker with BuildKit).",
+                        no_args_is_help=True)
+app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+def image_build(
+    accelerator: Annotated[str, typer.Option(help="cpu, gpu (adds JAX's CUDA 12 plug-in) or tpu (adds libtpu).")] = "cpu",
+    base: Annotated[str, typer.Option(help="Base image with Python 3.11; the default comes from Docker Hub, and where that is out of reach a Debian base is made here (see `fullres image base`).")] = "python:3.11-slim",
+    tag: Annotated[str | None, typer.Option(help="The image's tag (default fullres:ACCELERATOR).")] = None,
+) -> None:
+    """Build the image from the Dockerfile, with this machine's package index and CA bundle (a build secret); print its tag and size."""
+    from pipelines import image as image_lib
+
+    try:
+        settings = image_lib.with_reachable_base(
+            image_lib.BuildSettings(accelerator=accelerator, base=base, tag=tag or ""), log=_print)
+        built = image_lib.build(settings, str(ROOT), log=_print)
+        size = image_lib.size_bytes(built)
+    except (ValueError, image_lib.ImageError) as error:
+        _fail(str(error))
+    _print(f"built image {built}: {size / 1e9:.2f} GB")
+
+
+@image_app.command("base")
+def image_base(
+    name: Annotated[str, typer.Option(help="Name of the base image.")] = "fullres-base:bookworm",
+    mirror: Annotated[str | None, typer.Option(help="Debian mirror (default: the one apt uses here).")] = None,
+) -> None:
+    """Make a Debian bookworm base image (Python 3.11) with debootstrap, for machines that cannot reach Docker Hub (needs root)."""
+    from pipelines import image as image_lib
+
+    try:
+        image_lib.make_base(name, mirror, log=_print)
+    except image_lib.ImageError as error:
+        _fail(str(error))
+    _print(f"base image {name} ready; build on it with `fullres image build --base {name}`")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,11 @@
-"""Runs a pipeline on this machine with `kfp.local`'s SubprocessRunner, and finds what it produced.
+"""Runs a pipeline on this machine with `kfp.local`, and finds what it produced.
 
-Every component runs as its own process in this Python environment (the
-fullres environment stands in for the container image); artifacts land under
-`pipeline_root/<pipeline>-<timestamp>/<task>/<output>`.
+Two runners: the SubprocessRunner (default) runs every component as its own
+process in this Python environment; the DockerRunner runs every component in
+the fullres container image, as Vertex AI does. Artifacts land under
+`pipeline_root/<pipeline>-<timestamp>/<task>/<output>`; the DockerRunner
+mounts the pipeline root into each container at the same path, and every input
+path among the arguments read-only, also at the same path.
 """
 
 from __future__ import annotations
@@ -18,23 +21,50 @@ class PipelineRunFailed(RuntimeError):
     """A local pipeline run ended in failure; the message names the run directory to look into."""
 
 
-def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str], None] = print) -> dict:
+RUNNERS = ("subprocess", "docker")
+
+
+def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str], None] = print,
+              runner: str = "subprocess", image: str | None = None) -> dict:
     """Runs pipeline `name` with `arguments` locally; returns `{"run_dir", "outputs": {task: {output: path}}}`.
+
+    Args:
+        name: a pipeline of `definitions.PIPELINES`.
+        arguments: its parameters.
+        pipeline_root: where the run's artifacts go.
+        log: progress lines.
+        runner: "subprocess" (this environment) or "docker" (every step in `image`).
+        image: the container image (docker only); the pipeline is bound to it as `fullres pipeline compile
+            --image` binds the compiled YAML.
 
     Raises:
         PipelineRunFailed: a step failed (its log is above, in the runner's output).
+        ValueError: an unknown pipeline or runner, or a docker run without an image.
+        pipelines.image.ImageError: no Docker engine, or the image is not there.
     """
     from kfp import local
 
     if name not in definitions.PIPELINES:
         raise ValueError(f"pipeline {name!r} is not known; use one of {', '.join(definitions.PIPELINES)}.")
+    if runner not in RUNNERS:
+        raise ValueError(f"runner {runner!r} is not known; use one of {', '.join(RUNNERS)}.")
+    if runner == "docker" and not image:
+        raise ValueError("the docker runner needs --image, e.g. fullres:cpu (build it with `fullres image build`).")
     pipeline_root = os.path.abspath(pipeline_root)
     os.makedirs(pipeline_root, exist_ok=True)
     before = set(os.listdir(pipeline_root))
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root, raise_on_error=True)
-    log(f"running pipeline {name} locally (kfp.local SubprocessRunner); artifacts under {pipeline_root}")
+    if runner == "docker":
+        arguments = _absolute_paths(arguments)
+        kfp_runner = _docker_runner(image, arguments, pipeline_root)
+        pipeline = definitions.PIPELINES[name](image)
+    else:
+        kfp_runner = local.SubprocessRunner(use_venv=False)
+        pipeline = definitions.PIPELINES[name]()
+    local.init(runner=kfp_runner, pipeline_root=pipeline_root, raise_on_error=True)
+    where = f"image {image}" if runner == "docker" else "this environment"
+    log(f"running pipeline {name} locally (kfp.local {type(kfp_runner).__name__}, {where}); artifacts under {pipeline_root}")
     try:
-        definitions.PIPELINES[name]()(**arguments)
+        pipeline(**arguments)
     except RuntimeError as error:
         raise PipelineRunFailed(f"pipeline {name} failed ({error}); see the step logs above and {pipeline_root}.") from None
     runs = sorted(set(os.listdir(pipeline_root)) - before)
@@ -60,3 +90,44 @@ def find_output(outputs: dict, task_prefix: str, output: str) -> str | None:
         if task.startswith(task_prefix) and output in outputs[task]:
             return outputs[task][output]
     return None
+
+
+def _absolute_paths(arguments: dict) -> dict:
+    """The arguments with every local path made absolute (a container does not share this working directory)."""
+    return {key: os.path.abspath(value) if isinstance(value, str) and value and "://" not in value
+            and os.path.exists(value) else value for key, value in arguments.items()}
+
+
+def input_mounts(arguments: dict, pipeline_root: str) -> list[str]:
+    """The input directories to mount read-only: every existing path among the arguments outside the pipeline root.
+
+    A file is mounted by its directory; a path inside another one mounted (or inside the pipeline root) is left
+    out, since its parent's mount already shows it.
+    """
+    paths = set()
+    for value in arguments.values():
+        if isinstance(value, str) and os.path.isabs(value) and os.path.exists(value):
+            paths.add(os.path.realpath(value if os.path.isdir(value) else os.path.dirname(value)))
+    mounted: list[str] = []
+    for path in sorted(paths):  # parents sort before their children
+        if not any(path == m or path.startswith(m.rstrip(os.sep) + os.sep) for m in [pipeline_root, *mounted]):
+            mounted.append(path)
+    return mounted
+
+
+def _docker_runner(image: str, arguments: dict, pipeline_root: str):
+    """kfp.local's DockerRunner for `image`: inputs mounted read-only, files written as the calling user."""
+    import docker
+    from kfp import local
+
+    from pipelines import image as image_lib
+
+    image_lib.check_engine()
+    if not image_lib.image_exists(image):
+        raise image_lib.ImageError(f"image {image!r} is not in the local Docker engine; build it with "
+                                   f"`fullres image build --tag {image}`.")
+    mounts = [docker.types.Mount(target=path, source=path, type="bind", read_only=True)
+              for path in input_mounts(arguments, pipeline_root)]
+    # The pipeline root is mounted by kfp itself. Writing as this user keeps the artifacts this user's;
+    # HOME points somewhere writable for such a user (Keras and Matplotlib keep caches there).
+    return local.DockerRunner(mounts=mounts, user=f"{os.getuid()}:{os.getgid()}", environment={"HOME": "/tmp"})
