@@ -111,7 +111,7 @@ class SegmentationTask:
         config = self.config
         scores = evaluate.evaluate_segmentation(
             model, state, distribution, pattern or config.eval_data, config.batch_size, config.model.num_classes,
-            samples=samples, keep=keep,
+            samples=samples, keep=keep, downsampling_levels=config.model.downsampling_levels,
         )
         dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
         log(f"Dice per class [{dice_text}], foreground mean {scores['dice_mean']}")
