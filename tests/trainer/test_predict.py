@@ -50,3 +50,126 @@ def test_a_run_predict_cannot_use_is_refused_in_one_sentence(tmp_path, info, wor
     message = str(refused.value)
     assert words in message and run in message
     assert message.count(". ") == 0 and message.endswith(".")
+
+
+# ---- the per-scan path: geometry, partitioning, bad input ---------------------------------------------------------
+
+import os  # noqa: E402
+
+import numpy as np  # noqa: E402
+import SimpleITK as sitk  # noqa: E402
+
+from preprocessing import ct_io  # noqa: E402
+
+# A flip of x and a 30° rotation about it, with anisotropic spacing and an odd size: what a real scan header holds.
+_ANGLE = np.deg2rad(30)
+DIRECTION = (-1.0, 0.0, 0.0,
+             0.0, np.cos(_ANGLE), -np.sin(_ANGLE),
+             0.0, np.sin(_ANGLE), np.cos(_ANGLE))
+SPACING, ORIGIN, SIZE = (0.9, 1.3, 2.1), (-12.5, 30.25, 7.0), (25, 31, 19)  # size (x, y, z)
+PREPROCESSING = {"spacing": [1.5, 1.5, 1.5], "orientation": "LPS", "window": [-200.0, 300.0], "modality": "ct",
+                 "shape": None}
+
+
+def _true_mask() -> np.ndarray:
+    """(z, y, x) class ids in the scan's own grid: an off-centre ball (1) and a box at one corner (2), so any flip
+    or shift of the mask moves them."""
+    z, y, x = np.mgrid[: SIZE[2], : SIZE[1], : SIZE[0]]
+    mask = np.zeros((SIZE[2], SIZE[1], SIZE[0]), np.uint8)
+    mask[((x - 11) * SPACING[0]) ** 2 + ((y - 17) * SPACING[1]) ** 2 + ((z - 7) * SPACING[2]) ** 2 <= 9.0**2] = 1
+    mask[13:18, 2:9, 18:24] = 2
+    return mask
+
+
+def _scan(path: str) -> sitk.Image:
+    """Writes a CT scan in HU whose classes are told apart by intensity, in the odd geometry above."""
+    hu = np.where(_true_mask() == 1, 100.0, np.where(_true_mask() == 2, 250.0, -900.0)).astype(np.int16)
+    image = sitk.GetImageFromArray(hu)
+    image.SetSpacing(SPACING)
+    image.SetOrigin(ORIGIN)
+    image.SetDirection(DIRECTION)
+    sitk.WriteImage(image, path)
+    return image
+
+
+def _intensity_model(volume: np.ndarray, fill: float) -> np.ndarray:
+    """A model-free stand-in for the network: class probabilities from the windowed intensity alone.
+
+    The window (-200, 300) HU maps -900 -> 0, 100 -> 0.6, 250 -> 0.9; each class's probability peaks at its value.
+    """
+    centres = np.array([0.0, 0.6, 0.9])
+    logits = -((volume[..., None] - centres) ** 2) / 0.01
+    return np.exp(logits - logits.max(-1, keepdims=True)) / np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                                                                                          keepdims=True)
+
+
+def _dice(a: np.ndarray, b: np.ndarray, label: int) -> float:
+    return 2 * np.count_nonzero((a == label) & (b == label)) / (np.count_nonzero(a == label) + np.count_nonzero(b == label))
+
+
+def _centroid(mask: np.ndarray, label: int) -> np.ndarray:
+    """(z, y, x) voxel index of the centre of `label` within 13 mm of the ball (the box's rim, between -900 and 250
+    HU, passes through the ball's intensity and is left out)."""
+    z, y, x = np.mgrid[: SIZE[2], : SIZE[1], : SIZE[0]]
+    near = ((x - 11) * SPACING[0]) ** 2 + ((y - 17) * SPACING[1]) ** 2 + ((z - 7) * SPACING[2]) ** 2 <= 13.0**2
+    return np.argwhere((mask == label) & near).mean(axis=0)
+
+
+def _predict_file(tmp_path, suffix: str, preprocessing: dict):
+    path = str(tmp_path / f"scan{suffix}")
+    written = _scan(path)
+    output = tmp_path / "out"
+    output.mkdir()
+    entry = predict.predict_case(ct_io.VolumeSource(path), "scan", preprocessing, _intensity_model, str(output),
+                                 predict.output_suffix(path, False, None), ["background", "ball", "box"], True)
+    return path, written, output, entry
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".nrrd", ".mha"])
+def test_the_mask_comes_back_in_the_scans_own_geometry(tmp_path, suffix):
+    path, written, output, entry = _predict_file(tmp_path, suffix, PREPROCESSING)
+    read_back = sitk.ReadImage(path)  # NIfTI stores its header in float32: compare with what the file holds
+    assert entry["outputs"]["mask"] == f"scan{suffix}"
+    mask = sitk.ReadImage(str(output / entry["outputs"]["mask"]))
+    assert mask.GetSize() == SIZE
+    for name in ("GetSpacing", "GetOrigin", "GetDirection"):
+        np.testing.assert_allclose(getattr(mask, name)(), getattr(read_back, name)(), atol=1e-6)
+        np.testing.assert_allclose(getattr(mask, name)(), getattr(written, name)(), atol=1e-4)
+    assert entry["model_shape"] != list(sitk.GetArrayViewFromImage(written).shape)  # resampled and reoriented between
+    truth, found = _true_mask(), sitk.GetArrayFromImage(mask)
+    # Through the 1.5 mm model grid and back, the ball lands where it is: its centre within 0.4 voxel on every
+    # axis, where a mask shifted by one voxel, or flipped along any axis, is 1 voxel or more off.
+    assert _dice(found, truth, 1) >= 0.85
+    np.testing.assert_array_less(np.abs(_centroid(found, 1) - _centroid(truth, 1)), 0.4)
+    for wrong in (np.roll(truth, 1, axis=0), np.roll(truth, 1, axis=1), np.roll(truth, 1, axis=2),
+                  truth[::-1], truth[:, ::-1], truth[:, :, ::-1]):
+        assert np.abs(_centroid(wrong, 1) - _centroid(truth, 1)).max() >= 1.0
+    ball = sitk.ReadImage(str(output / entry["outputs"]["probability_ball"]))
+    assert ball.GetSize() == SIZE and sitk.GetArrayViewFromImage(ball)[truth == 1].mean() > 0.8
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".mha"])
+def test_reorientation_alone_returns_the_exact_mask(tmp_path, suffix):
+    """Without resampling, the flip and rotation are undone voxel for voxel: every class id is where it was."""
+    _, _, output, entry = _predict_file(tmp_path, suffix, {**PREPROCESSING, "spacing": None})
+    assert entry["model_shape"] == [SIZE[2], SIZE[1], SIZE[0]]  # DICOMOrient to LPS flipped x only
+    np.testing.assert_array_equal(sitk.GetArrayFromImage(sitk.ReadImage(str(output / entry["outputs"]["mask"]))),
+                                  _true_mask())
+
+
+def test_probabilities_are_resampled_then_argmaxed_on_the_original_grid():
+    """Injected probabilities: the boundary lands between model voxels, where the interpolated probabilities put it."""
+    original = sitk.Image(9, 1, 1, sitk.sitkFloat32)
+    original.SetSpacing((1.0, 1.0, 1.0))
+    grid = sitk.Image(3, 1, 1, sitk.sitkFloat32)
+    grid.SetSpacing((3.0, 1.0, 1.0))
+    grid.SetOrigin((1.0, 0.0, 0.0))  # model voxel centres at x = 1, 4, 7
+    # The model's class ids are (0, 0, 1): nearest neighbour on them would start the foreground at x = 6 (past the
+    # midpoint 5.5); the interpolated probability crosses 0.5 at x = 4 + 3 * 0.05 / 0.55 = 4.27, so x = 5 is foreground.
+    foreground = np.array([0.0, 0.45, 1.0], np.float32)
+    probabilities = np.stack([1 - foreground, foreground], -1).reshape(1, 1, 3, 2)
+    mask, back = predict.to_original_geometry(probabilities, grid, original)
+    assert sitk.GetArrayViewFromImage(mask).ravel().tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]
+    # Beyond the outermost model voxel centres (x = 0 and 8) the nearest one's value, not 0.
+    np.testing.assert_allclose(sitk.GetArrayViewFromImage(back)[0, 0, :, 1],
+                               [0, 0, 0.15, 0.3, 0.45, 0.45 + 0.55 / 3, 0.45 + 1.1 / 3, 1, 1], atol=1e-6)
