@@ -196,6 +196,28 @@ def train(
         _fail_if_write_error(error, output)
 
 
+def predict(
+    model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation run).")],
+    input_path: Annotated[Path, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases.")],
+    output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl.")],
+    output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: the input's own; NIfTI for DICOM).")] = None,
+    probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write one probability map per class.")] = False,
+    input_partition_dims: Annotated[str | None, typer.Option(help="Split of each scan across cores, e.g. 1,4,1,1,1 (default: the training split).")] = None,
+    virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices.")] = None,
+) -> None:
+    """Segment new scans in one whole-volume pass each; masks come back in each scan's own geometry."""
+    _use_virtual_devices(virtual_devices)
+    from trainer import partitioning, predict as predict_lib
+
+    try:
+        predict_lib.predict_scans(str(model), str(input_path), str(output), output_format, probabilities,
+                                  input_partition_dims, log=_print)
+    except (ValueError, FileNotFoundError, partitioning.PartitionError) as error:  # ModelRefused, OutputRefused too
+        _fail(str(error))
+    except Exception as error:  # disk full, permission denied: one sentence; anything else propagates
+        _fail_if_write_error(error, output)
+
+
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:
     """The command's options as given (defaults left out), except `left_out`: the arguments to pass on."""
     arguments = []

@@ -173,3 +173,105 @@ def test_probabilities_are_resampled_then_argmaxed_on_the_original_grid():
     # Beyond the outermost model voxel centres (x = 0 and 8) the nearest one's value, not 0.
     np.testing.assert_allclose(sitk.GetArrayViewFromImage(back)[0, 0, :, 1],
                                [0, 0, 0.15, 0.3, 0.45, 0.45 + 0.55 / 3, 0.45 + 1.1 / 3, 1, 1], atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def untrained_run(tmp_path_factory):
+    """A run directory as `fullres train` leaves it, with an untrained 2-level UNet (partitioning is what's tested)."""
+    from trainer import tasks as tasks_lib
+
+    run = tmp_path_factory.mktemp("run")
+    config = config_lib.smoke(train_data=str(run / "none-*.tfrecord"), output_dir=str(run))
+    model = tasks_lib.make_task(config).build_model()
+    model.save(str(run / "model.keras"))
+    (run / "train_config.json").write_text(json.dumps(config_lib.to_dict(config)))
+    (run / "model_info.json").write_text(json.dumps({
+        "task": "segmentation", "image_shape": [16, 16, 16, 1], "class_names": None,
+        "preprocessing": {**PREPROCESSING, "spacing": [2.0, 2.0, 2.0]}}))
+    return str(run)
+
+
+@pytest.mark.slow  # 5 splits, 10 compilations: about 50 s on 2 busy cores
+def test_partitioned_prediction_gives_the_class_ids_of_one_device(untrained_run):
+    from trainer import evaluate, inference, partitioning
+
+    # W = 19 is padded to 20 under every split (the same padding: instance normalization sees the padded volume).
+    volume = np.random.default_rng(0).normal(size=(1, 32, 24, 19, 1)).astype(np.float32)
+    results = {}
+    for dims in [(1, 1, 1, 1, 1), (1, 2, 1, 1, 1), (1, 4, 1, 1, 1), (1, 8, 1, 1, 1), (1, 2, 2, 1, 1)]:
+        config, _, model, state, distribution = evaluate.load_trained(
+            untrained_run, partition=partitioning.PartitionConfig(dims), batch_size=1)
+        assert distribution.device_mesh.devices.size == np.prod(dims)  # one replica, the split's cores
+        forward = inference.Inference(model, state, distribution, config.model.downsampling_levels)
+        results[dims] = forward.class_ids(volume)
+        probabilities = forward.probabilities(volume)
+        assert probabilities.shape == (1, 32, 24, 19, 3)
+        np.testing.assert_array_equal(probabilities.argmax(-1), results[dims])
+    reference = results[(1, 1, 1, 1, 1)]
+    assert reference.shape == (1, 32, 24, 19) and len(np.unique(reference)) > 1  # not a constant map
+    for dims, class_ids in results.items():
+        np.testing.assert_array_equal(class_ids, reference, err_msg=str(dims))
+
+
+def test_padded_shape_is_the_nearest_the_model_and_split_accept():
+    from trainer import inference
+
+    assert inference.padded_shape((25, 31, 19), (1, 1, 1, 1, 1), 2) == (28, 32, 20)
+    assert inference.padded_shape((25, 31, 19), (1, 2, 2, 1, 1), 2) == (32, 32, 20)
+    assert inference.padded_shape((32, 24, 20), (1, 8, 1, 1, 1), 1) == (32, 24, 20)
+
+
+def test_a_bad_scan_is_a_dead_letter_and_the_others_are_predicted(untrained_run, tmp_path):
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    _scan(str(scans / "alpha.nii.gz"))
+    _scan(str(scans / "beta.nrrd"))
+    (scans / "broken.nii.gz").write_bytes(b"\x1f\x8b not really a gzip")  # a transfer cut short
+    output = tmp_path / "masks"
+    lines = []
+    summary = predict.predict_scans(untrained_run, str(scans), str(output), log=lines.append)
+    assert summary["predicted"] == 2 and summary["failed"] == 1
+    assert [case["case_id"] for case in summary["cases"]] == ["alpha", "beta"]
+    for case in summary["cases"]:
+        mask = sitk.ReadImage(str(output / case["outputs"]["mask"]))
+        assert mask.GetSize() == SIZE and case["seconds"] > 0 and case["partitioning"] == [1, 1, 1, 1, 1]
+    assert sorted(os.listdir(output)) == [".fullres-output", "alpha.nii.gz", "beta.nrrd", "dead_letter.jsonl",
+                                          "summary.json"]
+    (letter,) = [json.loads(line) for line in (output / "dead_letter.jsonl").read_text().splitlines()]
+    assert letter["source"].endswith("broken.nii.gz") and letter["reason"] == "unreadable"
+    assert any(line.startswith("[1/3] alpha: 19×31×25 voxels") for line in lines)
+    assert any("broken: failed: SimpleITK cannot read" in line for line in lines)
+    # A rerun replaces its own files; a file fullres did not write makes it refuse, naming the file.
+    predict.predict_scans(untrained_run, str(scans / "alpha.nii.gz"), str(output), log=lines.append)
+    (output / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds files fullres did not write \\(notes.txt\\)"):
+        predict.predict_scans(untrained_run, str(scans), str(output), log=lines.append)
+    assert (output / "notes.txt").read_text() == "mine"
+
+
+def test_predict_command_refuses_a_model_that_is_not_a_fullres_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    _scan(str(tmp_path / "scan.nii.gz"))
+    (tmp_path / "notes").mkdir()
+    result = CliRunner().invoke(cli.app, ["predict", "--model", str(tmp_path / "notes"), "--input",
+                                          str(tmp_path / "scan.nii.gz"), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert f"--model {tmp_path / 'notes'} is not a fullres run" in result.output
+    assert result.output.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_volume_too_large_for_the_devices_is_one_sentence(untrained_run):
+    from trainer import evaluate, inference
+
+    config, _, model, state, distribution = evaluate.load_trained(untrained_run, batch_size=1)
+    forward = inference.Inference(model, state, distribution, config.model.downsampling_levels,
+                                  device_memory_bytes=2**20)  # a 1 MiB device
+    with pytest.raises(inference.VolumeTooLarge) as refused:
+        forward.probabilities(np.zeros((1, 32, 32, 32, 1), np.float32))
+    message = str(refused.value)
+    assert message.startswith("the volume, padded to 32×32×32, does not fit the memory of 1 device(s) under "
+                              "input_partition_dims [1, 1, 1, 1, 1] (")
+    assert "it needs about" in message and message.endswith("on as many devices.") and message.count(". ") == 0
