@@ -29,7 +29,7 @@ from trainer import config as config_lib, halo, partitioning
 
 MODELS = ("unet3d", "unet2d", "retinanet")
 LAYOUT_CHOICES = ("default", "all")
-NEAR_TIE = 0.02  # halo bytes within 2 % of the least count as a tie; memory then decides
+NEAR_TIE = 0.02  # within 2 %: of the least halo, a tie (memory decides); of the least memory, the default budget
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
 # `%name = f32[1,2,3]{...} collective-permute(` or the async `-start` form, whose result is a tuple.
 _INSTRUCTION = re.compile(r"=\s*\(?([a-z0-9]+)\[([0-9,]*)\][^ ]*\)?.*?\s(collective-permute|all-gather)(-start)?\(")
@@ -273,22 +273,29 @@ def _measure(builder: _Builder, dims: tuple[int, ...], devices, device_memory: i
                    compile_seconds=round(time.perf_counter() - started, 2))
 
 
-def rank_rows(rows: Sequence[PlanRow]) -> list[PlanRow]:
+def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list[PlanRow]:
     """Best first: fits the memory budget, then least halo bytes, then least total memory.
 
-    Rows whose halo is within 2 % of the least among the fitting rows are near-ties:
-    they come first, ordered by total memory, and are marked `near_tie`.
+    The budget is `device_memory`; without one it is the leanest layout's total
+    plus 2 % (memory decides whether a run fits at all, so a layout that needs
+    more of it than another must buy that with something the plan cannot see).
+    Among the rows within the budget, those whose halo is within 2 % of the least
+    are near-ties: they come first, ordered by total memory, marked `near_tie`;
+    the other fitting rows follow by halo, then the rest by total memory.
     """
     if not rows:
         return []
-    fitting = [r for r in rows if r.fits is not False] or list(rows)
-    least = min(r.halo_bytes for r in fitting)
-    tied = {id(r) for r in fitting if r.halo_bytes <= least * (1 + NEAR_TIE)}
+    budget = device_memory if device_memory is not None else min(r.total_bytes for r in rows) * (1 + NEAR_TIE)
+    fitting = {id(r) for r in rows if r.total_bytes <= budget}
+    least = min((r.halo_bytes for r in rows if id(r) in fitting), default=0)
+    tied = {id(r) for r in rows if id(r) in fitting and r.halo_bytes <= least * (1 + NEAR_TIE)}
 
     def key(row):
         if id(row) in tied:
-            return (0, 0, row.total_bytes, row.halo_bytes)
-        return (1, row.fits is False, row.halo_bytes, row.total_bytes)
+            return (0, row.total_bytes, row.halo_bytes, row.input_partition_dims)
+        if id(row) in fitting:
+            return (1, row.halo_bytes, row.total_bytes, row.input_partition_dims)
+        return (2, row.total_bytes, row.halo_bytes, row.input_partition_dims)
 
     ordered = sorted(rows, key=key)
     return [dataclasses.replace(r, rank=i, near_tie=id(r) in tied and len(tied) > 1)
@@ -353,7 +360,7 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         if base is not None:
             rows = [dataclasses.replace(r, efficiency=round(base.temp_bytes / (r.partitions * r.temp_bytes), 4))
                     for r in rows]
-        ranked = rank_rows(rows) if layouts_to_try == "all" else rows
+        ranked = rank_rows(rows, device_memory) if layouts_to_try == "all" else rows
         results.append(Search(count, ranked, pruned, round(sum(r.compile_seconds for r in rows), 1)))
         if pruned:
             log(f"N={count}: {len(pruned)} layout(s) pruned (cannot divide at some resolution level): "
@@ -395,6 +402,10 @@ def table(results: Sequence[Search], header: str, device_memory: str | None = No
                          f"some resolution level: {' '.join(','.join(map(str, d)) for d, _ in result.pruned)}")
         if len(result.rows) > 1 and result.rows[0].rank:
             best = result.rows[0]
+            if device_memory is None:
+                leanest = min(r.total_bytes for r in result.rows)
+                lines.append(f"     N={result.partitions}: no --device-memory, so layouts within 2 % of the leanest "
+                             f"({human(leanest)}) rank first, by halo; give --device-memory to rank all that fit by halo")
             ties = [r for r in result.rows if r.near_tie and r is not best]
             lines.append(f"     N={result.partitions}: best {','.join(map(str, best.input_partition_dims))} "
                          f"({human(best.halo_bytes)} halo, {human(best.total_bytes)} per device; "

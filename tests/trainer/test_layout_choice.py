@@ -87,9 +87,9 @@ def test_train_auto_picks_a_layout_records_it_and_reuses_it(demo_data, tmp_path)
     ranked = cached["rows"]
     assert tuple(ranked[0]["input_partition_dims"]) == chosen and len(ranked) == 7
     assert 8 not in {d for r in ranked for d in r["input_partition_dims"]}
-    least = min(r["halo_bytes"] for r in ranked)
-    assert ranked[0]["halo_bytes"] <= 1.02 * least  # the least, or a 2 % near-tie with less memory
-    assert ranked[0]["halo_bytes"] < max(r["halo_bytes"] for r in ranked)
+    # no memory budget is known: the layouts within 2 % of the leanest qualify, and the least halo among them wins
+    lean = [r for r in ranked if r["total_bytes"] <= 1.02 * min(r["total_bytes"] for r in ranked)]
+    assert ranked[0] in lean and ranked[0]["halo_bytes"] <= 1.02 * min(r["halo_bytes"] for r in lean)
 
     # The same config on the same devices again (a resume): the choice is read back, nothing is compiled for it.
     lines = []

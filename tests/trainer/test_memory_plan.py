@@ -182,13 +182,23 @@ def _row(dims, halo, total, fits=None):
 
 def test_ranking_fits_first_then_halo_then_memory_with_near_ties_marked():
     rows = [_row((1, 8, 1, 1), 100, 10), _row((1, 2, 4, 1), 60, 12), _row((1, 4, 2, 1), 61, 11),
-            _row((1, 1, 8, 1), 50, 99, fits=False), _row((1, 1, 1, 8), 80, 10)]
-    ranked = memory_plan.rank_rows(rows)
+            _row((1, 1, 8, 1), 50, 99), _row((1, 1, 1, 8), 80, 10)]
+    ranked = memory_plan.rank_rows(rows, device_memory=50)
     # 61 is within 2 % of 60: a near-tie, and memory (11 < 12) orders the two; the row over budget comes last.
     assert [r.input_partition_dims for r in ranked] == [(1, 4, 2, 1), (1, 2, 4, 1), (1, 1, 1, 8), (1, 8, 1, 1),
                                                         (1, 1, 8, 1)]
     assert [r.rank for r in ranked] == [1, 2, 3, 4, 5]
     assert [r.near_tie for r in ranked] == [True, True, False, False, False]
+
+
+def test_without_a_budget_the_leanest_layouts_rank_first_by_halo():
+    rows = [_row((1, 8, 1, 1), 100, 10), _row((1, 2, 4, 1), 60, 12), _row((1, 4, 2, 1), 61, 11),
+            _row((1, 1, 8, 1), 50, 99), _row((1, 1, 1, 8), 80, 10.1)]
+    ranked = memory_plan.rank_rows(rows)
+    # the budget is 10 + 2 %: (1,1,1,8) and (1,8,1,1) fit it and halo orders them; the rest follow by memory.
+    assert [r.input_partition_dims for r in ranked] == [(1, 1, 1, 8), (1, 8, 1, 1), (1, 4, 2, 1), (1, 2, 4, 1),
+                                                        (1, 1, 8, 1)]
+    assert not any(r.near_tie for r in ranked)
 
 
 def _compiled_dims(lines):
@@ -199,7 +209,9 @@ def _compiled_dims(lines):
 def test_2d_search_ranks_a_two_axis_split_above_the_one_axis_splits():
     config = _unet_config(spatial_dims=2, **{"model.num_levels": 2, "model.base_filters": 4})
     lines = []
-    result = memory_plan.search(config, memory_plan.example_shape(config, (32, 32)), [8], log=lines.append)[0]
+    # A budget every layout fits: halo alone orders them.
+    result = memory_plan.search(config, memory_plan.example_shape(config, (32, 32)), [8], device_memory=2**30,
+                                log=lines.append)[0]
     by_dims = {r.input_partition_dims: r for r in result.rows}
     assert set(by_dims) == {(1, 1, 8, 1), (1, 2, 4, 1), (1, 4, 2, 1), (1, 8, 1, 1)} and not result.pruned
     assert result.rows[0].input_partition_dims in {(1, 2, 4, 1), (1, 4, 2, 1)}
