@@ -69,6 +69,13 @@ class PlanRow:
         values["halo_ratio"] = self.halo_ratio
         return values
 
+    @classmethod
+    def from_json(cls, values: dict) -> PlanRow:
+        """A row back from `to_json` (e.g. from a benchmark's results)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        row = {k: v for k, v in values.items() if k in fields}
+        return cls(**{**row, "input_partition_dims": tuple(row["input_partition_dims"])})
+
 
 @dataclasses.dataclass(frozen=True)
 class Search:
@@ -291,11 +298,12 @@ def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list
     tied = {id(r) for r in rows if id(r) in fitting and r.halo_bytes <= least * (1 + NEAR_TIE)}
 
     def key(row):
+        leading = tuple(-d for d in row.input_partition_dims)  # exact ties: the split of the leading dims first
         if id(row) in tied:
-            return (0, row.total_bytes, row.halo_bytes, row.input_partition_dims)
+            return (0, row.total_bytes, row.halo_bytes, leading)
         if id(row) in fitting:
-            return (1, row.halo_bytes, row.total_bytes, row.input_partition_dims)
-        return (2, row.total_bytes, row.halo_bytes, row.input_partition_dims)
+            return (1, row.halo_bytes, row.total_bytes, leading)
+        return (2, row.total_bytes, row.halo_bytes, leading)
 
     ordered = sorted(rows, key=key)
     return [dataclasses.replace(r, rank=i, near_tie=id(r) in tied and len(tied) > 1)

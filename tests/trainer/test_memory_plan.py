@@ -241,3 +241,14 @@ def test_no_layout_that_divides_is_refused_with_the_reason():
     config = _unet_config(**{"model.base_filters": 4})
     with pytest.raises(partitioning.PartitionError, match=r"no layout of 8 cores divides \[12, 12, 12\]"):
         memory_plan.search(config, memory_plan.example_shape(config, (12, 12, 12)), [8])
+
+
+def test_recorded_512_search_ranks_an_efficient_low_halo_layout_first():
+    """The 3D UNet at 512³ on 64 devices, as benchmarks/memory_scaling.py --layout-search measured it."""
+    with open(os.path.join(REPOSITORY, "benchmarks", "results", "layout_search.json")) as file:
+        cases = json.load(file)
+    case = next(c for c in cases if c["model"] == "unet3d" and c["image_size"] == [512] * 3 and c["partitions"] == 64)
+    rows = memory_plan.rank_rows([memory_plan.PlanRow.from_json(r) for r in case["rows"]])
+    assert [list(r.input_partition_dims) for r in rows] == [r["input_partition_dims"] for r in case["rows"]]
+    one_d = next(r for r in rows if r.input_partition_dims == (1, 64, 1, 1, 1))
+    assert len(rows) == 28 and rows[0].efficiency >= 0.95 and rows[0].halo_bytes <= one_d.halo_bytes / 3
