@@ -3,7 +3,7 @@
 For the 3D UNet at 256³ (batch 1, default model config) it compiles the step
 ahead of time for N = 1, 2, 4, 8, 16 cores, N-way along depth, in float32,
 bfloat16 and bfloat16 with rematerialization; for RetinaNet (ResNet-18 + FPN)
-at 2560² for N = 1, 4, 8 along height, in float32. On virtual CPU devices;
+at 2560² for N = 1, 4, 8 along height, in float32; batch 1 throughout. On virtual CPU devices;
 nothing runs. It reports activation memory, total per device, E(N) = M(1) / (N · M(N)),
 activation all-gathers and halo bytes, and the smallest N that fits 16 GiB.
 
@@ -49,7 +49,8 @@ def layout_search(cases: list[str], output: str | None) -> None:
     for case in cases:
         model, size_text, counts_text = case.split(":")
         size = tuple(int(v) for v in size_text.split(","))
-        config = memory_plan.plan_config(model, overrides={"image_size": size_text} if len(size) == 2 else None)
+        overrides = {"batch_size": 1, **({"image_size": size_text} if len(size) == 2 else {})}  # batch 1, as above
+        config = memory_plan.plan_config(model, overrides=overrides)
         shape = memory_plan.example_shape(config, size)
         for count in (int(v) for v in counts_text.split(",")):
             started = time.perf_counter()
@@ -92,7 +93,7 @@ def main() -> None:
         size = tuple(int(v) for v in size_text.split(","))
         counts = [int(v) for v in counts_text.split(",")]
         started = time.perf_counter()
-        config = memory_plan.plan_config(model, overrides={"precision": precision, "remat": remat,
+        config = memory_plan.plan_config(model, overrides={"precision": precision, "remat": remat, "batch_size": 1,
                                                             **({"image_size": size_text} if len(size) == 2 else {})})
         rows = memory_plan.plan(config, memory_plan.example_shape(config, size), counts, device_memory=limit)
         label = precision + (" + remat" if remat else "")
