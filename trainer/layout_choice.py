@@ -100,7 +100,7 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
     reason = (f"least halo exchange of {len(result.rows)} layout(s) of {cores} cores ({len(pruned)} pruned): "
               f"{human(best.halo_bytes)} per device per step"
               + (f" ({best.halo_ratio:.2f}× its lower bound)" if best.halo_ratio else "")
-              + f", {human(best.total_bytes)} per device"
+              + f", {human(best.total_bytes)} per device (within 2 % of the leanest layout)"
               + (f"; {','.join(map(str, along_first))}: {human(default.halo_bytes)} halo, "
                  f"{human(default.total_bytes)}" if default is not None and default is not best else ""))
     if cores < count:

@@ -388,7 +388,10 @@ def plan(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Seq
 
 
 def human(count: int) -> str:
-    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+    """Bytes as GiB, MiB or (below 1 MiB, where tiny test volumes live) KiB."""
+    if count >= 2**30:
+        return f"{count / 2**30:.2f} GiB"
+    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
 
 
 def table(results: Sequence[Search], header: str, device_memory: str | None = None) -> list[str]:
