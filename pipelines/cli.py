@@ -26,7 +26,7 @@ from trainer.cli import (  # noqa: F401  (the helpers every command here shares)
 )
 
 
-app = typer.Typer(
+app = typer.Typer(rich_markup_mode=None,
     name="fullres",
     help="Train CNNs on full-resolution CT volumes and large images, split spatially across accelerator cores.",
     no_args_is_help=True,
@@ -159,10 +159,10 @@ def plan(
     typer.echo("\n".join(memory_plan.table(results, header, device_memory)))
 
 
-preprocess_app = typer.Typer(help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
+preprocess_app = typer.Typer(rich_markup_mode=None, help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
                              no_args_is_help=True)
 app.add_typer(preprocess_app, name="preprocess")
-demo_data_app = typer.Typer(help="Write synthetic demo data (no downloads).", no_args_is_help=True)
+demo_data_app = typer.Typer(rich_markup_mode=None, help="Write synthetic demo data (no downloads).", no_args_is_help=True)
 app.add_typer(demo_data_app, name="demo-data")
 
 BEAM_HELP = (
@@ -360,7 +360,7 @@ def demo_data_images(
     _print(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")
 
 
-pipeline_app = typer.Typer(help="Compile the KFP pipelines, run one here (kfp.local), or submit one to Vertex AI.",
+pipeline_app = typer.Typer(rich_markup_mode=None, help="Compile the KFP pipelines, run one here (kfp.local), or submit one to Vertex AI.",
                            no_args_is_help=True)
 app.add_typer(pipeline_app, name="pipeline")
 PIPELINE_NAMES = ("ct-segmentation", "detection")
@@ -476,7 +476,7 @@ def pipeline_submit(
     _print(f"submitted {name}: {resource}")
 
 
-image_app = typer.Typer(help="Build the container image every pipeline step runs in (Docker with BuildKit).",
+image_app = typer.Typer(rich_markup_mode=None, help="Build the container image every pipeline step runs in (Docker with BuildKit).",
                         no_args_is_help=True)
 app.add_typer(image_app, name="image")
 

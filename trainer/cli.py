@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(
+app = typer.Typer(rich_markup_mode=None,
     name="fullres",
     help="Train a UNet or a RetinaNet, spatially partitioned over all devices present.",
     no_args_is_help=True,

@@ -13,6 +13,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 def _fullres(*args):
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    environment["COLUMNS"] = "80"  # what CI's captured output gets: every option name must still show whole
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, env=environment, cwd=REPOSITORY
     )
