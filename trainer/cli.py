@@ -1,4 +1,4 @@
-"""The trainer's commands (`fullres train`); `pipelines/cli.py` adds them to the `fullres` command line.
+"""The trainer's commands (`fullres train`, `fullres plan`); `pipelines/cli.py` adds them to the `fullres` command line.
 
 Commands import their heavy libraries (JAX, Keras, TensorFlow) only when they
 run, so `--help` is instant and `--virtual-devices` can still set `XLA_FLAGS`
@@ -8,15 +8,18 @@ virtual devices) serve every layer's commands.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-app = typer.Typer(rich_markup_mode=None,
+from preprocessing.console import _fail, _fail_if_write_error, _print  # noqa: F401  (shared by every layer's commands)
+
+app = typer.Typer(
+    rich_markup_mode=None,
     name="fullres",
     help="Train a UNet or a RetinaNet, spatially partitioned over all devices present.",
     no_args_is_help=True,
@@ -33,24 +36,6 @@ def global_options(
 ) -> None:
     if verbose:
         os.environ["FULLRES_VERBOSE"] = "1"  # read by _fail, here and in the processes a command starts
-
-def _fail(message: str) -> None:
-    """One sentence on stderr and exit 2; with `fullres --verbose`, the traceback of the error being handled first."""
-    if os.environ.get("FULLRES_VERBOSE") == "1" and sys.exc_info()[1] is not None:
-        traceback.print_exc()
-    typer.echo(f"fullres: error: {message}", err=True)
-    raise typer.Exit(code=2)
-
-
-def _fail_if_write_error(error: Exception, output) -> None:
-    """Disk full or permission denied while writing `output` becomes one sentence; other errors propagate."""
-    from preprocessing import output_guard
-
-    sentence = output_guard.write_failure(error, str(output))
-    if sentence is None:
-        raise error
-    _fail(sentence)
-
 
 def _jax_backend_started() -> bool:
     """True once XLA has created its devices; XLA_FLAGS are read then, not when JAX is imported."""
@@ -75,12 +60,6 @@ def _set_host_device_count(count: int) -> None:
     """Sets XLA's CPU device count (read when the backend starts; other platforms ignore it)."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
-
-
-def _print(message: str) -> None:
-    """Progress lines, flushed at once: logs piped to a file or a pipeline runner show them as they happen."""
-    typer.echo(message)
-    sys.stdout.flush()
 
 
 @app.command()
@@ -194,6 +173,52 @@ def train(
         _fail(str(error))
     except Exception as error:  # OSError, or TensorFlow's own error for a full disk (ResourceExhaustedError)
         _fail_if_write_error(error, output)
+
+
+@app.command()
+def plan(
+    model: Annotated[str | None, typer.Option(help="Shorthand: unet3d, unet2d (segmentation) or retinanet (detection); default: the preset's task.")] = None,
+    preset: Annotated[str, typer.Option(help="The training preset to size, as for fullres train (default: the task's default).")] = "default",
+    image_size: Annotated[str | None, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W; the default) or 2560,2560 (the detection canvas).")] = None,
+    partitions: Annotated[str, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64.")] = "1,2,4,8,16",
+    layouts: Annotated[str, typer.Option(help="default: N-way along the first spatial dimension; all: every split of N over the spatial dimensions that divides, ranked.")] = "default",
+    precision: Annotated[str | None, typer.Option(help="float32 or bfloat16.")] = None,
+    remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,
+    num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
+    base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
+    settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
+    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the rows (with input_partition_dims, rank, halo bound) as JSON.")] = False,
+) -> None:
+    """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles."""
+    from trainer import config as config_lib
+
+    try:
+        counts = config_lib.parse_list(partitions, int, "--partitions") or ()
+        size = config_lib.parse_list(image_size, int, "--image-size") if image_size else None
+        given = config_lib.parse_settings(settings or [])
+    except ValueError as error:
+        _fail(str(error))
+    if not _jax_backend_started():
+        # Only the CPU platform reads this flag: on a TPU or GPU host the plan uses the
+        # real devices; without an accelerator the CPU poses as enough devices.
+        _set_host_device_count(max(counts, default=1))
+    from trainer import memory_plan
+
+    flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
+             "model.base_filters": base_filters}
+    try:
+        results, header = memory_plan.run(
+            model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
+            image_size=size, partitions=counts, layouts_to_try=layouts, device_memory=device_memory,
+            log=lambda line: typer.echo(line, err=True))
+    except ValueError as error:
+        _fail(str(error))
+    if json_output:
+        typer.echo(json.dumps([r.to_json() for result in results for r in result.rows], indent=2))
+        return
+    typer.echo("\n".join(memory_plan.table(results, header, device_memory)))
 
 
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:

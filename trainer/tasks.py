@@ -127,7 +127,8 @@ class SegmentationTask:
             samples=samples, keep=keep,
         )
         dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
-        log(f"Dice per class [{dice_text}], foreground mean {scores['dice_mean']}")
+        mean = scores["dice_mean"]
+        log(f"Dice per class [{dice_text}], foreground mean {'n/a' if mean is None else f'{mean:.3f}'}")
         return scores
 
     @staticmethod

@@ -211,6 +211,8 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
 
     train_step = jit_step(task, model, optimizer, distribution, state, len(image_shape))
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
+    log(f"each device holds a {tuple(image_sharding.shard_shape(tuple(image_shape)))} shard of every {tuple(image_shape)} "
+        f"batch (input_partition_dims {','.join(map(str, config.partition.input_partition_dims))})")
     rows = step.process_rows(image_sharding, image_shape) if jax.process_count() > 1 else None
     batches = task.batches(start_step, rows, log)
     writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
