@@ -98,7 +98,7 @@ def train(
         runtime.log(str(preempted))
         raise SystemExit(distributed.PREEMPTED_EXIT_CODE) from None
     runtime.write_metrics(metrics, results, ("final_loss", "steps", "train_seconds", "steps_per_second"))
-    model.metadata.update({"task": task, "framework": "keras", "input_partition_dims": config.partition.input_partition_dims})
+    model.metadata.update({"task": task, "framework": "keras", "input_partition_dims": results["input_partition_dims"]})
 
 
 def evaluate(

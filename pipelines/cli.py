@@ -115,64 +115,48 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int) -> N
 
 @app.command()
 def plan(
-    model: Annotated[str, typer.Option(help="Model: unet3d, unet2d or retinanet (ResNet-18 + FPN).")] = "unet3d",
-    image_size: Annotated[str, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W) or 2560,2560.")] = "256,256,256",
-    partitions: Annotated[str, typer.Option(help="Partition counts to compare, e.g. 1,2,4,8,16 (split along the first spatial dimension).")] = "1,2,4,8,16",
-    precision: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
-    remat: Annotated[bool, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass.")] = False,
-    batch_size: Annotated[int, typer.Option(help="Examples per replica.")] = 1,
-    num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the model's default).")] = None,
+    model: Annotated[str | None, typer.Option(help="Shorthand: unet3d, unet2d (segmentation) or retinanet (detection); default: the preset's task.")] = None,
+    preset: Annotated[str, typer.Option(help="The training preset to size, as for fullres train (default: the task's default).")] = "default",
+    image_size: Annotated[str | None, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W; the default) or 2560,2560 (the detection canvas).")] = None,
+    partitions: Annotated[str, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64.")] = "1,2,4,8,16",
+    layouts: Annotated[str, typer.Option(help="default: N-way along the first spatial dimension; all: every split of N over the spatial dimensions that divides, ranked.")] = "default",
+    precision: Annotated[str | None, typer.Option(help="float32 or bfloat16.")] = None,
+    remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,
+    num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
-    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: recommends the smallest partitioning that fits.")] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+    settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
+    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the rows (with input_partition_dims, rank, halo bound) as JSON.")] = False,
 ) -> None:
-    """Size a run before renting accelerators: per-device memory and communication of the compiled training step."""
+    """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles."""
+    from trainer import config as config_lib
+
     try:
-        counts = [int(p) for p in partitions.split(",") if p.strip()]
-        size = tuple(int(p) for p in image_size.split(",") if p.strip())
-    except ValueError:
-        _fail(f"--partitions {partitions!r} and --image-size {image_size!r} must be comma-separated integers.")
+        counts = config_lib.parse_list(partitions, int, "--partitions") or ()
+        size = config_lib.parse_list(image_size, int, "--image-size") if image_size else None
+        given = config_lib.parse_settings(settings or [])
+    except ValueError as error:
+        _fail(str(error))
     if not _jax_backend_started():
         # Only the CPU platform reads this flag: on a TPU or GPU host the plan uses the
         # real devices; without an accelerator the CPU poses as enough devices.
-        _set_host_device_count(max(counts))
-    from trainer import memory_plan, unet
+        _set_host_device_count(max(counts, default=1))
+    from trainer import memory_plan
 
+    flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
+             "model.base_filters": base_filters}
     try:
-        limit = memory_plan.parse_bytes(device_memory) if device_memory else None
-        overrides = {k: v for k, v in dict(num_levels=num_levels, base_filters=base_filters).items() if v is not None}
-        config = None if model == "retinanet" else unet.UNetConfig(spatial_dims=3 if model == "unet3d" else 2, **overrides)
-        rows = memory_plan.plan(model, size, counts, precision=precision, remat=remat, batch_size=batch_size,
-                                device_memory=limit, model_config=config, log=lambda line: typer.echo(line, err=True))
+        results, header = memory_plan.run(
+            model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
+            image_size=size, partitions=counts, layouts_to_try=layouts, device_memory=device_memory,
+            log=lambda line: typer.echo(line, err=True))
     except ValueError as error:
         _fail(str(error))
     if json_output:
-        keys = ("partitions", "temp_bytes", "argument_bytes", "total_bytes", "efficiency", "activation_all_gathers",
-                "halo_bytes")
-        typer.echo(json.dumps([{k: getattr(r, k) for k in keys} for r in rows], indent=2))
+        typer.echo(json.dumps([r.to_json() for result in results for r in result.rows], indent=2))
         return
-    gib = 2**30
-
-    def human(count: int) -> str:
-        return f"{count / gib:.2f} GiB" if count >= gib else f"{count / 2**20:.1f} MiB"
-
-    typer.echo(f"{model} {list(size)}, batch {batch_size} per replica, {precision}{', remat' if remat else ''}; "
-               "per device:")
-    typer.echo(f"{'N':>4} {'dims':<18} {'activations':>12} {'arguments':>10} {'total':>10} {'E(N)':>6} "
-               f"{'all-gathers':>11} {'halo/step':>10}")
-    for r in rows:
-        efficiency = "" if r.efficiency is None else f"{r.efficiency:.3f}"
-        typer.echo(f"{r.partitions:>4} {str(list(r.input_partition_dims)):<18} {human(r.temp_bytes):>12} "
-                   f"{human(r.argument_bytes):>10} {human(r.total_bytes):>10} {efficiency:>6} "
-                   f"{r.activation_all_gathers:>11} {human(r.halo_bytes):>10}")
-    if limit is not None:
-        fitting = [r for r in rows if r.fits]
-        if fitting:
-            best = min(fitting, key=lambda r: r.partitions)
-            typer.echo(f"smallest partitioning that fits {device_memory} per device: {best.partitions} "
-                       f"(input_partition_dims {list(best.input_partition_dims)}, {human(best.total_bytes)})")
-        else:
-            typer.echo(f"none of {counts} fits {device_memory} per device; try more partitions, bfloat16 or --remat")
+    typer.echo("\n".join(memory_plan.table(results, header, device_memory)))
 
 
 preprocess_app = typer.Typer(rich_markup_mode=None, help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",

@@ -100,7 +100,7 @@ def train(
     remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass to save memory.")] = None,
     input_partition_dims: Annotated[
         str | None,
-        typer.Option(help="Split of each input across cores, one entry per NDHWC dimension, e.g. 1,4,1,1,1."),
+        typer.Option(help="Split of each input across cores, one entry per NDHWC dimension, e.g. 1,4,1,1,1; auto: the split of all devices with the least halo traffic among the leanest (fullres plan --layouts all)."),
     ] = None,
     label_partition_dims: Annotated[
         str | None, typer.Option(help="'none' keeps labels whole within a replica; dims split them like the features.")

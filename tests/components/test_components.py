@@ -92,6 +92,16 @@ def test_train_writes_the_model_and_metrics(trained):
         assert json.load(file)["partition"]["input_partition_dims"] == [1, 4, 1, 1, 1]
     _, metrics = trained["metrics"]
     assert metrics["steps"] == 3 and metrics["final_loss"] > 0
+    assert trained["model"][1]["input_partition_dims"] == [1, 4, 1, 1, 1]  # the layout trained with, in the metadata
+
+
+def test_train_component_accepts_auto_partitioning():
+    from components import runtime
+
+    config = runtime.train_config(task="segmentation", preset="smoke", train_data="data/data-*", output_dir="model",
+                                  steps=0, batch_size=0, learning_rate=0.0, input_partition_dims="auto", precision="",
+                                  overrides={})
+    assert config.partition.is_auto  # resolved by training once the devices are known
 
 
 @pytest.mark.slow
