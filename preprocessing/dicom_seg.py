@@ -133,7 +133,7 @@ def write_dicom_seg(
             series_description=series_description[:64])
     except (ValueError, TypeError, AttributeError, KeyError) as error:  # highdicom checks the sources as it builds
         raise ct_io.CaseError("write", "seg_refused", f"highdicom cannot build a DICOM SEG referencing the series of "
-                              f"{stack.frames[0].path} ({error}); check that its files are one valid image series") from None
+                              f"{stack.frames[0].path} ({str(error).rstrip('.')}); check that its files are one valid image series") from None
     return _save(segmentation, output_path)
 
 
@@ -179,14 +179,15 @@ def _labels_on_grid(mask: sitk.Image, stack: dicom_series.SliceStack, names: tup
     rows, columns = stack.frames[0].size
     expected = (columns, rows, stack.depth)
     where = os.path.dirname(stack.frames[0].path) or stack.frames[0].path
-    if mask.GetDimension() != 3 or tuple(mask.GetSize()) != expected or not (
-            np.allclose(mask.GetSpacing(), spacing, atol=1e-3) and np.allclose(mask.GetOrigin(), origin, atol=1e-3)
-            and np.allclose(mask.GetDirection(), direction, atol=1e-4)):
-        raise ct_io.CaseError("write", "geometry_mismatch", f"the mask (size {tuple(mask.GetSize())}, spacing "
-                              f"{np.round(mask.GetSpacing(), 4).tolist()}, origin {np.round(mask.GetOrigin(), 3).tolist()}) "
-                              f"is not on the grid of series {where} (size {expected}, spacing "
-                              f"{np.round(spacing, 4).tolist()}, origin {np.round(origin, 3).tolist()}); map the "
-                              "prediction back onto the image fullres reads from that series before writing the SEG")
+    checks = (("size", tuple(mask.GetSize()), expected, 0), ("spacing", mask.GetSpacing(), spacing, 1e-3),
+              ("origin", mask.GetOrigin(), origin, 1e-3), ("direction", mask.GetDirection(), direction, 1e-4))
+    wrong = [f"{field} {np.round(mine, 4).tolist()} (the series: {np.round(theirs, 4).tolist()})"
+             for field, mine, theirs, tolerance in checks
+             if len(mine) != len(theirs) or not np.allclose(mine, theirs, rtol=0, atol=tolerance)]
+    if wrong:
+        raise ct_io.CaseError("write", "geometry_mismatch", f"the mask is not on the grid of series {where}: its "
+                              f"{', '.join(wrong)}; map the prediction back onto the image fullres reads from that "
+                              "series before writing the SEG")
     values = sitk.GetArrayFromImage(mask)  # (D, H, W)
     if not np.issubdtype(values.dtype, np.integer) and not np.array_equal(values, np.round(values)):
         raise ct_io.CaseError("write", "not_class_ids", f"the mask for series {where} holds non-integer values; "

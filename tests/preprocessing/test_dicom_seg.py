@@ -185,10 +185,11 @@ def test_a_mask_off_the_series_grid_is_refused_in_one_sentence(oblique, tmp_path
     _, source, image, mask = oblique
     flipped = sitk.Flip(mask, (False, False, True))  # same voxels, z axis reversed: the classic flipped mask
     cropped = mask[:, :, :-1]
-    for wrong in (flipped, cropped):
+    for wrong, fields in ((flipped, "its origin"), (cropped, "its size [20, 16, 11] (the series: [20, 16, 12])")):
         with pytest.raises(ct_io.CaseError) as error:
             dicom_seg.write_dicom_seg(wrong, source.dicom_files, CLASSES, str(tmp_path / "wrong.dcm"))
         assert error.value.reason == "geometry_mismatch" and "not on the grid of series" in error.value.detail
+        assert fields in error.value.detail
         assert "map the prediction back onto the image" in error.value.detail and error.value.detail.count(". ") == 0
     with pytest.raises(ct_io.CaseError, match="class ids \\[2\\] but only 1 class names"):
         dicom_seg.write_dicom_seg(mask, source.dicom_files, CLASSES[:1], str(tmp_path / "ids.dcm"))
@@ -269,3 +270,31 @@ def test_anonymised_series_without_patient_and_study_attributes(tmp_path):
                                                   key=lambda h: float(h.ImagePositionPatient[2]))]
     np.testing.assert_array_equal(segmentation.get_pixels_by_source_instance(
         uids, combine_segments=True, assert_missing_frames_are_empty=True), sitk.GetArrayFromImage(mask))
+
+
+def test_other_refusals_name_the_file_or_field(oblique, tmp_path):
+    paths, source, image, mask = oblique
+    probabilities = sitk.Cast(mask, sitk.sitkFloat32) * 0.5
+    with pytest.raises(ct_io.CaseError, match="holds non-integer values; pass class ids") as error:
+        dicom_seg.write_dicom_seg(probabilities, source.dicom_files, CLASSES, str(tmp_path / "seg.dcm"))
+    assert error.value.reason == "not_class_ids"
+    with pytest.raises(ct_io.CaseError, match="no DICOM files were given"):
+        dicom_seg.write_dicom_seg(mask, (), CLASSES, str(tmp_path / "seg.dcm"))
+    # One file of the series claims another study: highdicom refuses, and the sentence names the series' file.
+    copies = _write_series(tmp_path / "two-studies", depth=12)
+    stray = pydicom.dcmread(copies[5])
+    stray.StudyInstanceUID = generate_uid()
+    stray.save_as(copies[5])
+    other, other_image = _read(tmp_path / "two-studies")
+    with pytest.raises(ct_io.CaseError, match="highdicom cannot build a DICOM SEG referencing the series of") as error:
+        dicom_seg.write_dicom_seg(_mask_on(other_image, {}), other.dicom_files, CLASSES, str(tmp_path / "seg.dcm"))
+    assert error.value.reason == "seg_refused" and copies[0] in error.value.detail
+    # Two multi-frame files as one volume: a SEG references one multi-frame source.
+    halves = [pydicom.dcmread(p) for p in paths]
+    for number, part in enumerate((halves[:6], halves[6:])):
+        highdicom.legacy.LegacyConvertedEnhancedCTImage(part, generate_uid(), 7, generate_uid(), number + 1).save_as(
+            str(tmp_path / f"part{number}.dcm"))
+    parts = [str(tmp_path / "part0.dcm"), str(tmp_path / "part1.dcm")]
+    with pytest.raises(ct_io.CaseError, match="is made of 2 multi-frame files") as error:
+        dicom_seg.write_dicom_seg(mask, parts, CLASSES, str(tmp_path / "seg.dcm"))
+    assert error.value.reason == "mixed_multiframe" and not os.path.exists(tmp_path / "seg.dcm")
