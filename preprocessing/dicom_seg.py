@@ -55,6 +55,7 @@ _SEGMENT_LABEL_LENGTH = 64  # SegmentLabel is a LO: at most 64 characters
 
 
 def fullres_version() -> str:
+    """The installed fullres version, recorded in the SEG as SoftwareVersions and AlgorithmVersion."""
     try:
         return importlib.metadata.version("fullres")
     except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
@@ -120,21 +121,29 @@ def write_dicom_seg(
             segmented_property_type=codes.SCT.Tissue, algorithm_type=highdicom.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
             algorithm_identification=algorithm)
         for class_id, name in enumerate(names, start=1)]
-    source_number = str(getattr(source_images[0], "SeriesNumber", "") or "0")
     try:
         segmentation = highdicom.seg.Segmentation(
             source_images=source_images, pixel_array=pixels,
             segmentation_type=highdicom.seg.SegmentationTypeValues.BINARY, segment_descriptions=descriptions,
             series_instance_uid=highdicom.UID(),
-            series_number=series_number if series_number is not None else 1000 + int(float(source_number)),
+            series_number=series_number if series_number is not None else 1000 + _series_number(source_images[0]),
             sop_instance_uid=highdicom.UID(), instance_number=1, manufacturer=MANUFACTURER,
             manufacturer_model_name=MANUFACTURER, software_versions=fullres_version(), device_serial_number="",
             content_label="FULLRES", content_description=series_description[:64],
             series_description=series_description[:64])
     except (ValueError, TypeError, AttributeError, KeyError) as error:  # highdicom checks the sources as it builds
         raise ct_io.CaseError("write", "seg_refused", f"highdicom cannot build a DICOM SEG referencing the series of "
-                              f"{stack.frames[0].path} ({str(error).rstrip('.')}); check that its files are one valid image series") from None
+                              f"{stack.frames[0].path} ({str(error).rstrip('.')}); check that its files are one valid "
+                              "image series") from None
     return _save(segmentation, output_path)
+
+
+def _series_number(header: pydicom.Dataset) -> int:
+    """The source's SeriesNumber, 0 where it is missing or not a number."""
+    try:
+        return int(float(str(getattr(header, "SeriesNumber", "") or 0)))
+    except ValueError:
+        return 0
 
 
 def _checked_names(class_names: Sequence[str]) -> tuple[str, ...]:

@@ -125,6 +125,8 @@ def oblique(tmp_path_factory):
 def test_seg_references_the_series_and_its_frames_land_on_the_right_slices(oblique, tmp_path):
     paths, source, image, mask = oblique
     np.testing.assert_allclose(image.GetOrigin(), ORIGIN, atol=1e-3)  # slice 0 of the grid is the test's slice 0
+    sitk.WriteImage(mask, str(tmp_path / "ct.nii.gz"))  # as predict writes it: the oblique affine in float32
+    mask = sitk.ReadImage(str(tmp_path / "ct.nii.gz"))
     output = dicom_seg.write_dicom_seg(mask, source.dicom_files, CLASSES, str(tmp_path / "out" / "ct.seg.dcm"),
                                        algorithm_parameters={"model": "run-7"})
     segmentation = highdicom.seg.segread(output)
