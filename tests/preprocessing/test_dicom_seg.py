@@ -4,6 +4,8 @@ The truth is the test's own geometry: the slice each source file was written
 at. The SEG is read back with highdicom (and with fullres's SEG reader) and
 compared with the mask voxel for voxel through the SOP instances it references,
 so a SEG whose slices follow file names or InstanceNumbers fails.
+
+No mark: no JAX, no Beam; the whole file takes about 10 s on 2 busy cores.
 """
 
 import os
