@@ -30,6 +30,7 @@ app = typer.Typer(rich_markup_mode=None,
 app.callback()(trainer_cli.global_options)
 app.command()(trainer_cli.train)
 app.command()(trainer_cli.plan)
+app.command()(trainer_cli.predict)
 
 
 DEMO_PREPROCESSING = {"spacing": "1.7,1.7,2.25", "window": "-200,300", "shape": "32,32,32"}

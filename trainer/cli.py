@@ -221,6 +221,50 @@ def plan(
     typer.echo("\n".join(memory_plan.table(results, header, device_memory)))
 
 
+def predict(
+    model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation model).")],
+    input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases.")],
+    output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl (new, or written by fullres predict).")],
+    output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: each input's own format; NIfTI for DICOM).")] = None,
+    dicom_seg: Annotated[bool, typer.Option("--dicom-seg/--no-dicom-seg", help="For DICOM input, also write a DICOM SEG of the series.")] = True,
+    probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
+    input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
+    virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
+) -> None:
+    """Segment new scans with a trained model: whole volume, one partitioned pass, masks in each scan's own geometry.
+
+    The model's recorded preprocessing (spacing, orientation, window) is
+    applied; each scan is padded, never cropped, and the mask is written with
+    the scan's exact size, spacing, origin and direction. One bad scan is a
+    dead letter; the others are still predicted.
+    """
+    _use_virtual_devices(virtual_devices)
+    dims = None
+    if input_partition_dims is not None:
+        from trainer import partitioning
+
+        try:
+            dims = partitioning.parse_dims(input_partition_dims)
+        except ValueError as error:
+            _fail(str(error))
+    if not os.path.exists(input_path):
+        _fail(f"--input {input_path!r} does not exist.")
+    from preprocessing import output_guard
+    from trainer import partitioning, predict as predict_lib
+
+    try:
+        with output_guard.lock(str(output)):
+            summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
+                                          probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
+                                          log=_print)
+    except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
+            ValueError) as error:
+        _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, output)
+    if summary["ok"] == 0:
+        _fail(f"no scan was predicted ({summary['failed']} dead letter(s) in {output / 'dead_letter.jsonl'}).")
+
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:
     """The command's options as given (defaults left out), except `left_out`: the arguments to pass on."""
     arguments = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from trainer import ct_input, metrics, partitioning, step, tasks
+from trainer import ct_input, inference, metrics, partitioning, step, tasks
 
 
 def evaluate_segmentation(
@@ -36,7 +36,7 @@ def evaluate_segmentation(
         real = images.shape[0]
         images = tasks.pad_batch(images, batch_size)  # (B, D, H, W, 1)
         if predict is None:
-            predict = step.jit_predict_step(step.make_predict_step(model), distribution, state, images.ndim)
+            predict = inference.make_forward(model, distribution, state, images.ndim, "class_ids")
         predictions = step.to_host(predict(state, step.place_batch(distribution, images)))[:real]
         dice.update(predictions, labels)
         if samples is not None:
@@ -47,16 +47,23 @@ def evaluate_segmentation(
     return {"dice_per_class": dice.per_class(), "dice_mean": dice.foreground_mean(), "cases": cases}
 
 
-def load_trained(model_dir: str, devices=None):
+def load_trained(model_dir: str, devices=None, partition: partitioning.PartitionConfig | None = None):
     """A trained model back from `model_dir` (`train_config.json` + `model.keras`), placed for partitioned inference.
 
+    Args:
+        partition: split the inputs like this instead of as in training.
+
     Returns:
-        (config, task, model, state, distribution) with the training partitioning,
+        (config, task, model, state, distribution) with the training partitioning (or `partition`),
         or the largest one the present devices hold (replicas reduced first).
     """
+    import dataclasses
+
     import jax
 
     config, task = tasks.restore(model_dir)
+    if partition is not None:
+        config = dataclasses.replace(config, partition=partition)
     devices = devices or jax.devices()
     cores = config.partition.num_cores_per_replica
     if cores > len(devices):

@@ -50,3 +50,186 @@ def test_a_run_predict_cannot_use_is_refused_in_one_sentence(tmp_path, info, wor
     message = str(refused.value)
     assert words in message and run in message
     assert message.count(". ") == 0 and message.endswith(".")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scan side: geometry in, geometry out; partitioned passes agree; bad scans are dead letters.
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+import SimpleITK as sitk  # noqa: E402
+
+from preprocessing import ct_io  # noqa: E402
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PREPROCESSING = {"spacing": [1.7, 1.7, 2.25], "orientation": "LPS", "window": [-200.0, 300.0], "modality": "ct",
+                 "shape": [32, 32, 32]}
+# A flip of x and a 90° turn in the y-z plane: stored voxel order differs from LPS on every axis.
+DIRECTION = (-1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, -1.0, 0.0)
+
+
+def _scan(size=(25, 31, 19), spacing=(0.83, 1.1, 2.7), origin=(12.5, -30.25, 7.0), direction=DIRECTION, radius=9.0):
+    """A CT scan (HU) with a sphere of soft tissue off-centre, and its true mask, in the scan's own geometry."""
+    image = sitk.Image(size, sitk.sitkFloat32)  # size (x, y, z)
+    image.SetSpacing(spacing)
+    image.SetOrigin(origin)
+    image.SetDirection(direction)
+    index = np.stack(np.meshgrid(*[np.arange(n) for n in size], indexing="ij"), axis=-1).reshape(-1, 3)
+    points = np.array(origin) + (index * np.array(spacing)) @ np.array(direction).reshape(3, 3).T
+    centre = np.array(origin) + np.array(direction).reshape(3, 3) @ (np.array([0.3, 0.35, 0.6]) * np.array(size) * spacing)
+    inside = (np.linalg.norm(points - centre, axis=1) < radius).reshape(size).transpose(2, 1, 0)  # (z, y, x)
+    values = np.where(inside, 60.0, -950.0).astype(np.float32)
+    scan = sitk.GetImageFromArray(values)
+    scan.CopyInformation(image)
+    return scan, inside.astype(np.uint8)
+
+
+def _dice(a, b):
+    return 2 * np.logical_and(a, b).sum() / (a.sum() + b.sum())
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".nrrd", ".mha"])
+def test_the_mask_comes_back_in_the_scans_own_geometry(tmp_path, suffix):
+    scan, truth = _scan(size=(45, 37, 23), radius=12.0)
+    path = str(tmp_path / f"scan{suffix}")
+    sitk.WriteImage(scan, path)
+    source = ct_io.VolumeSource(path=path)
+    original = sitk.ReadImage(path)
+    for spacing in (None, PREPROCESSING["spacing"]):  # reoriented only; reoriented and resampled (1.7×1.7×2.25 mm)
+        prepared = predict.prepare(source, dict(PREPROCESSING, spacing=spacing))
+        # A model-independent "model": the soft-tissue probability is the windowed intensity (60 HU -> 0.52, air 0).
+        foreground = np.clip(prepared.volume[..., 0] / 0.52, 0, 1)
+        mask, _ = predict.to_original_grid(np.stack([1 - foreground, foreground], axis=-1), prepared.grid,
+                                           prepared.original)
+        written = str(tmp_path / f"mask{predict.FORMATS[predict.output_format(source, None)]}")
+        assert written.endswith(suffix)
+        sitk.WriteImage(mask, written)
+        back = sitk.ReadImage(written)
+        assert back.GetSize() == original.GetSize() == (45, 37, 23)
+        for field in ("GetSpacing", "GetOrigin", "GetDirection"):
+            np.testing.assert_allclose(getattr(back, field)(), getattr(original, field)(), atol=1e-6, err_msg=field)
+        labels = sitk.GetArrayFromImage(back)
+        if spacing is None:  # every axis flipped or permuted on the way in is undone on the way out, voxel for voxel
+            assert np.array_equal(labels, truth)
+            continue
+        # Resampled twice (onto the coarser model grid and back), a sphere's rim blurs; its place does not.
+        correct = _dice(labels == 1, truth == 1)
+        assert correct >= 0.85
+        for axis, voxel_mm in enumerate(original.GetSpacing()[::-1]):  # numpy axes: z, y, x
+            assert _dice(np.flip(labels, axis) == 1, truth == 1) < correct - 0.3, axis
+            shift = int(np.ceil(3.0 / voxel_mm))  # a mask 3 mm off
+            assert _dice(np.roll(labels, shift, axis=axis) == 1, truth == 1) < correct - 0.1, axis
+
+
+def _tiny_model(num_levels=2):
+    import keras
+
+    from trainer import step, unet
+
+    keras.utils.set_random_seed(3)
+    model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=num_levels, base_filters=4))
+    state = step.TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+                            [])
+    return model, state
+
+
+@pytest.mark.slow  # compiles the UNet for five layouts
+def test_partitioned_prediction_gives_the_class_ids_of_one_device():
+    import jax
+
+    from trainer import inference, partitioning
+
+    model, state = _tiny_model()
+    rng = np.random.default_rng(0)
+    volume = rng.normal(size=(19, 27, 13, 1)).astype(np.float32)  # odd sizes: padded for every layout
+    one_device = inference.VolumePredictor(model, state, partitioning.PartitionConfig((1, 1, 1, 1, 1)),
+                                           jax.devices(), 1)
+    assert one_device.padded_shape((19, 27, 13)) == (20, 28, 14)
+    for dims in [(1, 2, 1, 1, 1), (1, 4, 1, 1, 1), (1, 8, 1, 1, 1), (1, 2, 2, 1, 1)]:
+        predictor = inference.VolumePredictor(model, state, partitioning.PartitionConfig(dims), jax.devices(), 1)
+        padded = predictor.padded_shape((19, 27, 13))  # e.g. depth 24 for 8 parts (2 per pooling level and part)
+        probabilities = predictor.probabilities(volume)
+        assert probabilities.shape == (19, 27, 13, 3)
+        # The same padded volume on one device: the split alone changes no class id.
+        reference = np.argmax(one_device.probabilities(volume, pad_to=padded), axis=-1)
+        assert len(np.unique(reference)) > 1
+        assert np.array_equal(np.argmax(probabilities, axis=-1), reference), dims
+
+
+@pytest.fixture(scope="module")
+def trained_run(demo_data, tmp_path_factory):
+    """A smoke model trained 2 steps, with the preprocessing of the scans below recorded as training records it."""
+    from trainer import config as config_lib, partitioning, train
+
+    output = str(tmp_path_factory.mktemp("run") / "run")
+    config = config_lib.smoke(train_data=demo_data["train"], output_dir=output, steps=2, checkpoint_every=2,
+                              partition=partitioning.PartitionConfig((1, 4, 1, 1, 1)))  # 2 replicas on the 8 devices
+    train.train(config, log=lambda line: None, export_saved_model=False)
+    info_path = os.path.join(output, "model_info.json")
+    with open(info_path) as file:
+        info = json.load(file)
+    info["preprocessing"] = PREPROCESSING
+    with open(info_path, "w") as file:
+        json.dump(info, file)
+    return output
+
+
+@pytest.mark.slow  # trains a smoke model, then predicts in a fresh process
+def test_predict_writes_every_good_scan_and_dead_letters_the_bad_one(trained_run, tmp_path):
+    from preprocessing import demo_ct
+
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    for name, size in (("a.nii.gz", (25, 31, 19)), ("b.nrrd", (20, 17, 23))):
+        sitk.WriteImage(_scan(size=size)[0], str(scans / name))
+    (scans / "broken.nii.gz").write_bytes(b"\x1f\x8b not really gzip")
+    series, _ = _scan(size=(16, 18, 12))
+    demo_ct.write_dicom_series(sitk.GetArrayFromImage(series), str(scans / "series"), spacing=series.GetSpacing(),
+                               origin=series.GetOrigin(), direction=series.GetDirection())
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    output = tmp_path / "masks"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "predict", "--model", trained_run, "--input", str(scans),
+         "--output", str(output), "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1", "--probabilities"],
+        capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["failed"] == 1 and summary["dead_letters"][0]["source"].endswith("broken.nii.gz")
+    assert summary["dead_letters"][0]["reason"] == "unreadable"
+    by_case = {case["case_id"]: case for case in summary["cases"]}
+    assert {"a", "b"} <= set(by_case) and all(c["input_partition_dims"] == [1, 2, 1, 1, 1] for c in by_case.values())
+    for case_id, suffix in (("a", ".nii.gz"), ("b", ".nrrd")):
+        mask, scan = sitk.ReadImage(str(output / f"{case_id}{suffix}")), sitk.ReadImage(str(scans / f"{case_id}{suffix}"))
+        assert mask.GetSize() == scan.GetSize()
+        np.testing.assert_allclose(mask.GetDirection(), scan.GetDirection(), atol=1e-6)
+        np.testing.assert_allclose(mask.GetOrigin(), scan.GetOrigin(), atol=1e-6)
+        assert all(os.path.exists(p) for p in by_case[case_id]["outputs"]) and len(by_case[case_id]["outputs"]) == 4
+        # smoke model: 1 pooling; depth split in 2: depth padded to a multiple of 4, height and width of 2
+        padded, grid = by_case[case_id]["padded_shape"], by_case[case_id]["model_grid_shape"]
+        assert [p % m for p, m in zip(padded, (4, 2, 2))] == [0, 0, 0]
+        assert all(0 <= p - g < m for p, g, m in zip(padded, grid, (4, 2, 2)))
+    # DICOM input: a NIfTI mask and a DICOM SEG of the series, both on the series' grid.
+    seg_path = next(p for p in by_case["series"]["outputs"] if p.endswith(".seg.dcm"))
+    import highdicom
+
+    seg = highdicom.seg.segread(seg_path)
+    assert seg.SeriesInstanceUID != "" and len(seg.ReferencedSeriesSequence[0].ReferencedInstanceSequence) == 12
+    series_mask = sitk.ReadImage(str(output / "series.nii.gz"))
+    assert series_mask.GetSize() == (16, 18, 12)
+    assert "broken: skipped (unreadable" in result.stdout
+
+
+def test_predict_refuses_a_folder_that_is_not_a_run_in_one_sentence(tmp_path):
+    scan = tmp_path / "scan.nii.gz"
+    sitk.WriteImage(_scan()[0], str(scan))
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "predict", "--model", str(tmp_path), "--input",
+                             str(scan), "--output", str(tmp_path / "out")], capture_output=True, text=True,
+                            cwd=REPOSITORY, env=environment, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"fullres: error: --model {tmp_path} is not a fullres run (it lacks "
+                                     "model_info.json or model.keras); pass the output directory of `fullres train`.")
+    assert not (tmp_path / "out").exists()
