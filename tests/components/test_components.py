@@ -174,3 +174,20 @@ def test_fractional_value_for_an_integer_setting_is_refused():
     with pytest.raises(ValueError, match=r"^train override model.num_classes must be a whole number, got 2.5; "
                                          r"write it like 2\.$"):
         config.resolve("segmentation", "smoke", overrides={"model": {"num_classes": 2.5}})
+
+
+@pytest.mark.slow
+def test_predict_writes_masks_in_each_scans_geometry(runner, trained, ct_cases):
+    import SimpleITK as sitk
+
+    images = os.path.join(ct_cases["eval"], "images")
+    outputs = run_alone(runner, COMPONENTS.predict, {"model": (trained["model"][0], dsl.Model)}, input_uri=images)
+    masks, metadata = outputs["masks"]
+    assert metadata["cases"] == 2 and metadata["failed"] == 0
+    assert metadata["input_partition_dims"] == [1, 4, 1, 1, 1]  # the training's split
+    with open(os.path.join(masks, "summary.json")) as file:
+        summary = json.load(file)
+    for case in summary["cases"]:
+        mask, scan = sitk.ReadImage(case["outputs"][0]), sitk.ReadImage(case["source"])
+        assert case["outputs"][0].startswith(masks) and mask.GetSize() == scan.GetSize()
+        assert mask.GetSpacing() == pytest.approx(scan.GetSpacing()) and mask.GetOrigin() == pytest.approx(scan.GetOrigin())
