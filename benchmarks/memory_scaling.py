@@ -3,11 +3,18 @@
 For the 3D UNet at 256³ (batch 1, default model config) it compiles the step
 ahead of time for N = 1, 2, 4, 8, 16 cores, N-way along depth, in float32,
 bfloat16 and bfloat16 with rematerialization; for RetinaNet (ResNet-18 + FPN)
-at 2560² for N = 1, 4, 8 along height, in float32. On virtual CPU devices;
+at 2560² for N = 1, 4, 8 along height, in float32; batch 1 throughout. On virtual CPU devices;
 nothing runs. It reports activation memory, total per device, E(N) = M(1) / (N · M(N)),
 activation all-gathers and halo bytes, and the smallest N that fits 16 GiB.
 
+With `--layout-search MODEL:SIZE:N[,N...]` (repeatable) it instead compiles
+every layout of each N over the spatial dimensions (`fullres plan --layouts
+all`) and records the ranked rows, the pruned layouts, the best layout next to
+the 1-D one (N-way along the first dimension), and the search time.
+
     uv run python benchmarks/memory_scaling.py [--image-size 256,256,256] [--json results.json]
+    uv run python benchmarks/memory_scaling.py --layout-search unet3d:512,512,512:64 \
+        --json benchmarks/results/layout_search.json
 """
 
 from __future__ import annotations
@@ -15,15 +22,53 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=16"  # before JAX starts
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+GIB = 2**30
+VARIANTS = (("float32", False), ("bfloat16", False), ("bfloat16", True))
+
+
+def _device_count(argv: list[str]) -> int:
+    """Enough virtual devices for the largest N asked for (XLA reads this when JAX starts)."""
+    counts = [16]
+    for index, value in enumerate(argv[:-1]):
+        if value == "--layout-search":
+            counts += [int(n) for n in argv[index + 1].split(":")[2].split(",")]
+    return max(counts)
+
+
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_device_count(sys.argv)}"  # before JAX starts
 
 from trainer import memory_plan  # noqa: E402
 
-GIB = 2**30
-VARIANTS = (("float32", False), ("bfloat16", False), ("bfloat16", True))
+def layout_search(cases: list[str], output: str | None) -> None:
+    """Every layout of each N, ranked; results are written after each case, so a long run keeps what finished."""
+    results = []
+    for case in cases:
+        model, size_text, counts_text = case.split(":")
+        size = tuple(int(v) for v in size_text.split(","))
+        overrides = {"batch_size": 1, **({"image_size": size_text} if len(size) == 2 else {})}  # batch 1, as above
+        config = memory_plan.plan_config(model, overrides=overrides)
+        shape = memory_plan.example_shape(config, size)
+        for count in (int(v) for v in counts_text.split(",")):
+            started = time.perf_counter()
+            search = memory_plan.search(config, shape, [count], log=lambda line: print(line, flush=True))[0]
+            seconds = time.perf_counter() - started
+            best = search.rows[0]
+            one_d = next((r for r in search.rows if r.input_partition_dims == memory_plan.default_partition_dims(
+                count, len(shape) + 1)), None)
+            print(f"\n{model} {list(size)} N={count}: {len(search.rows)} layouts compiled, {len(search.pruned)} pruned, "
+                  f"{seconds:.0f} s")
+            print("\n".join(memory_plan.table([search], "ranked:")), flush=True)
+            results.append({"model": model, "image_size": list(size), "partitions": count,
+                            "search_seconds": round(seconds, 1), "pruned": [list(d) for d, _ in search.pruned],
+                            "best": best.to_json(), "one_d": one_d.to_json() if one_d else None,
+                            "rows": [r.to_json() for r in search.rows]})
+            if output:
+                with open(output, "w") as file:
+                    json.dump(results, file, indent=2)
 
 
 def main() -> None:
@@ -34,7 +79,12 @@ def main() -> None:
     parser.add_argument("--retinanet-size", default="2560,2560")
     parser.add_argument("--retinanet-partitions", default="1,4,8")
     parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--layout-search", action="append", metavar="MODEL:SIZE:N[,N]",
+                        help="rank every layout instead, e.g. unet3d:512,512,512:64 (repeatable)")
     args = parser.parse_args()
+    if args.layout_search:
+        layout_search(args.layout_search, args.json)
+        return
     limit = memory_plan.parse_bytes(args.device_memory)
     runs = [("unet3d", args.image_size, args.partitions, precision, remat) for precision, remat in VARIANTS]
     runs.append(("retinanet", args.retinanet_size, args.retinanet_partitions, "float32", False))
@@ -43,7 +93,9 @@ def main() -> None:
         size = tuple(int(v) for v in size_text.split(","))
         counts = [int(v) for v in counts_text.split(",")]
         started = time.perf_counter()
-        rows = memory_plan.plan(model, size, counts, precision=precision, remat=remat, device_memory=limit)
+        config = memory_plan.plan_config(model, overrides={"precision": precision, "remat": remat, "batch_size": 1,
+                                                            **({"image_size": size_text} if len(size) == 2 else {})})
+        rows = memory_plan.plan(config, memory_plan.example_shape(config, size), counts, device_memory=limit)
         label = precision + (" + remat" if remat else "")
         print(f"\n{model} {list(size)}, {label} ({time.perf_counter() - started:.0f} s to compile {len(rows)} steps)")
         print(f"{'N':>3} {'activations GiB':>16} {'total GiB':>10} {'E(N)':>6} {'all-gathers':>11} {'halo MiB':>9} fits")

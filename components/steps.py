@@ -9,7 +9,8 @@ binds the functions to a container image; the image is a compile option
 Artifacts are directories: a Dataset holds TFRecord shards (+ `summary.json`,
 `dead_letter.jsonl`, `label_map.json`), a Model the trainer's output directory
 (`model.keras`, `train_config.json`, checkpoints, TensorBoard logs) or the
-exported SavedModel, Metrics the scores as JSON, HTML the report.
+exported SavedModel, Metrics the scores as JSON, HTML the report; the predict step's
+Dataset holds masks (+ `summary.json`, `dead_letter.jsonl`).
 """
 
 
@@ -98,7 +99,7 @@ def train(
         runtime.log(str(preempted))
         raise SystemExit(distributed.PREEMPTED_EXIT_CODE) from None
     runtime.write_metrics(metrics, results, ("final_loss", "steps", "train_seconds", "steps_per_second"))
-    model.metadata.update({"task": task, "framework": "keras", "input_partition_dims": config.partition.input_partition_dims})
+    model.metadata.update({"task": task, "framework": "keras", "input_partition_dims": results["input_partition_dims"]})
 
 
 def evaluate(
@@ -128,6 +129,33 @@ def export(model: Input[Model], exported: Output[Model]):
     exported.metadata.update({"framework": "tensorflow", "saved_model": paths["saved_model"]})
 
 
+def predict(
+    model: Input[Model],
+    masks: Output[Dataset],
+    input_uri: str,
+    input_partition_dims: str = "",
+    output_format: str = "",
+    probabilities: bool = False,
+    dicom_seg: bool = True,
+):
+    """Segments the scans at `input_uri` (a scan, a DICOM series, or a folder of cases) with the trained model.
+
+    Masks in each scan's own geometry (and DICOM SEG for DICOM input), with
+    `summary.json` and `dead_letter.jsonl`; "" keeps the training's split and
+    each input's own format.
+    """
+    from components import runtime
+    from trainer import partitioning, predict as predict_lib
+
+    summary = predict_lib.predict(model.path, input_uri, masks.path, output_format_name=output_format or None,
+                                  probabilities=probabilities, dicom_seg=dicom_seg,
+                                  input_partition_dims=partitioning.parse_dims(input_partition_dims), log=runtime.log)
+    masks.metadata.update({"content": "segmentation masks", "cases": summary["ok"], "failed": summary["failed"],
+                           "input_partition_dims": summary["input_partition_dims"], "location": masks.path})
+    if summary["ok"] == 0:
+        raise RuntimeError(f"no scan at {input_uri} was predicted; see {masks.path}/dead_letter.jsonl.")
+
+
 def worker_replicas(replica_count: int) -> int:
     """Hosts beyond the first (Vertex's second worker pool) for a multi-host custom job."""
     if replica_count < 1:
@@ -142,6 +170,7 @@ class Components(NamedTuple):
     evaluate: object
     export: object
     worker_replicas: object
+    predict: object
 
 
 def make_components(image: str = DEFAULT_IMAGE) -> Components:
@@ -150,4 +179,5 @@ def make_components(image: str = DEFAULT_IMAGE) -> Components:
     def bind(function):
         return dsl.component(function, base_image=image, install_kfp_package=False)
 
-    return Components(*(bind(f) for f in (preprocess_ct, preprocess_images, train, evaluate, export, worker_replicas)))
+    return Components(*(bind(f) for f in (preprocess_ct, preprocess_images, train, evaluate, export, worker_replicas,
+                                          predict)))

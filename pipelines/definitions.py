@@ -38,10 +38,10 @@ CT_PIPELINE = "ct-segmentation"
 DETECTION_PIPELINE = "detection"
 
 
-def _custom_job(components: steps.Components):
+def _custom_job(components: steps.Components, component=None, display_name: str = "fullres-train"):
     from google_cloud_pipeline_components.v1.custom_job import create_custom_training_job_from_component
 
-    job = create_custom_training_job_from_component(components.train, display_name="fullres-train")
+    job = create_custom_training_job_from_component(component or components.train, display_name=display_name)
     template = job.component_spec.inputs["worker_pool_specs"].default[0]  # the train container, placeholders resolved
     return job, template
 
@@ -60,31 +60,49 @@ def _pool(template: dict, machine_spec: dict, replica_count) -> dict:
 
 
 def _train_evaluate_export(components, train_data, eval_data, train_arguments: dict, class_names, accelerator_type,
-                           accelerator_count, machine_type, tpu_topology, replica_count, location, scheduling: dict):
+                           accelerator_count, machine_type, tpu_topology, replica_count, location, scheduling: dict,
+                           predict_arguments: dict | None = None):
+    """Train where `accelerator_type` says, then evaluate and export; with `predict_arguments` (segmentation),
+    predict the scans at `predict_input_uri` when it is given, on the training's accelerators (one host)."""
     job, template = _custom_job(components)
     job_arguments = dict(location=location, **scheduling, **train_arguments)
+    if predict_arguments is not None:
+        predict_job, predict_template = _custom_job(components, components.predict, "fullres-predict")
+        predict_input_uri = predict_arguments.pop("input_uri")
 
-    def evaluate_and_export(train_task):
+    def evaluate_export_predict(train_task, machine: dict | None):
         evaluation = components.evaluate(model=train_task.outputs["model"], eval_data=eval_data,
                                          class_names=class_names)
         evaluation.set_display_name("evaluate")
         components.export(model=train_task.outputs["model"]).set_display_name("export")
+        if predict_arguments is None:
+            return
+        with dsl.If(predict_input_uri != "", name="predict-new-scans"):
+            if machine is None:
+                predicted = components.predict(model=train_task.outputs["model"], input_uri=predict_input_uri,
+                                               **predict_arguments)
+            else:
+                predicted = predict_job(model=train_task.outputs["model"], input_uri=predict_input_uri,
+                                        worker_pool_specs=[_pool(predict_template, machine, 1)], location=location,
+                                        **scheduling, **predict_arguments)
+            predicted.set_display_name("predict")
 
     with dsl.If(accelerator_type == "CPU", name="train-here"):
         train = components.train(train_data=train_data, **train_arguments)
         train.set_display_name("train")
-        evaluate_and_export(train)
+        evaluate_export_predict(train, None)
     with dsl.Elif(tpu_topology != "", name="train-on-tpu-slice"):
-        pools = [_pool(template, {"machine_type": machine_type, "tpu_topology": tpu_topology}, 1)]
+        machine = {"machine_type": machine_type, "tpu_topology": tpu_topology}
+        pools = [_pool(template, machine, 1)]
         train = job(train_data=train_data, worker_pool_specs=pools, **job_arguments)
         train.set_display_name("train (TPU slice)")
-        evaluate_and_export(train)
+        evaluate_export_predict(train, machine)
     with dsl.Elif(replica_count == 1, name="train-on-accelerator-host"):
         machine = {"machine_type": machine_type, "accelerator_type": accelerator_type,
                    "accelerator_count": accelerator_count}
         train = job(train_data=train_data, worker_pool_specs=[_pool(template, machine, 1)], **job_arguments)
         train.set_display_name("train (accelerators)")
-        evaluate_and_export(train)
+        evaluate_export_predict(train, machine)
     with dsl.Else(name="train-on-accelerator-hosts"):
         machine = {"machine_type": machine_type, "accelerator_type": accelerator_type,
                    "accelerator_count": accelerator_count}
@@ -92,7 +110,7 @@ def _train_evaluate_export(components, train_data, eval_data, train_arguments: d
         pools = [_pool(template, machine, 1), _pool(template, machine, workers.output)]
         train = job(train_data=train_data, worker_pool_specs=pools, **job_arguments)
         train.set_display_name("train (multi-host)")
-        evaluate_and_export(train)
+        evaluate_export_predict(train, machine)
 
 
 def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
@@ -128,6 +146,8 @@ def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
         strategy: str = "STANDARD",
         max_wait_duration: str = "86400s",
         restart_job_on_worker_restart: bool = False,
+        predict_input_uri: str = "",
+        predict_output_format: str = "",
     ):
         preprocessed = {}
         for split, input_uri, labels_uri in (("train", train_input_uri, train_labels_uri),
@@ -142,7 +162,8 @@ def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
                                precision=precision, overrides=train_overrides)
         _train_evaluate_export(components, preprocessed["train"], preprocessed["eval"], train_arguments, class_names,
                                accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location,
-                               _scheduling(strategy, max_wait_duration, restart_job_on_worker_restart))
+                               _scheduling(strategy, max_wait_duration, restart_job_on_worker_restart),
+                               dict(input_uri=predict_input_uri, output_format=predict_output_format))
 
     return pipeline
 

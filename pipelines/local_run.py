@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from collections.abc import Callable
 
-from pipelines import definitions
+from pipelines import definitions, step_output
 
 
 class PipelineRunFailed(RuntimeError):
@@ -25,7 +26,7 @@ RUNNERS = ("subprocess", "docker")
 
 
 def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str], None] = print,
-              runner: str = "subprocess", image: str | None = None) -> dict:
+              runner: str = "subprocess", image: str | None = None, verbose: bool | None = None) -> dict:
     """Runs pipeline `name` with `arguments` locally; returns `{"run_dir", "outputs": {task: {output: path}}}`.
 
     Args:
@@ -36,6 +37,9 @@ def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str
         runner: "subprocess" (this environment) or "docker" (every step in `image`).
         image: the container image (docker only); the pipeline is bound to it as `fullres pipeline compile
             --image` binds the compiled YAML.
+        verbose: show every line the runner prints (executor inputs, artifact listings, warnings); by default
+            (None: unless FULLRES_VERBOSE=1) the terminal shows the steps and their progress lines, and every
+            line goes to `pipeline_root/<name>-<time>.log`.
 
     Raises:
         PipelineRunFailed: a step failed (its log is above, in the runner's output).
@@ -62,12 +66,19 @@ def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str
         pipeline = definitions.PIPELINES[name]()
     local.init(runner=kfp_runner, pipeline_root=pipeline_root, raise_on_error=True)
     where = f"image {image}" if runner == "docker" else "this environment"
-    log(f"running pipeline {name} locally (kfp.local {type(kfp_runner).__name__}, {where}); artifacts under {pipeline_root}")
+    if verbose is None:
+        verbose = os.environ.get("FULLRES_VERBOSE") == "1"
+    log_path = os.path.join(pipeline_root, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    log(f"running pipeline {name} locally (kfp.local {type(kfp_runner).__name__}, {where}); artifacts under "
+        f"{pipeline_root}, every line of its output in {log_path}")
     try:
-        pipeline(**arguments)
+        with step_output.captured(log_path, verbose):
+            pipeline(**arguments)
     except RuntimeError as error:
-        raise PipelineRunFailed(f"pipeline {name} failed ({error}); see the step logs above and {pipeline_root}.") from None
-    runs = sorted(set(os.listdir(pipeline_root)) - before)
+        raise PipelineRunFailed(f"pipeline {name} failed ({error}); the step's output is in {log_path} "
+                                f"(and the artifacts in {pipeline_root}).") from None
+    runs = sorted(entry for entry in set(os.listdir(pipeline_root)) - before
+                  if os.path.isdir(os.path.join(pipeline_root, entry)))
     if not runs:
         raise PipelineRunFailed(f"pipeline {name} ran but left no run directory under {pipeline_root}.")
     run_dir = os.path.join(pipeline_root, runs[-1])

@@ -145,7 +145,7 @@ def write_dicom_series(
     os.makedirs(directory, exist_ok=True)
     matrix = np.asarray(direction, float).reshape(3, 3)
     row, column, normal = matrix[:, 0], matrix[:, 1], matrix[:, 2]
-    series_uid, study_uid = generate_uid(), generate_uid()
+    series_uid, study_uid, frame_of_reference = generate_uid(), generate_uid(), generate_uid()
     depth = volume_hu.shape[0]
     names = np.arange(depth) if rng is None else rng.permutation(depth)
     paths = []
@@ -158,6 +158,7 @@ def write_dicom_series(
         dataset.file_meta = meta
         dataset.SOPClassUID, dataset.SOPInstanceUID = CTImageStorage, meta.MediaStorageSOPInstanceUID
         dataset.StudyInstanceUID, dataset.SeriesInstanceUID = study_uid, series_uid
+        dataset.FrameOfReferenceUID = frame_of_reference  # Type 1 in CT: a DICOM SEG of the series shares it
         dataset.Modality, dataset.PatientID = "CT", "fullres-demo"
         dataset.InstanceNumber = int(names[z]) + 1
         position = np.asarray(origin, float) + z * spacing[2] * normal

@@ -355,6 +355,70 @@ def case_ids(groups: list[SeriesGroup], taken: set[str] = frozenset()) -> list[s
     return ids
 
 
+@dataclasses.dataclass(frozen=True)
+class SliceStack:
+    """The slices of one volume in the order of its z axis, and the grid they lie on.
+
+    `frames` are sorted by their position along the slice normal (`along`, mm),
+    never by file name or InstanceNumber. The volume's slice k lies at
+    `along[0] + k * step`; `volume_slices` says on which slice each frame lies.
+    """
+
+    frames: tuple[Frame, ...]
+    along: tuple[float, ...]  # each frame's position along the slice normal, ascending, mm
+    step: float  # slice spacing of the volume, mm
+    resampled: bool  # the gaps vary beyond the tolerance: the volume is interpolated onto a uniform grid
+
+    @property
+    def depth(self) -> int:
+        """The number of slices of the volume read from these frames."""
+        if not self.resampled:
+            return len(self.frames)
+        return int(round((self.along[-1] - self.along[0]) / self.step)) + 1
+
+    def volume_slices(self) -> list[int]:
+        """The volume slice of each frame: its rank, or the nearest grid slice where the volume is resampled."""
+        if not self.resampled:
+            return list(range(len(self.frames)))
+        return [int(round((along - self.along[0]) / self.step)) for along in self.along]
+
+    def geometry(self) -> tuple[tuple[float, float, float], tuple[float, float, float], tuple[float, ...]]:
+        """(spacing, origin, direction) of the volume, as SimpleITK takes them: x along rows, y along columns, z the normal."""
+        orientation = np.asarray(self.frames[0].orientation)
+        row_spacing, column_spacing = self.frames[0].pixel_spacing
+        # ITK direction: row-major 3×3 whose columns are the x (row), y (column) and z (normal) axes.
+        direction = np.stack([orientation[:3], orientation[3:], _normal(orientation)], axis=1).reshape(-1)
+        return (column_spacing, row_spacing, self.step), self.frames[0].position, tuple(direction.tolist())
+
+
+def slice_stack(frames: list[Frame], spacing_tolerance: float = DEFAULT_SPACING_TOLERANCE) -> SliceStack:
+    """Orders the frames of one volume along the slice normal, as `read_series` stacks them.
+
+    Files that repeat another one (same position, same pixels) are left out.
+
+    Raises:
+        CaseError: too few slices, inconsistent orientation or size, or two
+            different slices at one position; the detail names the files.
+    """
+    if len(frames) < 2:
+        files = sorted({frame.path for frame in frames})
+        raise ct_io.CaseError("read", "too_few_slices",
+                                  f"{', '.join(files)} hold {len(frames)} slice; a volume needs at least 2")
+    for frame in frames[1:]:
+        if np.abs(np.subtract(frame.orientation, frames[0].orientation)).max() > 1e-4:
+            raise ct_io.CaseError("read", "inconsistent_orientation", f"{frame.name} and {frames[0].name} have "
+                                      "different ImageOrientationPatient; keep one orientation per series folder")
+        if frame.size != frames[0].size:
+            raise ct_io.CaseError("read", "inconsistent_slice_shape", f"{frame.name} has {frame.size} rows×columns, "
+                                      f"{frames[0].name} has {frames[0].size}")
+    frames, _ = _drop_identical(frames, _along_normal(frames))
+    along = _along_normal(frames)
+    order = np.argsort(along, kind="stable")
+    frames, along = [frames[i] for i in order], along[order]
+    step, resample = slice_grid(along, spacing_tolerance)
+    return SliceStack(tuple(frames), tuple(float(v) for v in along), step, resample)
+
+
 def read_series(files: tuple[str, ...], spacing_tolerance: float = DEFAULT_SPACING_TOLERANCE) -> sitk.Image:
     """Reads the files of one volume into a float32 image (rescaled: HU for CT) with its patient-space geometry.
 
@@ -370,40 +434,22 @@ def read_series(files: tuple[str, ...], spacing_tolerance: float = DEFAULT_SPACI
         except Exception as error:  # pydicom raises many kinds for corrupt files
             raise ct_io.CaseError("read", "unreadable", f"{path} cannot be read ({error})") from None
         frames.extend(frames_of(datasets[path], path))
-    if len(frames) < 2:
-        raise ct_io.CaseError("read", "too_few_slices",
-                                  f"{', '.join(files)} hold {len(frames)} slice; a volume needs at least 2")
-    for frame in frames[1:]:
-        if np.abs(np.subtract(frame.orientation, frames[0].orientation)).max() > 1e-4:
-            raise ct_io.CaseError("read", "inconsistent_orientation", f"{frame.name} and {frames[0].name} have "
-                                      "different ImageOrientationPatient; keep one orientation per series folder")
-        if frame.size != frames[0].size:
-            raise ct_io.CaseError("read", "inconsistent_slice_shape", f"{frame.name} has {frame.size} rows×columns, "
-                                      f"{frames[0].name} has {frames[0].size}")
-    frames, _ = _drop_identical(frames, _along_normal(frames))
-    along = _along_normal(frames)
-    order = np.argsort(along, kind="stable")
-    frames, along = [frames[i] for i in order], along[order]
-    step, resample = slice_grid(along, spacing_tolerance)
+    stack = slice_stack(frames, spacing_tolerance)
     slices, decoded = [], {}
-    for frame in frames:
+    for frame in stack.frames:
         if frame.path not in decoded:
             decoded[frame.path] = _decode(datasets[frame.path], frame.path)
         slope, intercept = _rescale(datasets[frame.path], frame.index)
         slices.append(decoded[frame.path][frame.index or 0].astype(np.float32) * slope + intercept)
     volume = np.stack(slices)  # (D, H, W)
-    if resample:
-        volume = _interpolate_slices(volume, along, step)
-    orientation = np.asarray(frames[0].orientation)
-    row_spacing, column_spacing = frames[0].pixel_spacing
+    if stack.resampled:
+        volume = _interpolate_slices(volume, np.asarray(stack.along), stack.step)
+    spacing, origin, direction = stack.geometry()
     image = sitk.GetImageFromArray(volume)  # (D, H, W)
-    image.SetSpacing((column_spacing, row_spacing, step))
-    image.SetOrigin(frames[0].position)
-    # ITK direction: row-major 3×3 whose columns are the x (row), y (column) and z (normal) axes.
-    image.SetDirection(tuple(np.stack([orientation[:3], orientation[3:], _normal(orientation)], axis=1).reshape(-1).tolist()))
+    image.SetSpacing(spacing)
+    image.SetOrigin(origin)
+    image.SetDirection(direction)
     return image
-
-
 def _interpolate_slices(volume: np.ndarray, along: np.ndarray, step: float) -> np.ndarray:
     """Linear interpolation of (D, H, W) slices at sorted positions `along` onto a uniform grid of `step` mm."""
     count = int(round((along[-1] - along[0]) / step)) + 1

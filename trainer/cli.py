@@ -1,4 +1,4 @@
-"""The trainer's commands (`fullres train`); `pipelines/cli.py` adds them to the `fullres` command line.
+"""The trainer's commands (`fullres train`, `fullres plan`); `pipelines/cli.py` adds them to the `fullres` command line.
 
 Commands import their heavy libraries (JAX, Keras, TensorFlow) only when they
 run, so `--help` is instant and `--virtual-devices` can still set `XLA_FLAGS`
@@ -8,15 +8,18 @@ virtual devices) serve every layer's commands.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-app = typer.Typer(rich_markup_mode=None,
+from preprocessing.console import _fail, _fail_if_write_error, _print  # noqa: F401  (shared by every layer's commands)
+
+app = typer.Typer(
+    rich_markup_mode=None,
     name="fullres",
     help="Train a UNet or a RetinaNet, spatially partitioned over all devices present.",
     no_args_is_help=True,
@@ -33,24 +36,6 @@ def global_options(
 ) -> None:
     if verbose:
         os.environ["FULLRES_VERBOSE"] = "1"  # read by _fail, here and in the processes a command starts
-
-def _fail(message: str) -> None:
-    """One sentence on stderr and exit 2; with `fullres --verbose`, the traceback of the error being handled first."""
-    if os.environ.get("FULLRES_VERBOSE") == "1" and sys.exc_info()[1] is not None:
-        traceback.print_exc()
-    typer.echo(f"fullres: error: {message}", err=True)
-    raise typer.Exit(code=2)
-
-
-def _fail_if_write_error(error: Exception, output) -> None:
-    """Disk full or permission denied while writing `output` becomes one sentence; other errors propagate."""
-    from preprocessing import output_guard
-
-    sentence = output_guard.write_failure(error, str(output))
-    if sentence is None:
-        raise error
-    _fail(sentence)
-
 
 def _jax_backend_started() -> bool:
     """True once XLA has created its devices; XLA_FLAGS are read then, not when JAX is imported."""
@@ -77,12 +62,6 @@ def _set_host_device_count(count: int) -> None:
     os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
 
 
-def _print(message: str) -> None:
-    """Progress lines, flushed at once: logs piped to a file or a pipeline runner show them as they happen."""
-    typer.echo(message)
-    sys.stdout.flush()
-
-
 @app.command()
 def train(
     train_data: Annotated[str, typer.Option("--train", help="TFRecord pattern of the training cases, e.g. 'data/train-*.tfrecord'.")],
@@ -100,7 +79,7 @@ def train(
     remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass to save memory.")] = None,
     input_partition_dims: Annotated[
         str | None,
-        typer.Option(help="Split of each input across cores, one entry per NDHWC dimension, e.g. 1,4,1,1,1."),
+        typer.Option(help="Split of each input across cores, one entry per NDHWC dimension, e.g. 1,4,1,1,1; auto: the split of all devices with the least halo traffic among the leanest (fullres plan --layouts all)."),
     ] = None,
     label_partition_dims: Annotated[
         str | None, typer.Option(help="'none' keeps labels whole within a replica; dims split them like the features.")
@@ -196,27 +175,95 @@ def train(
         _fail_if_write_error(error, output)
 
 
-def predict(
-    model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation run).")],
-    input_path: Annotated[Path, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases.")],
-    output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl.")],
-    output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: the input's own; NIfTI for DICOM).")] = None,
-    probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write one probability map per class.")] = False,
-    input_partition_dims: Annotated[str | None, typer.Option(help="Split of each scan across cores, e.g. 1,4,1,1,1 (default: the training split).")] = None,
-    virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices.")] = None,
+@app.command()
+def plan(
+    model: Annotated[str | None, typer.Option(help="Shorthand: unet3d, unet2d (segmentation) or retinanet (detection); default: the preset's task.")] = None,
+    preset: Annotated[str, typer.Option(help="The training preset to size, as for fullres train (default: the task's default).")] = "default",
+    image_size: Annotated[str | None, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W; the default) or 2560,2560 (the detection canvas).")] = None,
+    partitions: Annotated[str, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64.")] = "1,2,4,8,16",
+    layouts: Annotated[str, typer.Option(help="default: N-way along the first spatial dimension; all: every split of N over the spatial dimensions that divides, ranked.")] = "default",
+    precision: Annotated[str | None, typer.Option(help="float32 or bfloat16.")] = None,
+    remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,
+    num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
+    base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
+    settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
+    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the rows (with input_partition_dims, rank, halo bound) as JSON.")] = False,
 ) -> None:
-    """Segment new scans in one whole-volume pass each; masks come back in each scan's own geometry."""
+    """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles."""
+    from trainer import config as config_lib
+
+    try:
+        counts = config_lib.parse_list(partitions, int, "--partitions") or ()
+        size = config_lib.parse_list(image_size, int, "--image-size") if image_size else None
+        given = config_lib.parse_settings(settings or [])
+    except ValueError as error:
+        _fail(str(error))
+    if not _jax_backend_started():
+        # Only the CPU platform reads this flag: on a TPU or GPU host the plan uses the
+        # real devices; without an accelerator the CPU poses as enough devices.
+        _set_host_device_count(max(counts, default=1))
+    from trainer import memory_plan
+
+    flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
+             "model.base_filters": base_filters}
+    try:
+        results, header = memory_plan.run(
+            model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
+            image_size=size, partitions=counts, layouts_to_try=layouts, device_memory=device_memory,
+            log=lambda line: typer.echo(line, err=True))
+    except ValueError as error:
+        _fail(str(error))
+    if json_output:
+        typer.echo(json.dumps([r.to_json() for result in results for r in result.rows], indent=2))
+        return
+    typer.echo("\n".join(memory_plan.table(results, header, device_memory)))
+
+
+def predict(
+    model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation model).")],
+    input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases.")],
+    output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl (new, or written by fullres predict).")],
+    output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: each input's own format; NIfTI for DICOM).")] = None,
+    dicom_seg: Annotated[bool, typer.Option("--dicom-seg/--no-dicom-seg", help="For DICOM input, also write a DICOM SEG of the series.")] = True,
+    probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
+    input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
+    virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
+) -> None:
+    """Segment new scans with a trained model: whole volume, one partitioned pass, masks in each scan's own geometry.
+
+    The model's recorded preprocessing (spacing, orientation, window) is
+    applied; each scan is padded, never cropped, and the mask is written with
+    the scan's exact size, spacing, origin and direction. One bad scan is a
+    dead letter; the others are still predicted.
+    """
     _use_virtual_devices(virtual_devices)
+    dims = None
+    if input_partition_dims is not None:
+        from trainer import partitioning
+
+        try:
+            dims = partitioning.parse_dims(input_partition_dims)
+        except ValueError as error:
+            _fail(str(error))
+    if not os.path.exists(input_path):
+        _fail(f"--input {input_path!r} does not exist.")
+    from preprocessing import output_guard
     from trainer import partitioning, predict as predict_lib
 
     try:
-        predict_lib.predict_scans(str(model), str(input_path), str(output), output_format, probabilities,
-                                  input_partition_dims, log=_print)
-    except (ValueError, FileNotFoundError, partitioning.PartitionError) as error:  # ModelRefused, OutputRefused too
+        with output_guard.lock(str(output)):
+            summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
+                                          probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
+                                          log=_print)
+    except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
+            ValueError) as error:
         _fail(str(error))
-    except Exception as error:  # disk full, permission denied: one sentence; anything else propagates
+    except OSError as error:
         _fail_if_write_error(error, output)
-
+    if summary["ok"] == 0:
+        _fail(f"no scan was predicted ({summary['failed']} dead letter(s) in {output / 'dead_letter.jsonl'}).")
 
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:
     """The command's options as given (defaults left out), except `left_out`: the arguments to pass on."""

@@ -107,7 +107,7 @@ class TrainConfig:
         if self.log_every < 1:
             raise ValueError(f"TrainConfig.log_every must be >= 1, got {self.log_every}.")
         expected_rank = self.model.spatial_dims + 2
-        if self.partition.rank != expected_rank:
+        if not self.partition.is_auto and self.partition.rank != expected_rank:
             raise partitioning.PartitionError(
                 f"input_partition_dims {list(self.partition.input_partition_dims)} has {self.partition.rank} "
                 f"entries but a {self.model.spatial_dims}D model takes {expected_rank}-D inputs; give one entry per "

@@ -15,15 +15,13 @@ def evaluate_segmentation(
     num_classes: int,
     samples: list | None = None,
     keep: int = 0,
-    downsampling_levels: int = 0,
 ) -> dict:
     """Predicts every case matching `pattern` at full resolution and scores it.
 
     With `samples` (a list) and `keep`, the first `keep` cases are appended to
     it as `{"case_id", "image" (D, H, W, C), "label", "prediction"}` for reports.
 
-    The forward pass is `inference.Inference`'s (records of the training shape need no spatial padding;
-    `downsampling_levels` pads any other shape to one the model accepts). The last batch is padded with copies of its first case to the global batch
+    The last batch is padded with copies of its first case to the global batch
     size, so every replica gets an equal share; padded predictions are dropped.
 
     Returns:
@@ -31,15 +29,15 @@ def evaluate_segmentation(
         the mean over foreground classes.
     """
     dice = metrics.DiceAccumulator(num_classes)
-    forward = None
+    predict = None
     cases = 0
     for batch in ct_input.ct_dataset(pattern, batch_size).as_numpy_iterator():
         images, labels = batch["image"], batch["label"]
         real = images.shape[0]
         images = tasks.pad_batch(images, batch_size)  # (B, D, H, W, 1)
-        if forward is None:
-            forward = inference.Inference(model, state, distribution, downsampling_levels)
-        predictions = forward.class_ids(images)[:real]
+        if predict is None:
+            predict = inference.make_forward(model, distribution, state, images.ndim, "class_ids")
+        predictions = step.to_host(predict(state, step.place_batch(distribution, images)))[:real]
         dice.update(predictions, labels)
         if samples is not None:
             for index in range(min(real, keep - len(samples))):
@@ -49,16 +47,14 @@ def evaluate_segmentation(
     return {"dice_per_class": dice.per_class(), "dice_mean": dice.foreground_mean(), "cases": cases}
 
 
-def load_trained(model_dir: str, devices=None, partition: partitioning.PartitionConfig | None = None,
-                 batch_size: int | None = None):
+def load_trained(model_dir: str, devices=None, partition: partitioning.PartitionConfig | None = None):
     """A trained model back from `model_dir` (`train_config.json` + `model.keras`), placed for partitioned inference.
 
     Args:
-        partition: the partitioning to run under instead of the training one (`fullres predict --input-partition-dims`).
-        batch_size: the batch the replicas share instead of the training one (predict: 1, one replica).
+        partition: split the inputs like this instead of as in training.
 
     Returns:
-        (config, task, model, state, distribution) with the training partitioning,
+        (config, task, model, state, distribution) with the training partitioning (or `partition`),
         or the largest one the present devices hold (replicas reduced first).
     """
     import dataclasses
@@ -76,8 +72,7 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
             f"{list(config.partition.input_partition_dims)}) but {len(devices)} device(s) are present; run where "
             f"{cores} are, or on a CPU with --virtual-devices {cores}."
         )
-    batch_size = batch_size or config.batch_size
-    replicas = max(d for d in range(1, len(devices) // cores + 1) if batch_size % d == 0)
+    replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
     distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
     with distribution.scope():
         model = tasks.load_weights(task, model_dir)

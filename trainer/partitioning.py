@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import keras
 
 REPLICA_AXIS = "replica"
+# `input_partition_dims = "auto"`: `memory_plan.choose_layout` picks the dims once the devices are known.
+AUTO = "auto"
 # Names of the dimensions of a channels-last feature tensor, by rank.
 DIMENSION_NAMES = {
     4: ("batch", "height", "width", "channels"),
@@ -48,6 +50,10 @@ class PartitionConfig:
             class ids); a tuple splits them like the features (segmentation masks,
             one entry per label dimension).
 
+    `input_partition_dims` may also be `"auto"`: training then asks
+    `memory_plan.choose_layout` for the layout of the devices present (labels
+    given as dims are then split like the chosen features).
+
     Example:
         >>> config = PartitionConfig((1, 2, 2, 1, 1))
         >>> config.num_cores_per_replica
@@ -56,17 +62,29 @@ class PartitionConfig:
         (('depth', 2), ('height', 2))
     """
 
-    input_partition_dims: tuple[int, ...] = (1, 1, 1, 1, 1)
+    input_partition_dims: tuple[int, ...] | str = (1, 1, 1, 1, 1)
     label_partition_dims: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "input_partition_dims", tuple(int(d) for d in self.input_partition_dims))
+        if isinstance(self.input_partition_dims, str):
+            if self.input_partition_dims.strip().lower() != AUTO:
+                raise PartitionError(f"input_partition_dims {self.input_partition_dims!r} is neither dims nor "
+                                     f"{AUTO!r}; write e.g. 1,4,1,1,1, or auto to let fullres choose.")
+            object.__setattr__(self, "input_partition_dims", AUTO)
+        else:
+            object.__setattr__(self, "input_partition_dims", tuple(int(d) for d in self.input_partition_dims))
         if self.label_partition_dims is not None:
             object.__setattr__(self, "label_partition_dims", tuple(int(d) for d in self.label_partition_dims))
 
     @property
-    def rank(self) -> int:
-        return len(self.input_partition_dims)
+    def is_auto(self) -> bool:
+        """True when the layout is left to `memory_plan.choose_layout`."""
+        return self.input_partition_dims == AUTO
+
+    @property
+    def rank(self) -> int | None:
+        """Entries of `input_partition_dims`; None while it is "auto"."""
+        return None if self.is_auto else len(self.input_partition_dims)
 
     @property
     def num_cores_per_replica(self) -> int:
@@ -126,6 +144,9 @@ def validate(
     Raises:
         PartitionError: with a one-sentence message naming the problem and the fix.
     """
+    if config.is_auto:
+        raise PartitionError("input_partition_dims is 'auto', which training resolves once the devices are known "
+                             "(memory_plan.choose_layout); pass the chosen dims here.")
     dims = config.input_partition_dims
     rank = len(feature_shape)
     names = DIMENSION_NAMES.get(rank)

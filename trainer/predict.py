@@ -7,8 +7,17 @@ each new scan, so the user passes no preprocessing flags; a run trained before
 this was recorded is refused with one sentence naming what is missing.
 """
 
+import dataclasses
 import json
 import os
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import SimpleITK as sitk
+
+from preprocessing import ct_io, ct_transforms, dicom_series, output_guard
+from trainer import inference, partitioning
 
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
 PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
@@ -55,229 +64,242 @@ def read_model_info(model_dir: str) -> dict:
     return info
 
 
-# Output formats: `--format` name -> file suffix.
+# ---------------------------------------------------------------------------------------------------------------
+# Predicting a scan: the recorded preprocessing, one partitioned forward pass, back onto the scan's own grid.
+
 FORMATS = {"nifti": ".nii.gz", "nrrd": ".nrrd", "mha": ".mha"}
-OUTPUT_KIND = "predictions"  # the output guard's marker: a directory `fullres predict` wrote
+_FORMAT_OF_SUFFIX = {".nii.gz": "nifti", ".nii": "nifti", ".nrrd": "nrrd", ".nhdr": "nrrd", ".mha": "mha", ".mhd": "mha"}
 
 
-def output_suffix(source_path: str, is_dicom: bool, output_format: str | None) -> str:
-    """The mask file's suffix: `--format`'s, else the input's own (.nii.gz, .nii, .nrrd, .mha), NIfTI for DICOM."""
-    if output_format:
-        return FORMATS[output_format]
-    lower = source_path.lower()
-    if is_dicom:
-        return FORMATS["nifti"]
-    for suffix in (".nii.gz", ".nii", ".nrrd", ".mha"):
-        if lower.endswith(suffix):
-            return suffix
-    return ".mha"  # .mhd + .raw pairs come back as one MetaImage file
+@dataclasses.dataclass
+class Prepared:
+    """One scan made ready for the model.
 
-
-def prepare(image, preprocessing: dict, dicom_tag: str | None = None):
-    """Prepares a scan as `fullres preprocess ct` prepared the model's training scans (ct_transforms), uncropped.
-
-    Args:
-        image: the scan as read (SimpleITK, HU for CT), in its own geometry.
-        preprocessing: model_info.json's `preprocessing` (spacing, orientation, window, modality).
-        dicom_tag: the series' DICOM Modality tag, if any (decides `modality: auto`).
-
-    Returns:
-        (volume, grid, fill): the normalized (D, H, W) float32 volume the model sees; `grid`, a SimpleITK image
-        holding the geometry of that volume (oriented and resampled); and the normalized background value
-        the forward pass pads with (as preprocessing pads).
+    `original` is the scan as read (its grid is the one the mask is written on);
+    `grid` is the model's grid (reoriented and resampled as in training, an
+    empty image carrying the geometry); `volume` (D, H, W, 1) the normalized
+    voxels on it; `fill` the value padding gets (air, or the z-score's minimum).
     """
-    import numpy as np
-    import SimpleITK as sitk
 
-    from preprocessing import ct_io, ct_transforms
+    original: sitk.Image
+    grid: sitk.Image
+    volume: np.ndarray
+    fill: float
 
-    values = sitk.GetArrayViewFromImage(image)
+
+def output_format(source: ct_io.VolumeSource, requested: str | None) -> str:
+    """`requested`, or the input's own format (NIfTI for a DICOM series)."""
+    if requested is not None:
+        if requested not in FORMATS:
+            raise ValueError(f"--format {requested!r} is not known; use one of {', '.join(FORMATS)}.")
+        return requested
+    lower = source.path.lower()
+    return next((name for suffix, name in _FORMAT_OF_SUFFIX.items() if lower.endswith(suffix)), "nifti")
+
+
+def prepare(source: ct_io.VolumeSource, preprocessing: dict, spacing_tolerance: float | None = None) -> Prepared:
+    """Reads `source` and applies the model's recorded preprocessing (`model_info.json`'s `preprocessing`).
+
+    The same functions as `fullres preprocess ct` (`ct_transforms`): orientation,
+    resampling to the recorded spacing (linear, air outside), CT window or
+    z-score. No crop: the whole volume goes through the model.
+
+    Raises:
+        ct_io.CaseError: unreadable, empty or non-finite scans.
+    """
+    tolerance = dicom_series.DEFAULT_SPACING_TOLERANCE if spacing_tolerance is None else spacing_tolerance
+    original = ct_io.read_volume(source, spacing_tolerance=tolerance)
+    values = sitk.GetArrayViewFromImage(original)
     if values.size == 0:
         raise ct_io.CaseError("read", "empty_volume", "the volume has no voxels")
     if not np.isfinite(values).all():
         raise ct_io.CaseError("validate", "non_finite_voxels",
                               f"{int(np.size(values) - np.isfinite(values).sum())} voxels are NaN or infinite")
-    normalization, _ = ct_transforms.choose_normalization(values, preprocessing["modality"], dicom_tag)
+    normalization, _ = ct_transforms.choose_normalization(values, preprocessing["modality"],
+                                                           ct_transforms.dicom_modality(source))
     background = ct_transforms.AIR_HU if normalization == ct_transforms.CT_WINDOW else float(values.min())
-    oriented = sitk.DICOMOrient(image, preprocessing["orientation"])
-    grid = ct_transforms.resample(oriented, preprocessing["spacing"], sitk.sitkLinear, background, sitk.sitkFloat32)
-    volume, _, fill = ct_transforms.normalize(sitk.GetArrayFromImage(grid), normalization,
+    oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
+    spacing = preprocessing["spacing"]
+    grid = ct_transforms.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
+                                  sitk.sitkFloat32)
+    scaled, _, fill = ct_transforms.normalize(sitk.GetArrayFromImage(grid), normalization,
                                               tuple(preprocessing["window"]))
-    return volume, grid, fill
+    return Prepared(original, grid, scaled[..., None].astype(np.float32), float(fill))
 
 
-def to_original_geometry(probabilities, grid, original):
-    """Maps the model's class probabilities back onto the scan's own grid, and takes the argmax there.
+def to_original_grid(probabilities: np.ndarray, grid: sitk.Image, original: sitk.Image
+                     ) -> tuple[sitk.Image, sitk.Image]:
+    """Class probabilities on the model's grid -> (class ids, probabilities) on the scan's own grid.
 
-    The probabilities, not the class ids, are resampled (linear interpolation, by physical position, so
-    reorientation and resampling are both undone): nearest-neighbour on class ids would move every boundary by
-    up to half a model voxel and draw it in steps of the model's coarser spacing, while the argmax of
-    interpolated probabilities places it between model voxels, at the original grid's resolution (nnU-Net
-    exports this way). Original voxels beyond the outermost model voxel centres take the nearest one's value.
+    The probabilities are resampled (linear interpolation, by physical position:
+    reorientation and spacing are undone together) and the argmax is taken on
+    the original grid. Resampling class ids with nearest neighbour instead
+    would put every boundary on the coarser grid's voxel edges; interpolated
+    probabilities place it between them. Original voxels past the last model
+    voxel centre (up to half a model voxel at the far edges) take the nearest
+    model voxel's probabilities rather than none.
 
     Args:
-        probabilities: (D, H, W, C) float32 on `grid`.
-        grid: a SimpleITK image with the geometry the model saw (`prepare`).
+        probabilities: (D, H, W, K) on `grid` (numpy order: z, y, x).
+        grid: an image with the model grid's geometry.
         original: the scan as read.
 
     Returns:
-        (mask, probabilities): SimpleITK images with exactly `original`'s size, spacing, origin and direction:
-        class ids (uint8) and per-class probabilities (a C-component float32 vector image).
+        (uint8 class ids, float32 K-component probabilities), both with `original`'s size, spacing, origin and direction.
     """
-    import numpy as np
-    import SimpleITK as sitk
-
-    on_grid = sitk.GetImageFromArray(np.ascontiguousarray(probabilities, np.float32), isVector=True)
-    on_grid.CopyInformation(grid)
-    back = sitk.Resample(on_grid, original, sitk.Transform(), sitk.sitkLinear, 0.0, sitk.sitkVectorFloat32, True)
-    mask = sitk.GetImageFromArray(np.argmax(sitk.GetArrayViewFromImage(back), axis=-1).astype(np.uint8))
+    vector = sitk.GetImageFromArray(np.ascontiguousarray(probabilities, np.float32), isVector=True)
+    vector.SetSpacing(grid.GetSpacing())
+    vector.SetOrigin(grid.GetOrigin())
+    vector.SetDirection(grid.GetDirection())
+    resampler = sitk.ResampleImageFilter()
+    resampler.SetReferenceImage(original)
+    resampler.SetInterpolator(sitk.sitkLinear)
+    resampler.SetUseNearestNeighborExtrapolator(True)
+    resampled = resampler.Execute(vector)
+    on_original = sitk.GetArrayFromImage(resampled)  # (D, H, W, K)
+    mask = sitk.GetImageFromArray(np.argmax(on_original, axis=-1).astype(np.uint8))
     mask.CopyInformation(original)
-    return mask, back
+    return mask, resampled
 
 
-def _safe_name(case_id: str) -> str:
-    return case_id.replace(os.sep, "_").replace("/", "_") or "case"
+def _class_names(info: dict, num_classes: int) -> list[str]:
+    names = list(info.get("class_names") or [])
+    return names if len(names) == num_classes else ["background", *(f"class_{i}" for i in range(1, num_classes))]
 
 
-def predict_case(source, case_id: str, preprocessing: dict, forward, output: str, suffix: str,
-                 class_names: list[str] | None = None, probabilities: bool = False) -> dict:
-    """Reads one scan, prepares it, runs `forward`, and writes its mask (and probability maps) in its own geometry.
+def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,
+            probabilities: bool = False, dicom_seg: bool | None = None,
+            input_partition_dims: Sequence[int] | None = None, log: Callable[[str], None] = print) -> dict:
+    """Segments every scan under `input_path` with the model in `model_dir`; masks go to `output_dir`.
+
+    Each scan is read, prepared as the model's training data were, padded to
+    the nearest shape the model and the partitioning accept, predicted in one
+    partitioned forward pass, and mapped back onto its own grid. One bad scan
+    is a dead letter (`dead_letter.jsonl`), never the end of the run.
 
     Args:
-        source: the scan (`ct_io.VolumeSource`: a volume file or a DICOM series).
-        forward: `forward(volume (D, H, W) float32, fill) -> probabilities (D, H, W, C)`: the model's
-            whole-volume pass (`Inference`), or any function standing in for it.
-        suffix: the mask file's suffix (`output_suffix`).
-        class_names: names of the probability maps' classes (class_<i> by default).
+        model_dir: the output directory of `fullres train` (a segmentation model).
+        input_path: a scan file, a DICOM series directory, or a directory of cases (as `fullres preprocess ct` finds them).
+        output_dir: where masks, `summary.json` and `dead_letter.jsonl` go (new, or written by `fullres predict`).
+        output_format_name: nifti, nrrd or mha; None: each input's own format (NIfTI for DICOM).
+        probabilities: also write each class's probability map.
+        dicom_seg: also write a DICOM SEG for DICOM input (None: yes).
+        input_partition_dims: how each volume is split (None: the training's split, one replica).
+        log: progress lines.
 
     Returns:
-        The case's summary entry: shapes (z, y, x), outputs (file names in `output`).
+        The summary (also written as `summary.json`).
 
     Raises:
-        ct_io.CaseError: the scan cannot be read or holds unusable values.
+        ModelRefused: `model_dir` is not a fullres segmentation run with recorded preprocessing.
+        FileNotFoundError: `input_path` does not exist.
+        partitioning.PartitionError: the split needs more devices than are present.
+        output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs.
     """
-    import SimpleITK as sitk
-
-    from preprocessing import ct_io, ct_transforms
-
-    original = ct_io.read_volume(source)
-    if original.GetDimension() != 3:
-        raise ct_io.CaseError("read", "not_3d", f"the scan is {original.GetDimension()}-D; the model segments 3-D scans")
-    volume, grid, fill = prepare(original, preprocessing, ct_transforms.dicom_modality(source))
-    model_probabilities = forward(volume, fill)
-    mask, back = to_original_geometry(model_probabilities, grid, original)
-    name = _safe_name(case_id)
-    outputs = {"mask": name + suffix}
-    sitk.WriteImage(mask, os.path.join(output, outputs["mask"]), useCompression=True)
-    if source.is_dicom:
-        # DICOM SEG call site: `--dicom-seg` (preprocessing/dicom_seg.py) writes the SEG referencing
-        # `source.dicom_files` here; until it is wired in, DICOM input gets the NIfTI mask above.
-        pass
-    if probabilities:
-        count = back.GetNumberOfComponentsPerPixel()
-        names = list(class_names or [])[:count] + [f"class_{i}" for i in range(len(class_names or []), count)]
-        for index, class_name in enumerate(names):
-            key = f"probability_{_safe_name(class_name)}"
-            outputs[key] = f"{name}_{key}{suffix}"
-            sitk.WriteImage(sitk.VectorIndexSelectionCast(back, index), os.path.join(output, outputs[key]),
-                            useCompression=True)
-    return {"case_id": case_id, "source": source.name or source.path, "shape": list(original.GetSize())[::-1],
-            "model_shape": list(volume.shape), "spacing": list(original.GetSpacing()), "outputs": outputs}
-
-
-def load_inference(model_dir: str, input_partition_dims: str | None = None):
-    """The run's model on the present devices, for whole-volume prediction (one scan at a time, one replica).
-
-    Returns:
-        (info, inference): model_info.json's fields and an `inference.Inference`.
-
-    Raises:
-        ModelRefused: `model_dir` is not a fullres segmentation run with its preprocessing recorded.
-        partitioning.PartitionError: `input_partition_dims` cannot split a volume, or needs more devices.
-    """
-    from trainer import evaluate, inference, partitioning
-
     info = read_model_info(model_dir)
-    partition = None
-    if input_partition_dims:
-        partition = partitioning.PartitionConfig(partitioning.parse_dims(input_partition_dims))
-        # The structure only (one entry per dimension, batch and channels whole): every size is padded to fit.
-        partitioning.validate(partition, (1, *partition.input_partition_dims[1:-1], 1), partition.num_cores_per_replica)
-    try:
-        config, _, model, state, distribution = evaluate.load_trained(model_dir, partition=partition, batch_size=1)
-    except FileNotFoundError as error:
-        raise ModelRefused(str(error)) from None
-    return info, inference.Inference(model, state, distribution, config.model.downsampling_levels)
+    if output_format_name is not None:
+        output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
+    output_guard.check_owned_directory(output_dir, "predict", {"input": input_path, "model": model_dir})
+    found = ct_io.find_volumes(input_path)
+    scans = dict(sorted(found.images.items()))
+    dead = list(found.dead)
+    if not scans and not dead:
+        raise FileNotFoundError(f"--input {input_path} holds no scan fullres can read (NIfTI, NRRD, MetaImage or a "
+                                "DICOM series).")
 
+    import jax
 
-def predict_scans(model_dir: str, input_path: str, output: str, output_format: str | None = None,
-                  probabilities: bool = False, input_partition_dims: str | None = None, log=print) -> dict:
-    """`fullres predict`: segments every scan under `input_path` with the run in `model_dir`, masks into `output`.
+    from trainer import evaluate, memory_plan, tasks
 
-    Scans are found and read as `fullres preprocess ct` finds and reads them (volume files, DICOM series,
-    directories of cases). A case that fails (unreadable, too large for the devices) becomes a dead letter
-    in `dead_letter.jsonl`; the others are still predicted. `summary.json` lists per case the seconds,
-    shapes, partitioning and output files.
+    config, _ = tasks.restore(model_dir)
+    if input_partition_dims is not None:
+        config = memory_plan.with_dims(config, tuple(input_partition_dims))
+    devices = jax.devices()
+    if config.partition.num_cores_per_replica > len(devices):
+        raise partitioning.PartitionError(
+            f"input_partition_dims {list(config.partition.input_partition_dims)} needs "
+            f"{config.partition.num_cores_per_replica} devices per volume but {len(devices)} are present; pass "
+            f"--input-partition-dims with fewer parts, or on a CPU --virtual-devices "
+            f"{config.partition.num_cores_per_replica}.")
+    _, task, model, state, _ = evaluate.load_trained(model_dir, devices, partition=config.partition)
+    predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels)
+    names = _class_names(info, config.model.num_classes)
+    dims = ",".join(map(str, config.partition.input_partition_dims))
+    log(f"fullres predict: {len(scans)} scan(s) from {input_path}, model {model_dir} ({len(names)} classes: "
+        f"{', '.join(names)}), each split {dims} over {config.partition.num_cores_per_replica} "
+        f"{devices[0].platform} device(s); {len(dead)} input(s) set aside")
 
-    Returns:
-        The summary.
+    os.makedirs(output_dir, exist_ok=True)
+    output_guard.write_marker(output_dir, "predict")
+    cases = []
+    for number, (case_id, source) in enumerate(scans.items(), 1):
+        started = time.perf_counter()
+        try:
+            case = _predict_case(case_id, source, info, predictor, names, output_dir, output_format_name,
+                                 probabilities, dicom_seg, model_dir)
+        except ct_io.CaseError as error:
+            dead.append(_dead_letter(source.path, error.stage, error.reason, error.detail))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped ({error.reason}: {error.detail})")
+            continue
+        except Exception as error:  # one scan's failure (e.g. out of device memory) never stops the others
+            reason, detail = _failure(error, predictor)
+            dead.append(_dead_letter(source.path, "predict", reason, detail))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped ({reason}: {detail})")
+            continue
+        case["seconds"] = round(time.perf_counter() - started, 3)
+        cases.append(case)
+        log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
+            f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)")
 
-    Raises:
-        ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError: one sentence.
-    """
-    import time
-
-    from preprocessing import conversion, ct_io, output_guard
-    from trainer import inference
-
-    if output_format is not None and output_format not in FORMATS:
-        raise ValueError(f"--format {output_format!r} is not known; use {', '.join(FORMATS)}.")
-    output_guard.check_listed_output(output, OUTPUT_KIND, {"--input": input_path, "--model": model_dir})
-    read_model_info(model_dir)  # refused in one sentence before the (slow) discovery and model loading
-    volumes, dead = ct_io.discover(input_path)
-    scans = {case_id: source for case_id, source in volumes.items() if not source.dicom_label}
-    info, forward_pass = load_inference(model_dir, input_partition_dims)
-    preprocessing = info["preprocessing"]
-
-    def forward(volume, fill):
-        return forward_pass.probabilities(volume[None, ..., None], fill)[0]
-
-    partition = list(forward_pass.partition_dims)
-    cases: list[dict] = []
-    os.makedirs(output, exist_ok=True)
-    with output_guard.lock(output):
-        written = set(output_guard.check_listed_output(output, OUTPUT_KIND, {}))
-        for number, (case_id, source) in enumerate(sorted(scans.items()), 1):
-            start = time.perf_counter()
-            where = source.name or source.path
-            try:
-                entry = predict_case(source, case_id, preprocessing, forward, output,
-                                     output_suffix(source.path, source.is_dicom, output_format),
-                                     info.get("class_names"), probabilities)
-            except ct_io.CaseError as error:
-                dead.append(conversion.dead_letter(where, error.stage, error.reason, error.detail))
-                log(f"[{number}/{len(scans)}] {case_id}: failed: {error.detail}")
-                continue
-            except inference.VolumeTooLarge as error:
-                dead.append(conversion.dead_letter(where, "predict", "too_large", str(error)))
-                log(f"[{number}/{len(scans)}] {case_id}: failed: {error}")
-                continue
-            entry["seconds"] = round(time.perf_counter() - start, 3)
-            entry["partitioning"] = partition
-            cases.append(entry)
-            written.update(entry["outputs"].values())
-            log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, entry['shape']))} voxels "
-                f"(model grid {'×'.join(map(str, entry['model_shape']))}) on {forward_pass.cores} core(s) in "
-                f"{entry['seconds']:.1f} s -> {entry['outputs']['mask']}")
-            output_guard.write_marker(output, OUTPUT_KIND, sorted(written | {"summary.json", "dead_letter.jsonl"}))
-        summary = {"model": model_dir, "input": input_path, "partitioning": partition, "predicted": len(cases),
-                   "failed": len(dead), "cases": cases}
-        with open(os.path.join(output, "dead_letter.jsonl"), "w") as file:
-            for letter in dead:
-                file.write(json.dumps(letter) + "\n")
-        with open(os.path.join(output, "summary.json"), "w") as file:
-            json.dump(summary, file, indent=2)
-        output_guard.write_marker(output, OUTPUT_KIND, sorted(written | {"summary.json", "dead_letter.jsonl"}))
-    log(f"predicted {len(cases)} scan(s), {len(dead)} failed (dead_letter.jsonl); summary in "
-        f"{os.path.join(output, 'summary.json')}")
+    summary = {"model": os.path.abspath(model_dir), "input": os.path.abspath(input_path), "ok": len(cases),
+               "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
+               "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
+               "class_names": names, "cases": cases, "dead_letters": dead}
+    with open(os.path.join(output_dir, "summary.json"), "w") as file:
+        json.dump(summary, file, indent=2)
+    with open(os.path.join(output_dir, "dead_letter.jsonl"), "w") as file:
+        file.writelines(json.dumps(letter) + "\n" for letter in dead)
+    log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {os.path.join(output_dir, 'summary.json')}")
     return summary
+
+
+def _predict_case(case_id, source, info, predictor, names, output_dir, format_name, probabilities, dicom_seg,
+                  model_dir) -> dict:
+    prepared = prepare(source, info["preprocessing"])
+    probs = predictor.probabilities(prepared.volume, prepared.fill)
+    mask, on_original = to_original_grid(probs, prepared.grid, prepared.original)
+    suffix = FORMATS[output_format(source, format_name)]
+    outputs = [os.path.join(output_dir, case_id + suffix)]
+    sitk.WriteImage(mask, outputs[0], useCompression=True)
+    if probabilities:
+        for index, name in enumerate(names):
+            path = os.path.join(output_dir, f"{case_id}_probability_{name}{suffix}")
+            sitk.WriteImage(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path, useCompression=True)
+            outputs.append(path)
+    if source.is_dicom and dicom_seg is not False:
+        from preprocessing import dicom_seg as dicom_seg_lib
+
+        outputs.append(dicom_seg_lib.write_dicom_seg(
+            mask, source.dicom_files, names[1:], os.path.join(output_dir, case_id + ".seg.dcm"),
+            algorithm_parameters={"model": os.path.abspath(model_dir)}))
+    return {"case_id": case_id, "source": source.path, "shape": list(prepared.original.GetSize()[::-1]),
+            "model_grid_shape": list(prepared.volume.shape[:3]),
+            "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
+            "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": outputs}
+
+
+def _dead_letter(source: str, stage: str, reason: str, detail: str) -> dict:
+    """A dead letter with the fields of `fullres preprocess ct`'s (`conversion.dead_letter`)."""
+    return {"source": source, "stage": stage, "reason": reason, "detail": detail}
+
+
+def _failure(error: Exception, predictor) -> tuple[str, str]:
+    """(reason, one sentence) for a scan whose prediction failed."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or isinstance(error, MemoryError):
+        cores = predictor.partition.num_cores_per_replica
+        return "out_of_memory", (f"the volume does not fit {cores} device(s) split "
+                                 f"{','.join(map(str, predictor.partition.input_partition_dims))}; split it over more "
+                                 f"cores with --input-partition-dims (size it first: fullres plan --image-size D,H,W "
+                                 f"--partitions N --layouts all)")
+    return "predict_failed", f"{type(error).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"

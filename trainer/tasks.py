@@ -74,6 +74,19 @@ class SegmentationTask:
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         return distribution.get_label_layout((0,) * (image_ndim - 1)).backend_layout
 
+    def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:
+        """(D, H, W, C) of one example of `spatial_size` (default 256 a side), for `fullres plan` (no data read)."""
+        spatial_size = spatial_size or (256,) * self.config.model.spatial_dims
+        if len(spatial_size) != self.config.model.spatial_dims:
+            raise ValueError(f"--image-size needs {self.config.model.spatial_dims} sizes for a "
+                             f"{self.config.model.spatial_dims}D UNet, got {list(spatial_size)}.")
+        return (*spatial_size, self.config.model.in_channels)
+
+    def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+        """The labels of a batch of `image_shape` as the train step receives them, shapes only: (B, D, H, W) int32."""
+        return jax.ShapeDtypeStruct(image_shape[:-1], np.int32,
+                                    sharding=self.label_sharding(distribution, len(image_shape)))
+
     def place_labels(self, distribution: partitioning.SpatialParallel, labels: np.ndarray, rows=None):
         """Labels of the global batch rows `rows` (all by default) onto the mesh."""
         sharding = self.label_sharding(distribution, labels.ndim + 1)
@@ -111,10 +124,11 @@ class SegmentationTask:
         config = self.config
         scores = evaluate.evaluate_segmentation(
             model, state, distribution, pattern or config.eval_data, config.batch_size, config.model.num_classes,
-            samples=samples, keep=keep, downsampling_levels=config.model.downsampling_levels,
+            samples=samples, keep=keep,
         )
         dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
-        log(f"Dice per class [{dice_text}], foreground mean {scores['dice_mean']}")
+        mean = scores["dice_mean"]
+        log(f"Dice per class [{dice_text}], foreground mean {'n/a' if mean is None else f'{mean:.3f}'}")
         return scores
 
     @staticmethod
@@ -231,7 +245,7 @@ class DetectionTask:
 
     def __init__(self, config: config_lib.TrainConfig):
         self.config = config
-        label_map = read_label_map(config.train_data)
+        label_map = read_label_map(config.train_data) if config.train_data else None  # none when only planning
         if label_map and max(label_map.values()) > config.model.num_classes:
             raise ValueError(
                 f"the label map beside {config.train_data} has class ids up to {max(label_map.values())} but the model "
@@ -262,6 +276,27 @@ class DetectionTask:
         from trainer import retinanet
 
         return retinanet.detection_loss(outputs, targets, self.config.model)
+
+    def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:
+        """(H, W, 3) of one image for `fullres plan`: the config's canvas (`image_size`; `spatial_size` must match)."""
+        if spatial_size is not None and tuple(spatial_size) != self.config.image_size:
+            raise ValueError(f"--image-size {list(spatial_size)} differs from the detection canvas "
+                             f"{list(self.config.image_size)}; set image_size={','.join(map(str, spatial_size))}.")
+        return (*self.config.image_size, 3)
+
+    def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel) -> dict:
+        """The anchor targets of a batch of `image_shape`, shapes only: one boxes and one classes map per level."""
+        from trainer import retinanet
+
+        model, shardings, specs = self.config.model, self.label_sharding(distribution, len(image_shape)), {}
+        for number, level in zip(range(model.min_level, model.max_level + 1), model.levels):
+            grid = (image_shape[0], image_shape[1] // 2**number, image_shape[2] // 2**number)
+            anchors = model.anchors_per_position
+            specs[f"boxes/{level}"] = jax.ShapeDtypeStruct((*grid, anchors * retinanet.BOX_CODE), np.float32,
+                                                           sharding=shardings[f"boxes/{level}"])
+            specs[f"classes/{level}"] = jax.ShapeDtypeStruct((*grid, anchors), np.int32,
+                                                             sharding=shardings[f"classes/{level}"])
+        return specs
 
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         """Targets are whole within a replica (split over replicas along the batch only), one per level."""

@@ -8,6 +8,8 @@ Output directory:
     tensorboard/                    loss, learning rate, gradient norm, Dice or mAP
     history.jsonl                   one line per logged step (survives resumes)
     train_config.json               the run's TrainConfig (read back by evaluation and export)
+    layout_choice.json              with input_partition_dims "auto": the layout chosen and why (reused while
+                                    the config and the devices stay the same)
     model_info.json                 the task, the shape of one input, detection class names, the preprocessing
     model.keras, saved_model/       the trained model
     metrics.json                    final loss, per-class Dice or COCO AP, timing, partitioning
@@ -82,6 +84,31 @@ def _write_history(path: str, entries: list[dict]) -> None:
     os.replace(path + ".tmp", path)
 
 
+def build_model(config: config_lib.TrainConfig, task, total_steps: int):
+    """The model, optimizer, learning-rate schedule and initial `TrainState` of a run (`fullres plan` builds the same).
+
+    Variables land where the caller's scope puts them: training builds inside
+    its distribution's scope (replicated on the mesh); planning needs only
+    their shapes and builds them once, on one device.
+    """
+    import keras
+
+    from trainer import step
+
+    model = task.build_model()
+    schedule = learning_rate_schedule(config, total_steps)
+    optimizer = keras.optimizers.Adam(schedule)
+    return model, optimizer, schedule, step.initial_state(model, optimizer)
+
+
+def jit_step(task, model, optimizer, distribution: partitioning.SpatialParallel, state, image_ndim: int):
+    """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time."""
+    from trainer import step
+
+    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss), distribution, state,
+                               image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim))
+
+
 def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True) -> dict:
     """Trains (or resumes) the model `config` describes; returns the metrics dict.
 
@@ -133,6 +160,15 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
         total_steps = config.epochs * math.ceil(num_examples / config.batch_size)
     image_shape = (config.batch_size, *task.example_shape())  # (B, D, H, W, 1) or (B, H, W, 3)
     devices = jax.devices()
+    choice = None
+    if config.partition.is_auto:  # chosen now that the devices and the volume are known; cached beside the run
+        from trainer import layout_choice, memory_plan
+
+        choice = layout_choice.choose_layout(config, image_shape[1:], devices, cache_dir=config.output_dir, log=log)
+        log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
+            f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
+        config = memory_plan.with_dims(config, choice.input_partition_dims)
+        task = tasks.make_task(config)
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
     )
@@ -148,10 +184,7 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
 
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
-        model = task.build_model()
-        schedule = learning_rate_schedule(config, total_steps)
-        optimizer = keras.optimizers.Adam(schedule)
-        state = step.initial_state(model, optimizer)
+        model, optimizer, schedule, state = build_model(config, task, total_steps)
 
     checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
     history_path = os.path.join(config.output_dir, "history.jsonl")
@@ -172,16 +205,14 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
             json.dump({"task": task.name, "image_shape": list(image_shape[1:]),
                        "class_names": getattr(task, "class_names", None),
                        "preprocessing": task.preprocessing()}, file)
+        if choice is not None and not choice.cached:
+            layout_choice.save_choice(choice, config.output_dir)
     history = read_history(history_path, start_step)
 
-    train_step = step.jit_train_step(
-        step.make_train_step(model, optimizer, task.loss),
-        distribution,
-        state,
-        image_ndim=len(image_shape),
-        label_sharding=task.label_sharding(distribution, len(image_shape)),
-    )
+    train_step = jit_step(task, model, optimizer, distribution, state, len(image_shape))
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
+    log(f"each device holds a {tuple(image_sharding.shard_shape(tuple(image_shape)))} shard of every {tuple(image_shape)} "
+        f"batch (input_partition_dims {','.join(map(str, config.partition.input_partition_dims))})")
     rows = step.process_rows(image_sharding, image_shape) if jax.process_count() > 1 else None
     batches = task.batches(start_step, rows, log)
     writer = tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
@@ -239,6 +270,7 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
         "training_examples": num_examples,
         "image_shape": list(image_shape[1:]),
         "input_partition_dims": list(config.partition.input_partition_dims),
+        **({"layout_choice": {k: v for k, v in choice.to_json().items() if k != "rows"}} if choice else {}),
         "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.shape)},
         "precision": config.precision,
         **task.input_counts(),  # e.g. detection boxes beyond max_boxes

@@ -92,6 +92,16 @@ def test_train_writes_the_model_and_metrics(trained):
         assert json.load(file)["partition"]["input_partition_dims"] == [1, 4, 1, 1, 1]
     _, metrics = trained["metrics"]
     assert metrics["steps"] == 3 and metrics["final_loss"] > 0
+    assert trained["model"][1]["input_partition_dims"] == [1, 4, 1, 1, 1]  # the layout trained with, in the metadata
+
+
+def test_train_component_accepts_auto_partitioning():
+    from components import runtime
+
+    config = runtime.train_config(task="segmentation", preset="smoke", train_data="data/data-*", output_dir="model",
+                                  steps=0, batch_size=0, learning_rate=0.0, input_partition_dims="auto", precision="",
+                                  overrides={})
+    assert config.partition.is_auto  # resolved by training once the devices are known
 
 
 @pytest.mark.slow
@@ -164,3 +174,20 @@ def test_fractional_value_for_an_integer_setting_is_refused():
     with pytest.raises(ValueError, match=r"^train override model.num_classes must be a whole number, got 2.5; "
                                          r"write it like 2\.$"):
         config.resolve("segmentation", "smoke", overrides={"model": {"num_classes": 2.5}})
+
+
+@pytest.mark.slow
+def test_predict_writes_masks_in_each_scans_geometry(runner, trained, ct_cases):
+    import SimpleITK as sitk
+
+    images = os.path.join(ct_cases["eval"], "images")
+    outputs = run_alone(runner, COMPONENTS.predict, {"model": (trained["model"][0], dsl.Model)}, input_uri=images)
+    masks, metadata = outputs["masks"]
+    assert metadata["cases"] == 2 and metadata["failed"] == 0
+    assert metadata["input_partition_dims"] == [1, 4, 1, 1, 1]  # the training's split
+    with open(os.path.join(masks, "summary.json")) as file:
+        summary = json.load(file)
+    for case in summary["cases"]:
+        mask, scan = sitk.ReadImage(case["outputs"][0]), sitk.ReadImage(case["source"])
+        assert case["outputs"][0].startswith(masks) and mask.GetSize() == scan.GetSize()
+        assert mask.GetSpacing() == pytest.approx(scan.GetSpacing()) and mask.GetOrigin() == pytest.approx(scan.GetOrigin())

@@ -141,7 +141,7 @@ def test_preprocess_refuses_bad_arguments_in_one_line(args, message):
 def test_dataflow_workers_get_a_wheel_of_this_checkout():
     import zipfile
 
-    from pipelines import cli
+    from preprocessing import cli
 
     args = cli._beam_args("DataflowRunner", None, ["--project=p", "--region=europe-west4", "--temp_location=gs://b/t"])
     assert args[:4] == ["--runner=DataflowRunner", "--project=p", "--region=europe-west4", "--temp_location=gs://b/t"]
@@ -154,7 +154,7 @@ def test_dataflow_workers_get_a_wheel_of_this_checkout():
 
 
 def test_direct_runner_worker_count():
-    from pipelines import cli
+    from preprocessing import cli
 
     assert "--direct_num_workers=3" in cli._beam_args("DirectRunner", 3, [])
 

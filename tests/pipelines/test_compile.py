@@ -48,9 +48,12 @@ def test_the_pipeline_has_every_step_and_the_accelerator_parameters():
     for step in ("comp-preprocess-ct", "comp-train", "comp-evaluate", "comp-export"):
         assert any(c.startswith(step) for c in components), step
     # The accelerator branches run the train component as a Vertex custom job, its machine from the parameters.
+    # So does the optional predict step (one host, the same machine), when predict_input_uri is given.
     custom_jobs = [c for c in components.values()
                    if "worker_pool_specs" in c.get("inputDefinitions", {}).get("parameters", {})]
-    assert len(custom_jobs) == 3  # TPU slice, one accelerator host, several
+    assert sorted(c["executorLabel"].rsplit("-", 1)[0] for c in custom_jobs) == ["exec-predict"] * 3 + ["exec-train"] * 3
+    assert parameters["predict_input_uri"]["defaultValue"] == ""
+    assert any(c.startswith("comp-predict") for c in components)
     text = open(os.path.join(ROOT, "pipeline.yaml")).read()
     assert "tpu_topology: '{{$.inputs.parameters[''pipelinechannel--tpu_topology'']}}'" in text
     assert "accelerator_type: '{{$.inputs.parameters[''pipelinechannel--accelerator_type'']}}'" in text
@@ -78,7 +81,9 @@ def test_every_custom_job_is_scheduled_by_the_pipeline_parameters():
         job_tasks = [task for component in spec["components"].values()
                      for task in component.get("dag", {}).get("tasks", {}).values()
                      if "worker_pool_specs" in task.get("inputs", {}).get("parameters", {})]
-        assert len(job_tasks) == 3, file_name
+        names = sorted(task["taskInfo"]["name"].split(" ")[0] for task in job_tasks)
+        predicts = 3 if file_name == "pipeline.yaml" else 0  # segmentation predicts new scans, detection does not
+        assert names == ["predict"] * predicts + ["train"] * 3, file_name
         for task in job_tasks:
             for name in ("strategy", "max_wait_duration", "restart_job_on_worker_restart"):
                 assert task["inputs"]["parameters"][name] == {"componentInputParameter": f"pipelinechannel--{name}"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer import memory_plan, partitioning, retinanet, step
+from trainer import config as config_lib, memory_plan, partitioning, retinanet, step, tasks, train
 
 pytestmark = pytest.mark.slow  # compiles a 2560² detection step
 
@@ -22,14 +22,16 @@ SMALL = retinanet.RetinaNetConfig(num_classes=3, stackwise_num_blocks=(1, 1, 1, 
 
 def test_2560_step_runs_on_8_cores_and_reports_memory():
     devices = jax.devices()[:8]
-    compiled, distribution = memory_plan.compile_step("retinanet", SIZE, DIMS, devices, model_config=SMALL)
+    # No warm-up: the first step's learning rate would be 0 and the weights would not move.
+    config = config_lib.detection(model=SMALL, image_size=SIZE, batch_size=1, warmup_steps=0,
+                                  partition=partitioning.PartitionConfig(DIMS))
+    compiled, distribution = memory_plan.compile_step(config, memory_plan.example_shape(config, SIZE), devices)
     memory = compiled.memory_analysis()
 
     keras.utils.set_random_seed(0)
-    with distribution.scope():
-        model = retinanet.build_retinanet(SMALL)
-        optimizer = keras.optimizers.Adam(1e-3)
-        state = step.place_state(step.initial_state(model, optimizer), distribution)
+    with distribution.scope():  # the state as training builds it (the optimizer follows the learning-rate schedule)
+        _, _, _, state = train.build_model(config, tasks.make_task(config), config.steps)
+        state = step.place_state(state, distribution)
     before = [np.asarray(w) for w in state.trainable[:3]]
     rng = np.random.default_rng(0)
     images = rng.uniform(size=(1, *SIZE, 3)).astype(np.float32)

@@ -1,0 +1,217 @@
+"""The preprocessing layer's commands (`fullres preprocess ct|images`, `fullres demo-data ct|images`).
+
+`pipelines/cli.py` adds them to the `fullres` command line. Beam, TensorFlow
+and the medical-format libraries are imported only when a command runs, so
+`--help` is instant.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from preprocessing.console import _fail, _fail_if_write_error, _print
+
+preprocess_app = typer.Typer(
+    rich_markup_mode=None, help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
+                             no_args_is_help=True)
+demo_data_app = typer.Typer(
+    rich_markup_mode=None, help="Write synthetic demo data (no downloads).", no_args_is_help=True)
+
+BEAM_HELP = (
+    "Beam runner: DirectRunner (this machine: Beam's local FnApi runner, one worker per core) or DataflowRunner (add --project, --region, "
+    "--temp_location and any other Beam option after the known ones)."
+)
+
+
+# Options every conversion command shares.
+ConversionOutput = Annotated[str, typer.Option(help="Output directory (replaced whole, atomically).")]
+NumShards = Annotated[int, typer.Option(help="TFRecord shards; 0 lets the runner decide.")]
+Compress = Annotated[bool, typer.Option(help="Write .tfrecord.gz shards.")]
+MaxFailedFraction = Annotated[float, typer.Option(help="Exit non-zero when more than this fraction of inputs fails.")]
+Runner = Annotated[str, typer.Option(help=BEAM_HELP)]
+Workers = Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")]
+
+
+def _triple(text: str | None, name: str, kind=float):
+    if text is None:
+        return None
+    parts = [p for p in text.replace(" ", "").split(",") if p]
+    try:
+        values = tuple(kind(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != (2 if name == "--window" else 3):
+        example = {"--spacing": "1.0,1.0,2.5", "--window": "-160,240", "--shape": "128,256,256"}[name]
+        _fail(f"{name} {text!r} is not valid; write it like {example}.")
+    return values
+
+
+def _beam_args(runner: str, workers: int | None, extra: list[str]) -> list[str]:
+    """Beam pipeline options: the runner, local worker count, and whatever else the user passed."""
+    from preprocessing import conversion
+
+    if runner == "DirectRunner":
+        args = conversion.default_pipeline_args()
+        if workers:
+            args = [a for a in args if not a.startswith("--direct_num_workers")] + [f"--direct_num_workers={workers}"]
+        return args + extra
+    args = [f"--runner={runner}", *extra]
+    if runner == "DataflowRunner" and not any(
+        a.startswith(("--setup_file", "--extra_package", "--sdk_container_image")) for a in extra
+    ):
+        args.append(f"--extra_package={_worker_wheel()}")
+    return args
+
+
+def _worker_wheel() -> str:
+    """Builds a wheel of this fullres checkout for Dataflow workers to install (Beam's --extra_package)."""
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").exists():
+        _fail("Dataflow workers need fullres: pass --sdk_container_image with the fullres image, or --extra_package.")
+    import shutil
+
+    directory = tempfile.mkdtemp(prefix="fullres-wheel-")
+    uv = os.environ.get("UV") or shutil.which("uv")
+    command = (
+        [uv, "build", "--quiet", "--wheel", "--out-dir", directory, str(root)]
+        if uv
+        else [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", directory, str(root)]
+    )
+    built = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(Path(directory).glob("fullres-*.whl"))
+    if built.returncode != 0 or not wheels:
+        _fail(f"could not build the fullres wheel for Dataflow workers ({built.stderr.strip()[-300:]}); pass "
+              "--sdk_container_image or --extra_package instead.")
+    return str(wheels[0])
+
+
+def _run_conversion(function, **kwargs):
+    from preprocessing import conversion, output_guard
+
+    try:
+        function(**kwargs, log=_print)
+    except (conversion.PreprocessingFailed, output_guard.OutputWriteFailed) as error:
+        _fail(str(error))
+    except (ValueError, FileNotFoundError) as error:  # OutputRefused is a ValueError
+        _fail(str(error))
+    except OSError as error:
+        _fail_if_write_error(error, kwargs["output"])
+
+
+_BEAM_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@preprocess_app.command("ct", context_settings=_BEAM_CONTEXT)
+def preprocess_ct(
+    context: typer.Context,
+    input_path: Annotated[str, typer.Option("--input", help="A CT file, or a directory of DICOM series / NIfTI / NRRD / MetaImage files.")],
+    output: ConversionOutput,
+    labels: Annotated[str | None, typer.Option(help="Label maps: a directory with a file named like each image, or a CSV with image,label rows. Omit for layouts whose names pair them (nnU-Net/MSD imagesTr+labelsTr, KiTS case folders, CASE_image+CASE_label).")] = None,
+    spacing: Annotated[str | None, typer.Option(help="Target spacing X,Y,Z in mm; omit to keep each case's own.")] = None,
+    window: Annotated[str, typer.Option(help="HU window LOW,HIGH mapped onto [0, 1] (CT only; MR is z-scored).")] = "-1000,1000",
+    modality: Annotated[str, typer.Option(help="ct (HU window), mr (z-score per case), or auto (DICOM's Modality tag; for volume files, CT if the values look like HU).")] = "auto",
+    pseudonymize: Annotated[bool, typer.Option(help="Replace case ids by keyed hashes; the mapping back goes to OUTPUT.pseudonyms.json beside the output, never inside it.")] = False,
+    pseudonymize_key_file: Annotated[str | None, typer.Option(help="Key for --pseudonymize (share it between splits); default OUTPUT.pseudonym-key, generated once.")] = None,
+    shape: Annotated[str | None, typer.Option(help="Crop or pad every case to D,H,W (choose sizes your partitioning accepts).")] = None,
+    spacing_tolerance: Annotated[float, typer.Option(help="DICOM slice gaps may vary by this fraction of their median; beyond it slices are interpolated onto a uniform grid (noted in summary.json).")] = 0.05,
+    classes: Annotated[str | None, typer.Option(help="Class names of DICOM SEG segments / RTSTRUCT ROIs, NAME1,NAME2,... (NAME1 is class 1), or a label_map.json of a previous run.")] = None,
+    crop: Annotated[str, typer.Option(help="Where --shape crops: center of the volume, or foreground (centred on the labelled voxels).")] = "center",
+    num_classes: Annotated[int | None, typer.Option(help="Classes including background: label values must be 0..N-1 (default: 0..255).")] = None,
+    max_voxels: Annotated[int | None, typer.Option(help="Cases with more voxels (read from the header, and after resampling) are dead letters (default 2^29).")] = None,
+    num_shards: NumShards = 0,
+    compress: Compress = False,
+    max_failed_fraction: MaxFailedFraction = 0.1,
+    runner: Runner = "DirectRunner",
+    workers: Workers = None,
+) -> None:
+    """Convert CT volumes (+ label maps) into resampled, windowed TFRecords; bad cases go to dead_letter.jsonl."""
+    # Cheap checks first: a typo should not wait for Beam and TensorFlow to load.
+    spacing_values = _triple(spacing, "--spacing") if spacing and spacing.lower() != "none" else None
+    window_values, shape_values = _triple(window, "--window"), _triple(shape, "--shape", int)
+    for name, path in (("--input", input_path), ("--labels", labels)):
+        if path is not None and "://" not in path and not os.path.exists(path):
+            _fail(f"{name} {path!r} does not exist.")
+    from preprocessing import ct_pipeline, ct_transforms
+
+    try:
+        config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
+                                                  spacing_tolerance=spacing_tolerance,
+                                                  classes=ct_transforms.class_names(classes) if classes else (),
+                                                  modality=modality, crop=crop,
+                                                  max_label=255 if num_classes is None else num_classes - 1,
+                                                  **({"max_voxels": max_voxels} if max_voxels is not None else {}))
+    except ValueError as error:
+        _fail(str(error))
+    _run_conversion(
+        ct_pipeline.run, input_path=input_path, output=output, labels=labels, config=config,
+        pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
+        max_failed_fraction=max_failed_fraction, pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
+    )
+
+
+@preprocess_app.command("images", context_settings=_BEAM_CONTEXT)
+def preprocess_images(
+    context: typer.Context,
+    annotations: Annotated[str, typer.Option(help="A COCO JSON file, or a directory of Pascal VOC XML files.")],
+    images: Annotated[str, typer.Option(help="The directory the annotations' file names are relative to.")],
+    output: ConversionOutput,
+    label_map: Annotated[str | None, typer.Option(help="label_map.json of a previous conversion (e.g. the training split): class ids are taken from it, so every split agrees.")] = None,
+    extend_label_map: Annotated[bool, typer.Option(help="Give a class the --label-map lacks the next free id (default: refuse it).")] = False,
+    max_pixels: Annotated[int, typer.Option(help="Images over this many pixels (read from the header) are dead letters: decompression bombs.")] = 100_000_000,
+    num_shards: NumShards = 0,
+    compress: Compress = False,
+    max_failed_fraction: MaxFailedFraction = 0.1,
+    runner: Runner = "DirectRunner",
+    workers: Workers = None,
+) -> None:
+    """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
+    for name, path in (("--annotations", annotations), ("--images", images), ("--label-map", label_map)):
+        if path is not None and "://" not in path and not os.path.exists(path):
+            _fail(f"{name} {path!r} does not exist.")
+    if extend_label_map and label_map is None:
+        _fail("--extend-label-map extends the map given with --label-map; pass --label-map too, or drop the flag.")
+    from preprocessing import images_pipeline
+
+    _run_conversion(
+        images_pipeline.run, annotations=annotations, images=images, output=output,
+        pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
+        max_failed_fraction=max_failed_fraction, label_map=label_map, extend_label_map=extend_label_map,
+        max_pixels=max_pixels,
+    )
+
+
+@demo_data_app.command("ct")
+def demo_data_ct(
+    output: Annotated[Path, typer.Option(help="Directory to write dicom/ and nifti/ into.")] = Path("fullres-demo-ct"),
+    cases: Annotated[int, typer.Option(help="Number of synthetic cases.")] = 8,
+    shape: Annotated[str, typer.Option(help="Voxels D,H,W of each case before preprocessing.")] = "48,64,64",
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Synthetic CT cases with label maps, as DICOM series and as NIfTI (the same cases in both)."""
+    from preprocessing import demo_ct
+
+    written = demo_ct.write_demo_cases(str(output), cases, _triple(shape, "--shape", int), seed)
+    _print(f"wrote {cases} cases: DICOM series in {written['dicom']}, NIfTI in {written['nifti']} "
+           f"(labels beside each, in labels/)")
+
+
+@demo_data_app.command("images")
+def demo_data_images(
+    output: Annotated[Path, typer.Option(help="Directory to write images/ and annotations.json into.")] = Path("fullres-demo-images"),
+    images: Annotated[int, typer.Option(help="Number of images.")] = 64,
+    size: Annotated[int, typer.Option(help="Image height and width in pixels.")] = 256,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Synthetic detection images (shapes on textured backgrounds) with COCO JSON boxes."""
+    from preprocessing import demo_images
+
+    written = demo_images.write_demo_coco(str(output), images, (size, size), seed)
+    _print(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")

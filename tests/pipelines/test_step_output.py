@@ -1,0 +1,114 @@
+"""A local pipeline run shows the steps and their progress lines; everything else goes to the run's log file.
+
+The transcript below is kfp 2.17's SubprocessRunner output from a real
+`fullres demo` whose train step failed (shortened: fewer JSON lines and
+traceback frames), written in the pieces kfp writes it in.
+"""
+
+import io
+import sys
+import warnings
+
+from pipelines import step_output
+
+CYAN, RED, GREEN, RESET = "\x1b[96m", "\x1b[91m", "\x1b[92m", "\x1b[0m"
+INDENT = "    "  # kfp indents each step line, an empty one too
+TRANSCRIPT = f"""\
+18:02:44.482 - INFO - Running pipeline: \x1b[95m'ct-segmentation'{RESET}
+--------------------------------------------------------------------------------
+18:02:44.515 - INFO - Executing task {CYAN}'preprocess-ct'{RESET}
+18:02:44.515 - INFO - Streamed logs:
+
+    [KFP Executor 2026-11-22 18:02:44,650 INFO]: Looking for component `preprocess_ct` in --component_module_path `/tmp/x.py`
+    [KFP Executor 2026-11-22 18:02:44,651 INFO]: Got executor_input:
+    {{
+        "inputs": {{
+            "parameterValues": {{
+                "spacing": "1.7,1.7,2.25"
+            }}
+        }}
+    }}
+    fullres preprocess ct: 2 cases (same_names layout) to convert, 0 rejected before reading; writing /r/preprocess-ct/dataset
+    [KFP Executor 2026-11-22 18:02:51,110 WARNING]: Worker: severity: WARN timestamp {{   seconds: 1795370204 }} message: "No semi_persistent_directory found"
+      1 records written, 0 dead letters so far (2 inputs)
+    wrote 2 records in 2 shards (0.3 MiB), 0 dead letters
+    [KFP Executor 2026-11-22 18:02:53,265 INFO]: Wrote executor output file to /r/preprocess-ct/executor_output.json.
+{INDENT}
+
+18:02:54.101 - INFO - Task {CYAN}'preprocess-ct'{RESET} finished with status {GREEN}SUCCESS{RESET}
+18:02:54.102 - INFO - Task {CYAN}'preprocess-ct'{RESET} outputs:
+    dataset: Dataset( name='dataset',
+                      uri='/r/preprocess-ct/dataset',
+                      metadata={{'records': 2.0, 'failed': 0.0}} )
+--------------------------------------------------------------------------------
+18:02:54.110 - INFO - Executing task {CYAN}'train'{RESET}
+18:02:54.110 - INFO - Streamed logs:
+
+    [KFP Executor 2026-11-22 18:02:54,250 INFO]: Got executor_input:
+    {{
+        "outputs": {{
+            "outputFile": "/r/train/executor_output.json"
+        }}
+    }}
+    Traceback (most recent call last):
+      File "/work/main/trainer/train.py", line 172, in _train
+        partitioning.validate(
+    trainer.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
+{INDENT}
+
+18:03:45.177 - ERROR - Task {CYAN}'train'{RESET} finished with status {RED}FAILURE{RESET}
+--------------------------------------------------------------------------------
+18:03:45.180 - ERROR - Pipeline {CYAN}'ct-segmentation'{RESET} finished with status {RED}FAILURE{RESET}
+"""
+
+SHOWN = """\
+step preprocess-ct
+    fullres preprocess ct: 2 cases (same_names layout) to convert, 0 rejected before reading; writing /r/preprocess-ct/dataset
+      1 records written, 0 dead letters so far (2 inputs)
+    wrote 2 records in 2 shards (0.3 MiB), 0 dead letters
+step preprocess-ct: SUCCESS
+step train
+    Traceback (most recent call last):
+      File "/work/main/trainer/train.py", line 172, in _train
+        partitioning.validate(
+    trainer.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
+step train: FAILURE
+pipeline ct-segmentation: FAILURE
+"""
+
+
+def _write_in_pieces(stream, text):
+    """As kfp writes: indentation and line separately (`print(' ' * 4, end='')`), records whole."""
+    for line in text.splitlines(keepends=True):
+        if line.startswith("    "):
+            stream.write("    ")
+            stream.write(line[4:])
+        else:
+            stream.write(line)
+
+
+def test_the_terminal_shows_steps_progress_and_errors_and_the_log_keeps_every_line():
+    terminal, log = io.StringIO(), io.StringIO()
+    _write_in_pieces(step_output.StepOutput(terminal, log), TRANSCRIPT)
+    assert terminal.getvalue() == SHOWN
+    assert log.getvalue() == TRANSCRIPT
+
+
+def test_verbose_shows_every_line():
+    terminal, log = io.StringIO(), io.StringIO()
+    _write_in_pieces(step_output.StepOutput(terminal, log, verbose=True), TRANSCRIPT)
+    assert terminal.getvalue() == log.getvalue() == TRANSCRIPT
+
+
+def test_captured_routes_stdout_and_warnings_into_the_log(tmp_path, capsys):
+    log_path = tmp_path / "run.log"
+    with step_output.captured(str(log_path)):
+        print("18:02:44.515 - INFO - Executing task 'train'")
+        print("18:02:44.515 - INFO - Streamed logs:")
+        print("    step 10/10  loss 2.0614")
+        warnings.warn("settings ['display_name'] have no effect in the current local runner", UserWarning, stacklevel=1)
+    shown = capsys.readouterr()
+    assert shown.out == "step train\n    step 10/10  loss 2.0614\n" and shown.err == ""
+    logged = log_path.read_text()
+    assert "Executing task 'train'" in logged and "have no effect in the current local runner" in logged
+    assert sys.stdout is not None and not isinstance(sys.stdout, step_output.StepOutput)
