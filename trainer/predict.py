@@ -199,7 +199,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     info = read_model_info(model_dir)
     if output_format_name is not None:
         output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
-    output_guard.check_owned_directory(output_dir, "predict", {"input": input_path, "model": model_dir})
+    # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
+    written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
+    written |= {"summary.json", "dead_letter.jsonl"}
     found = ct_io.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     dead = list(found.dead)
@@ -230,7 +232,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         f"{devices[0].platform} device(s); {len(dead)} input(s) set aside")
 
     os.makedirs(output_dir, exist_ok=True)
-    output_guard.write_marker(output_dir, "predict")
+    output_guard.write_marker(output_dir, "predict", sorted(written))
     cases = []
     for number, (case_id, source) in enumerate(scans.items(), 1):
         started = time.perf_counter()
@@ -248,6 +250,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             continue
         case["seconds"] = round(time.perf_counter() - started, 3)
         cases.append(case)
+        written.update(os.path.basename(path) for path in case["outputs"])
+        output_guard.write_marker(output_dir, "predict", sorted(written))
         log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
             f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)")
 
