@@ -230,6 +230,7 @@ def predict(
     probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
     input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
     virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
+    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB (default: what the accelerator reports; unchecked on CPUs): a scan whose pass needs more is skipped with the number of cores it needs.")] = None,
 ) -> None:
     """Segment new scans with a trained model: whole volume, one partitioned pass, masks in each scan's own geometry.
 
@@ -249,6 +250,14 @@ def predict(
             _fail(str(error))
     if not os.path.exists(input_path):
         _fail(f"--input {input_path!r} does not exist.")
+    budget = None
+    if device_memory is not None:
+        from trainer import memory_plan
+
+        try:
+            budget = memory_plan.parse_bytes(device_memory)
+        except ValueError as error:
+            _fail(str(error))
     from preprocessing import output_guard
     from trainer import partitioning, predict as predict_lib
 
@@ -256,7 +265,7 @@ def predict(
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
                                           probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
-                                          log=_print)
+                                          device_memory=budget, log=_print)
     except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
             ValueError) as error:
         _fail(str(error))

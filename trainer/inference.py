@@ -55,6 +55,19 @@ def spatial_multiples(input_partition_dims: Sequence[int], downsampling_levels: 
     return tuple((2 ** downsampling_levels) * int(parts) for parts in input_partition_dims[1:-1])
 
 
+class VolumeTooLarge(ValueError):
+    """A volume's forward pass needs more memory per device than the devices have; the message says what to do."""
+
+
+def device_memory_limit(device) -> int | None:
+    """Bytes one accelerator can hold (from its runtime); None where it does not say (CPUs)."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # some runtimes have no memory statistics
+        return None
+    return stats.get("bytes_limit")
+
+
 class VolumePredictor:
     """Per-class probabilities of whole volumes, one partitioned forward pass each.
 
@@ -63,10 +76,12 @@ class VolumePredictor:
         partition: the partitioning to predict with (its replica count is 1: one volume at a time).
         devices: the devices to use (the first `partition.num_cores_per_replica` of them).
         downsampling_levels: the model's poolings, for padding.
+        device_memory: bytes one device holds (None: as the accelerator's runtime says; no check on CPUs). Each
+            padded shape is compiled ahead of time and its memory checked before anything runs.
     """
 
     def __init__(self, model, state: step.TrainState, partition: partitioning.PartitionConfig, devices,
-                 downsampling_levels: int):
+                 downsampling_levels: int, device_memory: int | None = None):
         cores = partition.num_cores_per_replica
         if cores > len(devices):
             raise partitioning.PartitionError(
@@ -77,7 +92,36 @@ class VolumePredictor:
         self.model = model
         self.state = step.place_state(state, self.distribution)
         self.multiples = spatial_multiples(partition.input_partition_dims, downsampling_levels)
+        self.device_memory = device_memory if device_memory is not None else device_memory_limit(devices[0])
         self._forward = None
+        self._compiled: dict[tuple[int, ...], object] = {}
+
+    def compiled(self, batch_shape: tuple[int, ...]):
+        """The forward pass for (1, D, H, W, C) batches, compiled ahead of time and checked against device memory.
+
+        Raises:
+            VolumeTooLarge: it needs more than `device_memory` per device.
+        """
+        if batch_shape in self._compiled:
+            return self._compiled[batch_shape]
+        if self._forward is None:
+            self._forward = make_forward(self.model, self.distribution, self.state, len(batch_shape), "probabilities")
+        sharding = self.distribution.get_data_layout(batch_shape).backend_layout
+        compiled = self._forward.lower(self.state, jax.ShapeDtypeStruct(batch_shape, jnp.float32, sharding=sharding)
+                                       ).compile()
+        memory = compiled.memory_analysis()
+        needed = None if memory is None else (memory.temp_size_in_bytes + memory.argument_size_in_bytes
+                                              + memory.output_size_in_bytes - memory.alias_size_in_bytes)
+        if self.device_memory is not None and needed is not None and needed > self.device_memory:
+            cores = self.partition.num_cores_per_replica
+            wanted = cores * 2 ** math.ceil(math.log2(needed / self.device_memory))
+            raise VolumeTooLarge(
+                f"the volume, padded to {'×'.join(map(str, batch_shape[1:-1]))}, needs {_human(needed)} per device "
+                f"split {','.join(map(str, self.partition.input_partition_dims))} over {cores} device(s), which hold "
+                f"{_human(self.device_memory)} each; split it over about {wanted} cores (size the layouts with: "
+                f"fullres plan --image-size {','.join(map(str, batch_shape[1:-1]))} --partitions {wanted} --layouts all)")
+        self._compiled[batch_shape] = compiled
+        return compiled
 
     def padded_shape(self, spatial_shape: Sequence[int]) -> tuple[int, ...]:
         """The shape a volume of `spatial_shape` is padded to before the forward pass."""
@@ -100,7 +144,10 @@ class VolumePredictor:
         padding = [(0, t - s) for s, t in zip(spatial, target)]
         padded = np.pad(volume, [*padding, (0, 0)], constant_values=fill) if any(p for _, p in padding) else volume
         batch = padded[None].astype(np.float32)
-        if self._forward is None:
-            self._forward = make_forward(self.model, self.distribution, self.state, batch.ndim, "probabilities")
-        output = step.to_host(self._forward(self.state, step.place_batch(self.distribution, batch)))[0]
+        forward = self.compiled(batch.shape)
+        output = step.to_host(forward(self.state, step.place_batch(self.distribution, batch)))[0]
         return output[tuple(slice(0, s) for s in spatial)]
+
+
+def _human(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"

@@ -169,7 +169,8 @@ def _class_names(info: dict, num_classes: int) -> list[str]:
 
 def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,
             probabilities: bool = False, dicom_seg: bool | None = None,
-            input_partition_dims: Sequence[int] | None = None, log: Callable[[str], None] = print) -> dict:
+            input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
+            log: Callable[[str], None] = print) -> dict:
     """Segments every scan under `input_path` with the model in `model_dir`; masks go to `output_dir`.
 
     Each scan is read, prepared as the model's training data were, padded to
@@ -185,6 +186,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         probabilities: also write each class's probability map.
         dicom_seg: also write a DICOM SEG for DICOM input (None: yes).
         input_partition_dims: how each volume is split (None: the training's split, one replica).
+        device_memory: bytes one device holds (None: as the accelerator says; unchecked on CPUs); a scan whose
+            compiled pass needs more is a dead letter that names the cores it would need.
         log: progress lines.
 
     Returns:
@@ -224,7 +227,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             f"--input-partition-dims with fewer parts, or on a CPU --virtual-devices "
             f"{config.partition.num_cores_per_replica}.")
     _, task, model, state, _ = evaluate.load_trained(model_dir, devices, partition=config.partition)
-    predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels)
+    predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels,
+                                          device_memory)
     names = _class_names(info, config.model.num_classes)
     dims = ",".join(map(str, config.partition.input_partition_dims))
     log(f"fullres predict: {len(scans)} scan(s) from {input_path}, model {model_dir} ({len(names)} classes: "
@@ -239,6 +243,10 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         try:
             case = _predict_case(case_id, source, info, predictor, names, output_dir, output_format_name,
                                  probabilities, dicom_seg, model_dir)
+        except inference.VolumeTooLarge as error:
+            dead.append(_dead_letter(source.path, "predict", "too_large", str(error)))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped (too_large: {error})")
+            continue
         except ct_io.CaseError as error:
             dead.append(_dead_letter(source.path, error.stage, error.reason, error.detail))
             log(f"[{number}/{len(scans)}] {case_id}: skipped ({error.reason}: {error.detail})")

@@ -159,6 +159,25 @@ def test_partitioned_prediction_gives_the_class_ids_of_one_device():
         assert np.array_equal(np.argmax(probabilities, axis=-1), reference), dims
 
 
+@pytest.mark.slow  # compiles the UNet twice
+def test_a_volume_too_large_for_the_devices_names_the_cores_it_needs():
+    import jax
+
+    from trainer import inference, partitioning
+
+    model, state = _tiny_model()
+    volume = np.zeros((24, 20, 16, 1), np.float32)
+    split = partitioning.PartitionConfig((1, 2, 1, 1, 1))
+    roomy = inference.VolumePredictor(model, state, split, jax.devices(), 1, device_memory=2**30)
+    assert roomy.probabilities(volume).shape == (24, 20, 16, 3)
+    cramped = inference.VolumePredictor(model, state, split, jax.devices(), 1, device_memory=64 * 2**10)
+    with pytest.raises(inference.VolumeTooLarge) as refused:
+        cramped.probabilities(volume)
+    message = str(refused.value)
+    assert message.startswith("the volume, padded to 24×20×16, needs ") and "over 2 device(s), which hold 0.1 MiB" in message
+    assert "split it over about " in message and "fullres plan --image-size 24,20,16" in message
+
+
 @pytest.fixture(scope="module")
 def trained_run(demo_data, tmp_path_factory):
     """A smoke model trained 2 steps, with the preprocessing of the scans below recorded as training records it."""
