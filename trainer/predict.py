@@ -261,7 +261,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         written.update(os.path.basename(path) for path in case["outputs"])
         output_guard.write_marker(output_dir, "predict", sorted(written))
         log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
-            f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)")
+            f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)"
+            + "".join(f"; {problem}" for problem in case["problems"]))
 
     summary = {"model": os.path.abspath(model_dir), "input": os.path.abspath(input_path), "ok": len(cases),
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
@@ -288,13 +289,17 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
             path = os.path.join(output_dir, f"{case_id}_probability_{name}{suffix}")
             sitk.WriteImage(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path, useCompression=True)
             outputs.append(path)
+    problems = []
     if source.is_dicom and dicom_seg is not False:
         from preprocessing import dicom_seg as dicom_seg_lib
 
-        outputs.append(dicom_seg_lib.write_dicom_seg(
-            mask, source.dicom_files, names[1:], os.path.join(output_dir, case_id + ".seg.dcm"),
-            algorithm_parameters={"model": os.path.abspath(model_dir)}))
-    return {"case_id": case_id, "source": source.path, "shape": list(prepared.original.GetSize()[::-1]),
+        try:
+            outputs.append(dicom_seg_lib.write_dicom_seg(
+                mask, source.dicom_files, names[1:], os.path.join(output_dir, case_id + ".seg.dcm"),
+                algorithm_parameters={"model": os.path.abspath(model_dir)}))
+        except ct_io.CaseError as error:  # the mask is written; only its DICOM SEG is missing, and says why
+            problems.append(f"no DICOM SEG: {error.detail}")
+    return {"case_id": case_id, "problems": problems, "source": source.path, "shape": list(prepared.original.GetSize()[::-1]),
             "model_grid_shape": list(prepared.volume.shape[:3]),
             "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
             "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": outputs}

@@ -206,8 +206,15 @@ def test_predict_writes_every_good_scan_and_dead_letters_the_bad_one(trained_run
         sitk.WriteImage(_scan(size=size)[0], str(scans / name))
     (scans / "broken.nii.gz").write_bytes(b"\x1f\x8b not really gzip")
     series, _ = _scan(size=(16, 18, 12))
-    demo_ct.write_dicom_series(sitk.GetArrayFromImage(series), str(scans / "series"), spacing=series.GetSpacing(),
-                               origin=series.GetOrigin(), direction=series.GetDirection())
+    for name in ("series", "no_frame_of_reference"):
+        demo_ct.write_dicom_series(sitk.GetArrayFromImage(series), str(scans / name), spacing=series.GetSpacing(),
+                                   origin=series.GetOrigin(), direction=series.GetDirection())
+    import pydicom
+
+    for path in (scans / "no_frame_of_reference").iterdir():  # as some exports are: a SEG cannot reference it
+        dataset = pydicom.dcmread(path)
+        del dataset.FrameOfReferenceUID
+        dataset.save_as(path)
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     output = tmp_path / "masks"
     result = subprocess.run(
@@ -238,6 +245,11 @@ def test_predict_writes_every_good_scan_and_dead_letters_the_bad_one(trained_run
     assert seg.SeriesInstanceUID != "" and len(seg.ReferencedSeriesSequence[0].ReferencedInstanceSequence) == 12
     series_mask = sitk.ReadImage(str(output / "series.nii.gz"))
     assert series_mask.GetSize() == (16, 18, 12)
+    # A series a SEG cannot be written for still gets its mask; the case says why it has no SEG.
+    unreferenced = by_case["no_frame_of_reference"]
+    assert [os.path.basename(p) for p in unreferenced["outputs"][:1]] == ["no_frame_of_reference.nii.gz"]
+    assert not any(p.endswith(".seg.dcm") for p in unreferenced["outputs"])
+    assert len(unreferenced["problems"]) == 1 and "FrameOfReferenceUID" in unreferenced["problems"][0]
     assert "broken: skipped (unreadable" in result.stdout
 
 
