@@ -214,6 +214,26 @@ def check_owned_directory(output: str, kind: str, inputs: dict[str, str | None],
     raise _foreign(output, names, option, f"pass a new or empty directory as {option}")
 
 
+def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], option: str = "--output") -> list[str]:
+    """`fullres predict`: a new or empty directory, or one whose `kind` marker lists every file it holds.
+
+    Returns:
+        The files an earlier run of `kind` wrote there (which this run may replace).
+
+    Raises:
+        OutputRefused: `output` overlaps an input, is a file, or holds a file fullres did not write.
+    """
+    check_outside_inputs(output, inputs, option)
+    _check_not_a_file(output, option)
+    names = [n for n in _entries(output) if n != MARKER]
+    marker = _read_marker(output) or {}
+    listed = set(marker.get("files", [])) if marker.get("kind") == kind else set()
+    unknown = [n for n in names if n not in listed]
+    if unknown:
+        raise _foreign(output, unknown, option, f"pass a new or empty directory as {option}, or move those files away")
+    return names
+
+
 @contextlib.contextmanager
 def lock(output: str, option: str = "--output"):
     """Holds `OUTPUT.fullres-lock` (beside the output) while the body writes the output.

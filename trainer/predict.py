@@ -202,7 +202,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     info = read_model_info(model_dir)
     if output_format_name is not None:
         output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
-    output_guard.check_owned_directory(output_dir, "predict", {"input": input_path, "model": model_dir})
+    # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
+    written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
+    written |= {"summary.json", "dead_letter.jsonl"}
     found = ct_io.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     dead = list(found.dead)
@@ -234,10 +236,13 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         f"{devices[0].platform} device(s); {len(dead)} input(s) set aside")
 
     os.makedirs(output_dir, exist_ok=True)
-    output_guard.write_marker(output_dir, "predict")
+    output_guard.write_marker(output_dir, "predict", sorted(written))
     cases = []
     for number, (case_id, source) in enumerate(scans.items(), 1):
         started = time.perf_counter()
+        # Listed before they are written: a case that fails halfway leaves nothing a rerun would call foreign.
+        written.update(_planned_outputs(case_id, source, output_format_name, probabilities, dicom_seg, names))
+        output_guard.write_marker(output_dir, "predict", sorted(written))
         try:
             case = _predict_case(case_id, source, info, predictor, names, output_dir, output_format_name,
                                  probabilities, dicom_seg, model_dir)
@@ -256,6 +261,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             continue
         case["seconds"] = round(time.perf_counter() - started, 3)
         cases.append(case)
+        written.update(os.path.basename(path) for path in case["outputs"])
+        output_guard.write_marker(output_dir, "predict", sorted(written))
         log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
             f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)"
             + "".join(f"; {problem}" for problem in case["problems"]))
@@ -299,6 +306,17 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
             "model_grid_shape": list(prepared.volume.shape[:3]),
             "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
             "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": outputs}
+
+
+def _planned_outputs(case_id, source, format_name, probabilities, dicom_seg, names) -> set[str]:
+    """The file names `_predict_case` may write for a case."""
+    suffix = FORMATS[output_format(source, format_name)]
+    planned = {case_id + suffix}
+    if probabilities:
+        planned |= {f"{case_id}_probability_{name}{suffix}" for name in names}
+    if source.is_dicom and dicom_seg is not False:
+        planned.add(case_id + ".seg.dcm")
+    return planned
 
 
 def _dead_letter(source: str, stage: str, reason: str, detail: str) -> dict:

@@ -264,3 +264,41 @@ def test_predict_refuses_a_folder_that_is_not_a_run_in_one_sentence(tmp_path):
     assert result.stderr.strip() == (f"fullres: error: --model {tmp_path} is not a fullres run (it lacks "
                                      "model_info.json or model.keras); pass the output directory of `fullres train`.")
     assert not (tmp_path / "out").exists()
+
+
+def test_probabilities_are_resampled_then_argmaxed_on_the_original_grid():
+    """Injected probabilities: the boundary lands between model voxels, where the interpolated probabilities put it."""
+    original = sitk.Image(9, 1, 1, sitk.sitkFloat32)
+    grid = sitk.Image(3, 1, 1, sitk.sitkFloat32)
+    grid.SetSpacing((3.0, 1.0, 1.0))
+    grid.SetOrigin((1.0, 0.0, 0.0))  # model voxel centres at x = 1, 4, 7
+    # The model's class ids are (0, 0, 1): nearest neighbour on them would start the foreground at x = 6 (past the
+    # midpoint 5.5); the interpolated probability crosses 0.5 at x = 4 + 3 * 0.05 / 0.55 = 4.27, so x = 5 is foreground.
+    foreground = np.array([0.0, 0.45, 1.0], np.float32)
+    probabilities = np.stack([1 - foreground, foreground], -1).reshape(1, 1, 3, 2)
+    mask, back = predict.to_original_grid(probabilities, grid, original)
+    assert sitk.GetArrayViewFromImage(mask).ravel().tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]
+    # Beyond the outermost model voxel centres (x = 0 and 8): the nearest one's value, not 0.
+    np.testing.assert_allclose(sitk.GetArrayViewFromImage(back)[0, 0, :, 1],
+                               [0, 0, 0.15, 0.3, 0.45, 0.45 + 0.55 / 3, 0.45 + 1.1 / 3, 1, 1], atol=1e-6)
+
+
+def test_predict_never_overwrites_a_file_it_did_not_write(tmp_path):
+    """An earlier predict output may be replaced file by file, but only the files its marker lists."""
+    from preprocessing import output_guard
+
+    run = _run_dir(tmp_path, {"task": "segmentation", "preprocessing": PREPROCESSING})
+    scan = tmp_path / "a.nii.gz"
+    sitk.WriteImage(_scan()[0], str(scan))
+    output = tmp_path / "masks"
+    output.mkdir()
+    for name in ("a.nii.gz", "summary.json", "dead_letter.jsonl"):
+        (output / name).write_text("written by predict")
+    output_guard.write_marker(str(output), "predict", ["a.nii.gz", "dead_letter.jsonl", "summary.json"])
+    assert output_guard.check_listed_output(str(output), "predict", {}) == ["a.nii.gz", "dead_letter.jsonl",
+                                                                           "summary.json"]
+    (output / "b.nii.gz").write_text("the user's own mask")  # same name a scan b.nii.gz would get
+    with pytest.raises(output_guard.OutputRefused) as refused:
+        predict.predict(run, str(scan), str(output), log=lambda line: None)
+    assert f"--output {output} holds files fullres did not write (b.nii.gz)" in str(refused.value)
+    assert (output / "b.nii.gz").read_text() == "the user's own mask"
