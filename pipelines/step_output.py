@@ -68,6 +68,11 @@ class StepOutput:
     def isatty(self) -> bool:
         return False
 
+    def finish(self) -> None:
+        """Ends a last line written without its newline."""
+        if self._pending:
+            self.write("\n")
+
     def keep(self, line: str) -> str | None:
         """The line as the terminal shows it, or None to leave it to the log file."""
         line = _COLOUR.sub("", line)
@@ -117,6 +122,5 @@ def captured(log_path: str, verbose: bool = False) -> Iterator[StepOutput]:
             yield stream
         finally:
             sys.stdout = terminal
-            if stream._pending:
-                stream.write("\n")
+            stream.finish()
             terminal.flush()

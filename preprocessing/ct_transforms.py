@@ -414,6 +414,28 @@ def check_size(case: ct_io.CaseSource, config: CtPreprocessConfig) -> None:
 
 
 
+def read_scan(source: ct_io.VolumeSource, modality: str, spacing_tolerance: float
+              ) -> tuple[sitk.Image, str, tuple[str, ...], float]:
+    """Reads one scan, checks its voxels and chooses its normalization (`preprocess ct` and `predict` alike).
+
+    Returns:
+        (image as read, normalization, its warnings, the value outside the scan: air for CT, the minimum otherwise).
+
+    Raises:
+        ct_io.CaseError: unreadable, empty or non-finite scans.
+    """
+    image = ct_io.read_volume(source, spacing_tolerance=spacing_tolerance)
+    values = sitk.GetArrayViewFromImage(image)
+    if values.size == 0:
+        raise ct_io.CaseError("read", "empty_volume", "the volume has no voxels")
+    if not np.isfinite(values).all():
+        raise ct_io.CaseError("validate", "non_finite_voxels",
+                              f"{int(np.size(values) - np.isfinite(values).sum())} voxels are NaN or infinite")
+    normalization, warnings = choose_normalization(values, modality, dicom_modality(source))
+    background = AIR_HU if normalization == CT_WINDOW else float(values.min())
+    return image, normalization, warnings, background
+
+
 def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrecord_schema.CtRecord:
     """Reads and transforms one case into a `CtRecord`.
 
@@ -421,15 +443,7 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
         ct_io.CaseError: for anything wrong with this case (read, geometry, values).
     """
     check_size(case, config)
-    image = ct_io.read_volume(case.image, spacing_tolerance=config.spacing_tolerance)
-    values = sitk.GetArrayViewFromImage(image)
-    if values.size == 0:
-        raise ct_io.CaseError("read", "empty_volume", "the volume has no voxels")
-    if not np.isfinite(values).all():
-        raise ct_io.CaseError("validate", "non_finite_voxels",
-                              f"{int(np.size(values) - np.isfinite(values).sum())} voxels are NaN or infinite")
-    normalization, warnings = choose_normalization(values, config.modality, dicom_modality(case.image))
-    background = AIR_HU if normalization == CT_WINDOW else float(values.min())
+    image, normalization, warnings, background = read_scan(case.image, config.modality, config.spacing_tolerance)
     raw_image, image = image, sitk.DICOMOrient(image, config.orientation)
     if case.label is not None:
         label = ct_io.read_volume(case.label, sitk.sitkUnknown, reference=raw_image, classes=config.classes)

@@ -240,26 +240,16 @@ def predict(
     dead letter; the others are still predicted.
     """
     _use_virtual_devices(virtual_devices)
-    dims = None
-    if input_partition_dims is not None:
-        from trainer import partitioning
-
-        try:
-            dims = partitioning.parse_dims(input_partition_dims)
-        except ValueError as error:
-            _fail(str(error))
     if not os.path.exists(input_path):
         _fail(f"--input {input_path!r} does not exist.")
-    budget = None
-    if device_memory is not None:
-        from trainer import memory_plan
-
-        try:
-            budget = memory_plan.parse_bytes(device_memory)
-        except ValueError as error:
-            _fail(str(error))
     from preprocessing import output_guard
-    from trainer import partitioning, predict as predict_lib
+    from trainer import memory_plan, partitioning, predict as predict_lib
+
+    try:  # PartitionError is a ValueError
+        dims = partitioning.parse_dims(input_partition_dims)
+        budget = None if device_memory is None else memory_plan.parse_bytes(device_memory)
+    except ValueError as error:
+        _fail(str(error))
 
     try:
         with output_guard.lock(str(output)):
@@ -273,6 +263,7 @@ def predict(
         _fail_if_write_error(error, output)
     if summary["ok"] == 0:
         _fail(f"no scan was predicted ({summary['failed']} dead letter(s) in {output / 'dead_letter.jsonl'}).")
+
 
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:
     """The command's options as given (defaults left out), except `left_out`: the arguments to pass on."""
@@ -288,7 +279,6 @@ def _options_without(context: typer.Context, *left_out: str) -> list[str]:
         else:
             arguments += [parameter.opts[0], str(value)]
     return arguments
-
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -97,7 +97,8 @@ def output_format(source: ct_io.VolumeSource, requested: str | None) -> str:
     return next((name for suffix, name in _FORMAT_OF_SUFFIX.items() if lower.endswith(suffix)), "nifti")
 
 
-def prepare(source: ct_io.VolumeSource, preprocessing: dict, spacing_tolerance: float | None = None) -> Prepared:
+def prepare(source: ct_io.VolumeSource, preprocessing: dict,
+            spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> Prepared:
     """Reads `source` and applies the model's recorded preprocessing (`model_info.json`'s `preprocessing`).
 
     The same functions as `fullres preprocess ct` (`ct_transforms`): orientation,
@@ -107,17 +108,8 @@ def prepare(source: ct_io.VolumeSource, preprocessing: dict, spacing_tolerance: 
     Raises:
         ct_io.CaseError: unreadable, empty or non-finite scans.
     """
-    tolerance = dicom_series.DEFAULT_SPACING_TOLERANCE if spacing_tolerance is None else spacing_tolerance
-    original = ct_io.read_volume(source, spacing_tolerance=tolerance)
-    values = sitk.GetArrayViewFromImage(original)
-    if values.size == 0:
-        raise ct_io.CaseError("read", "empty_volume", "the volume has no voxels")
-    if not np.isfinite(values).all():
-        raise ct_io.CaseError("validate", "non_finite_voxels",
-                              f"{int(np.size(values) - np.isfinite(values).sum())} voxels are NaN or infinite")
-    normalization, _ = ct_transforms.choose_normalization(values, preprocessing["modality"],
-                                                           ct_transforms.dicom_modality(source))
-    background = ct_transforms.AIR_HU if normalization == ct_transforms.CT_WINDOW else float(values.min())
+    original, normalization, _, background = ct_transforms.read_scan(source, preprocessing["modality"],
+                                                                     spacing_tolerance)
     oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
     spacing = preprocessing["spacing"]
     grid = ct_transforms.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
@@ -261,8 +253,6 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             continue
         case["seconds"] = round(time.perf_counter() - started, 3)
         cases.append(case)
-        written.update(os.path.basename(path) for path in case["outputs"])
-        output_guard.write_marker(output_dir, "predict", sorted(written))
         log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
             f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)"
             + "".join(f"; {problem}" for problem in case["problems"]))

@@ -1,10 +1,15 @@
 """`fullres predict`'s model side: the run records its preprocessing, and older runs are refused in one sentence."""
 
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
+import SimpleITK as sitk
 
-from preprocessing import ct_transforms
+from preprocessing import ct_io, ct_transforms
 from trainer import config as config_lib, predict, tasks
 
 
@@ -54,15 +59,6 @@ def test_a_run_predict_cannot_use_is_refused_in_one_sentence(tmp_path, info, wor
 
 # ---------------------------------------------------------------------------------------------------------------
 # The scan side: geometry in, geometry out; partitioned passes agree; bad scans are dead letters.
-
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-import SimpleITK as sitk  # noqa: E402
-
-from preprocessing import ct_io  # noqa: E402
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREPROCESSING = {"spacing": [1.7, 1.7, 2.25], "orientation": "LPS", "window": [-200.0, 300.0], "modality": "ct",
