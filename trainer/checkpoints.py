@@ -75,6 +75,13 @@ class Checkpointer:
         # The handler named up front, so a fresh manager (a resumed run) can read the metadata before restoring.
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_handlers=ocp.StandardCheckpointHandler())
+        # Orbax removes what an interrupted save left behind in a background thread that only `save` waits for.
+        # A run that stops before its first save (a full disk, a refused config) would exit with that thread
+        # still working, and its traceback at interpreter exit would follow fullres's one-sentence error. Orbax
+        # (0.12) has no public call for this wait, hence the private one; without it, the cleanup still happens.
+        wait_for_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
+        if wait_for_cleanup is not None:
+            wait_for_cleanup()
 
     def save(self, step_number: int, state: step.TrainState) -> None:
         """Writes the checkpoint for `step_number` (a no-op if it exists) and deletes all but the newest `keep`."""

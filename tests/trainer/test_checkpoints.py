@@ -1,5 +1,6 @@
 """Orbax checkpoints of the TrainState: newest K kept, restore onto the mesh, refusal of another model's checkpoint."""
 
+import asyncio
 import os
 
 import jax
@@ -40,6 +41,28 @@ def test_newest_checkpoints_are_kept_and_the_newest_restored_onto_the_mesh(distr
     assert restored.trainable[0].sharding.is_equivalent_to(_state(distribution).trainable[0].sharding, 2)
     assert len(restored.trainable[0].sharding.device_set) == 8
     assert checkpoints.load_arrays(directory, 8)["trainable/00000"][0, 0] == 8.0
+
+
+def test_what_a_crash_left_is_removed_before_the_checkpointer_returns(tmp_path, monkeypatch):
+    """Orbax cleans up in a thread; a run failing before its first save must not exit while it still runs.
+
+    In CI a disk-full run printed its one sentence and then that thread's traceback at interpreter exit. The
+    cleanup is slowed here so the race is lost every time unless the Checkpointer waits for it.
+    """
+    from orbax.checkpoint._src.path import temporary_paths
+
+    cleanup = temporary_paths.cleanup_temporary_paths
+
+    async def slow_cleanup(*args, **kwargs):
+        await asyncio.sleep(1.0)
+        return await cleanup(*args, **kwargs)
+
+    monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", slow_cleanup)
+    directory = tmp_path / "checkpoints"
+    os.makedirs(directory / "00000016.orbax-checkpoint-tmp-1")  # what a crash mid-save leaves
+    checkpointer = checkpoints.Checkpointer(str(directory))
+    assert os.listdir(directory) == []
+    checkpointer.close()
 
 
 def test_a_checkpoint_of_another_model_is_refused_in_one_sentence(distribution, tmp_path):
