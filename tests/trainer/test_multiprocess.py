@@ -21,18 +21,18 @@ from trainer import checkpoints, distributed, local_launcher
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 1e-5  # as in test_parity.py: per-tensor ||a − b|| / ||b||
-# Weights and Adam moments after the 20-step run, per tensor. Where the difference comes from, measured with
-# benchmarks/multiprocess_drift.py (the parity model, one fixed batch, lr 1e-2, 1,8,1,1,1, 20 steps):
-# - 1 process × 8 devices run twice: identical bit for bit (0.0) in every step's gradients and weights;
-# - 2 processes × 4 devices against it, SGD: gradients within 2.4e-6 and weights within 1e-6 for steps 1-4 (no
-#   gradient element of another sign), then step 5's gradients differ by 1e-2 at once and the weights end
-#   1.9e-2 apart. So it is not Adam amplifying rounding, SGD parts too: the runs follow each other to float32
-#   rounding of differently ordered sums (gloo) until a rounding-sized difference crosses a point where the
-#   gradient jumps (presumably a ReLU or max-pool switching; the element was not pinned down), after which they
-#   are two nearby trainings. The same happens without a second process (1 × 8 against 1 × 1 devices: 1.6e-4).
-# In this test's smoke run (2 levels, Adam, demo data with flips) the end difference measured 6.5e-4 (previous session);
-# 2e-3 leaves a 3x margin. It is not what shows the data was right: the per-step losses are.
-WEIGHT_TOLERANCE = 2e-3
+# 2 processes × 4 devices against 1 process × 8 devices after the 20-step smoke run (Adam, lr 1e-2, demo data
+# with flips, 1,8,1,1,1), per-step loss and per-tensor weights. Both runs are deterministic (each repeated is
+# identical bit for bit) and see the same batches (their first 5 losses agree within 1.1e-7); then they part as
+# two nearby trainings do, because sums are reduced in another order. That is not the process boundary: measured
+# on this code, 1 × 8 devices ends 5.8e-5 (loss) / 3.6e-3 (weights) / 3.0e-2 (Adam moments) from 1 × 1 device,
+# whereas 2 × 4 ends 1.9e-6 / 1.4e-4 / 1.1e-2 from it; 2 × 4 against 1 × 8: 5.8e-5 / 3.5e-3 / 3.1e-2. The bounds
+# below leave about 2x over the 1-process spread they stand for. They are not what shows that the processes read
+# the right rows (a wrong batch moves a step's loss by ~1e-2; the first steps' 1e-5 does), and they are not the
+# resume check: an interrupted 2-process run must end exactly where an uninterrupted one ends.
+SPREAD_LOSS = 1e-4
+SPREAD_WEIGHTS = 1e-2
+AGREEING_STEPS = 5  # the first steps, before the runs part: float32 rounding (TOLERANCE)
 
 
 def _environment():
@@ -134,6 +134,20 @@ def uninterrupted(demo_data, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def uninterrupted_two_processes(demo_data, tmp_path_factory):
+    """The same 20-step run in 2 processes × 4 devices, started by the launcher and left alone."""
+    output = tmp_path_factory.mktemp("two_processes_uninterrupted")
+    finished = subprocess.run(_fullres_train(*_train_arguments(demo_data["train"], output, 4), "--local-processes", "2"),
+                              env=_environment(), capture_output=True, text=True, cwd=REPOSITORY, timeout=540)
+    assert finished.returncode == 0, finished.stdout[-3000:]
+    return output
+
+
+def _loss_history(run):
+    return json.loads((run / "metrics.json").read_text())["loss_history"]
+
+
+@pytest.fixture(scope="module")
 def interrupted(demo_data, tmp_path_factory):
     """One 20-step run in 2 processes × 4 devices (depth split 8-way across them), interrupted twice:
 
@@ -223,16 +237,10 @@ def test_kill_9_of_one_process_stops_the_other_within_60_s(interrupted):
 
 
 @pytest.mark.slow
-def test_rerun_resumes_and_ends_with_the_uninterrupted_weights(interrupted, uninterrupted):
+def test_rerun_resumes_and_ends_with_the_uninterrupted_weights(interrupted, uninterrupted_two_processes):
     """After the preemption and the lost process, the last rerun resumes from the newest complete checkpoint and
-    ends where the uninterrupted 1-process × 8-device run ends.
-
-    Loss tolerance: every one of the 20 steps' losses agrees to 1e-5 relative (measured: within 1e-6), which only
-    holds if every step saw the same batch, split and augmentation through the preemption, the kill and both
-    resumes.
-
-    Weight tolerance: WEIGHT_TOLERANCE, per tensor (weights and Adam moments). See its comment for what was
-    measured and why 2 processes end further apart than the step-by-step parity's 1e-5.
+    ends exactly where the same run ends uninterrupted: every step's loss, every weight and Adam moment, bit for
+    bit (both runs are 2 processes × 4 devices, and such a run repeats bit for bit).
     """
     finished, run = interrupted["finished"], interrupted["run"]
     assert finished.returncode == 0, finished.stdout[-3000:]
@@ -240,14 +248,30 @@ def test_rerun_resumes_and_ends_with_the_uninterrupted_weights(interrupted, unin
     assert f"[p0] resuming from checkpoint at step {last_complete}" in finished.stdout
     assert f"[p1] resuming from checkpoint at step {last_complete}" in finished.stdout
 
-    histories = [json.loads((directory / "metrics.json").read_text())["loss_history"]
-                 for directory in (run, uninterrupted)]
-    assert [s for s, _ in histories[0]] == [s for s, _ in histories[1]] == list(range(1, STEPS + 1))
-    for (step_number, ours), (_, theirs) in zip(*histories):
-        assert abs(ours - theirs) / abs(theirs) <= TOLERANCE, f"step {step_number}: loss {ours} vs {theirs}"
+    ours, theirs = _loss_history(run), _loss_history(uninterrupted_two_processes)
+    assert [s for s, _ in ours] == list(range(1, STEPS + 1))
+    assert ours == theirs
     ours = checkpoints.load_arrays(str(run / "checkpoints"), STEPS)
+    theirs = checkpoints.load_arrays(str(uninterrupted_two_processes / "checkpoints"), STEPS)
+    assert sorted(ours) == sorted(theirs)
+    for key in theirs:
+        np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+
+
+@pytest.mark.slow
+def test_two_processes_end_where_one_process_ends(uninterrupted_two_processes, uninterrupted):
+    """20 steps in 2 processes × 4 devices against 1 process × 8 devices: the first steps agree to float32
+    rounding (the same batches, splits and flips), the rest within the spread of two single-process device
+    counts (SPREAD_LOSS, SPREAD_WEIGHTS: what was measured and why, above)."""
+    ours, theirs = _loss_history(uninterrupted_two_processes), _loss_history(uninterrupted)
+    assert [s for s, _ in ours] == [s for s, _ in theirs] == list(range(1, STEPS + 1))
+    for (step_number, a), (_, b) in zip(ours, theirs):
+        bound = TOLERANCE if step_number <= AGREEING_STEPS else SPREAD_LOSS
+        assert abs(a - b) / abs(b) <= bound, f"step {step_number}: loss {a} vs {b}"
+    ours = checkpoints.load_arrays(str(uninterrupted_two_processes / "checkpoints"), STEPS)
     theirs = checkpoints.load_arrays(str(uninterrupted / "checkpoints"), STEPS)
     assert sorted(ours) == sorted(theirs)
-    worst = max(_relative(ours[key], theirs[key]) for key in theirs if np.linalg.norm(theirs[key]) > 0)
-    print(f"after {STEPS} steps: largest relative difference of a weight or Adam moment {worst:.2e}")
-    assert worst <= WEIGHT_TOLERANCE, f"largest relative weight difference {worst:.2e}"
+    weights = [key for key in theirs if not key.startswith("optimizer/") and np.linalg.norm(theirs[key]) > 0]
+    worst = max(_relative(ours[key], theirs[key]) for key in weights)
+    print(f"after {STEPS} steps: largest relative difference of a weight {worst:.2e}")
+    assert worst <= SPREAD_WEIGHTS, f"largest relative weight difference {worst:.2e}"
