@@ -17,8 +17,11 @@ FROM ${BASE}
 ARG ACCELERATOR=cpu
 # The package index (the one this machine's pip/uv use; `fullres image build` passes it).
 ARG INDEX_URL=https://pypi.org/simple
+# No persistent JAX compilation cache in the image: each pipeline step is a new container, so a cache in its
+# home would never be read again (point JAX_COMPILATION_CACHE_DIR at a bucket or volume to share one).
 ENV PYTHONUNBUFFERED=1 \
     KERAS_BACKEND=jax \
+    JAX_COMPILATION_CACHE_DIR= \
     UV_COMPILE_BYTECODE=1 \
     UV_LINK_MODE=copy \
     UV_PYTHON_DOWNLOADS=never \

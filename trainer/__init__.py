@@ -5,6 +5,18 @@ TensorFlow imports Keras — so the JAX backend is chosen here, before any
 trainer module imports either, and a process that already loaded Keras on
 another backend is stopped with the fix. TensorFlow's C++ start-up chatter is
 silenced unless the user asked for it.
+
+JAX's persistent compilation cache is switched on here too: every fullres
+command is a fresh process (each pipeline step, a rerun, predict after train),
+and without the cache each one compiles again what the last one compiled.
+Measured on a 2-core CPU: building the demo UNet compiles its weight
+initializers for 22 s in every process (one XLA program per weight shape) and
+0.05 s per shape from the cache. The cache lives in
+`$XDG_CACHE_HOME/fullres/jax` (`~/.cache/...`), is capped at 2 GiB by JAX's
+own least-recently-used eviction (which also locks it between processes), and
+gives back what the compiler gave (the same memory analysis and program text
+that `fullres plan` reads). `JAX_COMPILATION_CACHE_DIR` set by the user wins;
+set it empty to switch the cache off.
 """
 
 import os
@@ -20,6 +32,37 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow only reads, parses and exports here, never computes a model: its
 # oneDNN kernels buy nothing and announce themselves on every start.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+def _compilation_cache_directory() -> str:
+    """The persistent compilation cache's folder, or "" where none can be made (a read-only home in a container)."""
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(base, "fullres", "jax")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return ""
+    return directory if os.access(directory, os.W_OK) else ""
+
+
+COMPILATION_CACHE = {
+    "jax_compilation_cache_dir": _compilation_cache_directory(),
+    "jax_compilation_cache_max_size": 2 * 1024**3,  # bytes; also what makes JAX lock the folder
+    "jax_persistent_cache_min_compile_time_secs": 0.1,  # JAX's default, 1 s, leaves out most initializers
+    "jax_persistent_cache_min_entry_size_bytes": 0,
+}
+for _name, _value in COMPILATION_CACHE.items():
+    if _name.upper() in os.environ:  # the user's setting
+        continue
+    if "jax" in sys.modules:  # imported before fullres (a notebook, the tests): too late for the environment
+        import jax
+
+        jax.config.update(_name, _value)
+    else:
+        os.environ[_name.upper()] = str(_value)
+
 if "keras" in sys.modules:
     import keras
 
