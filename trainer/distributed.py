@@ -17,11 +17,18 @@ Preemption (SIGTERM) is agreed on through JAX's preemption sync point: the
 process that gets the signal tells the coordinator, and every process learns
 the same step at which to stop, checkpoint, and exit with `PREEMPTED_EXIT_CODE`.
 Checking costs nothing per step (a local flag until a notice arrives).
+
+Processes start each new compiled program together (`RunTogether`): each
+compiles at its own speed (a loaded host, a compilation-cache hit), and gloo,
+the CPU collectives, gives up when a peer is 30 s late to the first collective
+between a set of devices ("Gloo context initialization failed ... Connect
+timeout"), a limit no setting changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -29,6 +36,9 @@ import signal
 COORDINATOR_PORT = 8476
 # How long the others wait for a silent process before they stop (JAX's default is 100 s).
 HEARTBEAT_TIMEOUT_SECONDS = 20
+# How long a process waits at a barrier for the others (compiling a large step on a loaded host takes minutes);
+# a process that died ends the others sooner, through the heartbeats.
+BARRIER_TIMEOUT_SECONDS = 3600
 # "Preempted, resume me": EX_TEMPFAIL from sysexits.h, a temporary failure worth retrying.
 PREEMPTED_EXIT_CODE = 75
 
@@ -133,6 +143,55 @@ def install_single_process_sigterm_handler() -> None:
         signal.signal(signal.SIGTERM, note)
     except ValueError:  # not the main thread (e.g. inside a test runner's worker); SIGTERM keeps its default
         pass
+
+
+_barrier_numbers = itertools.count()
+
+
+def wait_for_the_others(name: str) -> None:
+    """Returns when every process of the run has called this (with the same `name`, in the same order).
+
+    A barrier of JAX's coordination service, not a device collective (Orbax's
+    `sync_global_processes` is one by default, so gloo's 30 s would apply to
+    it too); nothing to do in one process.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    from orbax.checkpoint import multihost
+
+    barrier = multihost.get_barrier_sync_fn()
+    barrier(key=f"fullres-{next(_barrier_numbers)}-{name}", timeout_ms=BARRIER_TIMEOUT_SECONDS * 1000)
+
+
+class RunTogether:
+    """A jitted function that, across processes, starts each newly compiled program on every process at once.
+
+    In one process it is the jitted function itself. With several, a call
+    with new argument shapes compiles ahead of time, waits for the other
+    processes to finish compiling theirs (`wait_for_the_others`), then runs;
+    later calls with those shapes run the compiled program directly.
+    """
+
+    def __init__(self, jitted, name: str):
+        self.jitted = jitted
+        self.name = name
+        self._compiled: dict = {}
+
+    def __call__(self, *args):
+        import jax
+
+        if jax.process_count() == 1:
+            return self.jitted(*args)
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        key = (treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self.jitted.lower(*args).compile()
+            wait_for_the_others(self.name)
+            self._compiled[key] = compiled
+        return compiled(*args)
 
 
 def preemption_reached(step_number: int) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from trainer import ct_input, inference, metrics, partitioning, step, tasks
+from trainer import ct_input, distributed, inference, metrics, partitioning, step, tasks
 
 
 def evaluate_segmentation(
@@ -36,7 +36,8 @@ def evaluate_segmentation(
         real = images.shape[0]
         images = tasks.pad_batch(images, batch_size)  # (B, D, H, W, 1)
         if predict is None:
-            predict = inference.make_forward(model, distribution, state, images.ndim, "class_ids")
+            predict = distributed.RunTogether(
+                inference.make_forward(model, distribution, state, images.ndim, "class_ids"), "evaluation")
         predictions = step.to_host(predict(state, step.place_batch(distribution, images)))[:real]
         dice.update(predictions, labels)
         if samples is not None:

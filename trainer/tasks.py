@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer import config as config_lib, ct_input, partitioning, step
+from trainer import config as config_lib, ct_input, distributed, partitioning, step
 
 
 def pad_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
@@ -353,10 +353,10 @@ class DetectionTask:
 
         config = self.config
         image_sharding = distribution.get_data_layout((0,) * 4).backend_layout
-        forward = jax.jit(
+        forward = distributed.RunTogether(jax.jit(
             lambda state, images: model.stateless_call(state.trainable, state.non_trainable, images, training=False)[0],
             in_shardings=(step.state_shardings(state, distribution), image_sharding),
-        )
+        ), "detection forward")
         data = detection_input.detection_dataset(pattern, config.batch_size, config.image_size,
                                                  max_boxes=self.EVAL_MAX_BOXES)
         self.eval_boxes_dropped = 0

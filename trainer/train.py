@@ -182,9 +182,13 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
            if jax.process_count() > 1 else "")
     )
 
+    # Processes meet before work that may hold collectives (building the model, Orbax's own barriers): one
+    # that compiled for longer (a layout search, a loaded host) would otherwise exceed gloo's 30 s on CPUs.
+    distributed.wait_for_the_others("model build")
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = build_model(config, task, total_steps)
+    distributed.wait_for_the_others("model built")
 
     checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
     history_path = os.path.join(config.output_dir, "history.jsonl")
@@ -209,7 +213,8 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
             layout_choice.save_choice(choice, config.output_dir)
     history = read_history(history_path, start_step)
 
-    train_step = jit_step(task, model, optimizer, distribution, state, len(image_shape))
+    train_step = distributed.RunTogether(jit_step(task, model, optimizer, distribution, state, len(image_shape)),
+                                         "train step")
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
     log(f"each device holds a {tuple(image_sharding.shard_shape(tuple(image_shape)))} shard of every {tuple(image_shape)} "
         f"batch (input_partition_dims {','.join(map(str, config.partition.input_partition_dims))})")

@@ -47,10 +47,10 @@ def loss_and_grads(model, state, dims, images, labels, rows=None):
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims))
     placed_state = step.place_state(state, distribution)
     placed_images, placed_labels = step.place_batch(distribution, images, labels, batch_size=BATCH_SHAPE[0], rows=rows)
-    function = jax.jit(
+    function = distributed.RunTogether(jax.jit(
         step.make_loss_and_grads(model, losses.dice_cross_entropy),
         in_shardings=(step.state_shardings(placed_state, distribution), placed_images.sharding, placed_labels.sharding),
-    )
+    ), "parity step")
     loss, grads, _ = function(placed_state, placed_images, placed_labels)
     return float(loss), [np.asarray(g) for g in grads], placed_images
 

@@ -66,6 +66,19 @@ def test_a_process_reads_exactly_its_rows_of_every_global_batch(demo_data):
 
 
 @pytest.mark.slow
+def test_a_process_late_to_its_first_collective_by_more_than_gloos_30_s_is_waited_for():
+    """CI lost a run this way: one process compiled 30 s slower under load, and gloo gave up connecting."""
+    address = f"localhost:{local_launcher.free_port()}"
+    script = os.path.join(REPOSITORY, "tests", "trainer", "late_process_worker.py")
+    processes = [subprocess.Popen([sys.executable, script, address, str(i), "40"], env=_environment(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPOSITORY)
+                 for i in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    assert all("sum 3.0" in output for output in outputs), outputs
+
+
+@pytest.mark.slow
 def test_one_step_in_two_processes_matches_one_process(tmp_path):
     """2 processes × 4 devices, the depth split crossing the process boundary (1,8,1,1,1) and replicas on
     processes (1,4,1,1,1): the same loss and gradients as 1 process × 8 devices."""
