@@ -179,11 +179,14 @@ def write_dicom_series(
 
 
 def write_demo_cases(output_dir: str, num_cases: int = 8, shape: tuple[int, int, int] = (48, 64, 64),
-                     seed: int = 0, formats: tuple[str, ...] = ("dicom", "nifti")) -> dict:
+                     seed: int = 0, formats: tuple[str, ...] = ("dicom", "nifti"), turned: bool = False) -> dict:
     """Writes the same synthetic cases as DICOM series and as NIfTI, each with a NIfTI label map.
 
     Spacing varies from case to case (anisotropic, thicker slices), as in real
-    scans, so preprocessing has something to resample.
+    scans, so preprocessing has something to resample. With `turned`, the NIfTI
+    scans and label maps store the same anatomy in another voxel order: rows and
+    columns swapped and two axes flipped, recorded in a non-identity direction
+    (as scans from other scanners and tools come); NIfTI only.
 
     Returns:
         `{"dicom": dir, "nifti": dir}` (the `formats` asked for); each holds `images/` and `labels/`.
@@ -194,6 +197,8 @@ def write_demo_cases(output_dir: str, num_cases: int = 8, shape: tuple[int, int,
     unknown = set(formats) - {"dicom", "nifti"}
     if unknown:
         raise ValueError(f"unknown demo formats {sorted(unknown)}; use dicom and/or nifti.")
+    if turned and "dicom" in formats:
+        raise ValueError("turned cases are written as NIfTI only; ask for formats=('nifti',).")
     roots = {kind: os.path.join(output_dir, kind) for kind in formats}
     for root in roots.values():
         os.makedirs(os.path.join(root, "images"), exist_ok=True)
@@ -210,6 +215,8 @@ def write_demo_cases(output_dir: str, num_cases: int = 8, shape: tuple[int, int,
         image.SetOrigin(origin)
         labels = sitk.GetImageFromArray(label)
         labels.CopyInformation(image)
+        if turned:  # x and y swapped, x and z flipped: the direction says so, the anatomy stays where it was
+            image, labels = (sitk.Flip(sitk.PermuteAxes(v, [1, 0, 2]), [True, False, True]) for v in (image, labels))
         if "nifti" in roots:
             sitk.WriteImage(image, os.path.join(roots["nifti"], "images", f"{case_id}.nii.gz"))
         for root in roots.values():

@@ -39,7 +39,13 @@ def test_demo_runs_the_pipeline_and_writes_the_summary(demo_run):
     assert os.path.exists(os.path.join(summary["saved_model"], "saved_model", "saved_model.pb"))
     assert json.loads(open(summary["metrics"]).read())["cases"] == 2
     assert summary["report"].endswith(".html") and open(summary["report"]).read().startswith("<!DOCTYPE html>")
-    for step in ("preprocess-ct", "preprocess-ct-2", "train", "evaluate", "export"):
+    # The held-out scans, stored turned and flipped, predicted in their own geometry and scored there.
+    predicted = summary["predict"]
+    assert predicted["cases"] == 2 and 0.0 <= predicted["dice_mean"] <= 1.0 and len(predicted["dice_per_class"]) == 3
+    written = sorted(name for name in os.listdir(predicted["masks"]) if not name.startswith("."))
+    assert written == ["case000.nii.gz", "case001.nii.gz", "dead_letter.jsonl", "summary.json"]
+    assert "predicted in the held-out scans' own geometry" in result.stdout
+    for step in ("preprocess-ct", "preprocess-ct-2", "train", "evaluate", "export", "predict"):
         assert os.path.isdir(os.path.join(summary["run_dir"], step)), step
         assert f"step {step}: SUCCESS" in result.stdout
 

@@ -476,3 +476,20 @@ def test_series_folders_reached_through_symlinks_are_found_once(tmp_path):
     assert sorted(volumes) == ["case000", "case001"] and all(v.is_dicom for v in volumes.values())
     # case000 is reachable twice (directly and through more/); it is read once, and nothing loops.
     assert dead == []
+
+
+def test_turned_demo_cases_hold_the_same_anatomy_in_another_voxel_order(tmp_path):
+    plain = demo_ct.write_demo_cases(str(tmp_path / "plain"), 1, (8, 16, 12), seed=4, formats=("nifti",))["nifti"]
+    turned = demo_ct.write_demo_cases(str(tmp_path / "turned"), 1, (8, 16, 12), seed=4, formats=("nifti",),
+                                      turned=True)["nifti"]
+    for kind in ("images", "labels"):
+        original = sitk.ReadImage(os.path.join(plain, kind, "case000.nii.gz"))
+        stored = sitk.ReadImage(os.path.join(turned, kind, "case000.nii.gz"))
+        assert stored.GetSize() == (16, 12, 8)  # x and y swapped
+        assert not np.allclose(stored.GetDirection(), np.eye(3).ravel())
+        assert not np.array_equal(sitk.GetArrayFromImage(stored).transpose(0, 2, 1), sitk.GetArrayFromImage(original))
+        # Back on the original grid, voxel for voxel the same: only the storage changed, not the anatomy.
+        back = sitk.Resample(stored, original, sitk.Transform(), sitk.sitkNearestNeighbor)
+        np.testing.assert_array_equal(sitk.GetArrayFromImage(back), sitk.GetArrayFromImage(original))
+    with pytest.raises(ValueError, match="NIfTI only"):
+        demo_ct.write_demo_cases(str(tmp_path / "dicom"), 1, (8, 16, 12), formats=("dicom", "nifti"), turned=True)
