@@ -73,7 +73,7 @@ def write_metrics(artifact, results: dict, scalars: tuple[str, ...]) -> None:
         if value is not None:
             artifact.log_metric(f"AP/{name}", value)
     for name, value in zip(results.get("class_names") or [], results.get("dice_per_class") or []):
-        if value is not None and results.get("task") == "segmentation":
+        if value is not None:
             artifact.log_metric(f"dice/{name}", value)
     with open(artifact.path, "w") as file:
         json.dump(results, file, indent=2, default=_jsonable)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from trainer import partitioning
+from trainer import distributed, partitioning
 
 
 class TrainState(NamedTuple):
@@ -108,8 +108,11 @@ def place_state(state: TrainState, distribution: partitioning.SpatialParallel) -
     """Copies the state onto the distribution's mesh, replicated.
 
     Always a copy (`may_alias=False`): the train step donates its state, and a
-    state that aliased its source would delete the caller's arrays.
+    state that aliased its source would delete the caller's arrays. Across
+    processes JAX checks that every process puts the same values (a collective
+    per array), so the processes meet first (`distributed.wait_for_the_others`).
     """
+    distributed.wait_for_the_others("place state")
     return jax.device_put(state, state_shardings(state, distribution), may_alias=False)
 
 

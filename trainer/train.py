@@ -182,13 +182,13 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
            if jax.process_count() > 1 else "")
     )
 
-    # Processes meet before work that may hold collectives (building the model, Orbax's own barriers): one
-    # that compiled for longer (a layout search, a loaded host) would otherwise exceed gloo's 30 s on CPUs.
+    # Processes meet before work that may hold collectives (building the model; placing it, below, meets
+    # again): one that compiled for longer (a layout search, a loaded host) would otherwise exceed gloo's
+    # 30 s on CPUs.
     distributed.wait_for_the_others("model build")
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = build_model(config, task, total_steps)
-    distributed.wait_for_the_others("model built")
 
     checkpoint_dir = os.path.join(config.output_dir, "checkpoints")
     history_path = os.path.join(config.output_dir, "history.jsonl")
