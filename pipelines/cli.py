@@ -87,14 +87,15 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
     train_cases = demo_ct.write_demo_cases(str(output / "data" / "train"), cases, (32, 64, 64), seed=0, formats=("nifti",))
     # Held out, and stored turned and flipped (a non-identity direction), as scans from another scanner come:
     # evaluated after preprocessing, and predicted whole in their own geometry.
-    eval_cases_dir = demo_ct.write_demo_cases(str(output / "data" / "eval"), eval_cases, (32, 64, 64), seed=1,
-                                              formats=("nifti",), turned=True)
+    held_out = demo_ct.write_demo_cases(str(output / "data" / "eval"), eval_cases, (32, 64, 64), seed=1,
+                                        formats=("nifti",), turned=True)["nifti"]
+    held_out_images, held_out_labels = os.path.join(held_out, "images"), os.path.join(held_out, "labels")
     arguments = dict(
         train_input_uri=os.path.join(train_cases["nifti"], "images"),
         train_labels_uri=os.path.join(train_cases["nifti"], "labels"),
-        eval_input_uri=os.path.join(eval_cases_dir["nifti"], "images"),
-        eval_labels_uri=os.path.join(eval_cases_dir["nifti"], "labels"),
-        predict_input_uri=os.path.join(eval_cases_dir["nifti"], "images"),
+        eval_input_uri=held_out_images,
+        eval_labels_uri=held_out_labels,
+        predict_input_uri=held_out_images,
         preset="demo", class_names=",".join(demo_ct.CLASS_NAMES), input_partition_dims=input_partition_dims,
         **DEMO_PREPROCESSING,
     )
@@ -112,7 +113,7 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
     report.write_text(Path(local_run.find_output(outputs, "evaluate", "report")).read_text())
     trained = json.loads(Path(local_run.find_output(outputs, "train", "metrics")).read_text())
     masks = local_run.find_output(outputs, "predict", "masks")
-    predicted = _dice_in_own_geometry(masks, os.path.join(eval_cases_dir["nifti"], "labels"), len(demo_ct.CLASS_NAMES))
+    predicted = _dice_in_own_geometry(masks, held_out_labels, len(demo_ct.CLASS_NAMES))
     summary = {
         "dice_mean": scores.get("dice_mean"),
         "input_partition_dims": trained.get("input_partition_dims"),
