@@ -61,6 +61,7 @@ RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/
        fi
 
 COPY README.md ./
+COPY common common
 COPY preprocessing preprocessing
 COPY trainer trainer
 COPY components components

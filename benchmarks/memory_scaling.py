@@ -41,7 +41,7 @@ def _device_count(argv: list[str]) -> int:
 
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_device_count(sys.argv)}"  # before JAX starts
 
-from trainer import memory_plan  # noqa: E402
+from trainer.plan import memory_plan  # noqa: E402
 
 def layout_search(cases: list[str], output: str | None) -> None:
     """Every layout of each N, ranked; results are written after each case, so a long run keeps what finished."""

@@ -26,7 +26,7 @@ DIMS = (1, 8, 1, 1, 1)
 
 def _steps(address: str, num_processes: int, process_id: int, optimizer_name: str, steps: int, output: str) -> None:
     """One process: `steps` steps, saving each step's gradients and the final weights (process 0)."""
-    from trainer import distributed
+    from trainer.parallel import distributed
 
     if num_processes > 1:
         distributed.initialize(distributed.ProcessGroup(address, num_processes, process_id))
@@ -35,7 +35,9 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     import numpy as np
 
     from tests.trainer import multiprocess_parity_worker as worker
-    from trainer import losses, partitioning, step, unet
+    from trainer.engine import step
+    from trainer.models import losses, unet
+    from trainer.parallel import partitioning
 
     keras.utils.set_random_seed(0)
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4))
@@ -59,7 +61,7 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
 
 
 def _run(optimizer_name: str, num_processes: int, steps: int, output: str) -> None:
-    from trainer import local_launcher
+    from trainer.parallel import local_launcher
 
     address = f"localhost:{local_launcher.free_port()}"
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

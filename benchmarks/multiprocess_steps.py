@@ -47,7 +47,7 @@ def main() -> None:
     arguments = parser.parse_args()
     warmup = arguments.steps // 2
 
-    from preprocessing import demo_ct
+    from preprocessing.ct import demo_ct
 
     with tempfile.TemporaryDirectory() as directory:
         data = demo_ct.write_demo_tfrecords(os.path.join(directory, "data"), num_train=6, num_eval=2,

@@ -53,11 +53,16 @@ def main(argv=None) -> None:
     import SimpleITK as sitk
 
     import sliding_window
-    from preprocessing import ct_io
-    from trainer import evaluate, inference, memory_plan, partitioning, predict, tasks
+    from preprocessing.ct import ct_io
+    from trainer import evaluate
+    from trainer.tasks import registry
+    from trainer.engine import inference
+    from trainer.parallel import partitioning
+    from trainer.plan import memory_plan
+    from trainer.predict import predict
 
     info = predict.read_model_info(args.model)
-    config, _ = tasks.restore(args.model)
+    config, _ = registry.restore(args.model)
     if args.input_partition_dims:
         config = memory_plan.with_dims(config, partitioning.parse_dims(args.input_partition_dims))
     devices = jax.devices()

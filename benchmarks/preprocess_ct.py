@@ -22,7 +22,9 @@ import numpy as np  # noqa: E402
 import SimpleITK as sitk  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from preprocessing import ct_io, ct_pipeline, ct_transforms, demo_ct, tfrecord_schema  # first: sets TF's env
+from preprocessing.beam import ct_pipeline
+from preprocessing.ct import ct_io, ct_transforms, demo_ct
+from preprocessing.records import tfrecord_schema  # first: sets TF's env
 
 CONFIG = ct_transforms.CtPreprocessConfig(spacing=(1.0, 1.0, 1.5), window=(-200.0, 300.0), shape=(128, 192, 192))
 

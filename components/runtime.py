@@ -28,7 +28,7 @@ def numbers(text: str, kind=float) -> tuple | None:
 
 def beam_arguments(beam_args: list) -> list[str]:
     """Beam options as given; without a runner, Beam's local runner with one worker per core."""
-    from preprocessing import conversion
+    from preprocessing.beam import conversion
 
     args = [str(a) for a in beam_args]
     if not any(a.startswith("--runner") for a in args):

@@ -34,7 +34,8 @@ def preprocess_ct(
 ):
     """CT scans (+ label maps) to TFRecords with Beam; `beam_args` picks the runner (DataflowRunner on Vertex)."""
     from components import runtime
-    from preprocessing import ct_pipeline, ct_transforms
+    from preprocessing.beam import ct_pipeline
+    from preprocessing.ct import ct_transforms
 
     output = runtime.output_location(dataset, beam_args)
     config = ct_transforms.CtPreprocessConfig(
@@ -55,7 +56,7 @@ def preprocess_images(
 ):
     """Images with COCO JSON or VOC XML boxes to TF Object Detection API TFRecords with Beam."""
     from components import runtime
-    from preprocessing import images_pipeline
+    from preprocessing.beam import images_pipeline
 
     output = runtime.output_location(dataset, beam_args)
     summary = images_pipeline.run(annotations=annotations_uri, images=images_uri, output=output,
@@ -84,7 +85,7 @@ def train(
     A preempted run (SIGTERM) checkpoints and exits with status 75; rerun, it resumes.
     """
     from components import runtime
-    from trainer import distributed
+    from trainer.parallel import distributed
 
     distributed.initialize_from_environment()
     from trainer import train as train_lib
@@ -145,7 +146,8 @@ def predict(
     each input's own format.
     """
     from components import runtime
-    from trainer import partitioning, predict as predict_lib
+    from trainer.parallel import partitioning
+    from trainer.predict import predict as predict_lib
 
     summary = predict_lib.predict(model.path, input_uri, masks.path, output_format_name=output_format or None,
                                   probabilities=probabilities, dicom_seg=dicom_seg,

@@ -16,7 +16,7 @@ import typer
 
 from preprocessing import cli as preprocessing_cli
 from trainer import cli as trainer_cli
-from preprocessing.console import _fail, _fail_if_write_error, _print
+from common import console
 from trainer.cli import _use_virtual_devices
 
 
@@ -57,10 +57,10 @@ def demo(
     (masks of the held-out scans in their own geometry, scored against their
     label maps), and writes summary.json.
     """
-    from preprocessing import output_guard
+    from common import output_guard
 
     if virtual_devices < 0:
-        _fail(f"--virtual-devices must be 0 or more, got {virtual_devices}.")
+        console.fail(f"--virtual-devices must be 0 or more, got {virtual_devices}.")
     if input_partition_dims is None:
         input_partition_dims = f"1,{virtual_devices},1,1,1" if virtual_devices > 1 else ""
     output = output.resolve()
@@ -72,16 +72,16 @@ def demo(
         with output_guard.lock(str(output)):
             _run_demo(output, steps, cases, eval_cases, input_partition_dims)
     except output_guard.OutputRefused as error:
-        _fail(str(error))
+        console.fail(str(error))
     except OSError as error:
-        _fail_if_write_error(error, output)
+        console.fail_if_write_error(error, output)
 
 
 def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, input_partition_dims: str) -> None:
     from pipelines import definitions, local_run
-    from preprocessing import demo_ct
+    from preprocessing.ct import demo_ct
 
-    _print(f"generating {cases} training and {eval_cases} held-out synthetic CT scans (NIfTI) in {output / 'data'}")
+    console.say(f"generating {cases} training and {eval_cases} held-out synthetic CT scans (NIfTI) in {output / 'data'}")
     # 32×64×64 voxels at 0.7–1.0 mm in-plane and 1.5–3 mm slices; resampled to 1.7×1.7×2.25 mm
     # (≈32³ on average) and cut or padded to 32³.
     train_cases = demo_ct.write_demo_cases(str(output / "data" / "train"), cases, (32, 64, 64), seed=0, formats=("nifti",))
@@ -102,9 +102,9 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
     if steps is not None:
         arguments["steps"] = steps
     try:
-        run = local_run.run_local(definitions.CT_PIPELINE, arguments, str(output / "pipeline-root"), log=_print)
+        run = local_run.run_local(definitions.CT_PIPELINE, arguments, str(output / "pipeline-root"), log=console.say)
     except local_run.PipelineRunFailed as error:
-        _fail(str(error))
+        console.fail(str(error))
     outputs = run["outputs"]
     metrics_path = local_run.find_output(outputs, "evaluate", "metrics")
     scores = json.loads(Path(metrics_path).read_text())
@@ -130,7 +130,7 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
     (output / "summary.json").write_text(json.dumps(summary, indent=2))
     dims = ",".join(map(str, summary["input_partition_dims"] or []))
     mesh = summary["mesh"] or {}
-    _print(f"demo done: trained with each scan split {dims} over the mesh {dict(zip(mesh.get('axes', []), mesh.get('shape', [])))}; "
+    console.say(f"demo done: trained with each scan split {dims} over the mesh {dict(zip(mesh.get('axes', []), mesh.get('shape', [])))}; "
            f"foreground Dice {summary['dice_mean']:.3f} after preprocessing, {predicted['dice_mean']:.3f} predicted "
            f"in the held-out scans' own geometry; report {summary['report']}; summary in {output / 'summary.json'}")
 
@@ -140,7 +140,7 @@ def _dice_in_own_geometry(masks: str, labels: str, num_classes: int) -> dict:
     import numpy as np
     import SimpleITK as sitk
 
-    from trainer import metrics
+    from trainer.tasks import metrics
 
     dice = metrics.DiceAccumulator(num_classes)
     cases = json.loads(Path(masks, "summary.json").read_text())["cases"]
@@ -173,7 +173,7 @@ PipelineName = Annotated[str, typer.Option("--pipeline", help="ct-segmentation o
 
 def _check_pipeline_name(name: str) -> None:
     if name not in PIPELINE_NAMES:
-        _fail(f"--pipeline {name!r} is not known; use one of {', '.join(PIPELINE_NAMES)}.")
+        console.fail(f"--pipeline {name!r} is not known; use one of {', '.join(PIPELINE_NAMES)}.")
 
 
 @pipeline_app.command("compile")
@@ -187,7 +187,7 @@ def pipeline_compile(
     output_dir.mkdir(parents=True, exist_ok=True)
     for name, file_name in definitions.COMPILED_FILES.items():
         path = definitions.compile_pipeline(name, str(output_dir / file_name), image=image)
-        _print(f"compiled {name} for image {image} into {path}")
+        console.say(f"compiled {name} for image {image} into {path}")
 
 
 @pipeline_app.command("parameters")
@@ -199,7 +199,7 @@ def pipeline_parameters(name: PipelineName = "ct-segmentation") -> None:
     inputs = definitions.PIPELINES[name]().component_spec.inputs
     for key, spec in inputs.items():
         default = "(required)" if spec.default is None and not spec.optional else json.dumps(spec.default)
-        _print(f"{key:<24} {spec.type:<8} {default}")
+        console.say(f"{key:<24} {spec.type:<8} {default}")
 
 
 @pipeline_app.command("run")
@@ -213,12 +213,12 @@ def pipeline_run(
 ) -> None:
     """Run a pipeline end to end on this machine (kfp.local): every step a subprocess, or a container of the image."""
     if not local:
-        _fail("pipeline run needs --local (kfp.local on this machine); to run on Vertex AI use `fullres pipeline submit`.")
+        console.fail("pipeline run needs --local (kfp.local on this machine); to run on Vertex AI use `fullres pipeline submit`.")
     _check_pipeline_name(name)
     if image is not None and runner != "docker":
-        _fail("--image applies to --runner docker; add --runner docker, or leave --image out.")
+        console.fail("--image applies to --runner docker; add --runner docker, or leave --image out.")
     from pipelines import image as image_lib, local_run, vertex
-    from preprocessing import output_guard
+    from common import output_guard
 
     try:
         arguments = vertex.parse_parameters(name, param or [])
@@ -227,17 +227,17 @@ def pipeline_run(
         pipeline_root.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(pipeline_root), "pipeline-root")
         with output_guard.lock(str(pipeline_root), option="--pipeline-root"):
-            run = local_run.run_local(name, arguments, str(pipeline_root), log=_print, runner=runner, image=image)
+            run = local_run.run_local(name, arguments, str(pipeline_root), log=console.say, runner=runner, image=image)
     except (ValueError, image_lib.ImageError) as error:  # OutputRefused too
-        _fail(str(error))
+        console.fail(str(error))
     except OSError as error:
-        _fail_if_write_error(error, pipeline_root)
+        console.fail_if_write_error(error, pipeline_root)
     except local_run.PipelineRunFailed as error:
-        _fail(str(error))
+        console.fail(str(error))
     for task, outputs in run["outputs"].items():
         for output, path in outputs.items():
-            _print(f"{task}/{output}: {path}")
-    _print(f"pipeline {name} finished; run directory {run['run_dir']}")
+            console.say(f"{task}/{output}: {path}")
+    console.say(f"pipeline {name} finished; run directory {run['run_dir']}")
 
 
 @pipeline_app.command("submit")
@@ -273,8 +273,8 @@ def pipeline_submit(
                                  labels=labels, display_name=display_name, enable_caching=caching,
                                  api_endpoint=api_endpoint)
     except ValueError as error:
-        _fail(str(error))
-    _print(f"submitted {name}: {resource}")
+        console.fail(str(error))
+    console.say(f"submitted {name}: {resource}")
 
 
 image_app = typer.Typer(rich_markup_mode=None, help="Build the container image every pipeline step runs in (Docker with BuildKit).",
@@ -293,12 +293,12 @@ def image_build(
 
     try:
         settings = image_lib.with_reachable_base(
-            image_lib.BuildSettings(accelerator=accelerator, base=base, tag=tag or ""), log=_print)
-        built = image_lib.build(settings, str(ROOT), log=_print)
+            image_lib.BuildSettings(accelerator=accelerator, base=base, tag=tag or ""), log=console.say)
+        built = image_lib.build(settings, str(ROOT), log=console.say)
         size = image_lib.size_bytes(built)
     except (ValueError, image_lib.ImageError) as error:
-        _fail(str(error))
-    _print(f"built image {built}: {size / 1e9:.2f} GB")
+        console.fail(str(error))
+    console.say(f"built image {built}: {size / 1e9:.2f} GB")
 
 
 @image_app.command("base")
@@ -310,10 +310,10 @@ def image_base(
     from pipelines import image as image_lib
 
     try:
-        image_lib.make_base(name, mirror, log=_print)
+        image_lib.make_base(name, mirror, log=console.say)
     except image_lib.ImageError as error:
-        _fail(str(error))
-    _print(f"base image {name} ready; build on it with `fullres image build --base {name}`")
+        console.fail(str(error))
+    console.say(f"base image {name} ready; build on it with `fullres image build --base {name}`")
 
 
 def main(argv: list[str] | None = None) -> None:

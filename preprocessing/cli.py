@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from preprocessing.console import _fail, _fail_if_write_error, _print
+from common import console
 
 preprocess_app = typer.Typer(
     rich_markup_mode=None, help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
@@ -47,13 +47,13 @@ def _triple(text: str | None, name: str, kind=float):
         values = ()
     if len(values) != (2 if name == "--window" else 3):
         example = {"--spacing": "1.0,1.0,2.5", "--window": "-160,240", "--shape": "128,256,256"}[name]
-        _fail(f"{name} {text!r} is not valid; write it like {example}.")
+        console.fail(f"{name} {text!r} is not valid; write it like {example}.")
     return values
 
 
 def _beam_args(runner: str, workers: int | None, extra: list[str]) -> list[str]:
     """Beam pipeline options: the runner, local worker count, and whatever else the user passed."""
-    from preprocessing import conversion
+    from preprocessing.beam import conversion
 
     if runner == "DirectRunner":
         args = conversion.default_pipeline_args()
@@ -75,7 +75,7 @@ def _worker_wheel() -> str:
 
     root = Path(__file__).resolve().parent.parent
     if not (root / "pyproject.toml").exists():
-        _fail("Dataflow workers need fullres: pass --sdk_container_image with the fullres image, or --extra_package.")
+        console.fail("Dataflow workers need fullres: pass --sdk_container_image with the fullres image, or --extra_package.")
     import shutil
 
     directory = tempfile.mkdtemp(prefix="fullres-wheel-")
@@ -88,22 +88,23 @@ def _worker_wheel() -> str:
     built = subprocess.run(command, capture_output=True, text=True)
     wheels = list(Path(directory).glob("fullres-*.whl"))
     if built.returncode != 0 or not wheels:
-        _fail(f"could not build the fullres wheel for Dataflow workers ({built.stderr.strip()[-300:]}); pass "
+        console.fail(f"could not build the fullres wheel for Dataflow workers ({built.stderr.strip()[-300:]}); pass "
               "--sdk_container_image or --extra_package instead.")
     return str(wheels[0])
 
 
 def _run_conversion(function, **kwargs):
-    from preprocessing import conversion, output_guard
+    from common import output_guard
+    from preprocessing.beam import conversion
 
     try:
-        function(**kwargs, log=_print)
+        function(**kwargs, log=console.say)
     except (conversion.PreprocessingFailed, output_guard.OutputWriteFailed) as error:
-        _fail(str(error))
+        console.fail(str(error))
     except (ValueError, FileNotFoundError) as error:  # OutputRefused is a ValueError
-        _fail(str(error))
+        console.fail(str(error))
     except OSError as error:
-        _fail_if_write_error(error, kwargs["output"])
+        console.fail_if_write_error(error, kwargs["output"])
 
 
 _BEAM_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -138,8 +139,9 @@ def preprocess_ct(
     window_values, shape_values = _triple(window, "--window"), _triple(shape, "--shape", int)
     for name, path in (("--input", input_path), ("--labels", labels)):
         if path is not None and "://" not in path and not os.path.exists(path):
-            _fail(f"{name} {path!r} does not exist.")
-    from preprocessing import ct_pipeline, ct_transforms
+            console.fail(f"{name} {path!r} does not exist.")
+    from preprocessing.beam import ct_pipeline
+    from preprocessing.ct import ct_transforms
 
     try:
         config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
@@ -149,7 +151,7 @@ def preprocess_ct(
                                                   max_label=255 if num_classes is None else num_classes - 1,
                                                   **({"max_voxels": max_voxels} if max_voxels is not None else {}))
     except ValueError as error:
-        _fail(str(error))
+        console.fail(str(error))
     _run_conversion(
         ct_pipeline.run, input_path=input_path, output=output, labels=labels, config=config,
         pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
@@ -175,10 +177,10 @@ def preprocess_images(
     """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
     for name, path in (("--annotations", annotations), ("--images", images), ("--label-map", label_map)):
         if path is not None and "://" not in path and not os.path.exists(path):
-            _fail(f"{name} {path!r} does not exist.")
+            console.fail(f"{name} {path!r} does not exist.")
     if extend_label_map and label_map is None:
-        _fail("--extend-label-map extends the map given with --label-map; pass --label-map too, or drop the flag.")
-    from preprocessing import images_pipeline
+        console.fail("--extend-label-map extends the map given with --label-map; pass --label-map too, or drop the flag.")
+    from preprocessing.beam import images_pipeline
 
     _run_conversion(
         images_pipeline.run, annotations=annotations, images=images, output=output,
@@ -196,10 +198,10 @@ def demo_data_ct(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
 ) -> None:
     """Synthetic CT cases with label maps, as DICOM series and as NIfTI (the same cases in both)."""
-    from preprocessing import demo_ct
+    from preprocessing.ct import demo_ct
 
     written = demo_ct.write_demo_cases(str(output), cases, _triple(shape, "--shape", int), seed)
-    _print(f"wrote {cases} cases: DICOM series in {written['dicom']}, NIfTI in {written['nifti']} "
+    console.say(f"wrote {cases} cases: DICOM series in {written['dicom']}, NIfTI in {written['nifti']} "
            f"(labels beside each, in labels/)")
 
 
@@ -211,7 +213,7 @@ def demo_data_images(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
 ) -> None:
     """Synthetic detection images (shapes on textured backgrounds) with COCO JSON boxes."""
-    from preprocessing import demo_images
+    from preprocessing.images import demo_images
 
     written = demo_images.write_demo_coco(str(output), images, (size, size), seed)
-    _print(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")
+    console.say(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")

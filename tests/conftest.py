@@ -29,7 +29,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory):
     """Tiny synthetic CT TFRecords: 6 training and 2 held-out cases of 16³."""
-    from preprocessing import demo_ct
+    from preprocessing.ct import demo_ct
 
     directory = tmp_path_factory.mktemp("demo_data")
     return demo_ct.write_demo_tfrecords(str(directory), num_train=6, num_eval=2, shape=(16, 16, 16), seed=1)

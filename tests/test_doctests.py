@@ -10,13 +10,13 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("preprocessing", "trainer", "components", "pipelines")
+PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines")
 
 
 def _modules_with_examples() -> list[str]:
     names = []
     for package in PACKAGES:
-        for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+        for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
             spec = importlib.util.find_spec(info.name)
             with open(spec.origin, encoding="utf-8") as file:
                 if ">>>" in file.read():
@@ -25,11 +25,11 @@ def _modules_with_examples() -> list[str]:
 
 
 MODULES = _modules_with_examples()
-SLOW = {"trainer.unet"}  # builds and runs 3D UNets: about a minute on 2 cores
+SLOW = {"trainer.models.unet"}  # builds and runs 3D UNets: about a minute on 2 cores
 
 
 def test_the_examples_are_found():
-    assert {"trainer.metrics", "trainer.partitioning", "preprocessing.ct_transforms"} <= set(MODULES)
+    assert {"trainer.tasks.metrics", "trainer.parallel.partitioning", "preprocessing.ct.ct_transforms"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in MODULES])

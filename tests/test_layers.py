@@ -7,8 +7,8 @@ import pytest
 
 CHECK = """
 import importlib, pkgutil, sys
-for package in ("preprocessing", "trainer"):
-    for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+for package in ("common", "preprocessing", "trainer"):
+    for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
         importlib.import_module(info.name)
         upward = sorted(name for name in sys.modules if name.split(".")[0] in ("pipelines", "components"))
         assert not upward, f"importing {info.name} imported {upward}"

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from preprocessing.console import _fail, _fail_if_write_error, _print  # noqa: F401  (shared by every layer's commands)
+from common import console
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -35,7 +35,7 @@ def global_options(
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the traceback behind an error (e.g. fullres --verbose train ...; or set FULLRES_VERBOSE=1).")] = False,
 ) -> None:
     if verbose:
-        os.environ["FULLRES_VERBOSE"] = "1"  # read by _fail, here and in the processes a command starts
+        os.environ["FULLRES_VERBOSE"] = "1"  # read by console.fail, here and in the processes a command starts
 
 def _jax_backend_started() -> bool:
     """True once XLA has created its devices; XLA_FLAGS are read then, not when JAX is imported."""
@@ -51,7 +51,7 @@ def _use_virtual_devices(count: int | None) -> None:
     if not count:
         return
     if _jax_backend_started():
-        _fail("--virtual-devices must be applied before JAX starts; pass it on the command line, not from Python.")
+        console.fail("--virtual-devices must be applied before JAX starts; pass it on the command line, not from Python.")
     _set_host_device_count(count)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -117,21 +117,21 @@ def train(
     Exits with status 75 ("preempted, resume me") after a SIGTERM made it checkpoint and stop.
     """
     if local_processes:
-        from trainer import local_launcher
+        from trainer.parallel import local_launcher
 
         if coordinator_address or num_processes or process_id is not None:
-            _fail("--local-processes starts the processes itself; leave out --coordinator-address, --num-processes "
+            console.fail("--local-processes starts the processes itself; leave out --coordinator-address, --num-processes "
                   "and --process-id.")
         raise typer.Exit(code=local_launcher.launch(_options_without(context, "local_processes"), local_processes,
-                                                    log=_print))
+                                                    log=console.say))
     given = [coordinator_address is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):
-        _fail("a multi-process run needs all of --coordinator-address, --num-processes and --process-id.")
+        console.fail("a multi-process run needs all of --coordinator-address, --num-processes and --process-id.")
     _use_virtual_devices(virtual_devices)
     if task not in ("segmentation", "detection"):
-        _fail(f"--task {task!r} is not known; use segmentation or detection.")
+        console.fail(f"--task {task!r} is not known; use segmentation or detection.")
     if preset not in PRESET_NAMES:
-        _fail(f"--preset {preset!r} is not known; use one of {', '.join(PRESET_NAMES)}.")
+        console.fail(f"--preset {preset!r} is not known; use one of {', '.join(PRESET_NAMES)}.")
     size = None
     if image_size is not None:
         try:
@@ -139,21 +139,22 @@ def train(
         except ValueError:
             size = ()
         if len(size) != 2:
-            _fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
-    from trainer import config as config_lib, distributed, train as train_lib
+            console.fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
+    from trainer import config as config_lib, train as train_lib
+    from trainer.parallel import distributed
 
     try:
         distributed.initialize(
             distributed.ProcessGroup(coordinator_address, num_processes, process_id) if all(given) else None
         )
         if preset != "default" and config_lib.PRESETS[preset]().task != task:
-            _fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
+            console.fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
                   f"--task {config_lib.PRESETS[preset]().task} or another preset.")
         unet_only = {"num_levels": num_levels, "base_filters": base_filters, "normalization": normalization}
         given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
                       if v is not None and f"model.{k}" not in config_lib.setting_types(task)]
         if given_unet:
-            _fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to --task {task}.")
+            console.fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to --task {task}.")
         flags = {
             "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
             "warmup_steps": warmup_steps, "schedule": schedule, "precision": precision, "remat": remat,
@@ -165,14 +166,14 @@ def train(
         }
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
                                     overrides={**flags, **config_lib.parse_settings(settings or [])})
-        train_lib.train(config, log=_print)
+        train_lib.train(config, log=console.say)
     except distributed.Preempted as preempted:
-        _print(f"fullres: {preempted}")
+        console.say(f"fullres: {preempted}")
         raise typer.Exit(code=distributed.PREEMPTED_EXIT_CODE) from None
     except (ValueError, FileNotFoundError, FloatingPointError) as error:  # PartitionError, OutputRefused: ValueErrors
-        _fail(str(error))
+        console.fail(str(error))
     except Exception as error:  # OSError, or TensorFlow's own error for a full disk (ResourceExhaustedError)
-        _fail_if_write_error(error, output)
+        console.fail_if_write_error(error, output)
 
 
 @app.command()
@@ -199,12 +200,12 @@ def plan(
         size = config_lib.parse_list(image_size, int, "--image-size") if image_size else None
         given = config_lib.parse_settings(settings or [])
     except ValueError as error:
-        _fail(str(error))
+        console.fail(str(error))
     if not _jax_backend_started():
         # Only the CPU platform reads this flag: on a TPU or GPU host the plan uses the
         # real devices; without an accelerator the CPU poses as enough devices.
         _set_host_device_count(max(counts, default=1))
-    from trainer import memory_plan
+    from trainer.plan import memory_plan
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters}
@@ -214,7 +215,7 @@ def plan(
             image_size=size, partitions=counts, layouts_to_try=layouts, device_memory=device_memory,
             log=lambda line: typer.echo(line, err=True))
     except ValueError as error:
-        _fail(str(error))
+        console.fail(str(error))
     if json_output:
         typer.echo(json.dumps([r.to_json() for result in results for r in result.rows], indent=2))
         return
@@ -241,28 +242,30 @@ def predict(
     """
     _use_virtual_devices(virtual_devices)
     if not os.path.exists(input_path):
-        _fail(f"--input {input_path!r} does not exist.")
-    from preprocessing import output_guard
-    from trainer import memory_plan, partitioning, predict as predict_lib
+        console.fail(f"--input {input_path!r} does not exist.")
+    from common import output_guard
+    from trainer.parallel import partitioning
+    from trainer.plan import memory_plan
+    from trainer.predict import predict as predict_lib
 
     try:  # PartitionError is a ValueError
         dims = partitioning.parse_dims(input_partition_dims)
         budget = None if device_memory is None else memory_plan.parse_bytes(device_memory)
     except ValueError as error:
-        _fail(str(error))
+        console.fail(str(error))
 
     try:
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
                                           probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
-                                          device_memory=budget, log=_print)
+                                          device_memory=budget, log=console.say)
     except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
             ValueError) as error:
-        _fail(str(error))
+        console.fail(str(error))
     except OSError as error:
-        _fail_if_write_error(error, output)
+        console.fail_if_write_error(error, output)
     if summary["ok"] == 0:
-        _fail(f"no scan was predicted ({summary['failed']} dead letter(s) in {output / 'dead_letter.jsonl'}).")
+        console.fail(f"no scan was predicted ({summary['failed']} dead letter(s) in {output / 'dead_letter.jsonl'}).")
 
 
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:

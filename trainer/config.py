@@ -7,7 +7,8 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 
-from trainer import partitioning, retinanet, unet
+from trainer.models import retinanet, unet
+from trainer.parallel import partitioning
 
 PRECISIONS = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "constant")
@@ -280,9 +281,9 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     values = to_dict(base)
     values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
     if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings:
-        from trainer import tasks  # reads label_map.json with TensorFlow's file system
+        from preprocessing.records import dataset_files  # reads label_map.json with TensorFlow's file system
 
-        label_map = tasks.read_label_map(train_data) if train_data else None
+        label_map = dataset_files.foreground(dataset_files.read_label_map(train_data) or {}) if train_data else None
         if label_map:
             values["model"]["num_classes"] = max(label_map.values())
     for key, value in settings.items():

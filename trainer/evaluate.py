@@ -1,52 +1,14 @@
-"""Full-volume evaluation under the training partitioning: per-class Dice."""
+"""`fullres evaluate`: a trained model back from its run, scored on new data through its task, and the report.
+
+The scoring itself is the task's (`tasks.segmentation` Dice, `tasks.detection`
+COCO AP), through the one forward pass (`engine.inference`).
+"""
 
 from __future__ import annotations
 
-
-from trainer import ct_input, distributed, inference, metrics, partitioning, step, tasks
-
-
-def evaluate_segmentation(
-    model,
-    state: step.TrainState,
-    distribution: partitioning.SpatialParallel,
-    pattern: str,
-    batch_size: int,
-    num_classes: int,
-    samples: list | None = None,
-    keep: int = 0,
-) -> dict:
-    """Predicts every case matching `pattern` at full resolution and scores it.
-
-    With `samples` (a list) and `keep`, the first `keep` cases are appended to
-    it as `{"case_id", "image" (D, H, W, C), "label", "prediction"}` for reports.
-
-    The last batch is padded with copies of its first case to the global batch
-    size, so every replica gets an equal share; padded predictions are dropped.
-
-    Returns:
-        `{"dice_per_class": [...], "dice_mean": x, "cases": n}`; `dice_mean` is
-        the mean over foreground classes.
-    """
-    dice = metrics.DiceAccumulator(num_classes)
-    predict = None
-    cases = 0
-    for batch in ct_input.ct_dataset(pattern, batch_size).as_numpy_iterator():
-        images, labels = batch["image"], batch["label"]
-        real = images.shape[0]
-        images = tasks.pad_batch(images, batch_size)  # (B, D, H, W, 1)
-        if predict is None:
-            predict = distributed.RunTogether(
-                inference.make_forward(model, distribution, state, images.ndim, "class_ids"), "evaluation")
-        predictions = step.to_host(predict(state, step.place_batch(distribution, images)))[:real]
-        dice.update(predictions, labels)
-        if samples is not None:
-            for index in range(min(real, keep - len(samples))):
-                samples.append({"case_id": batch["case_id"][index].decode(), "image": batch["image"][index],
-                                "label": labels[index], "prediction": predictions[index]})
-        cases += real
-    return {"dice_per_class": dice.per_class(), "dice_mean": dice.foreground_mean(), "cases": cases}
-
+from trainer.tasks import registry
+from trainer.engine import run_files, step
+from trainer.parallel import partitioning
 
 def load_trained(model_dir: str, devices=None, partition: partitioning.PartitionConfig | None = None):
     """A trained model back from `model_dir` (`train_config.json` + `model.keras`), placed for partitioned inference.
@@ -62,7 +24,7 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
 
     import jax
 
-    config, task = tasks.restore(model_dir)
+    config, task = registry.restore(model_dir)
     if partition is not None:
         config = dataclasses.replace(config, partition=partition)
     devices = devices or jax.devices()
@@ -76,7 +38,7 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
     replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
     distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
     with distribution.scope():
-        model = tasks.load_weights(task, model_dir)
+        model = registry.load_weights(task, model_dir)
     state = step.TrainState([v.value for v in model.trainable_variables],
                             [v.value for v in model.non_trainable_variables], [])
     state = step.place_state(state, distribution)
@@ -95,14 +57,12 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     """
     import os
 
-    from trainer import train
-
     config, task, model, state, distribution = load_trained(model_dir, None)
     names = task.report_class_names(class_names)  # checked before the (long) evaluation
     samples: list = []
     scores = task.evaluate(model, state, distribution, log, pattern=pattern, samples=samples, keep=report_examples)
     scores["class_names"] = names
-    history = [[e["step"], e["loss"]] for e in train.read_history(os.path.join(model_dir, "history.jsonl"))]
+    history = run_files.loss_curve(model_dir)
     if report_path:
         page = task.report(scores, samples, history)
         os.makedirs(os.path.dirname(os.path.abspath(report_path)), exist_ok=True)

@@ -6,6 +6,9 @@ import os
 
 import keras
 
+from trainer.tasks import registry
+from trainer.engine import run_files
+
 
 def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ...]) -> dict:
     """Writes `model.keras` and `saved_model/` under `output_dir`.
@@ -32,16 +35,8 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
 
 def export_trained(model_dir: str, output_dir: str) -> dict:
     """Exports the model `fullres train` left in `model_dir` (model.keras, train_config.json, model_info.json)."""
-    import json
-
-    info_path = os.path.join(model_dir, "model_info.json")
-    if not os.path.exists(info_path):
-        raise FileNotFoundError(f"{model_dir} has no model_info.json; pass the output directory of `fullres train`.")
-    with open(info_path) as file:
-        info = json.load(file)
-    from trainer import tasks
-
-    _, task = tasks.restore(model_dir)
+    info = run_files.read_model_info(model_dir)
+    _, task = registry.restore(model_dir)
     os.makedirs(output_dir, exist_ok=True)
-    model = tasks.load_weights(task, model_dir)
+    model = registry.load_weights(task, model_dir)
     return export_model(model, output_dir, (None, *info["image_shape"]))

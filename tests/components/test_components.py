@@ -16,7 +16,8 @@ from kfp import dsl, local
 
 from components import steps
 from pipelines import local_run
-from preprocessing import demo_ct, demo_images
+from preprocessing.ct import demo_ct
+from preprocessing.images import demo_images
 
 COMPONENTS = steps.make_components()
 

@@ -27,7 +27,7 @@ import time
 import pytest
 
 from pipelines import image
-from preprocessing import demo_ct
+from preprocessing.ct import demo_ct
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]  # builds an image, runs the pipeline twice
 

@@ -147,7 +147,7 @@ def test_dataflow_workers_get_a_wheel_of_this_checkout():
     assert args[:4] == ["--runner=DataflowRunner", "--project=p", "--region=europe-west4", "--temp_location=gs://b/t"]
     wheel = next(a.split("=", 1)[1] for a in args if a.startswith("--extra_package="))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "preprocessing/ct_pipeline.py" in names and "preprocessing/example_proto.py" in names
+    assert "preprocessing/beam/ct_pipeline.py" in names and "preprocessing/records/example_proto.py" in names and "common/console.py" in names
     # A container image given by the user is used as is.
     assert cli._beam_args("DataflowRunner", None, ["--sdk_container_image=img"]) == [
         "--runner=DataflowRunner", "--sdk_container_image=img"]
@@ -179,7 +179,7 @@ def _fullres_on_small_disk(mount_point, size, *args):
 @pytest.mark.slow
 def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_deleted(tmp_path):
     """The issue's reproduction: --output /tmp/x with the scans in /tmp/x/s deleted them, notes and thesis too."""
-    from preprocessing import demo_ct
+    from preprocessing.ct import demo_ct
 
     demo_ct.write_demo_cases(str(tmp_path / "x" / "s"), 1, (8, 16, 16), seed=0, formats=("nifti",))
     (tmp_path / "x" / "notes.txt").write_text("t\n")
@@ -203,7 +203,7 @@ def test_preprocess_into_the_folder_above_the_scans_is_refused_and_nothing_is_de
 
 @pytest.mark.slow
 def test_permission_denied_is_one_sentence_and_verbose_shows_the_traceback(tmp_path):
-    from preprocessing import demo_images
+    from preprocessing.images import demo_images
 
     written = demo_images.write_demo_coco(str(tmp_path / "coco"), num_images=2, size=(64, 64), seed=0)
     (tmp_path / "locked").mkdir()
@@ -225,7 +225,7 @@ def test_permission_denied_is_one_sentence_and_verbose_shows_the_traceback(tmp_p
 
 @pytest.mark.slow
 def test_disk_full_while_converting_is_one_sentence(tmp_path):
-    from preprocessing import demo_ct
+    from preprocessing.ct import demo_ct
 
     demo_ct.write_demo_cases(str(tmp_path / "demo"), 1, (16, 32, 32), seed=0, formats=("nifti",))
     (tmp_path / "disk").mkdir()

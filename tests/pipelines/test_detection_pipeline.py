@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from preprocessing import demo_images
+from preprocessing.images import demo_images
 
 pytestmark = pytest.mark.slow  # runs the pipeline end to end
 

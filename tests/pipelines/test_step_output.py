@@ -53,7 +53,7 @@ TRANSCRIPT = f"""\
     Traceback (most recent call last):
       File "/work/main/trainer/train.py", line 172, in _train
         partitioning.validate(
-    trainer.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
+    trainer.parallel.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
 {INDENT}
 
 18:03:45.177 - ERROR - Task {CYAN}'train'{RESET} finished with status {RED}FAILURE{RESET}
@@ -71,7 +71,7 @@ step train
     Traceback (most recent call last):
       File "/work/main/trainer/train.py", line 172, in _train
         partitioning.validate(
-    trainer.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
+    trainer.parallel.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
 step train: FAILURE
 pipeline ct-segmentation: FAILURE
 """

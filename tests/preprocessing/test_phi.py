@@ -19,7 +19,9 @@ import pydicom
 import pytest
 import SimpleITK as sitk
 
-from preprocessing import conversion, ct_pipeline, demo_ct, identifiers
+from common import identifiers
+from preprocessing.beam import conversion, ct_pipeline
+from preprocessing.ct import demo_ct
 
 IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

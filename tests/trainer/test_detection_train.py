@@ -13,8 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from preprocessing import demo_images
-from trainer import config as config_lib, partitioning, step, train
+from preprocessing.images import demo_images
+from trainer import config as config_lib, train
+from trainer.engine import step
+from trainer.parallel import partitioning
 
 pytestmark = pytest.mark.slow  # trains a detector
 
@@ -101,7 +103,7 @@ def _recall(truths, detections, on_border: bool, score: float = 0.2) -> float:
 
 def _detect(model, state, config, distribution, images, tiles: bool = False):
     """Decoded detections of `images` under `distribution`; `tiles` runs every shard alone (no halo exchange)."""
-    from trainer import detection_eval
+    from trainer.tasks import detection_eval
 
     forward = jax.jit(lambda s, x: model.stateless_call(s.trainable, s.non_trainable, x, training=False)[0])
     if tiles:  # the naive alternative: cut the image into 4×2 tiles, run each alone, stitch the maps

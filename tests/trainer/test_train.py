@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import checkpoints, config as config_lib, partitioning, train
+from trainer import config as config_lib, train
+from trainer.data import augment
+from trainer.engine import checkpoints
+from trainer.parallel import partitioning
 from tests.files import snapshot
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,7 +69,7 @@ def test_exported_models_predict_like_the_trained_one(smoke_run, demo_data):
 
     config, results, _ = smoke_run
     images = next(iter(tf.data.TFRecordDataset(tf.io.gfile.glob(demo_data["eval"])).take(1)))
-    from preprocessing import tfrecord_schema
+    from preprocessing.records import tfrecord_schema
 
     image = tfrecord_schema.parse_ct_example(images)["image"].numpy()[None]  # (1, D, H, W, 1)
     keras_model = keras.saving.load_model(results["model"]["keras"])
@@ -99,9 +102,9 @@ def test_evaluation_report_and_export_go_through_the_task(smoke_run, demo_data, 
 def test_random_flips_are_a_function_of_seed_and_step():
     images = np.arange(2 * 4 * 4 * 4, dtype=np.float32).reshape(2, 4, 4, 4, 1)
     labels = (images[..., 0] % 3).astype(np.int32)
-    a = train.random_flips(images, labels, seed=0, step_number=7)
-    b = train.random_flips(images, labels, seed=0, step_number=7)
-    c = train.random_flips(images, labels, seed=0, step_number=8)
+    a = augment.random_flips(images, labels, seed=0, step_number=7)
+    b = augment.random_flips(images, labels, seed=0, step_number=7)
+    c = augment.random_flips(images, labels, seed=0, step_number=8)
     np.testing.assert_array_equal(a[0], b[0])
     assert not np.array_equal(a[0], c[0])
     # Image and label are flipped together.
@@ -192,7 +195,7 @@ def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_da
 
 
 def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_path):
-    from preprocessing import output_guard
+    from common import output_guard
 
     output = tmp_path / "papers"
     output.mkdir()

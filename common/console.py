@@ -1,0 +1,33 @@
+"""One-sentence errors and progress lines for every layer's commands (`fullres ...`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import typer
+
+
+def fail(message: str) -> None:
+    """One sentence on stderr and exit 2; with `fullres --verbose`, the traceback of the error being handled first."""
+    if os.environ.get("FULLRES_VERBOSE") == "1" and sys.exc_info()[1] is not None:
+        traceback.print_exc()
+    typer.echo(f"fullres: error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def fail_if_write_error(error: Exception, output) -> None:
+    """Disk full or permission denied while writing `output` becomes one sentence; other errors propagate."""
+    from common import output_guard
+
+    sentence = output_guard.write_failure(error, str(output))
+    if sentence is None:
+        raise error
+    fail(sentence)
+
+
+def say(message: str) -> None:
+    """Progress lines, flushed at once: logs piped to a file or a pipeline runner show them as they happen."""
+    typer.echo(message)
+    sys.stdout.flush()

@@ -1,0 +1,314 @@
+"""Output safety for every command that writes: fullres replaces only what it wrote itself.
+
+Before anything is read, a command checks its output location:
+
+- it must not equal, contain or lie inside an input (symlinks resolved);
+- it must not be an existing file;
+- an existing, non-empty directory must be one fullres wrote: a conversion
+  output (its `.fullres-output` manifest lists the files it holds; an older
+  output is recognised by holding nothing but fullres's own file names),
+  a training run (`train_config.json`), or a demo / pipeline root (the marker).
+
+A conversion replaces its output by deleting exactly the files the manifest
+lists; anything else found there makes it refuse, naming the file and the fix.
+`lock(output)` keeps two runs from writing one output at once: an exclusive
+`flock` on `OUTPUT.fullres-lock` beside it, which the kernel releases when the
+holder dies, so a crashed run never leaves a stale lock behind.
+
+Every refusal is one sentence: what, where, and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+
+MARKER = ".fullres-output"
+LOCK_SUFFIX = ".fullres-lock"
+# What a conversion writes (preprocessing.beam.conversion): shards, dead letters, summary, label map.
+CONVERSION_NAMES = re.compile(r"^(data-\d+-of-\d+\.tfrecord(\.gz)?|dead_letter\.jsonl|notes\.json|summary\.json|label_map\.json)$")
+# kfp.local names each run directory `<pipeline>-YYYY-MM-DD-HH-MM-SS-micros`.
+PIPELINE_RUN = re.compile(r"^.+-\d{4}(-\d{2}){5}-\d{6}$")
+WRITE_ERRORS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+                errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+                errno.EROFS: "the file system is read-only"}
+# Beam hands a worker's failure back as text; these are the messages of the errors above.
+_WRITE_ERROR_TEXT = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+                     "Permission denied": errno.EACCES, "Read-only file system": errno.EROFS}
+
+
+class OutputRefused(ValueError):
+    """The output location is unsafe to write; the message says why and what to do."""
+
+
+class OutputWriteFailed(RuntimeError):
+    """Writing the output failed for a reason of the machine (disk full, permission denied), not of the data."""
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def _resolve(path: str) -> str:
+    """Absolute, symlinks resolved (local); normalized without a trailing slash (object stores)."""
+    return os.path.realpath(os.path.expanduser(path)) if _is_local(path) else path.rstrip("/")
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _location(pattern: str) -> str:
+    """The directory of a file pattern: `data/train-*.tfrecord` -> `data`; a plain path is its own location."""
+    if not any(c in pattern for c in "*?["):
+        return pattern
+    head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+    return head if head.endswith("/") else (os.path.dirname(head) or ".")
+
+
+def check_outside_inputs(output: str, inputs: dict[str, str | None], option: str = "--output") -> None:
+    """Refuses an output that equals, contains or lies inside one of `inputs` ({name: path or pattern}).
+
+    Raises:
+        OutputRefused: naming the input and asking for another output.
+    """
+    target = _resolve(output)
+    for name, given in inputs.items():
+        if not given:
+            continue
+        location = _resolve(_location(given))
+        if target == location:
+            relation = "is"
+        elif _inside(location, target):
+            relation = "contains"
+        elif _inside(target, location):
+            relation = "lies inside"
+        else:
+            continue
+        raise OutputRefused(
+            f"{option} {output} {relation} the {name} {location}; fullres would replace or mix its files with "
+            f"yours, so choose an {option} outside {location} (e.g. {os.path.dirname(location)}/fullres-output)."
+        )
+
+
+def _check_not_a_file(output: str, option: str) -> None:
+    if _is_local(output) and (os.path.isfile(output) or (os.path.lexists(output) and not os.path.isdir(output))):
+        raise OutputRefused(f"{option} {output} is an existing file, not a directory; fullres does not replace files "
+                            f"it did not write, so pass a new directory path as {option}.")
+
+
+def _entries(directory: str) -> list[str]:
+    """The names in `directory` (a local directory, or a prefix on an object store); [] if there is none."""
+    if _is_local(directory):
+        return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        found = FileSystems.match([FileSystems.join(directory, "**")])[0].metadata_list
+    except Exception:  # Beam raises BeamIOError for a pattern that matches nothing on some filesystems
+        return []
+    prefix = directory.rstrip("/") + "/"
+    return sorted(m.path[len(prefix):] for m in found if m.path.startswith(prefix))
+
+
+def _read_marker(directory: str) -> dict | None:
+    path = os.path.join(directory, MARKER) if _is_local(directory) else directory.rstrip("/") + "/" + MARKER
+    try:
+        if _is_local(directory):
+            with open(path) as file:
+                return json.load(file)
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.open(path) as file:
+            return json.loads(file.read().decode())
+    except (OSError, ValueError):
+        return None
+    except Exception:  # Beam's object-store errors
+        return None
+
+
+def _foreign(output: str, names: list[str], option: str, fix: str) -> OutputRefused:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return OutputRefused(f"{option} {output} holds files fullres did not write ({shown}); fullres never deletes or "
+                         f"overwrites them, so {fix}.")
+
+
+def conversion_files(output: str, option: str = "--output") -> list[str]:
+    """The files a conversion may delete to replace `output`: exactly those a previous conversion wrote.
+
+    Returns:
+        Names relative to `output` ([] when it does not exist or is empty).
+
+    Raises:
+        OutputRefused: `output` is a file, or holds anything fullres did not write.
+    """
+    _check_not_a_file(output, option)
+    names = _entries(output)
+    if not names:
+        return []
+    fix = f"pass a new or empty directory as {option}, or move those files away"
+    marker = _read_marker(output)
+    if marker is not None and marker.get("kind") == "tfrecords":
+        listed = set(marker.get("files", [])) | {MARKER}
+    else:  # written before the manifest existed (or cut short): recognised if it holds fullres's own names only
+        listed = {n for n in names if CONVERSION_NAMES.match(n)}
+    unknown = [n for n in names if n not in listed]
+    if unknown:
+        raise _foreign(output, unknown, option, fix)
+    return names
+
+
+def check_conversion_output(output: str, inputs: dict[str, str | None], option: str = "--output") -> None:
+    """Everything a conversion checks before it reads: no overlap with inputs, and a replaceable output."""
+    check_outside_inputs(output, inputs, option)
+    conversion_files(output, option)
+
+
+def write_marker(directory: str, kind: str, files: list[str] | None = None) -> None:
+    """Marks `directory` as written by fullres (`kind`: tfrecords, demo, pipeline-root), listing its files."""
+    content = json.dumps({"written_by": "fullres", "kind": kind, "files": sorted(files or [])}, indent=2).encode()
+    if _is_local(directory):
+        with open(os.path.join(directory, MARKER), "wb") as file:
+            file.write(content)
+        return
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.create(directory.rstrip("/") + "/" + MARKER) as file:
+        file.write(content)
+
+
+def check_run_directory(output: str, inputs: dict[str, str | None], option: str = "--output") -> None:
+    """`fullres train`: a new or empty directory, or a fullres run (resumed); never one holding other files."""
+    check_outside_inputs(output, inputs, option)
+    _check_not_a_file(output, option)
+    names = _entries(output)
+    if names and "train_config.json" not in names:
+        raise _foreign(output, names, option, f"pass a new or empty directory as {option}, or the output of an "
+                                              "earlier `fullres train` to resume it")
+
+
+def check_owned_directory(output: str, kind: str, inputs: dict[str, str | None], option: str = "--output") -> None:
+    """`demo` and pipeline roots: a new or empty directory, or one fullres marked as `kind` (or clearly wrote).
+
+    Older outputs, written before the marker, are recognised by their layout: a
+    demo directory holds `summary.json` and `pipeline-root/`; a pipeline root
+    holds only kfp.local run directories.
+    """
+    check_outside_inputs(output, inputs, option)
+    _check_not_a_file(output, option)
+    names = [n for n in _entries(output) if n != MARKER]
+    if not names:
+        return
+    marker = _read_marker(output)
+    if marker is not None and marker.get("kind") == kind:
+        return
+    if kind == "demo" and {"summary.json", "pipeline-root"} <= set(names):
+        return
+    if kind == "pipeline-root" and all(PIPELINE_RUN.match(n) for n in names):
+        return
+    raise _foreign(output, names, option, f"pass a new or empty directory as {option}")
+
+
+def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], option: str = "--output") -> list[str]:
+    """`fullres predict`: a new or empty directory, or one whose `kind` marker lists every file it holds.
+
+    Returns:
+        The files an earlier run of `kind` wrote there (which this run may replace).
+
+    Raises:
+        OutputRefused: `output` overlaps an input, is a file, or holds a file fullres did not write.
+    """
+    check_outside_inputs(output, inputs, option)
+    _check_not_a_file(output, option)
+    names = [n for n in _entries(output) if n != MARKER]
+    marker = _read_marker(output) or {}
+    listed = set(marker.get("files", [])) if marker.get("kind") == kind else set()
+    unknown = [n for n in names if n not in listed]
+    if unknown:
+        raise _foreign(output, unknown, option, f"pass a new or empty directory as {option}, or move those files away")
+    return names
+
+
+@contextlib.contextmanager
+def lock(output: str, option: str = "--output"):
+    """Holds `OUTPUT.fullres-lock` (beside the output) while the body writes the output.
+
+    Object stores have no locks; there the body runs unguarded. A file system
+    without `flock` support (some network mounts) is used unguarded as well.
+
+    Raises:
+        OutputRefused: another live process holds the lock.
+    """
+    if not _is_local(output):
+        yield
+        return
+    path = os.path.abspath(output).rstrip("/") + LOCK_SUFFIX
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 200).decode(errors="replace").strip() or "another process"
+            os.close(descriptor)
+            raise OutputRefused(f"{option} {output} is being written by another fullres run ({holder}); wait for "
+                                f"it to finish, or choose another {option}.") from None
+        except OSError as error:
+            if error.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                os.close(descriptor)
+                raise
+            break  # no locks on this file system
+        # The holder before us may have removed the file between our open and our lock: lock the file in place.
+        try:
+            same = os.stat(path).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(descriptor)
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        os.close(descriptor)
+
+
+def write_failure(error: BaseException, output: str, option: str = "--output") -> str | None:
+    """One sentence for a failure to write `output` (disk full, permission denied), or None for any other error.
+
+    Looks through the exception's causes, and through the text of errors a Beam
+    worker handed back, for the operating system's error.
+    """
+    seen = set()
+    current: BaseException | None = error
+    code, path = None, None
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in WRITE_ERRORS:
+            code, path = current.errno, current.filename
+            break
+        current = current.__cause__ or current.__context__
+    if code is None:
+        text = str(error)
+        code = next((c for message, c in _WRITE_ERROR_TEXT.items() if message in text), None)
+        found = re.search(r"(?:No space left on device|Permission denied|Read-only file system|Disk quota exceeded)"
+                          r":\s*'([^']+)'", text)
+        path = found.group(1) if found else None
+    if code is None:
+        return None
+    where = os.fspath(path) if path else output
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"free space there or choose an {option} on a disk with room, then run again"
+    elif code == errno.EROFS:
+        fix = f"choose an {option} on a writable disk"
+    else:
+        fix = f"choose an {option} you may write to, or fix the permissions of {os.path.dirname(where) or where}"
+    return f"{WRITE_ERRORS[code]} while writing {where}; {fix}."

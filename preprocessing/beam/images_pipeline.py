@@ -1,0 +1,184 @@
+"""Images with box annotations to sharded detection TFRecords with Beam (`fullres preprocess images`).
+
+Each image is one work item. A missing, unreadable or unopenable image (a
+folder, no permission), one over the pixel budget (`max_pixels`, checked from
+the header before anything is decoded: a decompression bomb), or one whose size
+differs from its annotation, is a dead letter; a bad box (entirely outside the
+image, or of non-positive size) is a dead letter of its own and the image is
+kept with its good boxes. Boxes that cross the border are clipped to it; no
+box is dropped for being one too many (the trainer counts those it drops).
+Output layout, dead letters and atomic replacement: `preprocessing.beam.conversion`;
+`label_map.json` ({name: id}, see `preprocessing.images.annotations`) is written
+beside the shards.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import warnings
+from collections.abc import Callable, Sequence
+
+import apache_beam as beam
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from common import dead_letters
+from common import output_guard
+from preprocessing.beam import conversion
+from preprocessing.images import annotations as annotations_lib
+from preprocessing.records import dataset_files, tfrecord_schema
+
+KEPT_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
+# 100 megapixels (10000 × 10000): 300 MB decoded as RGB, far above any detection canvas.
+DEFAULT_MAX_PIXELS = 100_000_000
+
+
+def valid_boxes(image: annotations_lib.ImageAnnotations, width: int, height: int):
+    """Splits an image's boxes into kept (clipped, normalized) boxes and dead letters.
+
+    Returns:
+        (boxes (N, 4) float32 ymin, xmin, ymax, xmax in [0, 1], labels, texts, dead letters).
+    """
+    kept, labels, texts, dead = [], [], [], []
+    for box in image.boxes:
+        if box.x_max <= box.x_min or box.y_max <= box.y_min:
+            dead.append(dead_letters.dead_letter(box.source, "boxes", "box_non_positive_size",
+                                               f"box ({box.x_min}, {box.y_min}, {box.x_max}, {box.y_max}) has no area"))
+            continue
+        x_min, x_max = max(box.x_min, 0.0), min(box.x_max, float(width))
+        y_min, y_max = max(box.y_min, 0.0), min(box.y_max, float(height))
+        if x_max <= x_min or y_max <= y_min:
+            dead.append(dead_letters.dead_letter(box.source, "boxes", "box_outside_image",
+                                               f"box ({box.x_min}, {box.y_min}, {box.x_max}, {box.y_max}) lies outside "
+                                               f"the {width}×{height} image"))
+            continue
+        kept.append([y_min / height, x_min / width, y_max / height, x_max / width])
+        labels.append(box.label)
+        texts.append(box.text)
+    return np.asarray(kept, np.float32).reshape(-1, 4), tuple(labels), tuple(texts), dead
+
+
+def _open_error(image: annotations_lib.ImageAnnotations, error: OSError) -> dict:
+    """The dead letter for an image file that cannot be opened."""
+    if isinstance(error, FileNotFoundError):
+        return dead_letters.dead_letter(image.path, "read", "missing_image", "the image file does not exist")
+    if isinstance(error, IsADirectoryError):
+        return dead_letters.dead_letter(image.path, "read", "not_a_file",
+                                      "the file name points to a folder, not an image file; point it at the image")
+    if isinstance(error, PermissionError):
+        return dead_letters.dead_letter(image.path, "read", "permission_denied",
+                                      "the image file cannot be read (permission denied); make it readable")
+    return dead_letters.dead_letter(image.path, "read", "unreadable", f"the image file cannot be read ({error.strerror or error})")
+
+
+def _over_budget(image: annotations_lib.ImageAnnotations, pixels: int, description: str, max_pixels: int) -> dict:
+    return dead_letters.dead_letter(
+        image.path, "read", "image_too_large",
+        f"the image {description} {pixels:,} pixels, over the --max-pixels budget of {max_pixels:,} (a decompression "
+        "bomb, or a genuinely huge image: raise --max-pixels to convert it)")
+
+
+class ConvertImageFn(beam.DoFn):
+    """One `ImageAnnotations` in; a serialized record and/or dead letters out.
+
+    Args:
+        max_pixels: images whose header claims more pixels are dead letters, before any decoding.
+    """
+
+    def __init__(self, max_pixels: int = DEFAULT_MAX_PIXELS):
+        super().__init__()
+        self.max_pixels = max_pixels
+
+    def setup(self):
+        # The budget is ours, checked below. PIL's own check (a warning above 89 Mpx, an error above twice that)
+        # would refuse a larger budget before we see the size: only then is its limit raised (never lowered).
+        if Image.MAX_IMAGE_PIXELS is not None and 2 * Image.MAX_IMAGE_PIXELS < self.max_pixels:
+            Image.MAX_IMAGE_PIXELS = self.max_pixels
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+
+    def process(self, image: annotations_lib.ImageAnnotations):
+        try:
+            with open(image.path, "rb") as file:
+                encoded = file.read()
+        except OSError as error:
+            yield conversion.reject(_open_error(image, error))
+            return
+        try:
+            with Image.open(io.BytesIO(encoded)) as decoded:
+                if decoded.width * decoded.height > self.max_pixels:  # the header only: nothing decoded yet
+                    yield conversion.reject(_over_budget(image, decoded.width * decoded.height,
+                                                         f"is {decoded.width}×{decoded.height} =", self.max_pixels))
+                    return
+                decoded.load()
+                width, height, image_format = decoded.width, decoded.height, decoded.format
+                if image_format not in KEPT_FORMATS:  # store what TensorFlow decodes everywhere
+                    buffer = io.BytesIO()
+                    decoded.convert("RGB").save(buffer, format="PNG")
+                    encoded, image_format = buffer.getvalue(), "PNG"
+        except Image.DecompressionBombError as error:  # over twice PIL's limit, which is at least `max_pixels`
+            claimed = re.search(r"\((\d+) pixels\)", str(error))
+            yield conversion.reject(_over_budget(image, int(claimed.group(1)) if claimed else 0, "claims",
+                                                 self.max_pixels))
+            return
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+            yield conversion.reject(dead_letters.dead_letter(image.path, "read", "unreadable", f"not a readable image ({error})"))
+            return
+        if image.width not in (None, width) or image.height not in (None, height):
+            yield conversion.reject(dead_letters.dead_letter(
+                image.path, "validate", "size_mismatch",
+                f"annotations say {image.width or '?'}×{image.height or '?'}, the file is {width}×{height}"))
+            return
+        boxes, labels, texts, dead = valid_boxes(image, width, height)
+        for letter in dead:
+            yield conversion.reject(letter)
+        record = tfrecord_schema.DetectionRecord(
+            source_id=image.source_id, filename=os.path.basename(image.path), encoded=encoded,
+            image_format=KEPT_FORMATS[image_format], height=height, width=width, boxes=boxes, labels=labels, texts=texts,
+        )
+        yield conversion.accept(tfrecord_schema.encode_detection_example(record))
+
+
+def run(
+    annotations: str,
+    images: str,
+    output: str,
+    pipeline_args: Sequence[str] | None = None,
+    num_shards: int = 0,
+    compress: bool = False,
+    max_failed_fraction: float = 0.1,
+    label_map: str | None = None,
+    extend_label_map: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Converts the annotated images into `output`; returns the summary.
+
+    Args:
+        label_map: a `label_map.json` of a previous conversion (e.g. the training
+            split) that fixes the class ids; None derives them from the annotations.
+        extend_label_map: give a class `label_map` lacks the next free id instead of refusing it.
+        max_pixels: images over this many pixels are dead letters.
+
+    Raises:
+        FileNotFoundError: the annotations, the image directory or the label map do not exist.
+        ValueError: the annotations are not COCO JSON or VOC XML, or list no image;
+            a class is not in `label_map`; `max_pixels` is not positive.
+        output_guard.OutputRefused: `output` overlaps the inputs, or holds files fullres did not write.
+        conversion.PreprocessingFailed: too large a fraction of dead letters
+            (raised after the output, good records included, is in place).
+    """
+    output_guard.check_conversion_output(output, {"annotations": annotations, "images": images, "label map": label_map})
+    if not os.path.isdir(images):
+        raise FileNotFoundError(f"image directory {images!r} does not exist; pass the directory the annotations refer to.")
+    if max_pixels < 1:
+        raise ValueError(f"--max-pixels must be a positive number of pixels, got {max_pixels}.")
+    items, dead, label_ids = annotations_lib.read_annotations(annotations, images, label_map, extend_label_map, log)
+    if not items and not dead:
+        raise ValueError(f"{annotations} lists no images.")
+    log(f"fullres preprocess images: {len(items)} images to convert, {len(dead)} annotations rejected; writing {output}")
+    return conversion.run(
+        items, dead, ConvertImageFn(max_pixels), output, pipeline_args=pipeline_args, num_shards=num_shards,
+        compress=compress, max_failed_fraction=max_failed_fraction, extra_files={dataset_files.LABEL_MAP: dataset_files.check_label_map(label_ids)}, log=log,
+    )

@@ -1,0 +1,1 @@
+"""Images with boxes: COCO and VOC annotations, label maps, demo images."""

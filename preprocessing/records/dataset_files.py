@@ -1,0 +1,191 @@
+"""The one owner of a data set's own files, beside its records: `summary.json` and `label_map.json`.
+
+`fullres preprocess` writes them (through `beam.conversion.publish`, with the
+contents built here); the trainer, `fullres predict` and the pipeline read them
+here, with one rule each:
+
+* `label_map.json` is a JSON object of class name -> id. Ids are whole numbers,
+  each used once; 0 is the background and may be named only "background"
+  (CT label maps record it, detection maps leave it out: the TF Object
+  Detection API keeps 0 for it). `check_label_map` is that rule, and every
+  reader and writer goes through it.
+* `summary.json` is written last by a conversion (its presence means the data
+  set is complete); its `label_values` and `preprocessing` are read here.
+
+Paths may be local or `gs://` (TensorFlow's file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+SUMMARY = "summary.json"
+LABEL_MAP = "label_map.json"
+BACKGROUND = "background"
+
+
+class LabelMapError(ValueError):
+    """A label map breaks the rule; `entry` is what is wrong, as a clause, so each reader can add its own fix."""
+
+    def __init__(self, entry: str, fix: str, name: str | None = None, number=None):
+        super().__init__(f"{entry}; {fix}")
+        self.entry, self.fix, self.name, self.number = entry, fix, name, number
+
+
+def check_label_map(label_map) -> dict[str, int]:
+    """The one rule for a label map: {name: id}, whole-number ids each once, 0 only for "background".
+
+    Example:
+        >>> check_label_map({"background": 0, "liver": 1, "kidney": 2})
+        {'background': 0, 'liver': 1, 'kidney': 2}
+
+    Raises:
+        LabelMapError: the first entry that breaks the rule (the message says which and why).
+    """
+    if not isinstance(label_map, dict) or not label_map:
+        raise LabelMapError("is not a JSON object of class name -> id",
+                            "pass the label_map.json a previous conversion wrote.")
+    seen: dict[int, str] = {}
+    for name, number in label_map.items():
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0 or (number == 0 and name != BACKGROUND):
+            raise LabelMapError(f"maps {name!r} to {number!r}",
+                                "class ids are whole numbers from 1 (the TF Object Detection API keeps 0 for the "
+                                "background), so correct that entry.", name, number)
+        if number in seen:
+            raise LabelMapError(f"gives id {number} to both {seen[number]!r} and {name!r}",
+                                "give each class its own id.", name, number)
+        seen[number] = name
+    return label_map
+
+
+def write_label_map(directory: str, label_map: dict[str, int]) -> str:
+    """Writes `label_map.json` into `directory` (checked first); returns its path."""
+    path = os.path.join(directory, LABEL_MAP)
+    with open(path, "w") as file:
+        json.dump(check_label_map(label_map), file)
+    return path
+
+
+def foreground(label_map: dict[str, int]) -> dict[str, int]:
+    """The classes of a label map without the background (id 0)."""
+    return {name: number for name, number in label_map.items() if number != 0}
+
+
+def read_label_map_file(path: str, flag: str = "--label-map") -> dict[str, int]:
+    """A `label_map.json` the user names on the command line (`flag`), checked by `check_label_map`.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: it is not valid JSON or breaks the rule (the sentence names the flag, the file and the entry).
+    """
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+        raise FileNotFoundError(f"{flag} {path} does not exist; pass the label_map.json a previous conversion "
+                                "wrote (e.g. the training split's).")
+    try:
+        with tf.io.gfile.GFile(path) as file:
+            label_map = json.load(file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{flag} {path} is not valid JSON ({error}); pass the label_map.json a previous "
+                         "conversion wrote.") from None
+    try:
+        return check_label_map(label_map)
+    except LabelMapError as error:
+        raise ValueError(f"{flag} {path} {error}") from None
+
+
+def beside(pattern: str, name: str) -> str:
+    """Where a data set's file `name` lies: in the folder of its records (`pattern`'s folder)."""
+    return os.path.join(os.path.dirname(pattern), name)
+
+
+def label_map_path(pattern: str) -> str:
+    """Where a conversion writes `label_map.json`: beside the records."""
+    return beside(pattern, LABEL_MAP)
+
+
+def read_label_map(pattern: str) -> dict[str, int] | None:
+    """`label_map.json` (name -> id) beside the records; None when there is none.
+
+    Detection ids count from 1, as the records store them (TF Object Detection
+    API); the class index the model predicts is id - 1, everywhere: input,
+    loss, mAP, report.
+
+    Raises:
+        ValueError: the map breaks `check_label_map` (a map written before COCO
+            category 0 was stored as 1 holds a 0 for a class).
+    """
+    import tensorflow as tf
+
+    path = label_map_path(pattern)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as file:
+        label_map = json.load(file)
+    try:
+        return check_label_map(label_map)
+    except LabelMapError as error:
+        if error.number == 0:
+            raise ValueError(f"{path} maps {error.name!r} to 0, but class ids count from 1 (0 is the background in "
+                             "the TF Object Detection API); convert the data again with fullres preprocess images, "
+                             "which stores COCO category 0 as 1.") from None
+        raise ValueError(f"{path} {error.entry}; convert the data again with fullres preprocess.") from None
+
+
+def check_label_maps_agree(train_pattern: str, eval_pattern: str) -> None:
+    """Refuses evaluation data whose class ids differ from the training data's: it would be scored silently wrong.
+
+    Raises:
+        ValueError: a class of the eval label map has another id (or none) in the training label map.
+    """
+    train_map, eval_map = read_label_map(train_pattern), read_label_map(eval_pattern)
+    if not train_map or not eval_map:
+        return
+    for name, number in sorted(eval_map.items(), key=lambda item: item[1]):
+        if train_map.get(name) != number:
+            raise ValueError(
+                f"class {name!r} has id {number} in {label_map_path(eval_pattern)} but "
+                f"{train_map.get(name) or 'no id'} in {label_map_path(train_pattern)}, so evaluation would score it "
+                f"as another class; convert the eval data again with --label-map {label_map_path(train_pattern)}."
+            )
+
+
+def class_names(label_map: dict[str, int] | None, num_classes: int) -> list[str]:
+    """Names of the 0-based detection classes (id - 1); ids the label map skips are named `class_<id>`.
+
+    >>> class_names({"circle": 1, "triangle": 3}, 3)
+    ['circle', 'class_2', 'triangle']
+    """
+    by_id = {number: name for name, number in foreground(label_map or {}).items()}
+    return [by_id.get(index + 1, f"class_{index + 1}") for index in range(num_classes)]
+
+
+def read_summary(pattern: str) -> dict | None:
+    """The conversion's `summary.json` beside the records; None when there is none (synthetic demo records)."""
+    import tensorflow as tf
+
+    path = beside(pattern, SUMMARY)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as file:
+        return json.load(file)
+
+
+def read_label_values(pattern: str) -> list[int]:
+    """The class ids `fullres preprocess ct` found in the data (`summary.json` beside the records); [] if not recorded."""
+    return sorted(int(value) for value in (read_summary(pattern) or {}).get("label_values", {}))
+
+
+def read_preprocessing(pattern: str) -> dict | None:
+    """The spacing, orientation, window and modality `fullres preprocess ct` used (`summary.json` beside the records).
+
+    None when the records carry no such summary (older conversions, synthetic demo records).
+    """
+    return (read_summary(pattern) or {}).get("preprocessing")
+
+
+def ct_label_map(classes: tuple[str, ...]) -> dict[str, int]:
+    """The label map a CT conversion writes for its named classes: background 0, then 1, 2, ... in order."""
+    return check_label_map({BACKGROUND: 0, **{name: index + 1 for index, name in enumerate(classes)}})

@@ -1,0 +1,250 @@
+"""The TFRecord schema shared by preprocessing (writer) and the trainer (reader).
+
+One `tf.train.Example` per CT case. Arrays are stored in array order
+(depth, height, width) = (z, y, x); geometry is stored in ITK physical order
+(x, y, z), exactly as SimpleITK reports it, so a case can be put back into
+patient space.
+
+| key                    | type          | meaning                                                  |
+| ---------------------- | ------------- | -------------------------------------------------------- |
+| `case_id`              | bytes         | case identifier, unique within a data set                |
+| `source_path`          | bytes         | the image file or DICOM series folder, relative to the input root (a pseudonym under `--pseudonymize`) |
+| `image/encoded`        | bytes         | little-endian float32 voxels, C order, shape `image/shape` |
+| `image/shape`          | int64 × 3     | (D, H, W) of the stored volume                           |
+| `image/original_shape` | int64 × 3     | (D, H, W) after resampling, before crop or pad           |
+| `image/spacing`        | float × 3     | voxel spacing in mm, (x, y, z)                           |
+| `image/origin`         | float × 3     | physical position of voxel (0, 0, 0) in mm, (x, y, z)    |
+| `image/direction`      | float × 9     | direction cosines, row-major 3×3, ITK convention         |
+| `image/window`         | float × 2     | `ct_window`: HU (low, high) mapped to [0, 1]; `zscore`: the (mean, std) used |
+| `image/normalization`  | bytes         | `ct_window` (CT) or `zscore` (MR); absent in older records: `ct_window` |
+| `label/encoded`        | bytes         | uint8 class ids, C order, shape `image/shape`            |
+| `label/values`         | int64 × K     | class ids present in the label map as read (none: no map) |
+| `label/cropped_classes`| int64 × M     | classes of which the crop to `--shape` cut voxels        |
+| `label/cropped_voxels` | int64 × M     | voxels of each of those classes cut (resampled grid)     |
+
+Detection records use the TF Object Detection API keys (`image/encoded`,
+`image/object/bbox/ymin` ..., `image/object/class/label`; `encode_detection_example`)
+so existing tools read them.
+
+Writing needs no TensorFlow (`example_proto`), so Beam workers start fast;
+the parsers, used inside `tf.data`, import it when first called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from preprocessing.records import example_proto
+
+CASE_ID = "case_id"
+SOURCE_PATH = "source_path"
+IMAGE_ENCODED = "image/encoded"
+IMAGE_SHAPE = "image/shape"
+IMAGE_ORIGINAL_SHAPE = "image/original_shape"
+IMAGE_SPACING = "image/spacing"
+IMAGE_ORIGIN = "image/origin"
+IMAGE_DIRECTION = "image/direction"
+IMAGE_WINDOW = "image/window"
+IMAGE_NORMALIZATION = "image/normalization"
+LABEL_ENCODED = "label/encoded"
+LABEL_VALUES = "label/values"
+LABEL_CROPPED_CLASSES = "label/cropped_classes"
+LABEL_CROPPED_VOXELS = "label/cropped_voxels"
+
+
+@dataclasses.dataclass(frozen=True)
+class CtRecord:
+    """One preprocessed CT case, ready to be serialized.
+
+    Example:
+        >>> import numpy as np
+        >>> record = CtRecord(
+        ...     case_id="case0", source_path="/data/case0.nii.gz",
+        ...     image=np.zeros((4, 8, 8), np.float32),
+        ...     label=np.zeros((4, 8, 8), np.uint8))
+        >>> parsed = parse_ct_example(encode_ct_example(record))
+        >>> tuple(parsed["image"].shape)
+        (4, 8, 8, 1)
+    """
+
+    case_id: str
+    source_path: str
+    image: np.ndarray  # (D, H, W) float32, scaled to [0, 1]
+    label: np.ndarray  # (D, H, W) uint8 class ids
+    spacing: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    origin: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    direction: tuple[float, ...] = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0)
+    original_shape: tuple[int, int, int] | None = None
+    window: tuple[float, float] = (-1000.0, 1000.0)
+    normalization: str = "ct_window"
+    warnings: tuple[str, ...] = ()  # for the converter's log and summary; not serialized
+    label_values: tuple[int, ...] = ()  # class ids in the label map as read; () without a label map
+    cropped_voxels: tuple[tuple[int, int], ...] = ()  # (class, voxels cut by the crop), foreground classes only
+
+    def __post_init__(self):
+        if self.image.ndim != 3:
+            raise ValueError(f"CtRecord {self.case_id}: image must be 3-D (D, H, W), got shape {self.image.shape}.")
+        if self.label.shape != self.image.shape:
+            raise ValueError(
+                f"CtRecord {self.case_id}: label shape {self.label.shape} differs from image shape {self.image.shape}."
+            )
+        if len(self.direction) != 9:
+            raise ValueError(f"CtRecord {self.case_id}: direction needs 9 values, got {len(self.direction)}.")
+
+
+_bytes, _floats, _ints = example_proto.BytesValues, example_proto.FloatValues, example_proto.IntValues
+
+
+def encode_ct_example(record: CtRecord) -> bytes:
+    """Serializes a `CtRecord` into a `tf.train.Example` byte string."""
+    image = np.ascontiguousarray(record.image, dtype="<f4")
+    label = np.ascontiguousarray(record.label, dtype=np.uint8)
+    original_shape = record.original_shape or image.shape
+    features = {
+        CASE_ID: _bytes(record.case_id.encode()),
+        SOURCE_PATH: _bytes(record.source_path.encode()),
+        IMAGE_ENCODED: _bytes(image.tobytes()),
+        IMAGE_SHAPE: _ints(image.shape),
+        IMAGE_ORIGINAL_SHAPE: _ints(original_shape),
+        IMAGE_SPACING: _floats(record.spacing),
+        IMAGE_ORIGIN: _floats(record.origin),
+        IMAGE_DIRECTION: _floats(record.direction),
+        IMAGE_WINDOW: _floats(record.window),
+        IMAGE_NORMALIZATION: _bytes(record.normalization.encode()),
+        LABEL_ENCODED: _bytes(label.tobytes()),
+        LABEL_VALUES: _ints(record.label_values),
+        LABEL_CROPPED_CLASSES: _ints([c for c, _ in record.cropped_voxels]),
+        LABEL_CROPPED_VOXELS: _ints([n for _, n in record.cropped_voxels]),
+    }
+    return example_proto.serialize_example(features)
+
+
+@functools.cache
+def _ct_features() -> dict:
+    import tensorflow as tf
+
+    return {
+        CASE_ID: tf.io.FixedLenFeature([], tf.string),
+        SOURCE_PATH: tf.io.FixedLenFeature([], tf.string),
+        IMAGE_ENCODED: tf.io.FixedLenFeature([], tf.string),
+        IMAGE_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
+        IMAGE_ORIGINAL_SHAPE: tf.io.FixedLenFeature([3], tf.int64),
+        IMAGE_SPACING: tf.io.FixedLenFeature([3], tf.float32),
+        IMAGE_ORIGIN: tf.io.FixedLenFeature([3], tf.float32),
+        IMAGE_DIRECTION: tf.io.FixedLenFeature([9], tf.float32),
+        IMAGE_WINDOW: tf.io.FixedLenFeature([2], tf.float32),
+        IMAGE_NORMALIZATION: tf.io.FixedLenFeature([], tf.string, default_value="ct_window"),
+        LABEL_ENCODED: tf.io.FixedLenFeature([], tf.string),
+    }
+
+
+def parse_ct_example(serialized) -> dict:
+    """Parses one serialized CT example (a scalar string tensor) with TensorFlow ops.
+
+    Returns:
+        A dict with `image` (D, H, W, 1) float32, `label` (D, H, W) int32 and the
+        geometry fields as tensors; usable inside `tf.data.Dataset.map`.
+    """
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, _ct_features())
+    shape = tf.cast(parsed[IMAGE_SHAPE], tf.int32)
+    image = tf.io.decode_raw(parsed[IMAGE_ENCODED], tf.float32, little_endian=True)
+    image = tf.reshape(image, tf.concat([shape, [1]], axis=0))  # (D, H, W, 1)
+    label = tf.io.decode_raw(parsed[LABEL_ENCODED], tf.uint8)
+    label = tf.cast(tf.reshape(label, shape), tf.int32)  # (D, H, W)
+    return {
+        "case_id": parsed[CASE_ID],
+        "source_path": parsed[SOURCE_PATH],
+        "image": image,
+        "label": label,
+        "spacing": parsed[IMAGE_SPACING],
+        "origin": parsed[IMAGE_ORIGIN],
+        "direction": parsed[IMAGE_DIRECTION],
+        "original_shape": parsed[IMAGE_ORIGINAL_SHAPE],
+        "window": parsed[IMAGE_WINDOW],
+        "normalization": parsed[IMAGE_NORMALIZATION],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectionRecord:
+    """One image with its boxes (TF Object Detection API layout).
+
+    Boxes are normalized to [0, 1] as (ymin, xmin, ymax, xmax), one row per box.
+    """
+
+    source_id: str
+    filename: str
+    encoded: bytes  # the image file's bytes, as stored (JPEG or PNG)
+    image_format: str  # "jpeg" or "png"
+    height: int
+    width: int
+    boxes: np.ndarray  # (N, 4) float32 ymin, xmin, ymax, xmax in [0, 1]
+    labels: tuple[int, ...] = ()
+    texts: tuple[str, ...] = ()
+
+
+def encode_detection_example(record: DetectionRecord) -> bytes:
+    """Serializes a `DetectionRecord` with the TF Object Detection API keys."""
+    boxes = np.asarray(record.boxes, np.float32).reshape(-1, 4)  # (N, 4)
+    features = {
+        "image/encoded": _bytes(record.encoded),
+        "image/format": _bytes(record.image_format.encode()),
+        "image/height": _ints([record.height]),
+        "image/width": _ints([record.width]),
+        "image/filename": _bytes(record.filename.encode()),
+        "image/source_id": _bytes(record.source_id.encode()),
+        "image/object/bbox/ymin": _floats(boxes[:, 0]),
+        "image/object/bbox/xmin": _floats(boxes[:, 1]),
+        "image/object/bbox/ymax": _floats(boxes[:, 2]),
+        "image/object/bbox/xmax": _floats(boxes[:, 3]),
+        "image/object/class/label": _ints(record.labels),
+        "image/object/class/text": _bytes([t.encode() for t in record.texts]),
+    }
+    return example_proto.serialize_example(features)
+
+
+@functools.cache
+def _detection_features() -> dict:
+    import tensorflow as tf
+
+    return {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/height": tf.io.FixedLenFeature([], tf.int64),
+        "image/width": tf.io.FixedLenFeature([], tf.int64),
+        "image/source_id": tf.io.FixedLenFeature([], tf.string),
+        "image/object/bbox/ymin": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/xmin": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/ymax": tf.io.VarLenFeature(tf.float32),
+        "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
+        "image/object/class/label": tf.io.VarLenFeature(tf.int64),
+        "image/object/class/text": tf.io.VarLenFeature(tf.string),
+    }
+
+
+def parse_detection_example(serialized) -> dict:
+    """Parses one detection example with TensorFlow ops.
+
+    Returns:
+        `image` (H, W, 3) uint8, `boxes` (N, 4) float32 normalized (ymin, xmin,
+        ymax, xmax), `labels` (N,) int32, `texts` (N,), `source_id`, `height`, `width`.
+    """
+    import tensorflow as tf
+
+    parsed = tf.io.parse_single_example(serialized, _detection_features())
+    image = tf.io.decode_image(parsed["image/encoded"], channels=3, expand_animations=False)  # (H, W, 3)
+    dense = {k: tf.sparse.to_dense(v) for k, v in parsed.items() if isinstance(v, tf.sparse.SparseTensor)}
+    boxes = tf.stack([dense[f"image/object/bbox/{k}"] for k in ("ymin", "xmin", "ymax", "xmax")], axis=-1)  # (N, 4)
+    return {
+        "image": image,
+        "boxes": boxes,
+        "labels": tf.cast(dense["image/object/class/label"], tf.int32),
+        "texts": dense["image/object/class/text"],
+        "source_id": parsed["image/source_id"],
+        "height": parsed["image/height"],
+        "width": parsed["image/width"],
+    }

@@ -1,0 +1,168 @@
+"""Imports run one way, read statically: every import of every module (function-local ones too) is checked.
+
+The layers, lowest first. A module may import its own layer and the layers below it, never one above; and
+no set of modules may import each other in a circle, whatever their layers. Imports inside an
+`if __name__ == "__main__":` block are left out: that block runs only when the file is the program, after
+the module has loaded (`python -m trainer.train` hands its arguments to the CLI above it).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import time
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines")
+
+LAYERS = (
+    "common",
+    "preprocessing.records",
+    "preprocessing.ct",
+    "preprocessing.images",
+    "preprocessing.beam",
+    "preprocessing.cli",
+    "trainer.parallel",
+    "trainer.models",
+    "trainer.config",
+    "trainer.data",
+    "trainer.engine",
+    "trainer.tasks",
+    "trainer.plan",
+    "trainer.export",
+    "trainer.evaluate",
+    "trainer.train",
+    "trainer.predict",
+    "trainer.cli",
+    "components",
+    "pipelines",
+)
+
+
+def module_files() -> dict[str, str]:
+    """Dotted module name -> path, for every module of the fullres packages."""
+    found = {}
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(REPOSITORY, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    relative = os.path.relpath(os.path.join(folder, name), REPOSITORY)[:-3]
+                    dotted = relative.replace(os.sep, ".")
+                    found[dotted.removesuffix(".__init__")] = os.path.join(folder, name)
+    return found
+
+
+def _is_main_block(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+
+def imported_modules(name: str, path: str, modules: dict[str, str]) -> set[str]:
+    """The fullres modules `name` imports anywhere in its file (package `__init__`s of each included)."""
+    with open(path) as file:
+        tree = ast.parse(file.read(), path)
+    skipped = {id(inner) for node in ast.walk(tree) if _is_main_block(node) for inner in ast.walk(node)}
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    found = set()
+    for target in targets:
+        if target.split(".")[0] not in PACKAGES:
+            continue
+        parts = target.split(".")
+        found.update(".".join(parts[:end]) for end in range(1, len(parts) + 1) if ".".join(parts[:end]) in modules)
+    found.discard(name)
+    return found
+
+
+def layer_of(name: str) -> int:
+    matches = [index for index, layer in enumerate(LAYERS) if name == layer or name.startswith(layer + ".")]
+    if matches:
+        return max(matches, key=lambda index: len(LAYERS[index]))
+    return -1  # a package's own __init__ (`trainer`, `preprocessing`): imports nothing of fullres (checked below)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, or a module importing itself (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_module_belongs_to_a_layer_and_package_roots_import_nothing():
+    graph = import_graph()
+    roots = [name for name in graph if layer_of(name) == -1]
+    assert sorted(roots) == ["preprocessing", "trainer"], f"modules outside every layer: {roots}; add them to LAYERS"
+    for root in roots:
+        assert not graph[root], f"{root}/__init__.py imports {sorted(graph[root])}; a package root imports nothing"
+
+
+def test_no_import_cycles():
+    started = time.perf_counter()
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+    assert time.perf_counter() - started < 5
+
+
+def test_no_upward_imports():
+    graph = import_graph()
+    upward = [f"{name} ({LAYERS[layer_of(name)]}) imports {other} ({LAYERS[layer_of(other)]})"
+              for name, imports in sorted(graph.items()) for other in sorted(imports)
+              if layer_of(other) > layer_of(name)]
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_the_check_sees_function_local_imports_and_cycles(tmp_path):
+    """The checker itself: a cycle hidden in a function-local import, and an upward import, are both found."""
+    module_a = tmp_path / "a.py"
+    module_a.write_text("def f():\n    from trainer import train\n")
+    modules = {"trainer.engine.a": str(module_a), "trainer.train": "", "trainer": ""}
+    imports = imported_modules("trainer.engine.a", str(module_a), modules)
+    assert imports == {"trainer", "trainer.train"}
+    assert layer_of("trainer.train") > layer_of("trainer.engine.a")
+    assert cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
+    main_block = tmp_path / "b.py"
+    main_block.write_text("if __name__ == '__main__':\n    from trainer import cli\n")
+    assert imported_modules("trainer.train", str(main_block), {"trainer.cli": "", "trainer": ""}) == set()

@@ -1,0 +1,78 @@
+"""Orbax checkpoints of the TrainState: newest K kept, restore onto the mesh, refusal of another model's checkpoint."""
+
+import asyncio
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from trainer.engine import checkpoints, step
+from trainer.parallel import partitioning
+
+
+def _state(distribution, width=4, value=0.0):
+    host = step.TrainState(trainable=[np.full((3, width), value, np.float32), np.arange(width, dtype=np.float32)],
+                           non_trainable=[np.zeros((2,), np.float32)],
+                           optimizer=[np.asarray(7, np.int64), np.ones((3, width), np.float32)])
+    return step.place_state(host, distribution)
+
+
+@pytest.fixture
+def distribution():
+    return partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices())
+
+
+def test_newest_checkpoints_are_kept_and_the_newest_restored_onto_the_mesh(distribution, tmp_path):
+    directory = str(tmp_path / "checkpoints")
+    checkpointer = checkpoints.Checkpointer(directory, keep=2)
+    assert checkpointer.restore_latest(_state(distribution)) is None
+    for step_number in (4, 8, 12):
+        checkpointer.save(step_number, _state(distribution, value=float(step_number)))
+    checkpointer.close()
+    assert checkpoints.list_steps(directory) == [8, 12]
+    os.makedirs(os.path.join(directory, "00000016.orbax-checkpoint-tmp-1"))  # what a crash mid-save leaves
+    assert checkpoints.list_steps(directory) == [8, 12]
+
+    restored, step_number = checkpoints.Checkpointer(directory).restore_latest(_state(distribution))
+    assert step_number == 12
+    np.testing.assert_array_equal(np.asarray(restored.trainable[0]), np.full((3, 4), 12.0))
+    assert int(restored.optimizer[0]) == 7
+    # Restored straight onto the mesh, replicated on all 8 devices like the state it replaces.
+    assert restored.trainable[0].sharding.is_equivalent_to(_state(distribution).trainable[0].sharding, 2)
+    assert len(restored.trainable[0].sharding.device_set) == 8
+    assert checkpoints.load_arrays(directory, 8)["trainable/00000"][0, 0] == 8.0
+
+
+def test_what_a_crash_left_is_removed_before_the_checkpointer_returns(tmp_path, monkeypatch):
+    """Orbax cleans up in a thread; a run failing before its first save must not exit while it still runs.
+
+    In CI a disk-full run printed its one sentence and then that thread's traceback at interpreter exit. The
+    cleanup is slowed here so the race is lost every time unless the Checkpointer waits for it.
+    """
+    from orbax.checkpoint._src.path import temporary_paths
+
+    cleanup = temporary_paths.cleanup_temporary_paths
+
+    async def slow_cleanup(*args, **kwargs):
+        await asyncio.sleep(1.0)
+        return await cleanup(*args, **kwargs)
+
+    monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", slow_cleanup)
+    directory = tmp_path / "checkpoints"
+    os.makedirs(directory / "00000016.orbax-checkpoint-tmp-1")  # what a crash mid-save leaves
+    checkpointer = checkpoints.Checkpointer(str(directory))
+    assert os.listdir(directory) == []
+    checkpointer.close()
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_sentence(distribution, tmp_path):
+    directory = str(tmp_path / "checkpoints")
+    checkpointer = checkpoints.Checkpointer(directory)
+    checkpointer.save(10, _state(distribution, width=4))
+    checkpointer.close()
+    with pytest.raises(ValueError) as error:
+        checkpoints.Checkpointer(directory).restore_latest(_state(distribution, width=5))
+    message = str(error.value)
+    assert "00000010 does not match this model (optimizer/00001: stored shape (3, 4), expected (3, 5))" in message
+    assert message.endswith("resume with the configuration that wrote it, or train into a new --output directory.")

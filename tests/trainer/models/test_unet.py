@@ -1,0 +1,97 @@
+"""UNet shapes in 2D and 3D, and every constructor check."""
+
+import numpy as np
+import pytest
+
+from trainer.models import unet
+
+
+@pytest.mark.parametrize(
+    "spatial_dims, levels, normalization, input_shape",
+    [
+        pytest.param(3, 3, "instance", (2, 16, 32, 8, 1), marks=pytest.mark.slow),
+        (3, 2, "batch", (1, 8, 8, 8, 2)),
+        (3, 1, "none", (1, 5, 7, 3, 1)),
+        pytest.param(2, 4, "group", (2, 32, 16, 1), marks=pytest.mark.slow),
+        (2, 3, "instance", (1, 64, 64, 3)),
+    ],
+)
+def test_output_shape(spatial_dims, levels, normalization, input_shape):
+    config = unet.UNetConfig(
+        spatial_dims=spatial_dims, num_classes=4, in_channels=input_shape[-1], num_levels=levels,
+        base_filters=8, normalization=normalization,
+    )
+    model = unet.build_unet(config)
+    logits = model(np.zeros(input_shape, np.float32))
+    assert tuple(logits.shape) == (*input_shape[:-1], 4)
+    assert logits.dtype == "float32"
+
+
+@pytest.mark.slow
+def test_mixed_bfloat16_keeps_float32_weights_and_logits():
+    model = unet.build_unet(unet.UNetConfig(num_levels=2, base_filters=4), dtype="mixed_bfloat16")
+    assert all(w.dtype == "float32" for w in model.weights)
+    assert model.get_layer("down0").steps[0].compute_dtype == "bfloat16"
+    assert model(np.zeros((1, 8, 8, 8, 1), np.float32)).dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("spatial_dims", 4, r"UNetConfig.spatial_dims must be 2 or 3, got 4"),
+        ("num_classes", 1, r"UNetConfig.num_classes must be >= 2 \(background \+ one class\), got 1"),
+        ("in_channels", 0, r"UNetConfig.in_channels must be >= 1, got 0"),
+        ("num_levels", 0, r"UNetConfig.num_levels must be >= 1, got 0"),
+        ("base_filters", 0, r"UNetConfig.base_filters must be >= 1, got 0"),
+        ("normalization", "layer", r"UNetConfig.normalization must be one of .*'instance'.*, got 'layer'"),
+    ],
+)
+def test_config_refuses_bad_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        unet.UNetConfig(**{field: value})
+
+
+def test_group_normalization_needs_filters_divisible_by_groups():
+    with pytest.raises(ValueError, match=r"8 groups, so base_filters must be a multiple of 8, got 12"):
+        unet.UNetConfig(normalization="group", base_filters=12)
+
+
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+def test_subpixel_upsampling_is_a_stride_2_transposed_convolution(spatial_dims):
+    """Same function as Conv{2,3}DTranspose(kernel 2, stride 2) once the weights are mapped across."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    in_channels, filters = 3, 5
+    shape = (2, *([4, 5, 3][:spatial_dims]), in_channels)
+    x = rng.normal(size=shape).astype(np.float32)
+    transpose_layer = (keras.layers.Conv3DTranspose if spatial_dims == 3 else keras.layers.Conv2DTranspose)(
+        filters, 2, strides=2)
+    expected = np.asarray(transpose_layer(x))
+    kernel, bias = (np.asarray(w) for w in transpose_layer.weights)  # (2,)*d + (filters, in_channels), (filters,)
+    layer = unet.SubpixelUpsampling(filters, spatial_dims)
+    layer.build(shape)
+    offsets = kernel.reshape(2**spatial_dims, filters, in_channels)  # offset index (a, b[, c]) in C order
+    projection = np.transpose(offsets, (2, 0, 1)).reshape(in_channels, 2**spatial_dims * filters)
+    layer.projection.kernel.assign(projection.reshape((1,) * spatial_dims + projection.shape))
+    layer.projection.bias.assign(np.tile(bias, 2**spatial_dims))
+    np.testing.assert_allclose(np.asarray(layer(x)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_remat_checkpoints_every_conv_block():
+    import jax
+    import keras
+
+    from trainer.engine import step
+    from trainer.models import losses
+
+    config = unet.UNetConfig(num_levels=3, base_filters=4)
+    images, labels = np.zeros((1, 8, 8, 8, 1), np.float32), np.zeros((1, 8, 8, 8), np.int32)
+    counts = []
+    for remat in (False, True):
+        keras.utils.set_random_seed(0)
+        model = unet.build_unet(config, remat=remat)
+        state = step.initial_state(model, keras.optimizers.SGD(0.1))
+        lowered = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy)).lower(state, images, labels)
+        counts.append(lowered.as_text().count("optimization_barrier"))
+    assert counts == [0, 5]  # 3 down blocks + 2 decode blocks

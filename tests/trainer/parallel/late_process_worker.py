@@ -1,0 +1,46 @@
+"""One process of the late-process test: `python late_process_worker.py ADDRESS ID DELAY_SECONDS`.
+
+Two processes with two CPU devices each. Process 1 comes `DELAY_SECONDS` late,
+as a process does that compiles on a loaded host, twice: to placing a state on
+the mesh (JAX checks with a collective between the processes' first devices
+that both put the same values) and to a sum over all four devices (a program
+whose collective spans a new set of devices). Prints the sum.
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+from trainer.parallel import distributed  # noqa: E402
+
+
+def main(address: str, process_id: int, delay: float) -> None:
+    distributed.initialize(distributed.ProcessGroup(address, 2, process_id))
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from trainer.engine import step
+    from trainer.parallel import partitioning
+
+    distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)))
+    if process_id == 1:
+        time.sleep(delay)
+    state = step.place_state(step.TrainState([np.arange(3, dtype=np.float32)], [], []), distribution)
+
+    mesh = jax.make_mesh((4,), ("x",))
+    values = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("x")),
+                                                    np.full((2,), process_id + 1, np.float32))
+    total = distributed.RunTogether(jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec())), "sum")
+    if process_id == 1:
+        time.sleep(delay)
+    print(f"sum {float(total(values))}, state {state.trainable[0].sharding.is_fully_replicated}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))

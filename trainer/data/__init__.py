@@ -1,0 +1,1 @@
+"""tf.data input: CT records, detection records, augmentation."""

@@ -1,0 +1,1 @@
+"""The partitioned step, the one forward pass, checkpoints and the files of a run."""

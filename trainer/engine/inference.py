@@ -1,0 +1,161 @@
+"""The partitioned forward pass that evaluation and `fullres predict` share.
+
+A batch goes onto the mesh as in training (batch over replicas, space over
+the cores of each replica), the model runs once, and the output comes back
+whole: class ids for scoring, or per-class probabilities for prediction. A
+volume of any size is padded up to the nearest shape the model and the
+partitioning accept, and the padding is cut off the output again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from trainer.engine import step
+from trainer.parallel import partitioning
+
+
+def make_forward(model: keras.Model, distribution: partitioning.SpatialParallel, state: step.TrainState,
+                 image_ndim: int, output: str = "class_ids"):
+    """`forward(state, placed_images)`, jitted with the distribution's shardings.
+
+    Args:
+        output: "class_ids" ((B, [D,] H, W) int32, the argmax) or "probabilities" ((B, [D,] H, W, K) float32, softmax).
+    """
+    if output == "class_ids":
+        return step.jit_predict_step(step.make_predict_step(model), distribution, state, image_ndim)
+    if output != "probabilities":
+        raise ValueError(f"output {output!r} is not known; use class_ids or probabilities.")
+
+    def probabilities(state: step.TrainState, images):
+        logits, _ = model.stateless_call(state.trainable, state.non_trainable, images, training=False)
+        return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+    image_layout = distribution.get_data_layout((0,) * image_ndim).backend_layout
+    return jax.jit(probabilities, in_shardings=(step.state_shardings(state, distribution), image_layout),
+                   out_shardings=image_layout)
+
+
+def pad_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
+    """Pads the last, short batch with copies of its first example, so every replica gets an equal share."""
+    if images.shape[0] == batch_size:
+        return images
+    return np.concatenate([images, np.repeat(images[:1], batch_size - images.shape[0], axis=0)])
+
+
+def padded_shape(shape: Sequence[int], multiples: Sequence[int]) -> tuple[int, ...]:
+    """The smallest shape at least `shape` whose every entry is a multiple of the matching `multiples` entry.
+
+    >>> padded_shape((75, 131, 97), (16, 8, 8))
+    (80, 136, 104)
+    """
+    return tuple(int(math.ceil(s / m) * m) for s, m in zip(shape, multiples))
+
+
+def spatial_multiples(input_partition_dims: Sequence[int], downsampling_levels: int) -> tuple[int, ...]:
+    """What each spatial size must divide by: 2^levels (the UNet's poolings) times the parts it is split into."""
+    return tuple((2 ** downsampling_levels) * int(parts) for parts in input_partition_dims[1:-1])
+
+
+class VolumeTooLarge(ValueError):
+    """A volume's forward pass needs more memory per device than the devices have; the message says what to do."""
+
+
+def device_memory_limit(device) -> int | None:
+    """Bytes one accelerator can hold (from its runtime); None where it does not say (CPUs)."""
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # some runtimes have no memory statistics
+        return None
+    return stats.get("bytes_limit")
+
+
+class VolumePredictor:
+    """Per-class probabilities of whole volumes, one partitioned forward pass each.
+
+    Args:
+        model, state: the trained model and its weights (as `evaluate.load_trained` returns them).
+        partition: the partitioning to predict with (its replica count is 1: one volume at a time).
+        devices: the devices to use (the first `partition.num_cores_per_replica` of them).
+        downsampling_levels: the model's poolings, for padding.
+        device_memory: bytes one device holds (None: as the accelerator's runtime says; no check on CPUs). Each
+            padded shape is compiled ahead of time and its memory checked before anything runs.
+    """
+
+    def __init__(self, model, state: step.TrainState, partition: partitioning.PartitionConfig, devices,
+                 downsampling_levels: int, device_memory: int | None = None):
+        cores = partition.num_cores_per_replica
+        if cores > len(devices):
+            raise partitioning.PartitionError(
+                f"input_partition_dims {list(partition.input_partition_dims)} needs {cores} devices per volume but "
+                f"{len(devices)} are present; run where {cores} are, or on a CPU with --virtual-devices {cores}.")
+        self.partition = partition
+        self.distribution = partitioning.make_distribution(partition, list(devices)[:cores])
+        self.model = model
+        self.state = step.place_state(state, self.distribution)
+        self.multiples = spatial_multiples(partition.input_partition_dims, downsampling_levels)
+        self.device_memory = device_memory if device_memory is not None else device_memory_limit(devices[0])
+        self._forward = None
+        self._compiled: dict[tuple[int, ...], object] = {}
+
+    def compiled(self, batch_shape: tuple[int, ...]):
+        """The forward pass for (1, D, H, W, C) batches, compiled ahead of time and checked against device memory.
+
+        Raises:
+            VolumeTooLarge: it needs more than `device_memory` per device.
+        """
+        if batch_shape in self._compiled:
+            return self._compiled[batch_shape]
+        if self._forward is None:
+            self._forward = make_forward(self.model, self.distribution, self.state, len(batch_shape), "probabilities")
+        sharding = self.distribution.get_data_layout(batch_shape).backend_layout
+        compiled = self._forward.lower(self.state, jax.ShapeDtypeStruct(batch_shape, jnp.float32, sharding=sharding)
+                                       ).compile()
+        memory = compiled.memory_analysis()
+        needed = None if memory is None else (memory.temp_size_in_bytes + memory.argument_size_in_bytes
+                                              + memory.output_size_in_bytes - memory.alias_size_in_bytes)
+        if self.device_memory is not None and needed is not None and needed > self.device_memory:
+            cores = self.partition.num_cores_per_replica
+            wanted = cores * 2 ** math.ceil(math.log2(needed / self.device_memory))
+            raise VolumeTooLarge(
+                f"the volume, padded to {'×'.join(map(str, batch_shape[1:-1]))}, needs {_human(needed)} per device "
+                f"split {','.join(map(str, self.partition.input_partition_dims))} over {cores} device(s), which hold "
+                f"{_human(self.device_memory)} each; split it over about {wanted} cores (size the layouts with: "
+                f"fullres plan --image-size {','.join(map(str, batch_shape[1:-1]))} --partitions {wanted} --layouts all)")
+        self._compiled[batch_shape] = compiled
+        return compiled
+
+    def padded_shape(self, spatial_shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape a volume of `spatial_shape` is padded to before the forward pass."""
+        return padded_shape(spatial_shape, self.multiples)
+
+    def probabilities(self, volume: np.ndarray, fill: float = 0.0, pad_to: Sequence[int] | None = None) -> np.ndarray:
+        """(D, H, W, C) volume -> (D, H, W, K) float32 class probabilities, padded with `fill` and unpadded.
+
+        The padding is part of what the model sees (instance normalization and
+        the convolutions at the border read it), so a volume padded to another
+        shape can come back a little different; `pad_to` (a shape every
+        partitioning compared accepts) fixes it, and the split itself then
+        changes nothing.
+        """
+        spatial = volume.shape[:-1]
+        target = self.padded_shape(spatial) if pad_to is None else tuple(pad_to)
+        if any(t < s or t % m for s, t, m in zip(spatial, target, self.multiples)):
+            raise ValueError(f"pad_to {list(target)} must be at least {list(spatial)} and a multiple of "
+                             f"{list(self.multiples)}.")
+        padding = [(0, t - s) for s, t in zip(spatial, target)]
+        padded = np.pad(volume, [*padding, (0, 0)], constant_values=fill) if any(p for _, p in padding) else volume
+        batch = padded[None].astype(np.float32)
+        forward = self.compiled(batch.shape)
+        output = step.to_host(forward(self.state, step.place_batch(self.distribution, batch)))[0]
+        return output[tuple(slice(0, s) for s in spatial)]
+
+
+def _human(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"

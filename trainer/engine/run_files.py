@@ -1,0 +1,112 @@
+"""The one owner of the files a training run writes into its output directory (checkpoints: `engine.checkpoints`).
+
+    train_config.json   the run's TrainConfig (read back by evaluation, export, predict)
+    model_info.json     the task, the shape of one input, class names, the preprocessing of the training scans
+    history.jsonl       one line per logged step (survives resumes)
+    metrics.json        final loss, per-class Dice or COCO AP, timing, partitioning
+    model.keras         the trained weights
+
+Every reader and writer of these files is here, so each has one rule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from trainer import config as config_lib
+
+TRAIN_CONFIG = "train_config.json"
+MODEL_INFO = "model_info.json"
+HISTORY = "history.jsonl"
+METRICS = "metrics.json"
+MODEL = "model.keras"
+CHECKPOINTS = "checkpoints"
+
+
+def path(run_dir: str, name: str) -> str:
+    """Where the run file `name` (one of the constants above) lies in `run_dir`."""
+    return os.path.join(run_dir, name)
+
+
+def _write_json(file_path: str, content, indent: int | None = 2) -> None:
+    """Whole or not at all: written beside, then renamed over (a kill leaves the old file, never half a new one)."""
+    with open(file_path + ".tmp", "w") as file:
+        json.dump(content, file, indent=indent)
+    os.replace(file_path + ".tmp", file_path)
+
+
+def write_train_config(run_dir: str, config: config_lib.TrainConfig) -> None:
+    _write_json(path(run_dir, TRAIN_CONFIG), config_lib.to_dict(config))
+
+
+def read_train_config(run_dir: str) -> config_lib.TrainConfig:
+    """The `TrainConfig` a run was trained with.
+
+    Raises:
+        FileNotFoundError: `run_dir` is not the output directory of `fullres train`.
+    """
+    file_path = path(run_dir, TRAIN_CONFIG)
+    if not os.path.exists(file_path):
+        raise FileNotFoundError(f"{run_dir} has no {TRAIN_CONFIG}; pass the output directory of `fullres train`.")
+    with open(file_path) as file:
+        return config_lib.from_dict(json.load(file))
+
+
+def write_model_info(run_dir: str, task: str, image_shape, class_names: list[str] | None,
+                     preprocessing: dict | None) -> None:
+    """What predict and export need to know of the model: task, input shape, class names, the scans' preprocessing."""
+    _write_json(path(run_dir, MODEL_INFO), {"task": task, "image_shape": list(image_shape), "class_names": class_names,
+                                            "preprocessing": preprocessing}, indent=None)
+
+
+def read_model_info(run_dir: str) -> dict:
+    """`model_info.json` of a run.
+
+    Raises:
+        FileNotFoundError: there is none (not the output directory of `fullres train`).
+        ValueError: it cannot be parsed (the message names the file).
+    """
+    file_path = path(run_dir, MODEL_INFO)
+    if not os.path.exists(file_path):
+        raise FileNotFoundError(f"{run_dir} has no {MODEL_INFO}; pass the output directory of `fullres train`.")
+    try:
+        with open(file_path) as file:
+            return json.load(file)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{MODEL_INFO} cannot be read ({error})") from None
+
+
+def read_history(run_dir: str, up_to_step: float = math.inf) -> list[dict]:
+    """The logged steps in `history.jsonl` up to `up_to_step` (all of them by default); [] when there is none."""
+    file_path = path(run_dir, HISTORY)
+    if not os.path.exists(file_path):
+        return []
+    with open(file_path) as file:
+        entries = [json.loads(line) for line in file if line.strip()]
+    return [e for e in entries if e["step"] <= up_to_step]
+
+
+def loss_curve(run_dir: str) -> list[list[float]]:
+    """[[step, loss], ...] of the run's history, for reports."""
+    return [[entry["step"], entry["loss"]] for entry in read_history(run_dir)]
+
+
+def write_history(run_dir: str, entries: list[dict]) -> None:
+    file_path = path(run_dir, HISTORY)
+    with open(file_path + ".tmp", "w") as file:
+        file.writelines(json.dumps(e) + "\n" for e in entries)
+    os.replace(file_path + ".tmp", file_path)
+
+
+def write_metrics(run_dir: str, results: dict) -> str:
+    """Writes `metrics.json`; returns its path."""
+    file_path = path(run_dir, METRICS)
+    _write_json(file_path, results)
+    return file_path
+
+
+def read_metrics(run_dir: str) -> dict:
+    with open(path(run_dir, METRICS)) as file:
+        return json.load(file)

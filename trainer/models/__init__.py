@@ -1,0 +1,1 @@
+"""The networks and their losses: 2D/3D UNet, RetinaNet, Dice + cross-entropy."""

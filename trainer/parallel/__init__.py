@@ -1,0 +1,1 @@
+"""Partitioning over the device mesh, several processes, halo arithmetic, the local multi-process launcher."""

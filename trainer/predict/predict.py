@@ -1,0 +1,327 @@
+"""`fullres predict`: the model's own preprocessing, read from the run it was trained in.
+
+A fullres run records in `model_info.json` how its training scans were
+prepared (spacing, orientation, HU window, modality: `summary.json`'s
+`preprocessing`, copied by `fullres train`). Predict applies exactly that to
+each new scan, so the user passes no preprocessing flags; a run trained before
+this was recorded is refused with one sentence naming what is missing.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import SimpleITK as sitk
+
+from common import dead_letters
+from common import output_guard
+from preprocessing.ct import ct_io, ct_transforms, dicom_series
+from trainer.engine import inference
+from trainer.parallel import partitioning
+
+# What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
+PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
+
+
+class ModelRefused(ValueError):
+    """`--model` is not a fullres run predict can use; the message says why and what to do."""
+
+
+def read_model_info(model_dir: str) -> dict:
+    """The run's model_info.json, with its recorded preprocessing checked.
+
+    Args:
+        model_dir: the output directory of `fullres train`.
+
+    Returns:
+        model_info.json's fields; `preprocessing` holds every one of `PREPROCESSING_FIELDS`.
+
+    Raises:
+        ModelRefused: `model_dir` is not a fullres run, is not a segmentation
+            model, or was trained before runs recorded their preprocessing.
+    """
+    info_path = os.path.join(model_dir, "model_info.json")
+    weights_path = os.path.join(model_dir, "model.keras")
+    if not os.path.isfile(info_path) or not os.path.isfile(weights_path):
+        raise ModelRefused(f"--model {model_dir} is not a fullres run (it lacks model_info.json or model.keras); "
+                           "pass the output directory of `fullres train`.")
+    try:
+        with open(info_path) as file:
+            info = json.load(file)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelRefused(f"--model {model_dir}: model_info.json cannot be read ({error}); "
+                           "pass the output directory of a finished `fullres train`.") from None
+    if info.get("task") != "segmentation":
+        raise ModelRefused(f"--model {model_dir} is a {info.get('task')} model; `fullres predict` segments scans with a "
+                           "segmentation model trained by `fullres train`.")
+    recorded = info.get("preprocessing") or {}
+    missing = [name for name in PREPROCESSING_FIELDS if name not in recorded]
+    if missing:
+        raise ModelRefused(
+            f"--model {model_dir}: model_info.json does not record the preprocessing the model was trained with "
+            f"(missing: {', '.join(missing)}); retrain it with this fullres on data from `fullres preprocess ct`, "
+            "which records it.")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Predicting a scan: the recorded preprocessing, one partitioned forward pass, back onto the scan's own grid.
+
+FORMATS = {"nifti": ".nii.gz", "nrrd": ".nrrd", "mha": ".mha"}
+_FORMAT_OF_SUFFIX = {".nii.gz": "nifti", ".nii": "nifti", ".nrrd": "nrrd", ".nhdr": "nrrd", ".mha": "mha", ".mhd": "mha"}
+
+
+@dataclasses.dataclass
+class Prepared:
+    """One scan made ready for the model.
+
+    `original` is the scan as read (its grid is the one the mask is written on);
+    `grid` is the model's grid (reoriented and resampled as in training, an
+    empty image carrying the geometry); `volume` (D, H, W, 1) the normalized
+    voxels on it; `fill` the value padding gets (air, or the z-score's minimum).
+    """
+
+    original: sitk.Image
+    grid: sitk.Image
+    volume: np.ndarray
+    fill: float
+
+
+def output_format(source: ct_io.VolumeSource, requested: str | None) -> str:
+    """`requested`, or the input's own format (NIfTI for a DICOM series)."""
+    if requested is not None:
+        if requested not in FORMATS:
+            raise ValueError(f"--format {requested!r} is not known; use one of {', '.join(FORMATS)}.")
+        return requested
+    lower = source.path.lower()
+    return next((name for suffix, name in _FORMAT_OF_SUFFIX.items() if lower.endswith(suffix)), "nifti")
+
+
+def prepare(source: ct_io.VolumeSource, preprocessing: dict,
+            spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> Prepared:
+    """Reads `source` and applies the model's recorded preprocessing (`model_info.json`'s `preprocessing`).
+
+    The same functions as `fullres preprocess ct` (`ct_transforms`): orientation,
+    resampling to the recorded spacing (linear, air outside), CT window or
+    z-score. No crop: the whole volume goes through the model.
+
+    Raises:
+        dead_letters.CaseError: unreadable, empty or non-finite scans.
+    """
+    original, normalization, _, background = ct_transforms.read_scan(source, preprocessing["modality"],
+                                                                     spacing_tolerance)
+    oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
+    spacing = preprocessing["spacing"]
+    grid = ct_transforms.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
+                                  sitk.sitkFloat32)
+    scaled, _, fill = ct_transforms.normalize(sitk.GetArrayFromImage(grid), normalization,
+                                              tuple(preprocessing["window"]))
+    return Prepared(original, grid, scaled[..., None].astype(np.float32), float(fill))
+
+
+def to_original_grid(probabilities: np.ndarray, grid: sitk.Image, original: sitk.Image
+                     ) -> tuple[sitk.Image, sitk.Image]:
+    """Class probabilities on the model's grid -> (class ids, probabilities) on the scan's own grid.
+
+    The probabilities are resampled (linear interpolation, by physical position:
+    reorientation and spacing are undone together) and the argmax is taken on
+    the original grid. Resampling class ids with nearest neighbour instead
+    would put every boundary on the coarser grid's voxel edges; interpolated
+    probabilities place it between them. Original voxels past the last model
+    voxel centre (up to half a model voxel at the far edges) take the nearest
+    model voxel's probabilities rather than none.
+
+    Args:
+        probabilities: (D, H, W, K) on `grid` (numpy order: z, y, x).
+        grid: an image with the model grid's geometry.
+        original: the scan as read.
+
+    Returns:
+        (uint8 class ids, float32 K-component probabilities), both with `original`'s size, spacing, origin and direction.
+    """
+    vector = sitk.GetImageFromArray(np.ascontiguousarray(probabilities, np.float32), isVector=True)
+    vector.SetSpacing(grid.GetSpacing())
+    vector.SetOrigin(grid.GetOrigin())
+    vector.SetDirection(grid.GetDirection())
+    resampler = sitk.ResampleImageFilter()
+    resampler.SetReferenceImage(original)
+    resampler.SetInterpolator(sitk.sitkLinear)
+    resampler.SetUseNearestNeighborExtrapolator(True)
+    resampled = resampler.Execute(vector)
+    on_original = sitk.GetArrayFromImage(resampled)  # (D, H, W, K)
+    mask = sitk.GetImageFromArray(np.argmax(on_original, axis=-1).astype(np.uint8))
+    mask.CopyInformation(original)
+    return mask, resampled
+
+
+def _class_names(info: dict, num_classes: int) -> list[str]:
+    names = list(info.get("class_names") or [])
+    return names if len(names) == num_classes else ["background", *(f"class_{i}" for i in range(1, num_classes))]
+
+
+def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,
+            probabilities: bool = False, dicom_seg: bool | None = None,
+            input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
+            log: Callable[[str], None] = print) -> dict:
+    """Segments every scan under `input_path` with the model in `model_dir`; masks go to `output_dir`.
+
+    Each scan is read, prepared as the model's training data were, padded to
+    the nearest shape the model and the partitioning accept, predicted in one
+    partitioned forward pass, and mapped back onto its own grid. One bad scan
+    is a dead letter (`dead_letter.jsonl`), never the end of the run.
+
+    Args:
+        model_dir: the output directory of `fullres train` (a segmentation model).
+        input_path: a scan file, a DICOM series directory, or a directory of cases (as `fullres preprocess ct` finds them).
+        output_dir: where masks, `summary.json` and `dead_letter.jsonl` go (new, or written by `fullres predict`).
+        output_format_name: nifti, nrrd or mha; None: each input's own format (NIfTI for DICOM).
+        probabilities: also write each class's probability map.
+        dicom_seg: also write a DICOM SEG for DICOM input (None: yes).
+        input_partition_dims: how each volume is split (None: the training's split, one replica).
+        device_memory: bytes one device holds (None: as the accelerator says; unchecked on CPUs); a scan whose
+            compiled pass needs more is a dead letter that names the cores it would need.
+        log: progress lines.
+
+    Returns:
+        The summary (also written as `summary.json`).
+
+    Raises:
+        ModelRefused: `model_dir` is not a fullres segmentation run with recorded preprocessing.
+        FileNotFoundError: `input_path` does not exist.
+        partitioning.PartitionError: the split needs more devices than are present.
+        output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs.
+    """
+    info = read_model_info(model_dir)
+    if output_format_name is not None:
+        output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
+    # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
+    written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
+    written |= {"summary.json", "dead_letter.jsonl"}
+    found = ct_io.find_volumes(input_path)
+    scans = dict(sorted(found.images.items()))
+    dead = list(found.dead)
+    if not scans and not dead:
+        raise FileNotFoundError(f"--input {input_path} holds no scan fullres can read (NIfTI, NRRD, MetaImage or a "
+                                "DICOM series).")
+
+    import jax
+
+    from trainer import evaluate
+    from trainer.tasks import registry
+    from trainer.plan import memory_plan
+
+    config, _ = registry.restore(model_dir)
+    if input_partition_dims is not None:
+        config = memory_plan.with_dims(config, tuple(input_partition_dims))
+    devices = jax.devices()
+    if config.partition.num_cores_per_replica > len(devices):
+        raise partitioning.PartitionError(
+            f"input_partition_dims {list(config.partition.input_partition_dims)} needs "
+            f"{config.partition.num_cores_per_replica} devices per volume but {len(devices)} are present; pass "
+            f"--input-partition-dims with fewer parts, or on a CPU --virtual-devices "
+            f"{config.partition.num_cores_per_replica}.")
+    _, task, model, state, _ = evaluate.load_trained(model_dir, devices, partition=config.partition)
+    predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels,
+                                          device_memory)
+    names = _class_names(info, config.model.num_classes)
+    dims = ",".join(map(str, config.partition.input_partition_dims))
+    log(f"fullres predict: {len(scans)} scan(s) from {input_path}, model {model_dir} ({len(names)} classes: "
+        f"{', '.join(names)}), each split {dims} over {config.partition.num_cores_per_replica} "
+        f"{devices[0].platform} device(s); {len(dead)} input(s) set aside")
+
+    os.makedirs(output_dir, exist_ok=True)
+    output_guard.write_marker(output_dir, "predict", sorted(written))
+    cases = []
+    for number, (case_id, source) in enumerate(scans.items(), 1):
+        started = time.perf_counter()
+        # Listed before they are written: a case that fails halfway leaves nothing a rerun would call foreign.
+        written.update(_planned_outputs(case_id, source, output_format_name, probabilities, dicom_seg, names))
+        output_guard.write_marker(output_dir, "predict", sorted(written))
+        try:
+            case = _predict_case(case_id, source, info, predictor, names, output_dir, output_format_name,
+                                 probabilities, dicom_seg, model_dir)
+        except inference.VolumeTooLarge as error:
+            dead.append(dead_letters.dead_letter(source.path, "predict", "too_large", str(error)))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped (too_large: {error})")
+            continue
+        except dead_letters.CaseError as error:
+            dead.append(dead_letters.dead_letter(source.path, error.stage, error.reason, error.detail))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped ({error.reason}: {error.detail})")
+            continue
+        except Exception as error:  # one scan's failure (e.g. out of device memory) never stops the others
+            reason, detail = _failure(error, predictor)
+            dead.append(dead_letters.dead_letter(source.path, "predict", reason, detail))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped ({reason}: {detail})")
+            continue
+        case["seconds"] = round(time.perf_counter() - started, 3)
+        cases.append(case)
+        log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
+            f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)"
+            + "".join(f"; {problem}" for problem in case["problems"]))
+
+    summary = {"model": os.path.abspath(model_dir), "input": os.path.abspath(input_path), "ok": len(cases),
+               "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
+               "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
+               "class_names": names, "cases": cases, "dead_letters": dead}
+    with open(os.path.join(output_dir, "summary.json"), "w") as file:
+        json.dump(summary, file, indent=2)
+    with open(os.path.join(output_dir, "dead_letter.jsonl"), "w") as file:
+        file.writelines(json.dumps(letter) + "\n" for letter in dead)
+    log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {os.path.join(output_dir, 'summary.json')}")
+    return summary
+
+
+def _predict_case(case_id, source, info, predictor, names, output_dir, format_name, probabilities, dicom_seg,
+                  model_dir) -> dict:
+    prepared = prepare(source, info["preprocessing"])
+    probs = predictor.probabilities(prepared.volume, prepared.fill)
+    mask, on_original = to_original_grid(probs, prepared.grid, prepared.original)
+    suffix = FORMATS[output_format(source, format_name)]
+    outputs = [os.path.join(output_dir, case_id + suffix)]
+    sitk.WriteImage(mask, outputs[0], useCompression=True)
+    if probabilities:
+        for index, name in enumerate(names):
+            path = os.path.join(output_dir, f"{case_id}_probability_{name}{suffix}")
+            sitk.WriteImage(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path, useCompression=True)
+            outputs.append(path)
+    problems = []
+    if source.is_dicom and dicom_seg is not False:
+        from trainer.predict import dicom_seg as dicom_seg_lib
+
+        try:
+            outputs.append(dicom_seg_lib.write_dicom_seg(
+                mask, source.dicom_files, names[1:], os.path.join(output_dir, case_id + ".seg.dcm"),
+                algorithm_parameters={"model": os.path.abspath(model_dir)}))
+        except dead_letters.CaseError as error:  # the mask is written; only its DICOM SEG is missing, and says why
+            problems.append(f"no DICOM SEG: {error.detail}")
+    return {"case_id": case_id, "problems": problems, "source": source.path, "shape": list(prepared.original.GetSize()[::-1]),
+            "model_grid_shape": list(prepared.volume.shape[:3]),
+            "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
+            "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": outputs}
+
+
+def _planned_outputs(case_id, source, format_name, probabilities, dicom_seg, names) -> set[str]:
+    """The file names `_predict_case` may write for a case."""
+    suffix = FORMATS[output_format(source, format_name)]
+    planned = {case_id + suffix}
+    if probabilities:
+        planned |= {f"{case_id}_probability_{name}{suffix}" for name in names}
+    if source.is_dicom and dicom_seg is not False:
+        planned.add(case_id + ".seg.dcm")
+    return planned
+
+
+
+def _failure(error: Exception, predictor) -> tuple[str, str]:
+    """(reason, one sentence) for a scan whose prediction failed."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or isinstance(error, MemoryError):
+        cores = predictor.partition.num_cores_per_replica
+        return "out_of_memory", (f"the volume does not fit {cores} device(s) split "
+                                 f"{','.join(map(str, predictor.partition.input_partition_dims))}; split it over more "
+                                 f"cores with --input-partition-dims (size it first: fullres plan --image-size D,H,W "
+                                 f"--partitions N --layouts all)")
+    return "predict_failed", f"{type(error).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"

@@ -1,0 +1,74 @@
+"""The contract every task keeps: what the training loop, evaluation, planning and export ask of it.
+
+A third task (say, classification) is one new module with a class that has
+these members, and one entry in `trainer.tasks.TASKS`; nothing else branches
+on the task's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
+
+from trainer import config as config_lib
+from trainer.parallel import partitioning
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What differs between segmentation and detection, as methods.
+
+    Example:
+        >>> from trainer import config
+        >>> from trainer.tasks import registry
+        >>> task = registry.make_task(config.smoke())
+        >>> isinstance(task, Task), task.name, task.planned_example_shape((32, 32, 32))
+        (True, 'segmentation', (32, 32, 32, 1))
+    """
+
+    name: str  # "segmentation", "detection": recorded in model_info.json and metrics.json
+    config: config_lib.TrainConfig
+    class_names: list[str] | None  # one name per predicted class; None where the task names none itself
+
+    def example_shape(self) -> tuple[int, ...]:
+        """The shape of one training example, read from the training data (checked against the model)."""
+
+    def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:
+        """The shape of one example of `spatial_size`, for `fullres plan` (no data read)."""
+
+    def preprocessing(self) -> dict | None:
+        """How the training scans were prepared, for predict to repeat; None where nothing is to repeat."""
+
+    def build_model(self):
+        """The Keras model (built inside the caller's distribution scope)."""
+
+    def loss(self, outputs, labels):
+        """The scalar training loss of a batch."""
+
+    def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+        """How the labels of a batch lie on the mesh (a sharding, or a dict of them)."""
+
+    def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+        """The labels of a batch of `image_shape`, shapes only, for compiling ahead of time."""
+
+    def place_labels(self, distribution: partitioning.SpatialParallel, labels, rows=None):
+        """Host labels of the global batch rows `rows` onto the mesh."""
+
+    def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print) -> Iterator[tuple]:
+        """(images, labels) for every step from `start_step` on."""
+
+    def input_counts(self) -> dict:
+        """What the input left out, for metrics.json."""
+
+    def evaluate(self, model, state, distribution, log: Callable[[str], None], pattern: str | None = None,
+                 samples: list | None = None, keep: int = 0) -> dict:
+        """Scores on `pattern` through the shared forward pass; the first `keep` examples go to `samples`."""
+
+    def headline(self, scores: dict) -> dict:
+        """The scalars worth a TensorBoard curve."""
+
+    def report_class_names(self, given: list[str] | None) -> list[str]:
+        """The class names a report shows."""
+
+    def report(self, scores: dict, samples: list, loss_history: list) -> str:
+        """The HTML report."""

@@ -1,0 +1,98 @@
+"""Detection evaluation: decode per-level outputs, non-max suppression, COCO mAP (pycocotools).
+
+Decoding runs after the partitioned forward pass, on whole images: the
+per-level maps are flattened back into KerasHub's anchor order (level, row,
+column, anchor — the inverse of `retinanet.targets_to_levels`), decoded with
+KerasHub's anchors and box coding, and filtered with its `NonMaxSuppression`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import keras
+import numpy as np
+
+from trainer.models import retinanet
+
+
+def flatten_levels(outputs: dict, config: retinanet.RetinaNetConfig):
+    """(B, N, 4) box deltas and (B, N, C) class logits, in KerasHub's anchor order."""
+    boxes, classes = [], []
+    for level in config.levels:
+        level_boxes = np.asarray(outputs[f"boxes/{level}"])  # (B, H, W, A·4)
+        level_classes = np.asarray(outputs[f"classes/{level}"])  # (B, H, W, A·C)
+        batch = level_boxes.shape[0]
+        boxes.append(level_boxes.reshape(batch, -1, retinanet.BOX_CODE))  # (B, H·W·A, 4)
+        classes.append(level_classes.reshape(batch, -1, config.num_classes))  # (B, H·W·A, C)
+    return np.concatenate(boxes, axis=1), np.concatenate(classes, axis=1)
+
+
+def decode_detections(outputs: dict, image_size: tuple[int, int], config: retinanet.RetinaNetConfig,
+                      confidence_threshold: float = 0.05, iou_threshold: float = 0.5, max_detections: int = 100) -> dict:
+    """Boxes after NMS: `{"boxes": (B, K, 4) yxyx pixels, "confidence": (B, K), "classes": (B, K), "num_detections": (B,)}`."""
+    from keras_hub.layers import NonMaxSuppression
+
+    generator, _ = retinanet.anchor_tools(config)
+    images = np.zeros((1, *image_size, 3), np.float32)
+    anchors = keras.ops.concatenate(list(generator(images[0]).values()), axis=0)
+    deltas, logits = flatten_levels(outputs, config)
+    boxes = keras.utils.bounding_boxes.decode_deltas_to_boxes(
+        anchors=anchors, boxes_delta=deltas, encoded_format="center_xywh", anchor_format="yxyx", box_format="yxyx",
+        variance=list(config.box_variance), image_shape=(*image_size, 3),
+    )
+    suppress = NonMaxSuppression(bounding_box_format="yxyx", from_logits=True, iou_threshold=iou_threshold,
+                                 confidence_threshold=confidence_threshold, max_detections=max_detections)
+    result = suppress(boxes, logits)
+    return {"boxes": np.asarray(result["boxes"]), "confidence": np.asarray(result["confidence"]),
+            "classes": np.asarray(result["labels"]), "num_detections": np.asarray(result["num_detections"])}
+
+
+def coco_metrics(detections: list[dict], ground_truth: list[dict], class_names: list[str]) -> dict:
+    """COCO box AP of detections against ground truth, with pycocotools.
+
+    Args:
+        detections: per image `{"boxes": (K, 4) yxyx, "scores": (K,), "classes": (K,)}` (0-based classes).
+        ground_truth: per image `{"boxes": (M, 4) yxyx, "classes": (M,)}`; the same order as `detections`.
+        class_names: names of the 0-based classes.
+
+    Returns:
+        `{"mAP": AP@[.5:.95], "mAP@0.5": AP@.5, "per_class_AP": {name: AP@[.5:.95] or None}}`.
+    """
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    def xywh(box):
+        y0, x0, y1, x1 = (float(v) for v in box)
+        return [x0, y0, x1 - x0, y1 - y0]
+
+    dataset = {"images": [], "annotations": [],
+               "categories": [{"id": i + 1, "name": name} for i, name in enumerate(class_names)]}
+    results = []
+    for image_id, (truth, found) in enumerate(zip(ground_truth, detections), start=1):
+        dataset["images"].append({"id": image_id})
+        for box, label in zip(truth["boxes"], truth["classes"]):
+            x, y, w, h = xywh(box)
+            dataset["annotations"].append({"id": len(dataset["annotations"]) + 1, "image_id": image_id,
+                                           "category_id": int(label) + 1, "bbox": [x, y, w, h], "area": w * h,
+                                           "iscrowd": 0})
+        for box, score, label in zip(found["boxes"], found["scores"], found["classes"]):
+            results.append({"image_id": image_id, "category_id": int(label) + 1, "bbox": xywh(box), "score": float(score)})
+    if not results:
+        return {"mAP": 0.0, "mAP@0.5": 0.0, "per_class_AP": {name: 0.0 for name in class_names}}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
+        truth = COCO()
+        truth.dataset = dataset
+        truth.createIndex()
+        evaluation = COCOeval(truth, truth.loadRes(results), "bbox")
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    precision = evaluation.eval["precision"]  # (IoU thresholds, recall, classes, areas, max detections)
+    per_class = {}
+    for index, name in enumerate(class_names):
+        values = precision[:, :, index, 0, -1]
+        values = values[values > -1]
+        per_class[name] = float(values.mean()) if values.size else None
+    return {"mAP": float(evaluation.stats[0]), "mAP@0.5": float(evaluation.stats[1]), "per_class_AP": per_class}

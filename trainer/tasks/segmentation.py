@@ -1,0 +1,178 @@
+"""Segmentation: a UNet on CT records; labels are class maps laid out like the images; scored with per-class Dice.
+
+Labels are split or whole within a replica, as `label_partition_dims` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import jax
+import numpy as np
+
+from preprocessing.records import dataset_files
+from trainer import config as config_lib
+from trainer.data import augment, ct_input
+from trainer.engine import inference, step
+from trainer.models import losses, unet
+from trainer.parallel import distributed, partitioning
+from trainer.tasks import metrics, report
+
+
+class SegmentationTask:
+    """UNet on CT volumes: Dice + cross-entropy, per-class Dice."""
+
+    name = "segmentation"
+    class_names: list[str] | None = None  # the report's names come from --class-names or the run's model_info.json
+
+    def __init__(self, config: config_lib.TrainConfig):
+        self.config = config
+
+    def example_shape(self) -> tuple[int, ...]:
+        """(D, H, W, 1) (or (H, W, 1)) of the training records; refuses too few classes for their labels."""
+        values = dataset_files.read_label_values(self.config.train_data)
+        num_classes = self.config.model.num_classes
+        if values and max(values) >= num_classes:
+            raise ValueError(
+                f"--num-classes {num_classes} is too small for {self.config.train_data}: its summary.json lists label "
+                f"values {', '.join(map(str, values))}; pass --num-classes {max(values) + 1} or more."
+            )
+        first = next(ct_input.ct_dataset(self.config.train_data, 1).as_numpy_iterator())
+        shape = first["image"].shape[1:]
+        if len(shape) != self.config.model.spatial_dims + 1:
+            raise ValueError(
+                f"{self.config.train_data} holds {len(shape) - 1}-D images but the model is "
+                f"{self.config.model.spatial_dims}D; set spatial_dims to match the data."
+            )
+        return shape
+
+    def preprocessing(self) -> dict | None:
+        """How the training scans were prepared (summary.json's `preprocessing`): predict repeats it on new scans."""
+        return dataset_files.read_preprocessing(self.config.train_data)
+
+    def build_model(self):
+        return unet.build_unet(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
+
+    def loss(self, logits, labels):
+        return losses.dice_cross_entropy(logits, labels)
+
+    def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+        return distribution.get_label_layout((0,) * (image_ndim - 1)).backend_layout
+
+    def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:
+        """(D, H, W, C) of one example of `spatial_size` (default 256 a side), for `fullres plan` (no data read)."""
+        spatial_size = spatial_size or (256,) * self.config.model.spatial_dims
+        if len(spatial_size) != self.config.model.spatial_dims:
+            raise ValueError(f"--image-size needs {self.config.model.spatial_dims} sizes for a "
+                             f"{self.config.model.spatial_dims}D UNet, got {list(spatial_size)}.")
+        return (*spatial_size, self.config.model.in_channels)
+
+    def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+        """The labels of a batch of `image_shape` as the train step receives them, shapes only: (B, D, H, W) int32."""
+        return jax.ShapeDtypeStruct(image_shape[:-1], np.int32,
+                                    sharding=self.label_sharding(distribution, len(image_shape)))
+
+    def place_labels(self, distribution: partitioning.SpatialParallel, labels: np.ndarray, rows=None):
+        """Labels of the global batch rows `rows` (all by default) onto the mesh."""
+        sharding = self.label_sharding(distribution, labels.ndim + 1)
+        return step.global_array(sharding, labels, self.config.batch_size, rows)
+
+    def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(images, labels) for every step from `start_step` on, augmented as an uninterrupted run would be.
+
+        Args:
+            rows: the rows of every global batch this process reads (`step.process_rows`); None: all.
+        """
+        config = self.config
+        data = ct_input.ct_dataset(
+            config.train_data, config.batch_size, shuffle=True, repeat=True, seed=config.seed,
+            skip_examples=start_step * config.batch_size, drop_remainder=True, rows=rows,
+        )
+        for step_number, batch in enumerate(data.as_numpy_iterator(), start_step):
+            images, labels = batch["image"], batch["label"]
+            if config.augment:
+                images, labels = augment.random_flips(images, labels, config.seed, step_number, rows)
+            yield images, labels
+
+    def input_counts(self) -> dict:
+        """What the input left out, for metrics.json: nothing (volumes are cropped at preprocessing, and say so)."""
+        return {}
+
+    def evaluate(self, model, state, distribution, log: Callable[[str], None], pattern: str | None = None,
+                 samples: list | None = None, keep: int = 0) -> dict:
+        """Per-class Dice on `pattern` (default: the config's eval data); the first `keep` cases go to `samples`."""
+        config = self.config
+        scores = evaluate_segmentation(
+            model, state, distribution, pattern or config.eval_data, config.batch_size, config.model.num_classes,
+            samples=samples, keep=keep,
+        )
+        dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
+        mean = scores["dice_mean"]
+        log(f"Dice per class [{dice_text}], foreground mean {'n/a' if mean is None else f'{mean:.3f}'}")
+        return scores
+
+    @staticmethod
+    def headline(scores: dict) -> dict:
+        """The scalars worth a TensorBoard curve."""
+        return {"dice_mean": scores["dice_mean"]} if scores.get("dice_mean") is not None else {}
+
+    def report_class_names(self, given: list[str] | None) -> list[str]:
+        """One name per class, background first: `given`, or background, class_1, ...
+
+        Raises:
+            ValueError: `given` names another number of classes than the model predicts.
+        """
+        num_classes = self.config.model.num_classes
+        names = list(given or ["background"] + [f"class_{i}" for i in range(1, num_classes)])
+        if len(names) != num_classes:
+            raise ValueError(f"{len(names)} class names given for a model of {num_classes} classes; give one name per "
+                             "class, background first.")
+        return names
+
+    @staticmethod
+    def report(scores: dict, samples: list, loss_history: list) -> str:
+        """The HTML report: Dice table, loss curve, true and predicted label maps of `samples`."""
+        return report.segmentation_report(scores, samples, loss_history, scores["class_names"])
+
+
+def evaluate_segmentation(
+    model,
+    state: step.TrainState,
+    distribution: partitioning.SpatialParallel,
+    pattern: str,
+    batch_size: int,
+    num_classes: int,
+    samples: list | None = None,
+    keep: int = 0,
+) -> dict:
+    """Predicts every case matching `pattern` at full resolution and scores it.
+
+    With `samples` (a list) and `keep`, the first `keep` cases are appended to
+    it as `{"case_id", "image" (D, H, W, C), "label", "prediction"}` for reports.
+
+    The last batch is padded with copies of its first case to the global batch
+    size, so every replica gets an equal share; padded predictions are dropped.
+
+    Returns:
+        `{"dice_per_class": [...], "dice_mean": x, "cases": n}`; `dice_mean` is
+        the mean over foreground classes.
+    """
+    dice = metrics.DiceAccumulator(num_classes)
+    predict = None
+    cases = 0
+    for batch in ct_input.ct_dataset(pattern, batch_size).as_numpy_iterator():
+        images, labels = batch["image"], batch["label"]
+        real = images.shape[0]
+        images = inference.pad_batch(images, batch_size)  # (B, D, H, W, 1)
+        if predict is None:
+            predict = distributed.RunTogether(
+                inference.make_forward(model, distribution, state, images.ndim, "class_ids"), "evaluation")
+        predictions = step.to_host(predict(state, step.place_batch(distribution, images)))[:real]
+        dice.update(predictions, labels)
+        if samples is not None:
+            for index in range(min(real, keep - len(samples))):
+                samples.append({"case_id": batch["case_id"][index].decode(), "image": batch["image"][index],
+                                "label": labels[index], "prediction": predictions[index]})
+        cases += real
+    return {"dice_per_class": dice.per_class(), "dice_mean": dice.foreground_mean(), "cases": cases}
