@@ -122,7 +122,7 @@ def dry_parse(arguments):
         message = error.format_message() if hasattr(error, "format_message") else str(error)
         return f"{type(error).__name__}: {message}"
     extra = [word for word in context.args if word != ELISION]
-    if extra:
+    if extra and not command.context_settings.get("allow_extra_args"):  # preprocess passes Beam's options on
         return f"unexpected extra argument(s) {extra}"
     return None
 
@@ -151,6 +151,7 @@ def test_documented_command_parses(arguments):
         (["preprocess"], "needs a subcommand"),
         (["predict", "--model", "m", "--input", "i"], "Missing"),
         (["demo", "extra"], "extra"),
+        (["preprocess", "ct", "--input", "i", "--output", "o", "--num-shards", "x"], "--num-shards"),
         (["--no-such-global", "demo"], "No such option"),
     ],
 )
