@@ -1,4 +1,4 @@
-"""`fullres evaluate`: a trained model back from its run, scored on new data through its task, and the report.
+"""Evaluation (the pipelines' evaluate step): a trained model back from its run, scored on new data through its task, and the report.
 
 The scoring itself is the task's (`tasks.segmentation` Dice, `tasks.detection`
 COCO AP), through the one forward pass (`engine.inference`).
