@@ -58,13 +58,13 @@ def main(argv=None) -> None:
     from trainer.tasks import registry
     from trainer.engine import inference
     from trainer.parallel import partitioning
-    from trainer.plan import memory_plan
+    from trainer.plan import compiled_step
     from trainer.predict import predict
 
     info = predict.read_model_info(args.model)
     config, _ = registry.restore(args.model)
     if args.input_partition_dims:
-        config = memory_plan.with_dims(config, partitioning.parse_dims(args.input_partition_dims))
+        config = compiled_step.with_dims(config, partitioning.parse_dims(args.input_partition_dims))
     devices = jax.devices()
     _, _, model, state, _ = evaluate.load_trained(args.model, devices, partition=config.partition)
     whole = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels)

@@ -243,14 +243,13 @@ def predict(
     _use_virtual_devices(virtual_devices)
     if not os.path.exists(input_path):
         console.fail(f"--input {input_path!r} does not exist.")
-    from common import output_guard
+    from common import output_guard, sizes
     from trainer.parallel import partitioning
-    from trainer.plan import memory_plan
     from trainer.predict import predict as predict_lib
 
     try:  # PartitionError is a ValueError
         dims = partitioning.parse_dims(input_partition_dims)
-        budget = None if device_memory is None else memory_plan.parse_bytes(device_memory)
+        budget = None if device_memory is None else sizes.parse_bytes(device_memory)
     except ValueError as error:
         console.fail(str(error))
 

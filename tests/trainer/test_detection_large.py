@@ -13,7 +13,7 @@ from trainer.tasks import registry
 from trainer.engine import step
 from trainer.models import retinanet
 from trainer.parallel import partitioning
-from trainer.plan import memory_plan
+from trainer.plan import compiled_step
 
 pytestmark = pytest.mark.slow  # compiles a 2560² detection step
 
@@ -30,7 +30,7 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     # No warm-up: the first step's learning rate would be 0 and the weights would not move.
     config = config_lib.detection(model=SMALL, image_size=SIZE, batch_size=1, warmup_steps=0,
                                   partition=partitioning.PartitionConfig(DIMS))
-    compiled, distribution = memory_plan.compile_step(config, memory_plan.example_shape(config, SIZE), devices)
+    compiled, distribution = compiled_step.compile_step(config, compiled_step.example_shape(config, SIZE), devices)
     memory = compiled.memory_analysis()
 
     keras.utils.set_random_seed(0)

@@ -211,11 +211,11 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
 
     from trainer import evaluate
     from trainer.tasks import registry
-    from trainer.plan import memory_plan
+    from trainer.plan import compiled_step
 
     config, _ = registry.restore(model_dir)
     if input_partition_dims is not None:
-        config = memory_plan.with_dims(config, tuple(input_partition_dims))
+        config = compiled_step.with_dims(config, tuple(input_partition_dims))
     devices = jax.devices()
     if config.partition.num_cores_per_replica > len(devices):
         raise partitioning.PartitionError(
