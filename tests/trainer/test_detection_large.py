@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer import config as config_lib, train
+from trainer import config as config_lib
 from trainer.tasks import registry
-from trainer.engine import step
+from trainer.engine import program, step
 from trainer.models import retinanet
 from trainer.parallel import partitioning
 from trainer.plan import compiled_step
@@ -35,7 +35,7 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
 
     keras.utils.set_random_seed(0)
     with distribution.scope():  # the state as training builds it (the optimizer follows the learning-rate schedule)
-        _, _, _, state = train.build_model(config, registry.make_task(config), config.steps)
+        _, _, _, state = program.build_model(config, registry.make_task(config), config.steps)
         state = step.place_state(state, distribution)
     before = [np.asarray(w) for w in state.trainable[:3]]
     rng = np.random.default_rng(0)

@@ -128,7 +128,7 @@ def test_plan_refuses_an_image_the_pyramid_cannot_split():
 
 def _train_lowering(config, shape, devices):
     """The step exactly as `train._train` builds, places and jits it, lowered on real (random) arrays."""
-    from trainer import train
+    from trainer.engine import program
     from trainer.tasks import registry
 
     task = registry.make_task(config)
@@ -136,9 +136,9 @@ def _train_lowering(config, shape, devices):
     distribution = partitioning.make_distribution(config.partition, devices)
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
-        model, optimizer, _, state = train.build_model(config, task, config.steps)
+        model, optimizer, _, state = program.build_model(config, task, config.steps)
     state = step.place_state(state, distribution)
-    train_step = train.jit_step(task, model, optimizer, distribution, state, len(image_shape))
+    train_step = program.jit_step(task, model, optimizer, distribution, state, len(image_shape))
     rng = np.random.default_rng(0)
     images, labels = step.place_batch(distribution, rng.normal(size=image_shape).astype(np.float32),
                                       rng.integers(0, 3, image_shape[:-1]).astype(np.int32))
