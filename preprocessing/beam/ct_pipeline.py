@@ -16,7 +16,7 @@ from apache_beam.metrics.metric import Metrics
 from common import dead_letters
 from common import identifiers, output_guard
 from preprocessing.beam import conversion
-from preprocessing.ct import ct_io, ct_transforms
+from preprocessing.ct import ct_io, ct_transforms, intensity
 from preprocessing.records import dataset_files, tfrecord_schema
 
 
@@ -69,7 +69,7 @@ def _summary_fields(pairing: ct_io.Pairing, notes: list[str], config: ct_transfo
             "modality": config.modality,
             "preprocessing": ct_transforms.preprocessing_record(config),
             "normalization": {name: counters.get(f"normalization_{name}", 0)
-                              for name in (ct_transforms.CT_WINDOW, ct_transforms.ZSCORE)},
+                              for name in (intensity.CT_WINDOW, intensity.ZSCORE)},
             "warnings": {name[len("warning_"):]: count for name, count in sorted(counters.items())
                          if name.startswith("warning_")},
             "pseudonymized": pseudonymized,

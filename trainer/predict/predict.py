@@ -18,7 +18,7 @@ import SimpleITK as sitk
 
 from common import dead_letters
 from common import output_guard
-from preprocessing.ct import ct_io, ct_transforms, dicom_series
+from preprocessing.ct import ct_io, ct_transforms, dicom_series, geometry, intensity
 from trainer.engine import inference
 from trainer.parallel import partitioning
 
@@ -115,9 +115,9 @@ def prepare(source: ct_io.VolumeSource, preprocessing: dict,
                                                                      spacing_tolerance)
     oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
     spacing = preprocessing["spacing"]
-    grid = ct_transforms.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
+    grid = geometry.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
                                   sitk.sitkFloat32)
-    scaled, _, fill = ct_transforms.normalize(sitk.GetArrayFromImage(grid), normalization,
+    scaled, _, fill = intensity.normalize(sitk.GetArrayFromImage(grid), normalization,
                                               tuple(preprocessing["window"]))
     return Prepared(original, grid, scaled[..., None].astype(np.float32), float(fill))
 

@@ -11,7 +11,7 @@ import SimpleITK as sitk
 
 from common import dead_letters
 from preprocessing.beam import conversion, ct_pipeline
-from preprocessing.ct import ct_transforms, demo_ct
+from preprocessing.ct import ct_transforms, demo_ct, intensity
 from trainer.data import ct_input
 
 IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
@@ -43,7 +43,7 @@ def test_compressed_shards_read_back_through_the_trainer(tmp_path):
                               num_shards=1, pipeline_args=IN_PROCESS, log=lambda line: None)
     assert summary["shards"] == ["data-00000-of-00001.tfrecord.gz"]
     batch = next(ct_input.ct_dataset(str(tmp_path / "out" / "data-*.tfrecord.gz"), 1).as_numpy_iterator())
-    np.testing.assert_allclose(batch["image"][0, ..., 0], ct_transforms.window_and_scale(volume, (-200, 300)), atol=1e-6)
+    np.testing.assert_allclose(batch["image"][0, ..., 0], intensity.window_and_scale(volume, (-200, 300)), atol=1e-6)
 
 
 def test_progress_lines_are_counted_and_hidden():

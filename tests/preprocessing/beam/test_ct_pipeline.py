@@ -13,7 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from common import dead_letters
 from preprocessing.beam import conversion, ct_pipeline
-from preprocessing.ct import ct_io, ct_transforms, demo_ct
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, geometry
 from preprocessing.records import tfrecord_schema
 from trainer.data import ct_input
 
@@ -241,7 +241,7 @@ def test_preprocess_fn_in_test_pipeline(bad_inputs):
 )
 def test_crop_or_pad_centres(shape, size, start):
     array = np.arange(np.prod(shape)).reshape(shape)
-    output, origin_index = ct_transforms.crop_or_pad(array, size, -1)
+    output, origin_index = geometry.crop_or_pad(array, size, -1)
     assert output.shape == size and tuple(origin_index) == start
     for index in np.ndindex(*size):
         source = tuple(i + s for i, s in zip(index, start))

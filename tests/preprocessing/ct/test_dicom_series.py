@@ -20,7 +20,7 @@ from pydicom.uid import EnhancedCTImageStorage, ExplicitVRLittleEndian, RTStruct
 from scipy import ndimage
 
 from common import dead_letters
-from preprocessing.ct import ct_io, ct_transforms, demo_ct, dicom_series
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, dicom_series, label_maps
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SPACING = (0.8, 0.9, 2.0)  # (x, y, z) mm
@@ -461,11 +461,11 @@ def test_preprocess_ct_command_on_a_scanner_export(tmp_path):
 
 def test_classes_from_a_label_map_file_and_refusals(tmp_path):
     (tmp_path / "label_map.json").write_text(json.dumps({"background": 0, "kidney": 2, "liver": 1}))
-    assert ct_transforms.class_names(str(tmp_path / "label_map.json")) == ("liver", "kidney")
-    assert ct_transforms.class_names("liver, kidney") == ("liver", "kidney")
+    assert label_maps.class_names(str(tmp_path / "label_map.json")) == ("liver", "kidney")
+    assert label_maps.class_names("liver, kidney") == ("liver", "kidney")
     (tmp_path / "gap.json").write_text(json.dumps({"liver": 1, "kidney": 3}))
     with pytest.raises(ValueError, match=r"--classes .*gap.json must number its classes 1..2, got \[1, 3\]"):
-        ct_transforms.class_names(str(tmp_path / "gap.json"))
+        label_maps.class_names(str(tmp_path / "gap.json"))
     with pytest.raises(ValueError, match="--classes needs distinct, non-empty names"):
         ct_transforms.CtPreprocessConfig(classes=("liver", "Liver"))
     with pytest.raises(ValueError, match=r"--spacing-tolerance needs a fraction in \[0, 1\)"):
