@@ -16,7 +16,7 @@ from apache_beam.metrics.metric import Metrics
 from common import dead_letters
 from common import identifiers, output_guard
 from preprocessing.beam import conversion
-from preprocessing.ct import ct_io, ct_transforms, intensity
+from preprocessing.ct import ct_io, ct_transforms, intensity, label_pairing, volume_discovery
 from preprocessing.records import dataset_files, tfrecord_schema
 
 
@@ -58,7 +58,7 @@ class PreprocessCaseFn(beam.DoFn):
         yield conversion.accept(serialized)
 
 
-def _summary_fields(pairing: ct_io.Pairing, notes: list[str], config: ct_transforms.CtPreprocessConfig,
+def _summary_fields(pairing: label_pairing.Pairing, notes: list[str], config: ct_transforms.CtPreprocessConfig,
                     pseudonymized: bool) -> Callable[[dict], dict]:
     """What summary.json says about this conversion beyond the counts, given the run's counters."""
 
@@ -107,9 +107,9 @@ def run(
             cases failed (raised after the output, good records included, is in place).
     """
     output_guard.check_conversion_output(output, {"input": input_path, "labels": labels})
-    pairing = ct_io.pair(input_path, labels, config.spacing_tolerance)
+    pairing = label_pairing.pair(input_path, labels, config.spacing_tolerance)
     if not pairing.cases and not pairing.dead:
-        raise ValueError(f"no CT volumes (DICOM, {', '.join(ct_io.VOLUME_SUFFIXES)}) found under {input_path}.")
+        raise ValueError(f"no CT volumes (DICOM, {', '.join(volume_discovery.VOLUME_SUFFIXES)}) found under {input_path}.")
     key = None
     if pseudonymize:
         if "://" in output and pseudonym_key_file is None:

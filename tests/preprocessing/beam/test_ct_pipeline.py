@@ -13,7 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from common import dead_letters
 from preprocessing.beam import conversion, ct_pipeline
-from preprocessing.ct import ct_io, ct_transforms, demo_ct, geometry
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, geometry, label_pairing, volume_discovery
 from preprocessing.records import tfrecord_schema
 from trainer.data import ct_input
 
@@ -112,7 +112,7 @@ def test_round_trip_equals_independent_reference(cases, tmp_path):
 
 def test_record_keeps_geometry(cases):
     root, _ = cases
-    images, _ = ct_io.discover(str(root / "images"))
+    images, _ = volume_discovery.discover(str(root / "images"))
     case = ct_io.CaseSource("nifti7", images["nifti7"], ct_io.VolumeSource(str(root / "labels" / "nifti7.nrrd")))
     record = ct_transforms.preprocess_case(case, CONFIG)
     assert record.spacing == pytest.approx((1.0, 1.0, 2.0))
@@ -220,7 +220,7 @@ def test_rerun_replaces_output_whole(bad_inputs, tmp_path):
 
 
 def test_preprocess_fn_in_test_pipeline(bad_inputs):
-    images, _ = ct_io.discover(str(bad_inputs / "images"))
+    images, _ = volume_discovery.discover(str(bad_inputs / "images"))
     good = ct_io.CaseSource("good1", images["good1"])
     corrupt = ct_io.CaseSource("corrupt", images["corrupt"])
     with TestPipeline(argv=IN_PROCESS) as pipeline:
@@ -271,8 +271,8 @@ def test_labels_from_a_manifest_csv(bad_inputs, tmp_path):
         f"{images / 'good2.nii.gz'},{bad_inputs / 'labels' / 'good1.nii.gz'}\n"  # any file may serve as a label
         f"{tmp_path / 'elsewhere.nii.gz'},{bad_inputs / 'labels' / 'good1.nii.gz'}\n"
     )
-    volumes, _ = ct_io.discover(str(images))
-    cases, dead = ct_io.pair_with_labels({k: volumes[k] for k in ("good1", "good2", "unlabelled")}, str(manifest))
+    volumes, _ = volume_discovery.discover(str(images))
+    cases, dead = label_pairing.pair_with_labels({k: volumes[k] for k in ("good1", "good2", "unlabelled")}, str(manifest))
     assert [(c.case_id, os.path.basename(c.label.path)) for c in cases] == [("good1", "good1.nii.gz"),
                                                                              ("good2", "good1.nii.gz")]
     assert sorted(d["reason"] for d in dead) == ["missing_image", "missing_label"]
@@ -282,7 +282,7 @@ def test_labels_from_a_manifest_csv(bad_inputs, tmp_path):
 def test_manifest_without_header_is_refused(tmp_path):
     (tmp_path / "m.csv").write_text("a.nii.gz,b.nii.gz\n")
     with pytest.raises(ValueError, match=r"manifest .*m.csv needs a header row with the columns image,label"):
-        ct_io.pair_with_labels({}, str(tmp_path / "m.csv"))
+        label_pairing.pair_with_labels({}, str(tmp_path / "m.csv"))
 
 
 def test_metaimage_with_missing_raw_file_is_unreadable(tmp_path):
@@ -476,7 +476,7 @@ def test_series_folders_reached_through_symlinks_are_found_once(tmp_path):
     os.symlink(os.path.join(written["dicom"], "images", "case000"), scans / "case000")  # a series folder, linked in
     os.symlink(os.path.join(written["dicom"], "images"), scans / "more")  # a folder of series, linked in
     os.symlink(scans, scans / "loop")  # a link back to the top
-    volumes, dead = ct_io.discover(str(scans))
+    volumes, dead = volume_discovery.discover(str(scans))
     assert sorted(volumes) == ["case000", "case001"] and all(v.is_dicom for v in volumes.values())
     # case000 is reachable twice (directly and through more/); it is read once, and nothing loops.
     assert dead == []
