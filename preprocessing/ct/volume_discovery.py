@@ -2,7 +2,7 @@
 
 Volume files (NIfTI, NRRD, MetaImage) take their case id from their name, and
 their role (image or label map) from the layouts of `ct_layouts`; DICOM files
-are grouped into series (`dicom_series`), and DICOM SEG and RTSTRUCT files
+are grouped into series (`dicom_grouping`), and DICOM SEG and RTSTRUCT files
 are label maps of the series they reference. A file that cannot be used is a
 dead letter naming it; it never stops the others.
 """
@@ -13,7 +13,7 @@ import dataclasses
 import os
 
 from common import dead_letters
-from preprocessing.ct import ct_io, ct_layouts, dicom_series
+from preprocessing.ct import ct_io, ct_layouts, dicom_grouping, dicom_series
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
 # Files that sit next to images but are never images themselves.
@@ -108,10 +108,10 @@ def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: froze
 def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
                   ) -> tuple[dict[str, ct_io.VolumeSource], list[dict]]:
     """DICOM series (and SEG/RTSTRUCT files) among `paths`, under case ids unique among themselves and `taken`."""
-    groups, label_objects, dead = dicom_series.group_files(paths, spacing_tolerance)
+    groups, label_objects, dead = dicom_grouping.group_files(paths, spacing_tolerance)
     volumes = {
         case_id: ct_io.VolumeSource(group.directory, group.files, group.series_uid, notes=group.notes)
-        for case_id, group in zip(dicom_series.case_ids(groups, taken), groups)
+        for case_id, group in zip(dicom_grouping.case_ids(groups, taken), groups)
     }
     for label in label_objects:
         key = f"{label.modality}:{label.path}"  # not a case: pair_with_labels gives it the case of its series

@@ -20,7 +20,7 @@ from pydicom.uid import EnhancedCTImageStorage, ExplicitVRLittleEndian, RTStruct
 from scipy import ndimage
 
 from common import dead_letters
-from preprocessing.ct import ct_io, ct_transforms, demo_ct, dicom_series, label_maps, label_pairing, volume_discovery
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, dicom_grouping, dicom_series, label_maps, label_pairing, volume_discovery
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SPACING = (0.8, 0.9, 2.0)  # (x, y, z) mm
@@ -474,9 +474,9 @@ def test_classes_from_a_label_map_file_and_refusals(tmp_path):
 
 def test_case_ids_stay_unique_for_groups_of_one_series_and_beside_other_volumes():
     def group(directory, uid, number):
-        return dicom_series.SeriesGroup(directory, (f"{directory}/{uid}-{number}.dcm",), uid, number, "CT")
+        return dicom_grouping.SeriesGroup(directory, (f"{directory}/{uid}-{number}.dcm",), uid, number, "CT")
 
     groups = [group("/d/ct", "1.2.3.99912345678", "4"), group("/d/ct", "1.2.3.99912345678", "4"),  # two enhanced files
               group("/d/other", "1.2.3.5", "1")]
     # "other" is taken by a NIfTI volume: the series gets its UID's digits (all four of them) appended.
-    assert dicom_series.case_ids(groups, taken={"other"}) == ["ct-s4-12345678", "ct-s4-12345678-2", "other-1235"]
+    assert dicom_grouping.case_ids(groups, taken={"other"}) == ["ct-s4-12345678", "ct-s4-12345678-2", "other-1235"]
