@@ -53,10 +53,10 @@ def _triple(text: str | None, name: str, kind=float):
 
 def _beam_args(runner: str, workers: int | None, extra: list[str]) -> list[str]:
     """Beam pipeline options: the runner, local worker count, and whatever else the user passed."""
-    from preprocessing.beam import conversion
+    from preprocessing.beam import local_workers
 
     if runner == "DirectRunner":
-        args = conversion.default_pipeline_args()
+        args = local_workers.default_pipeline_args()
         if workers:
             args = [a for a in args if not a.startswith("--direct_num_workers")] + [f"--direct_num_workers={workers}"]
         return args + extra

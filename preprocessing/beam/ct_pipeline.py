@@ -15,7 +15,7 @@ from apache_beam.metrics.metric import Metrics
 
 from common import dead_letters
 from common import identifiers, output_guard
-from preprocessing.beam import conversion
+from preprocessing.beam import conversion, counting
 from preprocessing.ct import ct_io, ct_transforms, intensity, label_pairing, volume_discovery
 from preprocessing.records import dataset_files, tfrecord_schema
 
@@ -40,22 +40,22 @@ class PreprocessCaseFn(beam.DoFn):
             record = ct_transforms.preprocess_case(case, self.config)
         except dead_letters.CaseError as error:
             scrub = identifiers.case_scrubber(self.scrubber, case, self.pseudonymized, self.roots)
-            yield conversion.reject(dead_letters.dead_letter(source, error.stage, error.reason, scrub(error.detail)))
+            yield counting.reject(dead_letters.dead_letter(source, error.stage, error.reason, scrub(error.detail)))
             return
         except Exception as error:  # one case's surprise must not cost the other cases
             scrub = identifiers.case_scrubber(self.scrubber, case, self.pseudonymized, self.roots)
-            yield conversion.reject(dead_letters.dead_letter(source, "preprocess", "unexpected_error", scrub(repr(error))))
+            yield counting.reject(dead_letters.dead_letter(source, "preprocess", "unexpected_error", scrub(repr(error))))
             return
-        Metrics.counter(conversion.METRICS_NAMESPACE, f"normalization_{record.normalization}").inc()
+        Metrics.counter(counting.METRICS_NAMESPACE, f"normalization_{record.normalization}").inc()
         for warning in record.warnings:
-            Metrics.counter(conversion.METRICS_NAMESPACE, f"warning_{warning}").inc()
+            Metrics.counter(counting.METRICS_NAMESPACE, f"warning_{warning}").inc()
         serialized = tfrecord_schema.encode_ct_example(record)
         for value in record.label_values:
-            conversion.count("label_values", value)  # cases holding each class id
+            counting.count("label_values", value)  # cases holding each class id
         for label_class, voxels in record.cropped_voxels:
-            conversion.count("cropped_voxels", label_class, voxels)
-            conversion.count("cropped_cases", label_class)
-        yield conversion.accept(serialized)
+            counting.count("cropped_voxels", label_class, voxels)
+            counting.count("cropped_cases", label_class)
+        yield counting.accept(serialized)
 
 
 def _summary_fields(pairing: label_pairing.Pairing, notes: list[str], config: ct_transforms.CtPreprocessConfig,

@@ -12,12 +12,12 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from common import dead_letters
-from preprocessing.beam import conversion, ct_pipeline
+from preprocessing.beam import conversion, counting, ct_pipeline, local_workers
 from preprocessing.ct import ct_io, ct_transforms, demo_ct, geometry, label_pairing, volume_discovery
 from preprocessing.records import tfrecord_schema
 from trainer.data import ct_input
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 SPACING = (0.8, 0.9, 2.5)  # anisotropic, (x, y, z) mm
 DIRECTION = (0, 1, 0, 1, 0, 0, 0, 0, -1)  # rows and columns swapped, slices running feet-wards
 ORIGIN = (10.0, -20.0, 30.0)
@@ -227,11 +227,11 @@ def test_preprocess_fn_in_test_pipeline(bad_inputs):
         outputs = (
             pipeline
             | beam.Create([good, corrupt])
-            | beam.ParDo(ct_pipeline.PreprocessCaseFn(CONFIG)).with_outputs(conversion.DEAD_LETTER, main="records")
+            | beam.ParDo(ct_pipeline.PreprocessCaseFn(CONFIG)).with_outputs(counting.DEAD_LETTER, main="records")
         )
         case_ids = outputs.records | beam.Map(lambda data: tfrecord_schema.parse_ct_example(data)["case_id"].numpy())
         assert_that(case_ids, equal_to([b"good1"]), label="records")
-        reasons = outputs[conversion.DEAD_LETTER] | beam.Map(lambda letter: letter["reason"])
+        reasons = outputs[counting.DEAD_LETTER] | beam.Map(lambda letter: letter["reason"])
         assert_that(reasons, equal_to(["unreadable"]), label="dead_letters")
 
 

@@ -7,11 +7,11 @@ import pydicom
 import pytest
 import SimpleITK as sitk
 
-from preprocessing.beam import conversion, ct_pipeline
+from preprocessing.beam import ct_pipeline, local_workers
 from preprocessing.ct import ct_io, ct_transforms, demo_ct, intensity
 from preprocessing.records import tfrecord_schema
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 def _mr(background: float = 0.0) -> np.ndarray:

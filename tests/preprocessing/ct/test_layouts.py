@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from preprocessing.beam import conversion, ct_pipeline
+from preprocessing.beam import ct_pipeline, local_workers
 from preprocessing.ct import ct_transforms, label_pairing
 from preprocessing.records import tfrecord_schema
 from trainer.data import ct_input
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 CONFIG = ct_transforms.CtPreprocessConfig(modality="ct")
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
