@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     import SimpleITK as sitk
 
     import sliding_window
-    from preprocessing.ct import ct_io
+    from preprocessing.ct import volume_discovery
     from trainer import evaluate
     from trainer.tasks import registry
     from trainer.engine import inference
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
             scores.append(float(2 * (x & y).sum() / total) if total else None)
         return scores
 
-    scans = sorted(ct_io.find_volumes(args.images).images.items())
+    scans = sorted(volume_discovery.find_volumes(args.images).images.items())
     rows = []
     warmed = False
     for case_id, source in scans:

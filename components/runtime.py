@@ -28,11 +28,11 @@ def numbers(text: str, kind=float) -> tuple | None:
 
 def beam_arguments(beam_args: list) -> list[str]:
     """Beam options as given; without a runner, Beam's local runner with one worker per core."""
-    from preprocessing.beam import conversion
+    from preprocessing.beam import local_workers
 
     args = [str(a) for a in beam_args]
     if not any(a.startswith("--runner") for a in args):
-        return conversion.default_pipeline_args() + args
+        return local_workers.default_pipeline_args() + args
     return args
 
 

@@ -18,7 +18,7 @@ import SimpleITK as sitk
 
 from common import dead_letters
 from common import output_guard
-from preprocessing.ct import ct_io, ct_transforms, dicom_series
+from preprocessing.ct import ct_io, ct_transforms, dicom_series, geometry, intensity, volume_discovery
 from trainer.engine import inference
 from trainer.parallel import partitioning
 
@@ -115,9 +115,9 @@ def prepare(source: ct_io.VolumeSource, preprocessing: dict,
                                                                      spacing_tolerance)
     oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
     spacing = preprocessing["spacing"]
-    grid = ct_transforms.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
+    grid = geometry.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
                                   sitk.sitkFloat32)
-    scaled, _, fill = ct_transforms.normalize(sitk.GetArrayFromImage(grid), normalization,
+    scaled, _, fill = intensity.normalize(sitk.GetArrayFromImage(grid), normalization,
                                               tuple(preprocessing["window"]))
     return Prepared(original, grid, scaled[..., None].astype(np.float32), float(fill))
 
@@ -200,7 +200,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
     written |= {"summary.json", "dead_letter.jsonl"}
-    found = ct_io.find_volumes(input_path)
+    found = volume_discovery.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     dead = list(found.dead)
     if not scans and not dead:
