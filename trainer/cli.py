@@ -190,6 +190,7 @@ def plan(
     base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
+    target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`.")] = "cpu",
     json_output: Annotated[bool, typer.Option("--json", help="Print the rows (with input_partition_dims, rank, halo bound) as JSON.")] = False,
 ) -> None:
     """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles."""
@@ -205,21 +206,28 @@ def plan(
         # Only the CPU platform reads this flag: on a TPU or GPU host the plan uses the
         # real devices; without an accelerator the CPU poses as enough devices.
         _set_host_device_count(max(counts, default=1))
-    from trainer.plan import memory_plan
+        if target.strip().lower() != "cpu":  # the model is built on the CPU; the target's devices are compile-only
+            import jax  # (JAX reads JAX_PLATFORMS when it is imported, which `trainer` may have done)
+
+            jax.config.update("jax_platforms", "cpu")
+    from common import sizes
+    from trainer.plan import memory_plan, targets
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters}
     try:
         results, header = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
-            image_size=size, partitions=counts, layouts_to_try=layouts, device_memory=device_memory,
+            image_size=size, partitions=counts, layouts_to_try=layouts, device_memory=device_memory, target=target,
             log=lambda line: typer.echo(line, err=True))
-    except ValueError as error:
+        memory = targets.memory_per_device(targets.parse(target))  # a target's own, unless --device-memory says
+        budget = device_memory or (sizes.human_bytes(memory) if memory else None)
+    except (ValueError, targets.MissingCompiler) as error:
         console.fail(str(error))
     if json_output:
-        typer.echo(json.dumps([r.to_json() for result in results for r in result.rows], indent=2))
+        typer.echo(json.dumps([r.to_json() for result in results for r in [*result.rows, *result.refused]], indent=2))
         return
-    typer.echo("\n".join(memory_plan.table(results, header, device_memory)))
+    typer.echo("\n".join(memory_plan.table(results, header, budget)))
 
 
 def predict(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import halo, partitioning
-from trainer.plan import compiled_step
+from trainer.plan import compiled_step, target_compile
 
 
 LAYOUT_CHOICES = ("default", "all")
@@ -66,12 +66,14 @@ class PlanRow:
 
 @dataclasses.dataclass(frozen=True)
 class Search:
-    """The outcome of `search` for one N: ranked rows, and the layouts pruned before compiling."""
+    """The outcome of `search` for one N: ranked rows, the layouts pruned before compiling, and those the compiler
+    refused for memory (a target's compiler: "needs X of Y")."""
 
     partitions: int
     rows: list[PlanRow]
     pruned: list[tuple[tuple[int, ...], str]]  # (dims, why it cannot divide)
     seconds: float
+    refused: list[target_compile.Refusal] = dataclasses.field(default_factory=list)
 
 def layouts(partitions: int, spatial_dims: int) -> list[tuple[int, ...]]:
     """Every split of `partitions` cores over the spatial dimensions, as input_partition_dims (batch, channels 1).
@@ -105,9 +107,23 @@ def prune(candidates: Sequence[tuple[int, ...]], config: config_lib.TrainConfig,
             kept.append(dims)
     return kept, pruned
 
-def _measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, device_memory: int | None) -> PlanRow:
+def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, device_memory: int | None,
+            compile_only: bool = False) -> PlanRow | target_compile.Refusal:
+    """Compiles `dims` on `devices` and reads the compiler's figures; a `Refusal` where it runs out of memory.
+
+    `compile_only`: the devices are a target's (`targets.devices`), not this process's.
+    """
+    import jax
+
     started = time.perf_counter()
-    compiled, distribution = builder.compile(dims, devices)
+    try:
+        with target_compile.compile_only(compile_only):
+            compiled, distribution = builder.compile(dims, devices)
+    except jax.errors.JaxRuntimeError as error:
+        refused = target_compile.refusal(error, dims, time.perf_counter() - started)
+        if refused is None:
+            raise
+        return refused
     memory = compiled.memory_analysis()
     replica_batch = builder.config.batch_size // distribution.num_replicas
     gathers, halo_bytes = compiled_step.communication(compiled.as_text(), len(dims), replica_batch)
@@ -149,7 +165,7 @@ def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list
 
 def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Sequence[int], *,
            layouts_to_try: str = "all", devices=None, device_memory: int | None = None, efficiency: bool = True,
-           log: Callable[[str], None] = lambda line: None) -> list[Search]:
+           compile_only: bool = False, log: Callable[[str], None] = lambda line: None) -> list[Search]:
     """Compiles the layouts of every N in `partitions` and ranks them (`rank_rows`).
 
     Args:
@@ -158,9 +174,10 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         partitions: core counts N; each layout of N runs on the first N devices.
         layouts_to_try: "all" (every split of N over the spatial dimensions that
             divides at every resolution level) or "default" (N-way along the first).
-        devices: defaults to `jax.devices()`.
+        devices: defaults to `jax.devices()`; a target's (`targets.devices`) with `compile_only`.
         device_memory: bytes per device; rows say whether they fit.
         efficiency: also compile N = 1 to report E(N) = M(1) / (N · M(N)) of activation memory.
+        compile_only: `devices` are a target's; a layout its compiler refuses for memory is a `Refusal`.
         log: progress lines (one per compile).
 
     Raises:
@@ -189,24 +206,28 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     reference = (1,) * (spatial + 2)
     todo = list(dict.fromkeys(([reference] if efficiency else []) + [d for _, kept, _ in plans for d in kept]))
     builder = compiled_step.StepBuilder(config, tuple(shape))
-    measured: dict[tuple[int, ...], PlanRow] = {}  # the compile cache of this search: one compile per layout
+    measured: dict[tuple[int, ...], PlanRow | target_compile.Refusal] = {}  # this search's compiles, one per layout
     for number, dims in enumerate(todo, 1):
         label = ",".join(map(str, dims))
         started = time.perf_counter()
         log(f"[{number}/{len(todo)}] compiling {label} on {math.prod(dims)} device(s) ...")
-        measured[dims] = _measure(builder, dims, devices[:math.prod(dims)], device_memory)
+        measured[dims] = measure(builder, dims, devices[:math.prod(dims)], device_memory, compile_only)
         row = measured[dims]
-        log(f"[{number}/{len(todo)}] {label}: {sizes.human_bytes(row.total_bytes)} per device, halo {sizes.human_bytes(row.halo_bytes)} "
-            f"({time.perf_counter() - started:.1f} s)")
+        figures = (row.describe() if isinstance(row, target_compile.Refusal) else
+                   f"{sizes.human_bytes(row.total_bytes)} per device, halo {sizes.human_bytes(row.halo_bytes)}")
+        log(f"[{number}/{len(todo)}] {label}: {figures} ({time.perf_counter() - started:.1f} s)")
     base = measured.get(reference)
+    base = base if isinstance(base, PlanRow) else None
     results = []
     for count, kept, pruned in plans:
-        rows = [measured[d] for d in kept]
+        rows = [measured[d] for d in kept if isinstance(measured[d], PlanRow)]
+        refused = [measured[d] for d in kept if isinstance(measured[d], target_compile.Refusal)]
         if base is not None:
             rows = [dataclasses.replace(r, efficiency=round(base.temp_bytes / (r.partitions * r.temp_bytes), 4))
                     for r in rows]
         ranked = rank_rows(rows, device_memory) if layouts_to_try == "all" else rows
-        results.append(Search(count, ranked, pruned, round(sum(r.compile_seconds for r in rows), 1)))
+        seconds = round(sum(r.compile_seconds for r in [*rows, *refused]), 1)
+        results.append(Search(count, ranked, pruned, seconds, refused))
         if pruned:
             log(f"N={count}: {len(pruned)} layout(s) pruned (cannot divide at some resolution level): "
                 + "; ".join(",".join(map(str, d)) for d, _ in pruned))

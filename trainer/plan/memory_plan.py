@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from common import sizes
-from trainer.plan import compiled_step, layout_search
+from trainer.plan import compiled_step, layout_search, targets
 
 
 
@@ -46,6 +46,9 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
                          f"{len(result.rows)} layouts compiled in {result.seconds:.0f} s)"
                          + (f"; within 2 % on halo: {' '.join(','.join(map(str, r.input_partition_dims)) for r in ties)}"
                             if ties else ""))
+        for refused in result.refused:
+            lines.append(f"     N={result.partitions}: {','.join(map(str, refused.input_partition_dims))} "
+                         f"{refused.describe()}: the target's compiler refuses it")
     rows = [r for result in results for r in result.rows]
     if device_memory is not None:
         fitting = [r for r in rows if r.fits]
@@ -54,14 +57,15 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
             lines.append(f"smallest partitioning that fits {device_memory} per device: {smallest.partitions} "
                          f"(input_partition_dims {list(smallest.input_partition_dims)}, {sizes.human_bytes(smallest.total_bytes)})")
         else:
-            lines.append(f"none of {sorted({r.partitions for r in rows})} fits {device_memory} per device; try more "
+            tried = sorted({r.partitions for result in results for r in [*result.rows, *result.refused]})
+            lines.append(f"none of {tried} fits {device_memory} per device; try more "
                          "partitions, bfloat16 or --remat")
     return lines
 
 
 def run(*, model: str | None = None, preset: str = "default", settings: dict | None = None,
         image_size: Sequence[int] | None = None, partitions: Sequence[int] = (1, 2, 4, 8, 16),
-        layouts_to_try: str = "default", device_memory: str | None = None,
+        layouts_to_try: str = "default", device_memory: str | None = None, target: str = "cpu",
         log: Callable[[str], None] = lambda line: None) -> tuple[list[layout_search.Search], str]:
     """`fullres plan`: resolves the config as `fullres train` would, compiles, ranks; returns (results, header line).
 
@@ -72,7 +76,14 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
             detection: the canvas, `image_size`, which it sets).
         partitions: core counts N to compare.
         layouts_to_try: "default" (N-way along the first spatial dimension) or "all" (every layout that divides).
-        device_memory: e.g. "16GiB": rows say whether they fit, and ranking puts the fitting first.
+        device_memory: e.g. "16GiB": rows say whether they fit, and ranking puts the fitting first
+            (default on a TPU or GPU target: the memory of one of its devices, `targets.memory_per_device`).
+        target: "cpu" (this machine's devices), a TPU slice ("v5e:2x2") or GPUs ("h100x8"): the
+            step is compiled by that target's compiler, whose figures the rows then are (`targets`).
+
+    Raises:
+        ValueError: a bad name, layout or size (one sentence).
+        targets.MissingCompiler: the target's compiler is not installed (one sentence: how to install it).
     """
     settings = dict(settings or {})
     if image_size is not None and len(image_size) == 2:
@@ -81,12 +92,24 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     if config.partition.is_auto:  # the layouts are what is being compared
         config = compiled_step.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
     shape = compiled_step.example_shape(config, image_size)
-    limit = sizes.parse_bytes(device_memory) if device_memory else None
+    on = targets.parse(target)
+    limit = sizes.parse_bytes(device_memory) if device_memory else targets.memory_per_device(on)
+    devices = None
+    if on.platform != "cpu":
+        too_many = [n for n in partitions if n > on.device_count]
+        if too_many:
+            raise ValueError(f"--target {on.name} has {on.device_count} devices; --partitions {max(too_many)} needs "
+                             f"a larger slice or more GPUs.")
+        devices = targets.devices(on)
     started = time.perf_counter()
     results = layout_search.search(config, shape, list(partitions), layouts_to_try=layouts_to_try, device_memory=limit,
-                     efficiency=layouts_to_try == "all" or 1 in partitions, log=log)
+                                   efficiency=layouts_to_try == "all" or 1 in partitions, devices=devices,
+                                   compile_only=on.platform != "cpu", log=log)
+    where = "" if on.platform == "cpu" else (
+        f" on {on.name} ({targets.hardware(on.kind)['device_kind']}, {sizes.human_bytes(limit)} per device), "
+        f"that compiler's figures{', without cuDNN workspace' if on.platform == 'cuda' else ''};")
     header = (f"{config.task} {type(config.model).__name__} {list(shape[:-1])}, batch {config.batch_size} per "
-              f"replica, {config.precision}{', remat' if config.remat else ''}; per device "
+              f"replica, {config.precision}{', remat' if config.remat else ''};{where} per device "
               f"({time.perf_counter() - started:.0f} s):")
     return results, header
 

@@ -1,20 +1,20 @@
-"""One layout compiled by a target's own compiler: its per-device figures, or what it needs when the compiler refuses.
+"""Compiling for a target's own compiler: the refusal that becomes a "needs X of Y" row, and the compile-only rules.
 
-The step is the one `fullres train` compiles (`memory_plan._Builder`: the
-same `config.resolve`, `train.build_model` and `train.jit_step`); only the
+The step is the one `fullres train` compiles (`compiled_step.StepBuilder`: the
+same `config.resolve`, `engine.program.build_model` and `jit_step`); only the
 devices differ (`targets.devices`). The TPU compiler checks the program
 against the chip's HBM while compiling and stops with RESOURCE_EXHAUSTED when
-it does not fit: that layout becomes a `Refusal` with the bytes it needs and
-the bytes there are, never a traceback.
+it does not fit: `layout_search` turns that layout into a `Refusal` with the
+bytes it needs and the bytes there are, never a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import time
 
-from trainer import memory_plan
+from common import sizes
 from trainer.plan import targets
 
 
@@ -28,10 +28,9 @@ class Refusal:
     available_bytes: int
     compile_seconds: float = 0.0
 
-    def describe(self, target: targets.Target) -> str:
-        """'needs 17.25 GiB of 15.75 GiB per device' and the target, for the plan's table."""
-        return (f"needs {memory_plan.human(self.needed_bytes)} of {memory_plan.human(self.available_bytes)} per "
-                f"device: the {target.kind} compiler refuses it")
+    def describe(self) -> str:
+        """'needs 17.25 GiB of 15.75 GiB per device', for the plan's table."""
+        return f"needs {sizes.human_bytes(self.needed_bytes)} of {sizes.human_bytes(self.available_bytes)} per device"
 
     def to_json(self) -> dict:
         values = dataclasses.asdict(self)
@@ -40,48 +39,55 @@ class Refusal:
         return values
 
 
-def measure(builder, dims: tuple[int, ...], devices, device_memory: int | None, compile_only: bool = True):
-    """Compiles `dims` on `devices`: a `memory_plan.PlanRow`, or a `Refusal` when the compiler runs out of memory.
+def refusal(error: Exception, dims: tuple[int, ...], seconds: float) -> Refusal | None:
+    """The `Refusal` a compiler error means, or None when it is not the compiler running out of memory."""
+    found = targets.out_of_memory(str(error))
+    return None if found is None else Refusal(math.prod(dims), tuple(dims), *found, round(seconds, 2))
 
-    `compile_only`: the devices are a target's (`targets.devices`), not this
-    process's. JAX's persistent compilation cache is then left out: it would
-    store executables that no process here can load (reading one back fails
-    with "PjRtCompiler must be constructed with a Client").
-    Any other compiler error propagates (it is not a planning answer).
+
+@contextlib.contextmanager
+def compile_only(active: bool = True):
+    """While compiling for a target's devices (not this process's), JAX's persistent compilation cache is off.
+
+    It would store executables no process here can load: reading one back
+    fails with "PjRtCompiler must be constructed with a Client".
     """
     import jax
+    from jax.experimental.compilation_cache import compilation_cache
 
-    started = time.perf_counter()
+    if not active:
+        yield
+        return
     cached = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", cached and not compile_only)
+    # JAX decides once per process whether to use the cache; resetting makes it decide again, now and after.
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
-        return memory_plan._measure(builder, dims, devices, device_memory)
-    except jax.errors.JaxRuntimeError as error:
-        sizes = targets.out_of_memory(str(error))
-        if sizes is None:
-            raise
-        return Refusal(math.prod(dims), tuple(dims), *sizes, round(time.perf_counter() - started, 2))
+        yield
     finally:
         jax.config.update("jax_enable_compilation_cache", cached)
+        compilation_cache.reset_cache()
 
 
 def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
-    """The row of `config`'s own layout on `target` (its first N devices): a PlanRow or a Refusal.
+    """The row of `config`'s own layout on `target` (its first N devices): a `layout_search.PlanRow` or a `Refusal`.
 
     Args:
-        config: the run (`memory_plan.plan_config`); `config.partition` is the layout, N its product.
-        shape: one example, channels last (`memory_plan.example_shape`).
+        config: the run (`compiled_step.plan_config`); `config.partition` is the layout, N its product.
+        shape: one example, channels last (`compiled_step.example_shape`).
         target: where it is compiled (`targets.parse`).
 
     Raises:
         targets.MissingCompiler: the target's compiler is not installed (the message says how to install it).
         ValueError: the target has fewer devices than the layout's N.
     """
+    from trainer.plan import compiled_step, layout_search
+
     dims = tuple(config.partition.input_partition_dims)
     devices = targets.devices(target)
     if math.prod(dims) > len(devices):
-        raise ValueError(f"--target {target.name} has {len(devices)} devices, the layout {list(dims)} needs "
+        raise ValueError(f"--target {target.name} has {len(devices)} devices; the layout {list(dims)} needs "
                          f"{math.prod(dims)}.")
-    builder = memory_plan._Builder(config, tuple(shape))
-    return measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
-                   compile_only=target.platform != "cpu")
+    builder = compiled_step.StepBuilder(config, tuple(shape))
+    return layout_search.measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
+                                 compile_only=target.platform != "cpu")

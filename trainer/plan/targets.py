@@ -187,10 +187,13 @@ def devices(target: Target) -> list:
         _check_libtpu(target)
         generation = TPU_GENERATIONS[target.kind]
         shape = target.shape
-        # libtpu's start-up looks for the TPU VM it runs on and logs several lines when there is none; these two
-        # name a single-host slice of the generation (they only describe the attached hardware, of which there
-        # is none; the topology asked for below is what the compiler lays out).
-        quiet = {"TPU_ACCELERATOR_TYPE": generation.accelerator_type, "TPU_WORKER_HOSTNAMES": "localhost"}
+        # libtpu's start-up looks for the TPU VM it runs on and logs several lines when there is none; the first
+        # two name a single-host slice of the generation (they describe the attached hardware, of which there is
+        # none; the topology asked for below is what the compiler lays out). libtpu also takes a machine-wide
+        # lock (/tmp/libtpu_lockfile) that keeps a second process from starting it, which only matters for
+        # real chips: planning processes (parallel tests, two plans at once) compile side by side.
+        quiet = {"TPU_ACCELERATOR_TYPE": generation.accelerator_type, "TPU_WORKER_HOSTNAMES": "localhost",
+                 "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
         added = {k: v for k, v in quiet.items() if k not in os.environ}
         os.environ.update(added)
         try:
@@ -202,8 +205,10 @@ def devices(target: Target) -> list:
                 chips_per_host_bounds=(min(2, shape[0]), min(2, shape[1]), 1),
                 num_slices=1)
         except jax.errors.JaxRuntimeError as error:
-            raise ValueError(f"--target {target.name}: libtpu has no such slice "
-                             f"({str(error).splitlines()[0]}).") from None
+            first = str(error).splitlines()[0].rstrip(".")
+            if first.startswith("INVALID_ARGUMENT"):
+                raise ValueError(f"--target {target.name}: libtpu has no such slice ({first}).") from None
+            raise ValueError(f"--target {target.name}: libtpu could not start ({first}).") from None
         finally:
             for key in added:
                 os.environ.pop(key, None)

@@ -11,16 +11,16 @@ import sys
 
 import pytest
 
-from trainer import memory_plan
-from trainer.plan import target_compile, targets
+from common import sizes
+from trainer.plan import compiled_step, layout_search, target_compile, targets
 
 pytestmark = pytest.mark.slow
 
 
 def _tiny(size: int, dims: str = "1,4,1,1,1"):
-    config = memory_plan.plan_config("unet3d", "smoke", {"partition.input_partition_dims": dims})
+    config = compiled_step.plan_config("unet3d", "smoke", {"partition.input_partition_dims": dims})
     assert (config.model.num_levels, config.model.base_filters) == (2, 4)
-    return config, memory_plan.example_shape(config, (size,) * 3)
+    return config, compiled_step.example_shape(config, (size,) * 3)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def cpu_row():
 
 def test_a_tpu_slice_reports_the_tpu_compilers_memory(cpu_row):
     row = target_compile.compile_layout(*_tiny(16), targets.parse("v5e:2x2"))
-    assert isinstance(row, memory_plan.PlanRow) and row.fits
+    assert isinstance(row, layout_search.PlanRow) and row.fits
     assert row.total_bytes != cpu_row.total_bytes
     # TPUs tile the two minor dimensions of every array by (8, 128): the 4-channel weights and their optimizer
     # slots are padded toward 128 lanes, so the TPU holds many times the CPU's argument bytes.
@@ -40,7 +40,7 @@ def test_a_tpu_slice_reports_the_tpu_compilers_memory(cpu_row):
 
 def test_a_gpu_target_reports_the_gpu_compilers_memory(cpu_row):
     row = target_compile.compile_layout(*_tiny(16), targets.parse("h100x8"))
-    assert isinstance(row, memory_plan.PlanRow) and row.fits
+    assert isinstance(row, layout_search.PlanRow) and row.fits
     assert row.temp_bytes != cpu_row.temp_bytes
     assert row.activation_all_gathers == 0 and row.halo_bytes > 0
 
@@ -50,28 +50,41 @@ def test_a_layout_over_the_tpus_memory_is_a_needs_x_of_y_row():
     assert isinstance(refusal, target_compile.Refusal)
     assert refusal.available_bytes == targets.memory_per_device(targets.parse("v5e:2x2"))  # 15.75 GiB
     assert refusal.needed_bytes > refusal.available_bytes
-    assert refusal.describe(targets.parse("v5e:2x2")).startswith(
-        f"needs {memory_plan.human(refusal.needed_bytes)} of 15.75 GiB per device")
+    assert refusal.describe() == f"needs {sizes.human_bytes(refusal.needed_bytes)} of 15.75 GiB per device"
     assert refusal.to_json()["fits"] is False
 
 
-HIDE_LIBTPU = """
-import sys
-sys.modules["libtpu"] = None  # `import libtpu` fails, as where the wheel is not installed
-from trainer.plan import targets
-try:
-    targets.devices(targets.parse("v5e:2x2"))
-except targets.MissingCompiler as error:
-    print(error)
-"""
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+TINY = ["--preset", "smoke", "--partitions", "4"]  # smoke: the 2-level, 4-filter UNet
 
 
-def test_without_libtpu_a_tpu_target_says_how_to_install_it_in_one_sentence():
-    environment = {k: v for k, v in os.environ.items() if k != "TPU_LIBRARY_PATH"}
-    result = subprocess.run([sys.executable, "-c", HIDE_LIBTPU], capture_output=True, text=True, timeout=300,
-                            env=environment)
-    assert result.returncode == 0, result.stderr[-2000:]
-    sentence = result.stdout.strip()
-    assert "\n" not in sentence and sentence.endswith(".") and sentence.count(". ") == 0
+def _fullres(*arguments: str, hide_libtpu: bool = False) -> subprocess.CompletedProcess:
+    """`fullres ARGUMENTS` in a fresh process (the plan command chooses the JAX platform before JAX starts)."""
+    code = ("import runpy, sys\n"
+            + ("sys.modules['libtpu'] = None  # `import libtpu` fails, as where the wheel is not installed\n"
+               if hide_libtpu else "")
+            + f"sys.argv = ['fullres', *{list(arguments)!r}]\n"
+            + "runpy.run_module('pipelines.cli', run_name='__main__')\n")
+    environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "TPU_LIBRARY_PATH")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
+                          cwd=REPOSITORY, timeout=900)
+
+
+def test_plan_command_turns_a_layout_over_the_tpus_memory_into_a_needs_x_of_y_row():
+    result = _fullres("plan", *TINY, "--image-size", "256,256,256", "--target", "v5e:2x2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "on v5e:2x2 (TPU v5 lite, 15.75 GiB per device), that compiler's figures" in result.stdout
+    row = [line for line in result.stdout.splitlines() if "N=4: 1,4,1,1,1 needs" in line]
+    assert len(row) == 1 and row[0].endswith("of 15.75 GiB per device: the target's compiler refuses it"), result.stdout
+    assert "none of [4] fits 15.75 GiB per device" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_without_libtpu_the_plan_command_says_how_to_install_it_in_one_sentence():
+    result = _fullres("plan", *TINY, "--image-size", "16,16,16", "--target", "v5e:2x2", hide_libtpu=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    sentence = errors[0].removeprefix("fullres: error: ")
     assert sentence.startswith("--target v5e:2x2 compiles with the TPU compiler, libtpu (libtpu==")
-    assert "uv sync --group tpu" in sentence
+    assert sentence.endswith(".") and ". " not in sentence and "uv sync --group tpu" in sentence
