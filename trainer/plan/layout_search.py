@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import halo, partitioning
-from trainer.plan import compiled_step, target_compile
+from trainer.plan import compiled_step, target_compile, targets
 
 
 LAYOUT_CHOICES = ("default", "all")
@@ -133,6 +133,27 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
     return PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
                    None, gathers, halo_bytes, None if device_memory is None else total <= device_memory, bound,
                    compile_seconds=round(time.perf_counter() - started, 2))
+
+def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
+    """The row of `config`'s own layout on `target` (its first N devices): a `PlanRow` or a `target_compile.Refusal`.
+
+    Args:
+        config: the run (`compiled_step.plan_config`); `config.partition` is the layout, N its product.
+        shape: one example, channels last (`compiled_step.example_shape`).
+        target: where it is compiled (`targets.parse`).
+
+    Raises:
+        targets.MissingCompiler: the target's compiler is not installed (the message says how to install it).
+        ValueError: the target has fewer devices than the layout's N.
+    """
+    dims = tuple(config.partition.input_partition_dims)
+    devices = targets.devices(target)
+    if math.prod(dims) > len(devices):
+        raise ValueError(f"--target {target.name} has {len(devices)} devices; the layout {list(dims)} needs "
+                         f"{math.prod(dims)}.")
+    builder = compiled_step.StepBuilder(config, tuple(shape))
+    return measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
+                   compile_only=target.platform != "cpu")
 
 def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list[PlanRow]:
     """Best first: fits the memory budget, then least halo bytes, then least total memory.

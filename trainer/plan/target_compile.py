@@ -4,7 +4,7 @@ The step is the one `fullres train` compiles (`compiled_step.StepBuilder`: the
 same `config.resolve`, `engine.program.build_model` and `jit_step`); only the
 devices differ (`targets.devices`). The TPU compiler checks the program
 against the chip's HBM while compiling and stops with RESOURCE_EXHAUSTED when
-it does not fit: `layout_search` turns that layout into a `Refusal` with the
+it does not fit: `layout_search.measure` turns that layout into a `Refusal` with the
 bytes it needs and the bytes there are, never a traceback.
 """
 
@@ -67,27 +67,3 @@ def compile_only(active: bool = True):
     finally:
         jax.config.update("jax_enable_compilation_cache", cached)
         compilation_cache.reset_cache()
-
-
-def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
-    """The row of `config`'s own layout on `target` (its first N devices): a `layout_search.PlanRow` or a `Refusal`.
-
-    Args:
-        config: the run (`compiled_step.plan_config`); `config.partition` is the layout, N its product.
-        shape: one example, channels last (`compiled_step.example_shape`).
-        target: where it is compiled (`targets.parse`).
-
-    Raises:
-        targets.MissingCompiler: the target's compiler is not installed (the message says how to install it).
-        ValueError: the target has fewer devices than the layout's N.
-    """
-    from trainer.plan import compiled_step, layout_search
-
-    dims = tuple(config.partition.input_partition_dims)
-    devices = targets.devices(target)
-    if math.prod(dims) > len(devices):
-        raise ValueError(f"--target {target.name} has {len(devices)} devices; the layout {list(dims)} needs "
-                         f"{math.prod(dims)}.")
-    builder = compiled_step.StepBuilder(config, tuple(shape))
-    return layout_search.measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
-                                 compile_only=target.platform != "cpu")

@@ -25,11 +25,11 @@ def _tiny(size: int, dims: str = "1,4,1,1,1"):
 
 @pytest.fixture(scope="module")
 def cpu_row():
-    return target_compile.compile_layout(*_tiny(16), targets.parse("cpu"))
+    return layout_search.compile_layout(*_tiny(16), targets.parse("cpu"))
 
 
 def test_a_tpu_slice_reports_the_tpu_compilers_memory(cpu_row):
-    row = target_compile.compile_layout(*_tiny(16), targets.parse("v5e:2x2"))
+    row = layout_search.compile_layout(*_tiny(16), targets.parse("v5e:2x2"))
     assert isinstance(row, layout_search.PlanRow) and row.fits
     assert row.total_bytes != cpu_row.total_bytes
     # TPUs tile the two minor dimensions of every array by (8, 128): the 4-channel weights and their optimizer
@@ -39,14 +39,14 @@ def test_a_tpu_slice_reports_the_tpu_compilers_memory(cpu_row):
 
 
 def test_a_gpu_target_reports_the_gpu_compilers_memory(cpu_row):
-    row = target_compile.compile_layout(*_tiny(16), targets.parse("h100x8"))
+    row = layout_search.compile_layout(*_tiny(16), targets.parse("h100x8"))
     assert isinstance(row, layout_search.PlanRow) and row.fits
     assert row.temp_bytes != cpu_row.temp_bytes
     assert row.activation_all_gathers == 0 and row.halo_bytes > 0
 
 
 def test_a_layout_over_the_tpus_memory_is_a_needs_x_of_y_row():
-    refusal = target_compile.compile_layout(*_tiny(256), targets.parse("v5e:2x2"))
+    refusal = layout_search.compile_layout(*_tiny(256), targets.parse("v5e:2x2"))
     assert isinstance(refusal, target_compile.Refusal)
     assert refusal.available_bytes == targets.memory_per_device(targets.parse("v5e:2x2"))  # 15.75 GiB
     assert refusal.needed_bytes > refusal.available_bytes
