@@ -81,6 +81,8 @@ def _largest(a, b, prefix: str, number: int) -> float:
 
 
 def main() -> None:
+    from common import parsing
+
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         address, n, i, name, steps, output = sys.argv[2:]
         _steps(address, int(n), int(i), name, int(steps), output)
@@ -94,7 +96,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as temporary:
         directory = arguments.keep or temporary
-        for name in arguments.optimizers.split(","):
+        for name in parsing.parse_list(arguments.optimizers, str, "--optimizers"):
             paths = {}
             for label, processes in (("1x8", 1), ("1x8 again", 1), ("2x4", 2)):
                 paths[label] = os.path.join(directory, f"{name}-{label.replace(' ', '_')}.npz")

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from common import console
+from common import console, parsing
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -135,7 +135,7 @@ def train(
     size = None
     if image_size is not None:
         try:
-            size = tuple(int(p) for p in image_size.split(",") if p.strip())
+            size = parsing.parse_list(image_size, int, "--image-size") or ()
         except ValueError:
             size = ()
         if len(size) != 2:
@@ -196,8 +196,8 @@ def plan(
     from trainer import config as config_lib
 
     try:
-        counts = config_lib.parse_list(partitions, int, "--partitions") or ()
-        size = config_lib.parse_list(image_size, int, "--image-size") if image_size else None
+        counts = parsing.parse_list(partitions, int, "--partitions") or ()
+        size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
         given = config_lib.parse_settings(settings or [])
     except ValueError as error:
         console.fail(str(error))

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import keras
 
+from common import parsing
+
 REPLICA_AXIS = "replica"
 # `input_partition_dims = "auto"`: `memory_plan.choose_layout` picks the dims once the devices are known.
 AUTO = "auto"
@@ -102,12 +104,13 @@ class PartitionConfig:
 
 
 def parse_dims(text: str | None) -> tuple[int, ...] | None:
-    """Parses `"1,4,1,1"` or `"[1, 4, 1, 1]"`; `None`, `""` and `"none"` give None."""
-    if text is None or text.strip().lower() in ("", "none"):
-        return None
-    cleaned = text.strip().strip("[]()")
+    """Parses `"1,4,1,1"` or `"[1, 4, 1, 1]"` (`parsing.parse_list`); `None`, `""` and `"none"` give None.
+
+    Raises:
+        PartitionError: a part is not an integer.
+    """
     try:
-        return tuple(int(part) for part in cleaned.split(",") if part.strip())
+        return parsing.parse_list(text, int, "partition dims")
     except ValueError:
         raise PartitionError(
             f"partition dims {text!r} are not a comma-separated list of integers; write e.g. 1,4,1,1,1."

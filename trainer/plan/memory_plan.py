@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from common import parsing
 from trainer import config as config_lib
 from trainer.tasks import registry
 from trainer.engine import program, step
@@ -118,7 +119,7 @@ def communication(hlo_text: str, feature_rank: int, replica_batch: int) -> tuple
     gathers, exchanged = 0, 0
     for match in _INSTRUCTION.finditer(hlo_text):
         dtype, dims, kind = match.group(1), match.group(2), match.group(3)
-        shape = [int(d) for d in dims.split(",") if d]
+        shape = parsing.parse_list(dims, int, "HLO shape") or ()
         if kind == "collective-permute":
             exchanged += math.prod(shape) * _DTYPE_BYTES.get(dtype, 4)
         elif len(shape) == feature_rank and shape[0] == replica_batch:
