@@ -29,12 +29,8 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
         config = dataclasses.replace(config, partition=partition)
     devices = devices or jax.devices()
     cores = config.partition.num_cores_per_replica
-    if cores > len(devices):
-        raise partitioning.PartitionError(
-            f"the model was trained with {cores} cores per replica (input_partition_dims "
-            f"{list(config.partition.input_partition_dims)}) but {len(devices)} device(s) are present; run where "
-            f"{cores} are, or on a CPU with --virtual-devices {cores}."
-        )
+    partitioning.require_devices(cores, len(devices),
+                                 f"the model's input_partition_dims {list(config.partition.input_partition_dims)}")
     replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
     distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
     with distribution.scope():

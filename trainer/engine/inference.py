@@ -91,10 +91,7 @@ class VolumePredictor:
     def __init__(self, model, state: step.TrainState, partition: partitioning.PartitionConfig, devices,
                  downsampling_levels: int, device_memory: int | None = None):
         cores = partition.num_cores_per_replica
-        if cores > len(devices):
-            raise partitioning.PartitionError(
-                f"input_partition_dims {list(partition.input_partition_dims)} needs {cores} devices per volume but "
-                f"{len(devices)} are present; run where {cores} are, or on a CPU with --virtual-devices {cores}.")
+        partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(partition.input_partition_dims)}")
         self.partition = partition
         self.distribution = partitioning.make_distribution(partition, list(devices)[:cores])
         self.model = model

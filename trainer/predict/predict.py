@@ -217,12 +217,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     if input_partition_dims is not None:
         config = memory_plan.with_dims(config, tuple(input_partition_dims))
     devices = jax.devices()
-    if config.partition.num_cores_per_replica > len(devices):
-        raise partitioning.PartitionError(
-            f"input_partition_dims {list(config.partition.input_partition_dims)} needs "
-            f"{config.partition.num_cores_per_replica} devices per volume but {len(devices)} are present; pass "
-            f"--input-partition-dims with fewer parts, or on a CPU --virtual-devices "
-            f"{config.partition.num_cores_per_replica}.")
+    partitioning.require_devices(config.partition.num_cores_per_replica, len(devices),
+                                 f"input_partition_dims {list(config.partition.input_partition_dims)}",
+                                 "pass --input-partition-dims with fewer parts")
     _, task, model, state, _ = evaluate.load_trained(model_dir, devices, partition=config.partition)
     predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels,
                                           device_memory)
