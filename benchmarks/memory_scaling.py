@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from common import parsing
+from common import parsing, sizes
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 GIB = 2**30
@@ -87,7 +87,7 @@ def main() -> None:
     if args.layout_search:
         layout_search(args.layout_search, args.json)
         return
-    limit = memory_plan.parse_bytes(args.device_memory)
+    limit = sizes.parse_bytes(args.device_memory)
     runs = [("unet3d", args.image_size, args.partitions, precision, remat) for precision, remat in VARIANTS]
     runs.append(("retinanet", args.retinanet_size, args.retinanet_partitions, "float32", False))
     results = []

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from common import console, parsing
+from common import console, parsing, sizes
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -245,12 +245,11 @@ def predict(
         console.fail(f"--input {input_path!r} does not exist.")
     from common import output_guard
     from trainer.parallel import partitioning
-    from trainer.plan import memory_plan
     from trainer.predict import predict as predict_lib
 
     try:  # PartitionError is a ValueError
         dims = partitioning.parse_dims(input_partition_dims)
-        budget = None if device_memory is None else memory_plan.parse_bytes(device_memory)
+        budget = None if device_memory is None else sizes.parse_bytes(device_memory)
     except ValueError as error:
         console.fail(str(error))
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from common import sizes
 from trainer.engine import step
 from trainer.parallel import partitioning
 
@@ -121,9 +122,9 @@ class VolumePredictor:
             cores = self.partition.num_cores_per_replica
             wanted = cores * 2 ** math.ceil(math.log2(needed / self.device_memory))
             raise VolumeTooLarge(
-                f"the volume, padded to {'×'.join(map(str, batch_shape[1:-1]))}, needs {_human(needed)} per device "
+                f"the volume, padded to {'×'.join(map(str, batch_shape[1:-1]))}, needs {sizes.human_bytes(needed, smallest='MiB')} per device "
                 f"split {','.join(map(str, self.partition.input_partition_dims))} over {cores} device(s), which hold "
-                f"{_human(self.device_memory)} each; split it over about {wanted} cores (size the layouts with: "
+                f"{sizes.human_bytes(self.device_memory, smallest='MiB')} each; split it over about {wanted} cores (size the layouts with: "
                 f"fullres plan --image-size {','.join(map(str, batch_shape[1:-1]))} --partitions {wanted} --layouts all)")
         self._compiled[batch_shape] = compiled
         return compiled
@@ -153,6 +154,3 @@ class VolumePredictor:
         output = step.to_host(forward(self.state, step.place_batch(self.distribution, batch)))[0]
         return output[tuple(slice(0, s) for s in spatial)]
 
-
-def _human(count: int) -> str:
-    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from common import parsing
+from common import parsing, sizes
 from trainer import config as config_lib
 from trainer.tasks import registry
 from trainer.engine import program, step
@@ -96,17 +96,6 @@ def default_partition_dims(partitions: int, rank: int) -> tuple[int, ...]:
     dims = [1] * rank
     dims[1] = partitions
     return tuple(dims)
-
-
-def parse_bytes(text: str) -> int:
-    """'16GiB', '16 GB', '512MiB', '1e9' -> bytes."""
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?i?B?)?\s*", text)
-    if not match:
-        raise ValueError(f"--device-memory {text!r} is not a size; write e.g. 16GiB or 32GB.")
-    number, unit = float(match.group(1)), (match.group(2) or "").upper()
-    scale = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    return int(number * scale[unit])
 
 
 def communication(hlo_text: str, feature_rank: int, replica_batch: int) -> tuple[int, int]:
@@ -357,7 +346,7 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         log(f"[{number}/{len(todo)}] compiling {label} on {math.prod(dims)} device(s) ...")
         measured[dims] = _measure(builder, dims, devices[:math.prod(dims)], device_memory)
         row = measured[dims]
-        log(f"[{number}/{len(todo)}] {label}: {human(row.total_bytes)} per device, halo {human(row.halo_bytes)} "
+        log(f"[{number}/{len(todo)}] {label}: {sizes.human_bytes(row.total_bytes)} per device, halo {sizes.human_bytes(row.halo_bytes)} "
             f"({time.perf_counter() - started:.1f} s)")
     base = measured.get(reference)
     results = []
@@ -385,13 +374,6 @@ def plan(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Seq
 # ---------------------------------------------------------------- the table
 
 
-def human(count: int) -> str:
-    """Bytes as GiB, MiB or (below 1 MiB, where tiny test volumes live) KiB."""
-    if count >= 2**30:
-        return f"{count / 2**30:.2f} GiB"
-    return f"{count / 2**20:.1f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
-
-
 def table(results: Sequence[Search], header: str, device_memory: str | None = None) -> list[str]:
     """The plan as text lines: one block per N, rows best first (≈ marks near-ties), what was pruned, the pick."""
     lines = [header]
@@ -404,8 +386,8 @@ def table(results: Sequence[Search], header: str, device_memory: str | None = No
             fits = "" if r.fits is None else ("yes" if r.fits else "no")
             mark = f"{r.rank}{'≈' if r.near_tie else ''}" if r.rank else ""
             lines.append(f"{mark:>4} {r.partitions:>4} {','.join(map(str, r.input_partition_dims)):<16} "
-                         f"{human(r.temp_bytes):>12} {human(r.argument_bytes):>10} {human(r.total_bytes):>10} "
-                         f"{efficiency:>6} {r.activation_all_gathers:>11} {human(r.halo_bytes):>10} {ratio:>8}  {fits}")
+                         f"{sizes.human_bytes(r.temp_bytes):>12} {sizes.human_bytes(r.argument_bytes):>10} {sizes.human_bytes(r.total_bytes):>10} "
+                         f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8}  {fits}")
         if result.pruned:
             lines.append(f"     N={result.partitions}: {len(result.pruned)} layout(s) pruned, they cannot divide at "
                          f"some resolution level: {' '.join(','.join(map(str, d)) for d, _ in result.pruned)}")
@@ -414,10 +396,10 @@ def table(results: Sequence[Search], header: str, device_memory: str | None = No
             if device_memory is None:
                 leanest = min(r.total_bytes for r in result.rows)
                 lines.append(f"     N={result.partitions}: no --device-memory, so layouts within 2 % of the leanest "
-                             f"({human(leanest)}) rank first, by halo; give --device-memory to rank all that fit by halo")
+                             f"({sizes.human_bytes(leanest)}) rank first, by halo; give --device-memory to rank all that fit by halo")
             ties = [r for r in result.rows if r.near_tie and r is not best]
             lines.append(f"     N={result.partitions}: best {','.join(map(str, best.input_partition_dims))} "
-                         f"({human(best.halo_bytes)} halo, {human(best.total_bytes)} per device; "
+                         f"({sizes.human_bytes(best.halo_bytes)} halo, {sizes.human_bytes(best.total_bytes)} per device; "
                          f"{len(result.rows)} layouts compiled in {result.seconds:.0f} s)"
                          + (f"; within 2 % on halo: {' '.join(','.join(map(str, r.input_partition_dims)) for r in ties)}"
                             if ties else ""))
@@ -427,7 +409,7 @@ def table(results: Sequence[Search], header: str, device_memory: str | None = No
         if fitting:
             smallest = min(fitting, key=lambda r: (r.partitions, r.rank or 0))
             lines.append(f"smallest partitioning that fits {device_memory} per device: {smallest.partitions} "
-                         f"(input_partition_dims {list(smallest.input_partition_dims)}, {human(smallest.total_bytes)})")
+                         f"(input_partition_dims {list(smallest.input_partition_dims)}, {sizes.human_bytes(smallest.total_bytes)})")
         else:
             lines.append(f"none of {sorted({r.partitions for r in rows})} fits {device_memory} per device; try more "
                          "partitions, bfloat16 or --remat")
@@ -456,7 +438,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     if config.partition.is_auto:  # the layouts are what is being compared
         config = with_dims(config, default_partition_dims(1, config.model.spatial_dims + 2))
     shape = example_shape(config, image_size)
-    limit = parse_bytes(device_memory) if device_memory else None
+    limit = sizes.parse_bytes(device_memory) if device_memory else None
     started = time.perf_counter()
     results = search(config, shape, list(partitions), layouts_to_try=layouts_to_try, device_memory=limit,
                      efficiency=layouts_to_try == "all" or 1 in partitions, log=log)

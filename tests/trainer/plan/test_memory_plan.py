@@ -78,17 +78,6 @@ def test_transposed_convolution_gradient_is_caught():
     assert memory_plan.communication(text, feature_rank=5, replica_batch=1)[0] >= 1
 
 
-@pytest.mark.parametrize("text, expected", [("16GiB", 16 * 2**30), ("32 GB", 32 * 10**9), ("512MiB", 512 * 2**20),
-                                            ("1e9", 10**9)])
-def test_parse_bytes(text, expected):
-    assert memory_plan.parse_bytes(text) == expected
-
-
-def test_parse_bytes_refuses_nonsense():
-    with pytest.raises(ValueError, match=r"--device-memory 'lots' is not a size; write e.g. 16GiB"):
-        memory_plan.parse_bytes("lots")
-
-
 @pytest.mark.slow
 def test_plan_command_json():
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
