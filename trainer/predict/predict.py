@@ -19,6 +19,7 @@ import SimpleITK as sitk
 from common import dead_letters
 from common import output_guard
 from preprocessing.ct import ct_io, ct_transforms, dicom_series
+from preprocessing.records import dataset_files
 from trainer.engine import inference
 from trainer.parallel import partitioning
 
@@ -159,7 +160,7 @@ def to_original_grid(probabilities: np.ndarray, grid: sitk.Image, original: sitk
 
 def _class_names(info: dict, num_classes: int) -> list[str]:
     names = list(info.get("class_names") or [])
-    return names if len(names) == num_classes else ["background", *(f"class_{i}" for i in range(1, num_classes))]
+    return names if len(names) == num_classes else dataset_files.segmentation_class_names(num_classes)
 
 
 def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,

@@ -124,7 +124,7 @@ class SegmentationTask:
             ValueError: `given` names another number of classes than the model predicts.
         """
         num_classes = self.config.model.num_classes
-        names = list(given or ["background"] + [f"class_{i}" for i in range(1, num_classes)])
+        names = list(given or dataset_files.segmentation_class_names(num_classes))
         if len(names) != num_classes:
             raise ValueError(f"{len(names)} class names given for a model of {num_classes} classes; give one name per "
                              "class, background first.")
