@@ -19,7 +19,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
 
-DEFAULT_IMAGE = "fullres:latest"
+from components import image_name
 
 
 def preprocess_ct(
@@ -177,7 +177,7 @@ class Components(NamedTuple):
     predict: object
 
 
-def make_components(image: str = DEFAULT_IMAGE) -> Components:
+def make_components(image: str = image_name.DEFAULT_IMAGE) -> Components:
     """The components bound to a container image that has fullres (and the KFP SDK) installed."""
 
     def bind(function):

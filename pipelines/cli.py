@@ -17,6 +17,7 @@ import typer
 from preprocessing import cli as preprocessing_cli
 from trainer import cli as trainer_cli
 from common import console
+from components import image_name
 from trainer.cli import _use_virtual_devices
 
 
@@ -166,7 +167,6 @@ pipeline_app = typer.Typer(rich_markup_mode=None, help="Compile the KFP pipeline
 app.add_typer(pipeline_app, name="pipeline")
 PIPELINE_NAMES = ("ct-segmentation", "detection")
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_IMAGE = "fullres:latest"  # components.steps.DEFAULT_IMAGE (not imported: --help stays instant)
 Params = Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable); lists and dicts as JSON.")]
 PipelineName = Annotated[str, typer.Option("--pipeline", help="ct-segmentation or detection.")]
 
@@ -178,7 +178,7 @@ def _check_pipeline_name(name: str) -> None:
 
 @pipeline_app.command("compile")
 def pipeline_compile(
-    image: Annotated[str, typer.Option(help="Container image with fullres installed, e.g. us-docker.pkg.dev/PROJECT/REPO/fullres:gpu.")] = DEFAULT_IMAGE,
+    image: Annotated[str, typer.Option(help="Container image with fullres installed, e.g. us-docker.pkg.dev/PROJECT/REPO/fullres:gpu.")] = image_name.DEFAULT_IMAGE,
     output_dir: Annotated[Path, typer.Option(help="Where pipeline.yaml (ct-segmentation) and detection-pipeline.yaml go.")] = ROOT,
 ) -> None:
     """Compile both pipelines to KFP IR YAML (deterministic: the same sources give the same bytes)."""
@@ -267,7 +267,7 @@ def pipeline_submit(
         template = ROOT / definitions.COMPILED_FILES[name]
         if image is not None or not template.exists():
             template = Path(tempfile.mkdtemp(prefix="fullres-")) / definitions.COMPILED_FILES[name]
-            definitions.compile_pipeline(name, str(template), image=image or DEFAULT_IMAGE)
+            definitions.compile_pipeline(name, str(template), image=image or image_name.DEFAULT_IMAGE)
         resource = vertex.submit(str(template), project=project, region=region, pipeline_root=pipeline_root,
                                  parameter_values=arguments, service_account=service_account, network=network,
                                  labels=labels, display_name=display_name, enable_caching=caching,

@@ -32,7 +32,7 @@ import copy
 
 from kfp import dsl
 
-from components import steps
+from components import image_name, steps
 
 CT_PIPELINE = "ct-segmentation"
 DETECTION_PIPELINE = "detection"
@@ -113,7 +113,7 @@ def _train_evaluate_export(components, train_data, eval_data, train_arguments: d
         evaluate_export_predict(train, machine)
 
 
-def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
+def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
     """The CT segmentation pipeline bound to a container image."""
     components = steps.make_components(image)
 
@@ -168,7 +168,7 @@ def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
     return pipeline
 
 
-def detection_pipeline(image: str = steps.DEFAULT_IMAGE):
+def detection_pipeline(image: str = image_name.DEFAULT_IMAGE):
     """The detection pipeline bound to a container image."""
     components = steps.make_components(image)
 
@@ -221,7 +221,7 @@ PIPELINES = {CT_PIPELINE: ct_segmentation_pipeline, DETECTION_PIPELINE: detectio
 COMPILED_FILES = {CT_PIPELINE: "pipeline.yaml", DETECTION_PIPELINE: "detection-pipeline.yaml"}
 
 
-def compile_pipeline(name: str, path: str, image: str = steps.DEFAULT_IMAGE) -> str:
+def compile_pipeline(name: str, path: str, image: str = image_name.DEFAULT_IMAGE) -> str:
     """Compiles pipeline `name` for `image` into `path` (deterministic: same inputs, same bytes)."""
     from kfp import compiler
 
