@@ -7,7 +7,7 @@ COCO AP), through the one forward pass (`engine.inference`).
 from __future__ import annotations
 
 from trainer.tasks import registry
-from trainer.engine import run_files, step
+from trainer.engine import placement, run_files
 from trainer.parallel import partitioning
 
 def load_trained(model_dir: str, devices=None, partition: partitioning.PartitionConfig | None = None):
@@ -35,9 +35,9 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
     distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
     with distribution.scope():
         model = registry.load_weights(task, model_dir)
-    state = step.TrainState([v.value for v in model.trainable_variables],
+    state = placement.TrainState([v.value for v in model.trainable_variables],
                             [v.value for v in model.non_trainable_variables], [])
-    state = step.place_state(state, distribution)
+    state = placement.place_state(state, distribution)
     return config, task, model, state, distribution
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from common import parsing, sizes
 from trainer import config as config_lib
 from trainer.tasks import registry
-from trainer.engine import program, step
+from trainer.engine import placement, program
 from trainer.parallel import halo, partitioning
 
 MODELS = ("unet3d", "unet2d", "retinanet")
@@ -185,7 +185,7 @@ class _Builder:
         distribution = partitioning.make_distribution(config.partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape))
         state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                                       self.state, step.state_shardings(self.state, distribution))
+                                       self.state, placement.state_shardings(self.state, distribution))
         images = jax.ShapeDtypeStruct(self.image_shape, np.float32,
                                       sharding=distribution.get_data_layout(self.image_shape).backend_layout)
         labels = self.task.label_spec(self.image_shape, distribution)
@@ -208,7 +208,7 @@ def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices
 
     Returns:
         (the compiled step, its `partitioning.SpatialParallel`); it takes
-        `(TrainState, images, labels)` placed as `step.place_state` / `place_batch` / the task place them.
+        `(TrainState, images, labels)` placed as `placement.place_state` / `place_batch` / the task place them.
     """
     return _Builder(config, tuple(shape)).compile(config.partition.input_partition_dims, devices)
 

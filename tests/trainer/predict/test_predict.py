@@ -125,12 +125,12 @@ def test_the_mask_comes_back_in_the_scans_own_geometry(tmp_path, suffix):
 def _tiny_model(num_levels=2):
     import keras
 
-    from trainer.engine import step
+    from trainer.engine import placement
     from trainer.models import unet
 
     keras.utils.set_random_seed(3)
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=num_levels, base_filters=4))
-    state = step.TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+    state = placement.TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
                             [])
     return model, state
 
