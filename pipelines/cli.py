@@ -114,7 +114,9 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
     report.write_text(Path(local_run.find_output(outputs, "evaluate", "report")).read_text())
     trained = json.loads(Path(local_run.find_output(outputs, "train", "metrics")).read_text())
     masks = local_run.find_output(outputs, "predict", "masks")
-    predicted = _dice_in_own_geometry(masks, held_out_labels, len(demo_ct.CLASS_NAMES))
+    from trainer.predict import scoring
+
+    predicted = scoring.dice_in_own_geometry(masks, held_out_labels, len(demo_ct.CLASS_NAMES))
     summary = {
         "dice_mean": scores.get("dice_mean"),
         "input_partition_dims": trained.get("input_partition_dims"),
@@ -134,28 +136,6 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
     console.say(f"demo done: trained with each scan split {dims} over the mesh {dict(zip(mesh.get('axes', []), mesh.get('shape', [])))}; "
            f"foreground Dice {summary['dice_mean']:.3f} after preprocessing, {predicted['dice_mean']:.3f} predicted "
            f"in the held-out scans' own geometry; report {summary['report']}; summary in {output / 'summary.json'}")
-
-
-def _dice_in_own_geometry(masks: str, labels: str, num_classes: int) -> dict:
-    """Dice of the predicted masks against the label maps, on each scan's own grid; the grids must be equal."""
-    import numpy as np
-    import SimpleITK as sitk
-
-    from trainer.tasks import metrics
-
-    dice = metrics.DiceAccumulator(num_classes)
-    cases = json.loads(Path(masks, "summary.json").read_text())["cases"]
-    for case in cases:
-        mask = sitk.ReadImage(case["outputs"][0])
-        truth = sitk.ReadImage(os.path.join(labels, Path(case["outputs"][0]).name))
-        same_grid = (mask.GetSize() == truth.GetSize()
-                     and all(np.allclose(getattr(mask, f"Get{field}")(), getattr(truth, f"Get{field}")(), atol=1e-6)
-                             for field in ("Spacing", "Origin", "Direction")))
-        if not same_grid:
-            raise RuntimeError(f"the mask {case['outputs'][0]} is not on its scan's grid (size, spacing, origin "
-                               f"or direction differ from {truth.GetSize()}, {truth.GetSpacing()}, ...).")
-        dice.update(sitk.GetArrayFromImage(mask), sitk.GetArrayFromImage(truth))
-    return {"dice_mean": dice.foreground_mean(), "dice_per_class": dice.per_class(), "cases": len(cases)}
 
 
 app.add_typer(preprocessing_cli.preprocess_app, name="preprocess")

@@ -20,9 +20,10 @@ from common import dead_letters
 from common import output_guard
 from preprocessing.ct import ct_io, ct_transforms, dicom_series
 from preprocessing.records import dataset_files
-from trainer.engine import inference
+from trainer.engine import inference, run_files
 from trainer.parallel import partitioning
 
+SUMMARY = "summary.json"  # what predict writes beside the masks (its own; not a data set's summary.json)
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
 PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
 
@@ -44,17 +45,14 @@ def read_model_info(model_dir: str) -> dict:
         ModelRefused: `model_dir` is not a fullres run, is not a segmentation
             model, or was trained before runs recorded their preprocessing.
     """
-    info_path = os.path.join(model_dir, "model_info.json")
-    weights_path = os.path.join(model_dir, "model.keras")
-    if not os.path.isfile(info_path) or not os.path.isfile(weights_path):
+    if not all(os.path.isfile(run_files.path(model_dir, name)) for name in (run_files.MODEL_INFO, run_files.MODEL)):
         raise ModelRefused(f"--model {model_dir} is not a fullres run (it lacks model_info.json or model.keras); "
                            "pass the output directory of `fullres train`.")
     try:
-        with open(info_path) as file:
-            info = json.load(file)
-    except (OSError, json.JSONDecodeError) as error:
-        raise ModelRefused(f"--model {model_dir}: model_info.json cannot be read ({error}); "
-                           "pass the output directory of a finished `fullres train`.") from None
+        info = run_files.read_model_info(model_dir)
+    except ValueError as error:  # "model_info.json cannot be read (...)"
+        raise ModelRefused(f"--model {model_dir}: {error}; pass the output directory of a finished `fullres train`."
+                           ) from None
     if info.get("task") != "segmentation":
         raise ModelRefused(f"--model {model_dir} is a {info.get('task')} model; `fullres predict` segments scans with a "
                            "segmentation model trained by `fullres train`.")
@@ -200,7 +198,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
-    written |= {"summary.json", "dead_letter.jsonl"}
+    written |= {SUMMARY, "dead_letter.jsonl"}
     found = ct_io.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     dead = list(found.dead)
@@ -264,12 +262,33 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
                "class_names": names, "cases": cases, "dead_letters": dead}
-    with open(os.path.join(output_dir, "summary.json"), "w") as file:
-        json.dump(summary, file, indent=2)
+    summary_path = write_summary(output_dir, summary)
     with open(os.path.join(output_dir, "dead_letter.jsonl"), "w") as file:
         file.writelines(json.dumps(letter) + "\n" for letter in dead)
-    log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {os.path.join(output_dir, 'summary.json')}")
+    log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {summary_path}")
     return summary
+
+
+def write_summary(output_dir: str, summary: dict) -> str:
+    """Writes predict's `summary.json` into `output_dir` (the masks' folder); returns its path."""
+    path = os.path.join(output_dir, SUMMARY)
+    with open(path, "w") as file:
+        json.dump(summary, file, indent=2)
+    return path
+
+
+def read_summary(output_dir: str) -> dict:
+    """Predict's `summary.json` in `output_dir`: model, input, counts, class names, and per case its `outputs`.
+
+    Raises:
+        FileNotFoundError: `output_dir` holds no summary (not an output of `fullres predict`, or an unfinished one).
+    """
+    path = os.path.join(output_dir, SUMMARY)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{output_dir} has no {SUMMARY}; pass the output directory of a finished "
+                                "`fullres predict`.")
+    with open(path) as file:
+        return json.load(file)
 
 
 def _predict_case(case_id, source, info, predictor, names, output_dir, format_name, probabilities, dicom_seg,
