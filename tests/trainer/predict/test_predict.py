@@ -304,3 +304,12 @@ def test_predict_never_overwrites_a_file_it_did_not_write(tmp_path):
         predict.predict(run, str(scan), str(output), log=lambda line: None)
     assert f"--output {output} holds files fullres did not write (b.nii.gz)" in str(refused.value)
     assert (output / "b.nii.gz").read_text() == "the user's own mask"
+
+
+def test_predict_s_summary_is_read_back_by_its_one_reader(tmp_path):
+    summary = {"ok": 1, "failed": 0, "class_names": ["background", "liver"],
+               "cases": [{"case_id": "a", "outputs": [str(tmp_path / "a.nii.gz")]}]}
+    path = predict.write_summary(str(tmp_path), summary)
+    assert path == str(tmp_path / predict.SUMMARY) and predict.read_summary(str(tmp_path)) == summary
+    with pytest.raises(FileNotFoundError, match="has no summary.json; pass the output directory of a finished"):
+        predict.read_summary(str(tmp_path / "elsewhere"))
