@@ -36,7 +36,7 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
     with distribution.scope():
         model = registry.load_weights(task, model_dir)
     state = placement.TrainState([v.value for v in model.trainable_variables],
-                            [v.value for v in model.non_trainable_variables], [])
+                                 [v.value for v in model.non_trainable_variables], [])
     state = placement.place_state(state, distribution)
     return config, task, model, state, distribution
 

@@ -13,8 +13,8 @@ from trainer.parallel import partitioning
 
 def _state(distribution, width=4, value=0.0):
     host = placement.TrainState(trainable=[np.full((3, width), value, np.float32), np.arange(width, dtype=np.float32)],
-                           non_trainable=[np.zeros((2,), np.float32)],
-                           optimizer=[np.asarray(7, np.int64), np.ones((3, width), np.float32)])
+                                non_trainable=[np.zeros((2,), np.float32)],
+                                optimizer=[np.asarray(7, np.int64), np.ones((3, width), np.float32)])
     return placement.place_state(host, distribution)
 
 

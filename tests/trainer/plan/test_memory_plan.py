@@ -129,7 +129,7 @@ def _train_lowering(config, shape, devices):
     train_step = train.jit_step(task, model, optimizer, distribution, state, len(image_shape))
     rng = np.random.default_rng(0)
     images, labels = placement.place_batch(distribution, rng.normal(size=image_shape).astype(np.float32),
-                                      rng.integers(0, 3, image_shape[:-1]).astype(np.int32))
+                                           rng.integers(0, 3, image_shape[:-1]).astype(np.int32))
     return train_step.lower(state, images, labels), state
 
 

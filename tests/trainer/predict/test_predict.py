@@ -131,7 +131,7 @@ def _tiny_model(num_levels=2):
     keras.utils.set_random_seed(3)
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=num_levels, base_filters=4))
     state = placement.TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
-                            [])
+                                 [])
     return model, state
 
 
