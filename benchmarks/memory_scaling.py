@@ -43,23 +43,24 @@ def _device_count(argv: list[str]) -> int:
 
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_device_count(sys.argv)}"  # before JAX starts
 
-from trainer.plan import memory_plan  # noqa: E402
+from trainer.plan import compiled_step, layout_search, memory_plan  # noqa: E402
 
-def layout_search(cases: list[str], output: str | None) -> None:
+
+def run_layout_search(cases: list[str], output: str | None) -> None:
     """Every layout of each N, ranked; results are written after each case, so a long run keeps what finished."""
     results = []
     for case in cases:
         model, size_text, counts_text = case.split(":")
         size = parsing.parse_list(size_text, int, "size")
         overrides = {"batch_size": 1, **({"image_size": size_text} if len(size) == 2 else {})}  # batch 1, as above
-        config = memory_plan.plan_config(model, overrides=overrides)
-        shape = memory_plan.example_shape(config, size)
+        config = compiled_step.plan_config(model, overrides=overrides)
+        shape = compiled_step.example_shape(config, size)
         for count in parsing.parse_list(counts_text, int, "partitions"):
             started = time.perf_counter()
-            search = memory_plan.search(config, shape, [count], log=lambda line: print(line, flush=True))[0]
+            search = layout_search.search(config, shape, [count], log=lambda line: print(line, flush=True))[0]
             seconds = time.perf_counter() - started
             best = search.rows[0]
-            one_d = next((r for r in search.rows if r.input_partition_dims == memory_plan.default_partition_dims(
+            one_d = next((r for r in search.rows if r.input_partition_dims == compiled_step.default_partition_dims(
                 count, len(shape) + 1)), None)
             print(f"\n{model} {list(size)} N={count}: {len(search.rows)} layouts compiled, {len(search.pruned)} pruned, "
                   f"{seconds:.0f} s")
@@ -85,7 +86,7 @@ def main() -> None:
                         help="rank every layout instead, e.g. unet3d:512,512,512:64 (repeatable)")
     args = parser.parse_args()
     if args.layout_search:
-        layout_search(args.layout_search, args.json)
+        run_layout_search(args.layout_search, args.json)
         return
     limit = sizes.parse_bytes(args.device_memory)
     runs = [("unet3d", args.image_size, args.partitions, precision, remat) for precision, remat in VARIANTS]
@@ -95,9 +96,9 @@ def main() -> None:
         size = parsing.parse_list(size_text, int, "size")
         counts = list(parsing.parse_list(counts_text, int, "--partitions"))
         started = time.perf_counter()
-        config = memory_plan.plan_config(model, overrides={"precision": precision, "remat": remat, "batch_size": 1,
+        config = compiled_step.plan_config(model, overrides={"precision": precision, "remat": remat, "batch_size": 1,
                                                             **({"image_size": size_text} if len(size) == 2 else {})})
-        rows = memory_plan.plan(config, memory_plan.example_shape(config, size), counts, device_memory=limit)
+        rows = layout_search.plan(config, compiled_step.example_shape(config, size), counts, device_memory=limit)
         label = precision + (" + remat" if remat else "")
         print(f"\n{model} {list(size)}, {label} ({time.perf_counter() - started:.0f} s to compile {len(rows)} steps)")
         print(f"{'N':>3} {'activations GiB':>16} {'total GiB':>10} {'E(N)':>6} {'all-gathers':>11} {'halo MiB':>9} fits")

@@ -53,18 +53,18 @@ def main(argv=None) -> None:
     import SimpleITK as sitk
 
     import sliding_window
-    from preprocessing.ct import ct_io
+    from preprocessing.ct import volume_discovery
     from trainer import evaluate
     from trainer.tasks import registry
     from trainer.engine import inference
     from trainer.parallel import partitioning
-    from trainer.plan import memory_plan
+    from trainer.plan import compiled_step
     from trainer.predict import predict
 
     info = predict.read_model_info(args.model)
     config, _ = registry.restore(args.model)
     if args.input_partition_dims:
-        config = memory_plan.with_dims(config, partitioning.parse_dims(args.input_partition_dims))
+        config = compiled_step.with_dims(config, partitioning.parse_dims(args.input_partition_dims))
     devices = jax.devices()
     _, _, model, state, _ = evaluate.load_trained(args.model, devices, partition=config.partition)
     whole = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels)
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
             scores.append(float(2 * (x & y).sum() / total) if total else None)
         return scores
 
-    scans = sorted(ct_io.find_volumes(args.images).images.items())
+    scans = sorted(volume_discovery.find_volumes(args.images).images.items())
     rows = []
     warmed = False
     for case_id, source in scans:

@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 from common import parsing
 from preprocessing.beam import ct_pipeline
-from preprocessing.ct import ct_io, ct_transforms, demo_ct
+from preprocessing.ct import ct_transforms, demo_ct, label_pairing, volume_discovery
 from preprocessing.records import tfrecord_schema  # first: sets TF's env
 
 CONFIG = ct_transforms.CtPreprocessConfig(spacing=(1.0, 1.0, 1.5), window=(-200.0, 300.0), shape=(128, 192, 192))
@@ -48,8 +48,8 @@ def make_cases(directory: str, count: int, shape, seed: int = 0) -> int:
 
 def plain_loop(data: str, output: str) -> int:
     """The same conversion in one process, no Beam; returns bytes written."""
-    images, _ = ct_io.discover(os.path.join(data, "images"))
-    cases, _ = ct_io.pair_with_labels(images, os.path.join(data, "labels"))
+    images, _ = volume_discovery.discover(os.path.join(data, "images"))
+    cases, _ = label_pairing.pair_with_labels(images, os.path.join(data, "labels"))
     os.makedirs(output)
     path = os.path.join(output, "data-00000-of-00001.tfrecord")
     with tf.io.TFRecordWriter(path) as writer:

@@ -18,11 +18,11 @@ def log(message: str) -> None:
 
 def beam_arguments(beam_args: list) -> list[str]:
     """Beam options as given; without a runner, Beam's local runner with one worker per core."""
-    from preprocessing.beam import conversion
+    from preprocessing.beam import local_workers
 
     args = [str(a) for a in beam_args]
     if not any(a.startswith("--runner") for a in args):
-        return conversion.default_pipeline_args() + args
+        return local_workers.default_pipeline_args() + args
     return args
 
 

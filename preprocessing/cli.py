@@ -52,10 +52,10 @@ def _triple(text: str | None, name: str, kind=float):
 
 def _beam_args(runner: str, workers: int | None, extra: list[str]) -> list[str]:
     """Beam pipeline options: the runner, local worker count, and whatever else the user passed."""
-    from preprocessing.beam import conversion
+    from preprocessing.beam import local_workers
 
     if runner == "DirectRunner":
-        args = conversion.default_pipeline_args()
+        args = local_workers.default_pipeline_args()
         if workers:
             args = [a for a in args if not a.startswith("--direct_num_workers")] + [f"--direct_num_workers={workers}"]
         return args + extra
@@ -140,12 +140,12 @@ def preprocess_ct(
         if path is not None and "://" not in path and not os.path.exists(path):
             console.fail(f"{name} {path!r} does not exist.")
     from preprocessing.beam import ct_pipeline
-    from preprocessing.ct import ct_transforms
+    from preprocessing.ct import ct_transforms, label_maps
 
     try:
         config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
                                                   spacing_tolerance=spacing_tolerance,
-                                                  classes=ct_transforms.class_names(classes) if classes else (),
+                                                  classes=label_maps.class_names(classes) if classes else (),
                                                   modality=modality, crop=crop,
                                                   max_label=255 if num_classes is None else num_classes - 1,
                                                   **({"max_voxels": max_voxels} if max_voxels is not None else {}))

@@ -36,7 +36,7 @@ from trainer import config as config_lib, export
 from trainer.data import ct_input
 from trainer.engine import checkpoints, placement, program, run_files
 from trainer.parallel import distributed, partitioning
-from trainer.plan import layout_choice, memory_plan
+from trainer.plan import compiled_step, layout_choice
 from trainer.tasks import registry
 
 
@@ -129,7 +129,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
         choice = layout_choice.choose_layout(config, image_shape[1:], devices, cache_dir=config.output_dir, log=log)
         log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
-        config = memory_plan.with_dims(config, choice.input_partition_dims)
+        config = compiled_step.with_dims(config, choice.input_partition_dims)
         task = registry.make_task(config)
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size

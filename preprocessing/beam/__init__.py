@@ -1,1 +1,1 @@
-"""The Apache Beam pipelines: conversion engine (dead letters, progress, publish), CT and image pipelines."""
+"""The Apache Beam pipelines: conversion engine (the run, counting and progress, publishing, local workers), CT and image pipelines."""

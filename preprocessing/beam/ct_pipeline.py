@@ -15,8 +15,8 @@ from apache_beam.metrics.metric import Metrics
 
 from common import dead_letters
 from common import identifiers, output_guard
-from preprocessing.beam import conversion
-from preprocessing.ct import ct_io, ct_transforms
+from preprocessing.beam import conversion, counting
+from preprocessing.ct import ct_io, ct_transforms, intensity, label_pairing, volume_discovery
 from preprocessing.records import dataset_files, tfrecord_schema
 
 
@@ -40,25 +40,25 @@ class PreprocessCaseFn(beam.DoFn):
             record = ct_transforms.preprocess_case(case, self.config)
         except dead_letters.CaseError as error:
             scrub = identifiers.case_scrubber(self.scrubber, case, self.pseudonymized, self.roots)
-            yield conversion.reject(dead_letters.dead_letter(source, error.stage, error.reason, scrub(error.detail)))
+            yield counting.reject(dead_letters.dead_letter(source, error.stage, error.reason, scrub(error.detail)))
             return
         except Exception as error:  # one case's surprise must not cost the other cases
             scrub = identifiers.case_scrubber(self.scrubber, case, self.pseudonymized, self.roots)
-            yield conversion.reject(dead_letters.dead_letter(source, "preprocess", "unexpected_error", scrub(repr(error))))
+            yield counting.reject(dead_letters.dead_letter(source, "preprocess", "unexpected_error", scrub(repr(error))))
             return
-        Metrics.counter(conversion.METRICS_NAMESPACE, f"normalization_{record.normalization}").inc()
+        Metrics.counter(counting.METRICS_NAMESPACE, f"normalization_{record.normalization}").inc()
         for warning in record.warnings:
-            Metrics.counter(conversion.METRICS_NAMESPACE, f"warning_{warning}").inc()
+            Metrics.counter(counting.METRICS_NAMESPACE, f"warning_{warning}").inc()
         serialized = tfrecord_schema.encode_ct_example(record)
         for value in record.label_values:
-            conversion.count("label_values", value)  # cases holding each class id
+            counting.count("label_values", value)  # cases holding each class id
         for label_class, voxels in record.cropped_voxels:
-            conversion.count("cropped_voxels", label_class, voxels)
-            conversion.count("cropped_cases", label_class)
-        yield conversion.accept(serialized)
+            counting.count("cropped_voxels", label_class, voxels)
+            counting.count("cropped_cases", label_class)
+        yield counting.accept(serialized)
 
 
-def _summary_fields(pairing: ct_io.Pairing, notes: list[str], config: ct_transforms.CtPreprocessConfig,
+def _summary_fields(pairing: label_pairing.Pairing, notes: list[str], config: ct_transforms.CtPreprocessConfig,
                     pseudonymized: bool) -> Callable[[dict], dict]:
     """What summary.json says about this conversion beyond the counts, given the run's counters."""
 
@@ -69,7 +69,7 @@ def _summary_fields(pairing: ct_io.Pairing, notes: list[str], config: ct_transfo
             "modality": config.modality,
             "preprocessing": ct_transforms.preprocessing_record(config),
             "normalization": {name: counters.get(f"normalization_{name}", 0)
-                              for name in (ct_transforms.CT_WINDOW, ct_transforms.ZSCORE)},
+                              for name in (intensity.CT_WINDOW, intensity.ZSCORE)},
             "warnings": {name[len("warning_"):]: count for name, count in sorted(counters.items())
                          if name.startswith("warning_")},
             "pseudonymized": pseudonymized,
@@ -107,9 +107,9 @@ def run(
             cases failed (raised after the output, good records included, is in place).
     """
     output_guard.check_conversion_output(output, {"input": input_path, "labels": labels})
-    pairing = ct_io.pair(input_path, labels, config.spacing_tolerance)
+    pairing = label_pairing.pair(input_path, labels, config.spacing_tolerance)
     if not pairing.cases and not pairing.dead:
-        raise ValueError(f"no CT volumes (DICOM, {', '.join(ct_io.VOLUME_SUFFIXES)}) found under {input_path}.")
+        raise ValueError(f"no CT volumes (DICOM, {', '.join(volume_discovery.VOLUME_SUFFIXES)}) found under {input_path}.")
     key = None
     if pseudonymize:
         if "://" in output and pseudonym_key_file is None:

@@ -26,7 +26,7 @@ from PIL import Image, UnidentifiedImageError
 
 from common import dead_letters
 from common import output_guard
-from preprocessing.beam import conversion
+from preprocessing.beam import conversion, counting
 from preprocessing.images import annotations as annotations_lib
 from preprocessing.records import dataset_files, tfrecord_schema
 
@@ -103,12 +103,12 @@ class ConvertImageFn(beam.DoFn):
             with open(image.path, "rb") as file:
                 encoded = file.read()
         except OSError as error:
-            yield conversion.reject(_open_error(image, error))
+            yield counting.reject(_open_error(image, error))
             return
         try:
             with Image.open(io.BytesIO(encoded)) as decoded:
                 if decoded.width * decoded.height > self.max_pixels:  # the header only: nothing decoded yet
-                    yield conversion.reject(_over_budget(image, decoded.width * decoded.height,
+                    yield counting.reject(_over_budget(image, decoded.width * decoded.height,
                                                          f"is {decoded.width}×{decoded.height} =", self.max_pixels))
                     return
                 decoded.load()
@@ -119,25 +119,25 @@ class ConvertImageFn(beam.DoFn):
                     encoded, image_format = buffer.getvalue(), "PNG"
         except Image.DecompressionBombError as error:  # over twice PIL's limit, which is at least `max_pixels`
             claimed = re.search(r"\((\d+) pixels\)", str(error))
-            yield conversion.reject(_over_budget(image, int(claimed.group(1)) if claimed else 0, "claims",
+            yield counting.reject(_over_budget(image, int(claimed.group(1)) if claimed else 0, "claims",
                                                  self.max_pixels))
             return
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-            yield conversion.reject(dead_letters.dead_letter(image.path, "read", "unreadable", f"not a readable image ({error})"))
+            yield counting.reject(dead_letters.dead_letter(image.path, "read", "unreadable", f"not a readable image ({error})"))
             return
         if image.width not in (None, width) or image.height not in (None, height):
-            yield conversion.reject(dead_letters.dead_letter(
+            yield counting.reject(dead_letters.dead_letter(
                 image.path, "validate", "size_mismatch",
                 f"annotations say {image.width or '?'}×{image.height or '?'}, the file is {width}×{height}"))
             return
         boxes, labels, texts, dead = valid_boxes(image, width, height)
         for letter in dead:
-            yield conversion.reject(letter)
+            yield counting.reject(letter)
         record = tfrecord_schema.DetectionRecord(
             source_id=image.source_id, filename=os.path.basename(image.path), encoded=encoded,
             image_format=KEPT_FORMATS[image_format], height=height, width=width, boxes=boxes, labels=labels, texts=texts,
         )
-        yield conversion.accept(tfrecord_schema.encode_detection_example(record))
+        yield counting.accept(tfrecord_schema.encode_detection_example(record))
 
 
 def run(

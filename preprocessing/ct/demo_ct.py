@@ -15,7 +15,7 @@ import os
 import numpy as np
 from scipy import ndimage
 
-from preprocessing.ct import ct_transforms
+from preprocessing.ct import intensity
 from preprocessing.records import tfrecord_schema
 
 AIR_HU, FAT_HU, TISSUE_HU = -1000.0, -100.0, 40.0
@@ -111,7 +111,7 @@ def write_demo_tfrecords(
                 record = tfrecord_schema.CtRecord(
                     case_id=f"demo-{split}-{index:04d}",
                     source_path=f"synthetic://{split}/{index}",
-                    image=ct_transforms.window_and_scale(volume, DEMO_WINDOW),
+                    image=intensity.window_and_scale(volume, DEMO_WINDOW),
                     label=label,
                     spacing=spacing,
                     window=DEMO_WINDOW,

@@ -1,6 +1,6 @@
 """The one owner of a data set's own files, beside its records: `summary.json` and `label_map.json`.
 
-`fullres preprocess` writes them (through `beam.conversion.publish`, with the
+`fullres preprocess` writes them (through `beam.publishing.publish`, with the
 contents built here); the trainer, `fullres predict` and the pipeline read them
 here, with one rule each:
 

@@ -15,12 +15,12 @@ import SimpleITK as sitk
 from apache_beam.io import filesystem
 
 from common import output_guard
-from preprocessing.beam import conversion, ct_pipeline, images_pipeline
+from preprocessing.beam import conversion, counting, ct_pipeline, images_pipeline, local_workers
 from preprocessing.ct import ct_transforms
 from preprocessing.images import demo_images
 from tests.files import snapshot
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 CONFIG = ct_transforms.CtPreprocessConfig(spacing=(2.0, 2.0, 2.0), shape=(8, 16, 16))
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,7 +42,7 @@ def user_folder(tmp_path):
 
 class _Records(beam.DoFn):
     def process(self, item):
-        yield conversion.accept(b"record %d" % item)
+        yield counting.accept(b"record %d" % item)
 
 
 @pytest.mark.parametrize("relation, output", [

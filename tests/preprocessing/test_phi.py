@@ -20,10 +20,10 @@ import pytest
 import SimpleITK as sitk
 
 from common import identifiers
-from preprocessing.beam import conversion, ct_pipeline
+from preprocessing.beam import ct_pipeline, local_workers
 from preprocessing.ct import demo_ct
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TAG, FOLDER, ROOT = "PHITAGMARKER", "PHIFOLDERMARKER", "PHIROOTMARKER"
 BIRTH_DATE = "19230517"

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer import config as config_lib, train
+from trainer import config as config_lib
 from trainer.tasks import registry
-from trainer.engine import placement
+from trainer.engine import placement, program
 from trainer.models import retinanet
 from trainer.parallel import partitioning
-from trainer.plan import memory_plan
+from trainer.plan import compiled_step
 
 pytestmark = pytest.mark.slow  # compiles a 2560² detection step
 
@@ -30,12 +30,12 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     # No warm-up: the first step's learning rate would be 0 and the weights would not move.
     config = config_lib.detection(model=SMALL, image_size=SIZE, batch_size=1, warmup_steps=0,
                                   partition=partitioning.PartitionConfig(DIMS))
-    compiled, distribution = memory_plan.compile_step(config, memory_plan.example_shape(config, SIZE), devices)
+    compiled, distribution = compiled_step.compile_step(config, compiled_step.example_shape(config, SIZE), devices)
     memory = compiled.memory_analysis()
 
     keras.utils.set_random_seed(0)
     with distribution.scope():  # the state as training builds it (the optimizer follows the learning-rate schedule)
-        _, _, _, state = train.build_model(config, registry.make_task(config), config.steps)
+        _, _, _, state = program.build_model(config, registry.make_task(config), config.steps)
         state = placement.place_state(state, distribution)
     before = [np.asarray(w) for w in state.trainable[:3]]
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """`input_partition_dims = "auto"`: the layout training uses, chosen by compiling and ranking them all.
 
-`choose_layout` runs `memory_plan.search` for the devices present and takes the
+`choose_layout` runs `layout_search.search` for the devices present and takes the
 best-ranked layout (least halo, then least memory); the choice and why are
 cached beside the run (`layout_choice.json`) and reused while the config (its
 paths aside), the example shape and the devices stay the same.
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import partitioning
-from trainer.plan import memory_plan
+from trainer.plan import compiled_step, layout_search
 
 CACHE_FILE = "layout_choice.json"  # beside train_config.json: the "auto" choice of this run and why
 
@@ -85,7 +85,7 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
     counts = [n for n in range(count, 0, -1) if count % n == 0 and config.batch_size % (count // n) == 0]
     spatial = len(shape) - 1
     for cores in counts:
-        kept, pruned = memory_plan.prune(memory_plan.layouts(cores, spatial), config, shape)
+        kept, pruned = layout_search.prune(layout_search.layouts(cores, spatial), config, shape)
         if kept:
             break
     else:
@@ -95,9 +95,9 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
             f"divide by {2 ** config.model.downsampling_levels} × the parts, or set input_partition_dims explicitly.")
     log(f"input_partition_dims auto: compiling the {len(kept)} layout(s) of {cores} cores that divide "
         f"{list(shape[:-1])} ({len(pruned)} pruned) ...")
-    result = memory_plan.search(config, shape, [cores], devices=devices[:cores], efficiency=False, log=log)[0]
+    result = layout_search.search(config, shape, [cores], devices=devices[:cores], efficiency=False, log=log)[0]
     best = result.rows[0]
-    along_first = memory_plan.default_partition_dims(cores, spatial + 2)
+    along_first = compiled_step.default_partition_dims(cores, spatial + 2)
     default = next((r for r in result.rows if r.input_partition_dims == along_first), None)
     reason = (f"least halo exchange of {len(result.rows)} layout(s) of {cores} cores ({len(pruned)} pruned): "
               f"{sizes.human_bytes(best.halo_bytes)} per device per step"

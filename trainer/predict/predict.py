@@ -18,7 +18,7 @@ import SimpleITK as sitk
 
 from common import dead_letters
 from common import output_guard
-from preprocessing.ct import ct_io, ct_transforms, dicom_series
+from preprocessing.ct import ct_io, ct_transforms, dicom_series, geometry, intensity, volume_discovery
 from preprocessing.records import dataset_files
 from trainer.engine import inference, run_files
 from trainer.parallel import partitioning
@@ -114,9 +114,9 @@ def prepare(source: ct_io.VolumeSource, preprocessing: dict,
                                                                      spacing_tolerance)
     oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
     spacing = preprocessing["spacing"]
-    grid = ct_transforms.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
+    grid = geometry.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
                                   sitk.sitkFloat32)
-    scaled, _, fill = ct_transforms.normalize(sitk.GetArrayFromImage(grid), normalization,
+    scaled, _, fill = intensity.normalize(sitk.GetArrayFromImage(grid), normalization,
                                               tuple(preprocessing["window"]))
     return Prepared(original, grid, scaled[..., None].astype(np.float32), float(fill))
 
@@ -199,7 +199,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
     written |= {SUMMARY, "dead_letter.jsonl"}
-    found = ct_io.find_volumes(input_path)
+    found = volume_discovery.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     dead = list(found.dead)
     if not scans and not dead:
@@ -210,11 +210,11 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
 
     from trainer import evaluate
     from trainer.tasks import registry
-    from trainer.plan import memory_plan
+    from trainer.plan import compiled_step
 
     config, _ = registry.restore(model_dir)
     if input_partition_dims is not None:
-        config = memory_plan.with_dims(config, tuple(input_partition_dims))
+        config = compiled_step.with_dims(config, tuple(input_partition_dims))
     devices = jax.devices()
     partitioning.require_devices(config.partition.num_cores_per_replica, len(devices),
                                  f"input_partition_dims {list(config.partition.input_partition_dims)}",

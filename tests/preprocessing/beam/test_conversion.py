@@ -10,18 +10,18 @@ import pytest
 import SimpleITK as sitk
 
 from common import dead_letters
-from preprocessing.beam import conversion, ct_pipeline
-from preprocessing.ct import ct_transforms, demo_ct
+from preprocessing.beam import conversion, counting, ct_pipeline, local_workers
+from preprocessing.ct import ct_transforms, demo_ct, intensity
 from trainer.data import ct_input
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 class _Crash(beam.DoFn):
     def process(self, item):
         if item == 3:
             raise RuntimeError("worker crashed")
-        yield conversion.accept(b"record")
+        yield counting.accept(b"record")
 
 
 def test_failed_pipeline_leaves_previous_output_untouched(tmp_path):
@@ -43,15 +43,15 @@ def test_compressed_shards_read_back_through_the_trainer(tmp_path):
                               num_shards=1, pipeline_args=IN_PROCESS, log=lambda line: None)
     assert summary["shards"] == ["data-00000-of-00001.tfrecord.gz"]
     batch = next(ct_input.ct_dataset(str(tmp_path / "out" / "data-*.tfrecord.gz"), 1).as_numpy_iterator())
-    np.testing.assert_allclose(batch["image"][0, ..., 0], ct_transforms.window_and_scale(volume, (-200, 300)), atol=1e-6)
+    np.testing.assert_allclose(batch["image"][0, ..., 0], intensity.window_and_scale(volume, (-200, 300)), atol=1e-6)
 
 
 def test_progress_lines_are_counted_and_hidden():
     lines = []
-    with conversion._progress(total=3, log=lines.append, every_seconds=0.0):
-        conversion.accept(b"x")
-        conversion.reject(dead_letters.dead_letter("a.png", "read", "unreadable", "bad"))
-        conversion.accept(b"y")
+    with counting.progress(total=3, log=lines.append, every_seconds=0.0):
+        counting.accept(b"x")
+        counting.reject(dead_letters.dead_letter("a.png", "read", "unreadable", "bad"))
+        counting.accept(b"y")
     assert lines[-1] == "  2 records written, 1 dead letters so far (3 inputs)"
 
 
@@ -59,9 +59,9 @@ def test_summary_counts_match_the_dead_letter_file(tmp_path):
     class Mixed(beam.DoFn):
         def process(self, item):
             if item % 3 == 0:
-                yield conversion.reject(dead_letters.dead_letter(str(item), "convert", "multiple_of_three", "test"))
+                yield counting.reject(dead_letters.dead_letter(str(item), "convert", "multiple_of_three", "test"))
             else:
-                yield conversion.accept(b"%d" % item)
+                yield counting.accept(b"%d" % item)
 
     summary = conversion.run(list(range(9)), [dead_letters.dead_letter("x", "discover", "early", "test")], Mixed(),
                              str(tmp_path / "out"), pipeline_args=IN_PROCESS, max_failed_fraction=1.0,
@@ -74,7 +74,7 @@ def test_summary_counts_match_the_dead_letter_file(tmp_path):
 SLOW_CONVERSION = '''
 import sys, time
 import apache_beam as beam
-from preprocessing.beam import conversion
+from preprocessing.beam import conversion, counting, local_workers
 
 class Slow(beam.DoFn):
     def __init__(self, started):
@@ -83,9 +83,9 @@ class Slow(beam.DoFn):
     def process(self, item):
         open(self.started, "a").close()  # "the workers are converting now"
         time.sleep(0.5)
-        yield conversion.accept(b"record %d" % item)
+        yield counting.accept(b"record %d" % item)
 
-args = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+args = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 try:
     conversion.run(list(range(400)), [], Slow(sys.argv[2]), sys.argv[1], pipeline_args=args)
 except conversion.PreprocessingFailed as error:

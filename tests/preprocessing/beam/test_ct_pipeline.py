@@ -12,12 +12,12 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from common import dead_letters
-from preprocessing.beam import conversion, ct_pipeline
-from preprocessing.ct import ct_io, ct_transforms, demo_ct
+from preprocessing.beam import conversion, counting, ct_pipeline, local_workers
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, geometry, label_pairing, volume_discovery
 from preprocessing.records import tfrecord_schema
 from trainer.data import ct_input
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 SPACING = (0.8, 0.9, 2.5)  # anisotropic, (x, y, z) mm
 DIRECTION = (0, 1, 0, 1, 0, 0, 0, 0, -1)  # rows and columns swapped, slices running feet-wards
 ORIGIN = (10.0, -20.0, 30.0)
@@ -112,7 +112,7 @@ def test_round_trip_equals_independent_reference(cases, tmp_path):
 
 def test_record_keeps_geometry(cases):
     root, _ = cases
-    images, _ = ct_io.discover(str(root / "images"))
+    images, _ = volume_discovery.discover(str(root / "images"))
     case = ct_io.CaseSource("nifti7", images["nifti7"], ct_io.VolumeSource(str(root / "labels" / "nifti7.nrrd")))
     record = ct_transforms.preprocess_case(case, CONFIG)
     assert record.spacing == pytest.approx((1.0, 1.0, 2.0))
@@ -220,18 +220,18 @@ def test_rerun_replaces_output_whole(bad_inputs, tmp_path):
 
 
 def test_preprocess_fn_in_test_pipeline(bad_inputs):
-    images, _ = ct_io.discover(str(bad_inputs / "images"))
+    images, _ = volume_discovery.discover(str(bad_inputs / "images"))
     good = ct_io.CaseSource("good1", images["good1"])
     corrupt = ct_io.CaseSource("corrupt", images["corrupt"])
     with TestPipeline(argv=IN_PROCESS) as pipeline:
         outputs = (
             pipeline
             | beam.Create([good, corrupt])
-            | beam.ParDo(ct_pipeline.PreprocessCaseFn(CONFIG)).with_outputs(conversion.DEAD_LETTER, main="records")
+            | beam.ParDo(ct_pipeline.PreprocessCaseFn(CONFIG)).with_outputs(counting.DEAD_LETTER, main="records")
         )
         case_ids = outputs.records | beam.Map(lambda data: tfrecord_schema.parse_ct_example(data)["case_id"].numpy())
         assert_that(case_ids, equal_to([b"good1"]), label="records")
-        reasons = outputs[conversion.DEAD_LETTER] | beam.Map(lambda letter: letter["reason"])
+        reasons = outputs[counting.DEAD_LETTER] | beam.Map(lambda letter: letter["reason"])
         assert_that(reasons, equal_to(["unreadable"]), label="dead_letters")
 
 
@@ -241,7 +241,7 @@ def test_preprocess_fn_in_test_pipeline(bad_inputs):
 )
 def test_crop_or_pad_centres(shape, size, start):
     array = np.arange(np.prod(shape)).reshape(shape)
-    output, origin_index = ct_transforms.crop_or_pad(array, size, -1)
+    output, origin_index = geometry.crop_or_pad(array, size, -1)
     assert output.shape == size and tuple(origin_index) == start
     for index in np.ndindex(*size):
         source = tuple(i + s for i, s in zip(index, start))
@@ -271,8 +271,8 @@ def test_labels_from_a_manifest_csv(bad_inputs, tmp_path):
         f"{images / 'good2.nii.gz'},{bad_inputs / 'labels' / 'good1.nii.gz'}\n"  # any file may serve as a label
         f"{tmp_path / 'elsewhere.nii.gz'},{bad_inputs / 'labels' / 'good1.nii.gz'}\n"
     )
-    volumes, _ = ct_io.discover(str(images))
-    cases, dead = ct_io.pair_with_labels({k: volumes[k] for k in ("good1", "good2", "unlabelled")}, str(manifest))
+    volumes, _ = volume_discovery.discover(str(images))
+    cases, dead = label_pairing.pair_with_labels({k: volumes[k] for k in ("good1", "good2", "unlabelled")}, str(manifest))
     assert [(c.case_id, os.path.basename(c.label.path)) for c in cases] == [("good1", "good1.nii.gz"),
                                                                              ("good2", "good1.nii.gz")]
     assert sorted(d["reason"] for d in dead) == ["missing_image", "missing_label"]
@@ -282,7 +282,7 @@ def test_labels_from_a_manifest_csv(bad_inputs, tmp_path):
 def test_manifest_without_header_is_refused(tmp_path):
     (tmp_path / "m.csv").write_text("a.nii.gz,b.nii.gz\n")
     with pytest.raises(ValueError, match=r"manifest .*m.csv needs a header row with the columns image,label"):
-        ct_io.pair_with_labels({}, str(tmp_path / "m.csv"))
+        label_pairing.pair_with_labels({}, str(tmp_path / "m.csv"))
 
 
 def test_metaimage_with_missing_raw_file_is_unreadable(tmp_path):
@@ -476,7 +476,7 @@ def test_series_folders_reached_through_symlinks_are_found_once(tmp_path):
     os.symlink(os.path.join(written["dicom"], "images", "case000"), scans / "case000")  # a series folder, linked in
     os.symlink(os.path.join(written["dicom"], "images"), scans / "more")  # a folder of series, linked in
     os.symlink(scans, scans / "loop")  # a link back to the top
-    volumes, dead = ct_io.discover(str(scans))
+    volumes, dead = volume_discovery.discover(str(scans))
     assert sorted(volumes) == ["case000", "case001"] and all(v.is_dicom for v in volumes.values())
     # case000 is reachable twice (directly and through more/); it is read once, and nothing loops.
     assert dead == []

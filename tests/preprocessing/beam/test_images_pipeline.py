@@ -17,11 +17,11 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
-from preprocessing.beam import conversion, images_pipeline
+from preprocessing.beam import conversion, counting, images_pipeline, local_workers
 from preprocessing.images import annotations, demo_images
 from preprocessing.records import tfrecord_schema
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 QUIET = dict(pipeline_args=IN_PROCESS, log=lambda line: None)
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -138,10 +138,10 @@ def test_convert_fn_in_test_pipeline(bad_coco):
     chosen = [item for item in items if item.source_id in ("1", "5")]  # good1.png, corrupt.png
     with TestPipeline(argv=IN_PROCESS) as pipeline:
         outputs = (pipeline | beam.Create(chosen)
-                   | beam.ParDo(images_pipeline.ConvertImageFn()).with_outputs(conversion.DEAD_LETTER, main="records"))
+                   | beam.ParDo(images_pipeline.ConvertImageFn()).with_outputs(counting.DEAD_LETTER, main="records"))
         ids = outputs.records | beam.Map(lambda raw: tfrecord_schema.parse_detection_example(raw)["source_id"].numpy())
         assert_that(ids, equal_to([b"1"]), label="records")
-        assert_that(outputs[conversion.DEAD_LETTER] | beam.Map(lambda d: d["reason"]), equal_to(["unreadable"]),
+        assert_that(outputs[counting.DEAD_LETTER] | beam.Map(lambda d: d["reason"]), equal_to(["unreadable"]),
                     label="dead_letters")
 
 

@@ -20,7 +20,7 @@ from pydicom.uid import EnhancedCTImageStorage, ExplicitVRLittleEndian, RTStruct
 from scipy import ndimage
 
 from common import dead_letters
-from preprocessing.ct import ct_io, ct_transforms, demo_ct, dicom_series
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, dicom_grouping, dicom_series, label_maps, label_pairing, volume_discovery
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SPACING = (0.8, 0.9, 2.0)  # (x, y, z) mm
@@ -72,7 +72,7 @@ def _assert_same_image(image, expected, atol=0.0):
 
 
 def _discover_one(root):
-    volumes, dead = ct_io.discover(str(root))
+    volumes, dead = volume_discovery.discover(str(root))
     assert dead == [] and len(volumes) == 1, (volumes, dead)
     return next(iter(volumes.items()))
 
@@ -207,7 +207,7 @@ def test_multi_frame_enhanced_ct_equals_the_single_frame_series(tmp_path):
     # highdicom's own multi-frame writer (Legacy Converted Enhanced CT), as PACS conversions produce it.
     highdicom.legacy.LegacyConvertedEnhancedCTImage([pydicom.dcmread(p) for p in paths], generate_uid(), 7,
                                                     generate_uid(), 1).save_as(str(tmp_path / "legacy" / "ct.dcm"))
-    volumes, dead = ct_io.discover(str(tmp_path))
+    volumes, dead = volume_discovery.discover(str(tmp_path))
     assert dead == [] and sorted(volumes) == ["enhanced", "legacy", "single"]
     assert [len(volumes[name].dicom_files) for name in ("enhanced", "legacy")] == [1, 1]
     single = ct_io.read_volume(volumes["single"])
@@ -251,7 +251,7 @@ def test_compressed_series_decode_to_the_uncompressed_pixels(tmp_path, syntax):
             dataset.save_as(path)
     assert {pydicom.dcmread(p).file_meta.TransferSyntaxUID.name.split(",")[0] for p in compressed} == {
         "JPEG Lossless" if syntax == "JPEG Lossless" else "JPEG 2000 Image Compression (Lossless Only)"}
-    volumes, dead = ct_io.discover(str(tmp_path))
+    volumes, dead = volume_discovery.discover(str(tmp_path))
     assert dead == []
     decoded = ct_io.read_volume(volumes["compressed"])
     _assert_same_image(decoded, ct_io.read_volume(volumes["plain"]))
@@ -269,7 +269,7 @@ def test_series_whose_uids_share_their_last_8_characters_get_distinct_ids(tmp_pa
         for path in _series(tmp_path / f"tmp{index}", volume, SeriesInstanceUID=uid, SeriesNumber=number,
                             PatientName="Doe^Jane"):
             shutil.move(path, root / f"s{index}-{os.path.basename(path)}")  # all three series in one folder
-    volumes, dead = ct_io.discover(str(root))
+    volumes, dead = volume_discovery.discover(str(root))
     assert dead == []
     assert sorted(volumes) == ["export-s2-112345678", "export-s2-212345678", "export-s5"]
     assert {volumes[i].series_uid[-10:] for i in volumes} == {"1112345678", "2212345678", "3312345678"}
@@ -284,7 +284,7 @@ def test_every_dicom_dead_letter_names_its_file(tmp_path):
     no_position.save_as(paths[0])
     (tmp_path / "broken" / "garbage.dcm").write_bytes(b"not DICOM")
     lonely = _series(tmp_path / "lonely", volume[:1])
-    volumes, dead = ct_io.discover(str(tmp_path))
+    volumes, dead = volume_discovery.discover(str(tmp_path))
     by_reason = {letter["reason"]: letter for letter in dead}
     assert sorted(by_reason) == ["missing_geometry", "too_few_slices", "unreadable"]
     assert by_reason["missing_geometry"]["source"] == paths[0] and "ImagePositionPatient" in by_reason["missing_geometry"]["detail"]
@@ -363,8 +363,8 @@ def test_rtstruct_is_rasterised_onto_the_series_grid(tmp_path):
     (tmp_path / "labels").mkdir()
     _rtstruct(tmp_path / "labels" / "rt.dcm", paths,
               {name: _ellipse_contours(reference, centers[name], radii[name]) for name in centers})
-    volumes, dead = ct_io.discover(str(tmp_path / "images"))
-    cases, pairing_dead = ct_io.pair_with_labels(volumes, str(tmp_path / "labels"))  # RTSTRUCT under --labels
+    volumes, dead = volume_discovery.discover(str(tmp_path / "images"))
+    cases, pairing_dead = label_pairing.pair_with_labels(volumes, str(tmp_path / "labels"))  # RTSTRUCT under --labels
     assert dead == pairing_dead == [] and [c.case_id for c in cases] == ["ct"] and cases[0].label.dicom_label == "RTSTRUCT"
     label = ct_io.read_volume(cases[0].label, reference=reference, classes=("gtv", "liver"))
     array = sitk.GetArrayFromImage(label)
@@ -403,8 +403,8 @@ def test_dicom_seg_among_the_inputs_labels_its_series(tmp_path):
         datasets, truth, highdicom.seg.SegmentationTypeValues.BINARY, descriptions, generate_uid(), 9, generate_uid(), 1,
         "fullres", "test", "1", "1")
     segmentation.save_as(str(tmp_path / "ct" / "seg.dcm"))
-    volumes, dead = ct_io.discover(str(tmp_path))
-    cases, pairing_dead = ct_io.pair_with_labels(volumes, None)
+    volumes, dead = volume_discovery.discover(str(tmp_path))
+    cases, pairing_dead = label_pairing.pair_with_labels(volumes, None)
     assert dead == pairing_dead == [] and [(c.case_id, c.label.dicom_label) for c in cases] == [("ct", "SEG")]
     config = ct_transforms.CtPreprocessConfig(spacing=None, classes=("kidney", "liver"))
     record = ct_transforms.preprocess_case(cases[0], config)
@@ -461,11 +461,11 @@ def test_preprocess_ct_command_on_a_scanner_export(tmp_path):
 
 def test_classes_from_a_label_map_file_and_refusals(tmp_path):
     (tmp_path / "label_map.json").write_text(json.dumps({"background": 0, "kidney": 2, "liver": 1}))
-    assert ct_transforms.class_names(str(tmp_path / "label_map.json")) == ("liver", "kidney")
-    assert ct_transforms.class_names("liver, kidney") == ("liver", "kidney")
+    assert label_maps.class_names(str(tmp_path / "label_map.json")) == ("liver", "kidney")
+    assert label_maps.class_names("liver, kidney") == ("liver", "kidney")
     (tmp_path / "gap.json").write_text(json.dumps({"liver": 1, "kidney": 3}))
     with pytest.raises(ValueError, match=r"--classes .*gap.json must number its classes 1..2, got \[1, 3\]"):
-        ct_transforms.class_names(str(tmp_path / "gap.json"))
+        label_maps.class_names(str(tmp_path / "gap.json"))
     with pytest.raises(ValueError, match="--classes needs distinct, non-empty names"):
         ct_transforms.CtPreprocessConfig(classes=("liver", "Liver"))
     with pytest.raises(ValueError, match=r"--spacing-tolerance needs a fraction in \[0, 1\)"):
@@ -474,9 +474,9 @@ def test_classes_from_a_label_map_file_and_refusals(tmp_path):
 
 def test_case_ids_stay_unique_for_groups_of_one_series_and_beside_other_volumes():
     def group(directory, uid, number):
-        return dicom_series.SeriesGroup(directory, (f"{directory}/{uid}-{number}.dcm",), uid, number, "CT")
+        return dicom_grouping.SeriesGroup(directory, (f"{directory}/{uid}-{number}.dcm",), uid, number, "CT")
 
     groups = [group("/d/ct", "1.2.3.99912345678", "4"), group("/d/ct", "1.2.3.99912345678", "4"),  # two enhanced files
               group("/d/other", "1.2.3.5", "1")]
     # "other" is taken by a NIfTI volume: the series gets its UID's digits (all four of them) appended.
-    assert dicom_series.case_ids(groups, taken={"other"}) == ["ct-s4-12345678", "ct-s4-12345678-2", "other-1235"]
+    assert dicom_grouping.case_ids(groups, taken={"other"}) == ["ct-s4-12345678", "ct-s4-12345678-2", "other-1235"]

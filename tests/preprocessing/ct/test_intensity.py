@@ -7,11 +7,11 @@ import pydicom
 import pytest
 import SimpleITK as sitk
 
-from preprocessing.beam import conversion, ct_pipeline
-from preprocessing.ct import ct_io, ct_transforms, demo_ct
+from preprocessing.beam import ct_pipeline, local_workers
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, intensity
 from preprocessing.records import tfrecord_schema
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 def _mr(background: float = 0.0) -> np.ndarray:
@@ -51,7 +51,7 @@ def test_mr_is_z_scored_over_the_body_and_not_clipped(tmp_path):
 
 def test_mr_with_a_noisy_background_is_z_scored_over_the_whole_volume():
     volume = _mr(background=20.0)
-    normalized, (mean, std), padding = ct_transforms.zscore(volume)
+    normalized, (mean, std), padding = intensity.zscore(volume)
     assert abs(normalized.mean()) < 1e-4 and normalized.std() == pytest.approx(1.0, abs=1e-4)
     assert (mean, std) == pytest.approx((float(volume.mean()), float(volume.std())), rel=1e-5)
     assert padding == pytest.approx(normalized.min(), abs=1e-5)  # padding gets the background's value
@@ -65,11 +65,11 @@ def test_dicom_modality_tag_decides_under_auto(tmp_path):
         dataset.Modality = "MR"
         dataset.save_as(path)
     source = ct_io.VolumeSource(str(tmp_path / "series"), tuple(paths))
-    assert ct_transforms.dicom_modality(source) == "MR"
+    assert intensity.dicom_modality(source) == "MR"
     record = ct_transforms.preprocess_case(ct_io.CaseSource("s", source), ct_transforms.CtPreprocessConfig())
     assert record.normalization == "zscore" and record.warnings == ()
     forced = ct_transforms.preprocess_case(ct_io.CaseSource("s", source), ct_transforms.CtPreprocessConfig(modality="ct"))
-    assert forced.normalization == "ct_window" and forced.warnings == (ct_transforms.WARNING_MODALITY,)
+    assert forced.normalization == "ct_window" and forced.warnings == (intensity.WARNING_MODALITY,)
 
 
 @pytest.mark.parametrize(
@@ -80,9 +80,9 @@ def test_looks_like_hu(kind, expected):
     ct, _ = demo_ct.synthetic_case(np.random.default_rng(1), (8, 16, 16))
     padded = ct.copy()
     padded[:, :4, :4] = -3024.0  # the value some scanners write outside the round field of view
-    volumes = {"ct": ct, "ct_with_fov_padding": padded, "mr": _mr(), "zscored": ct_transforms.zscore(_mr(20.0))[0],
+    volumes = {"ct": ct, "ct_with_fov_padding": padded, "mr": _mr(), "zscored": intensity.zscore(_mr(20.0))[0],
                "ct_without_air": np.random.default_rng(2).normal(50, 30, (8, 16, 16))}
-    assert ct_transforms.looks_like_hu(volumes[kind]) is expected
+    assert intensity.looks_like_hu(volumes[kind]) is expected
 
 
 def test_summary_counts_normalizations_and_warns_about_a_ct_window_on_mr(tmp_path):

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from preprocessing.beam import conversion, ct_pipeline
-from preprocessing.ct import ct_io, ct_transforms
+from preprocessing.beam import ct_pipeline, local_workers
+from preprocessing.ct import ct_transforms, label_pairing
 from preprocessing.records import tfrecord_schema
 from trainer.data import ct_input
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 CONFIG = ct_transforms.CtPreprocessConfig(modality="ct")
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -68,7 +68,7 @@ def nnunet(tmp_path):
 
 def test_nnunet_dataset_folder_pairs_without_labels_option(nnunet):
     root, _ = nnunet
-    pairing = ct_io.pair(str(root))
+    pairing = label_pairing.pair(str(root))
     assert _pairs(pairing) == {"hippocampus_001": ("hippocampus_001_0000.nii.gz", "hippocampus_001.nii.gz"),
                                "hippocampus_017": ("hippocampus_017_0000.nii.gz", "hippocampus_017.nii.gz")}
     assert pairing.layout == "nnunet" and pairing.dead == []
@@ -79,7 +79,7 @@ def test_nnunet_dataset_folder_pairs_without_labels_option(nnunet):
 
 def test_nnunet_images_and_labels_folders_given_separately(nnunet):
     root, _ = nnunet
-    pairing = ct_io.pair(str(root / "imagesTr"), str(root / "labelsTr"))
+    pairing = label_pairing.pair(str(root / "imagesTr"), str(root / "labelsTr"))
     assert sorted(_pairs(pairing)) == ["hippocampus_001", "hippocampus_017"] and pairing.layout == "nnunet"
     assert pairing.dead == []
 
@@ -88,7 +88,7 @@ def test_msd_without_channel_suffix(tmp_path):
     for seed, case_id in enumerate(("liver_0", "liver_12")):
         _write_case(tmp_path / "Task03_Liver" / "imagesTr" / f"{case_id}.nii.gz",
                     tmp_path / "Task03_Liver" / "labelsTr" / f"{case_id}.nii.gz", seed)
-    pairing = ct_io.pair(str(tmp_path / "Task03_Liver"))
+    pairing = label_pairing.pair(str(tmp_path / "Task03_Liver"))
     assert _pairs(pairing) == {"liver_0": ("liver_0.nii.gz", "liver_0.nii.gz"),
                                "liver_12": ("liver_12.nii.gz", "liver_12.nii.gz")}
     assert pairing.layout == "msd"
@@ -109,7 +109,7 @@ def kits(tmp_path):
 def test_kits_case_folders(kits):
     root, _ = kits
     for labels in (None, str(root)):  # --labels may name the input folder: the names say which is which
-        pairing = ct_io.pair(str(root), labels)
+        pairing = label_pairing.pair(str(root), labels)
         assert _pairs(pairing) == {"case_00000": ("imaging.nii.gz", "segmentation.nii.gz"),
                                    "case_00001": ("imaging.nii.gz", "segmentation.nii.gz")}
         assert all(os.path.dirname(c.image.path) == os.path.dirname(c.label.path) for c in pairing.cases)
@@ -132,7 +132,7 @@ def side_by_side(tmp_path):
 def test_side_by_side_suffixes(side_by_side):
     root, _ = side_by_side
     for labels in (None, str(root)):
-        pairing = ct_io.pair(str(root), labels)
+        pairing = label_pairing.pair(str(root), labels)
         assert _pairs(pairing) == {"lung1": ("lung1_image.nrrd", "lung1_label.nrrd"),
                                    "LUNG2": ("LUNG2_IMG.nii.gz", "LUNG2_SEG.nii.gz"),
                                    "lung3": ("lung3_ct.mha", "lung3-Mask.mha")}
@@ -141,7 +141,7 @@ def test_side_by_side_suffixes(side_by_side):
 
 def test_side_by_side_images_with_labels_in_their_own_folder(tmp_path):
     _write_case(tmp_path / "images" / "p7_ct.nii.gz", tmp_path / "labels" / "p7_seg.nii.gz", 0)
-    pairing = ct_io.pair(str(tmp_path / "images"), str(tmp_path / "labels"))
+    pairing = label_pairing.pair(str(tmp_path / "images"), str(tmp_path / "labels"))
     assert _pairs(pairing) == {"p7": ("p7_ct.nii.gz", "p7_seg.nii.gz")}
 
 
@@ -162,7 +162,7 @@ def test_same_folder_without_names_that_say_which_is_refused(tmp_path):
     for name in ("lung1", "lung1b"):
         _write(tmp_path / f"{name}.nrrd", _case(0)[0])
     with pytest.raises(ValueError) as error:
-        ct_io.pair(str(tmp_path), str(tmp_path))
+        label_pairing.pair(str(tmp_path), str(tmp_path))
     message = str(error.value)
     assert message.startswith(f"--labels {tmp_path} is the --input folder, and no file name there says which files "
                               "are label maps;")
@@ -175,7 +175,7 @@ def test_a_file_is_never_its_own_label_and_manifest_labels_are_not_cases(tmp_pat
     _write(tmp_path / "truth.nrrd", label)
     _write(tmp_path / "other.nrrd", volume)
     (tmp_path / "manifest.csv").write_text("image,label\nscan.nrrd,truth.nrrd\nother.nrrd,other.nrrd\n")
-    pairing = ct_io.pair(str(tmp_path), str(tmp_path / "manifest.csv"))
+    pairing = label_pairing.pair(str(tmp_path), str(tmp_path / "manifest.csv"))
     assert _pairs(pairing) == {"scan": ("scan.nrrd", "truth.nrrd")}  # truth.nrrd is a label map, not a case
     reasons = {(os.path.basename(d["source"]), d["reason"]) for d in pairing.dead}
     assert reasons == {("manifest.csv:3", "label_is_image"), ("other.nrrd", "missing_label")}
@@ -185,7 +185,7 @@ def test_a_file_is_never_its_own_label_and_manifest_labels_are_not_cases(tmp_pat
 
 def test_labels_folder_above_the_images_does_not_pair_images_with_themselves(tmp_path):
     _write_case(tmp_path / "images" / "a.nii.gz", tmp_path / "labels" / "a.nii.gz", 0)
-    pairing = ct_io.pair(str(tmp_path / "images"), str(tmp_path))
+    pairing = label_pairing.pair(str(tmp_path / "images"), str(tmp_path))
     assert [(c.case_id, c.image.path, c.label.path) for c in pairing.cases] == [
         ("a", str(tmp_path / "images" / "a.nii.gz"), str(tmp_path / "labels" / "a.nii.gz"))]
 
@@ -193,7 +193,7 @@ def test_labels_folder_above_the_images_does_not_pair_images_with_themselves(tmp
 def test_two_label_maps_for_one_case_name_both_files(tmp_path):
     _write_case(tmp_path / "lung1_image.nrrd", tmp_path / "lung1_label.nrrd", 0)
     _write(tmp_path / "lung1_seg.nrrd", _case(1)[1])
-    pairing = ct_io.pair(str(tmp_path))
+    pairing = label_pairing.pair(str(tmp_path))
     letter = next(d for d in pairing.dead if d["reason"] == "duplicate_case_id")
     assert {os.path.basename(letter["source"]), os.path.basename(letter["detail"].split(" is also used by ")[1].split(";")[0])} \
         == {"lung1_label.nrrd", "lung1_seg.nrrd"}

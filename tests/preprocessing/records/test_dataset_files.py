@@ -3,11 +3,11 @@
 import json
 import os
 
-from preprocessing.beam import conversion, images_pipeline
+from preprocessing.beam import images_pipeline, local_workers
 from preprocessing.images import demo_images
 from preprocessing.records import dataset_files
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 def test_the_ct_pipeline_s_label_map_passes_the_reader(tmp_path):

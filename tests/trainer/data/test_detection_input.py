@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from preprocessing.beam import conversion, images_pipeline
+from preprocessing.beam import images_pipeline, local_workers
 from preprocessing.images import demo_images
 from trainer import config as config_lib
 from preprocessing.records import dataset_files
@@ -18,7 +18,7 @@ from trainer.data import detection_input
 from trainer.models import retinanet
 from trainer.tasks import detection_eval
 
-IN_PROCESS = [f"--runner={conversion.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 @pytest.fixture(scope="module")

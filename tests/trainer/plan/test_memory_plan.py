@@ -16,7 +16,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from trainer.engine import placement, step
 from trainer.models import losses
 from trainer.parallel import partitioning
-from trainer.plan import memory_plan
+from common import sizes
+from trainer.plan import compiled_step, layout_search
 
 SMALL_RETINANET = {"model.stackwise_num_blocks": "1,1,1,1", "model.stackwise_num_filters": "64,32,32,32",
                    "model.head_filters": 32, "model.head_conv_layers": 2, "image_size": "256,256"}
@@ -24,14 +25,14 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.
 
 
 def _unet_config(spatial_dims=3, **settings):
-    return memory_plan.plan_config("unet3d" if spatial_dims == 3 else "unet2d",
+    return compiled_step.plan_config("unet3d" if spatial_dims == 3 else "unet2d",
                                    overrides={"model.num_levels": 3, "model.base_filters": 8, **settings})
 
 
 @pytest.fixture(scope="module")
 def rows():
     config = _unet_config()
-    return memory_plan.plan(config, memory_plan.example_shape(config, (32, 32, 32)), [1, 2, 4],
+    return layout_search.plan(config, compiled_step.example_shape(config, (32, 32, 32)), [1, 2, 4],
                             device_memory=8 * 2**20)
 
 
@@ -59,7 +60,7 @@ def test_all_gather_of_an_activation_is_counted():
         return jax.lax.with_sharding_constraint(x * 2, NamedSharding(mesh, PartitionSpec())) + 1
 
     compiled = jax.jit(gather, in_shardings=split).lower(jnp.zeros((1, 16, 8, 8, 4))).compile()
-    assert memory_plan.communication(compiled.as_text(), feature_rank=5, replica_batch=1)[0] >= 1
+    assert compiled_step.communication(compiled.as_text(), feature_rank=5, replica_batch=1)[0] >= 1
 
 
 def test_transposed_convolution_gradient_is_caught():
@@ -75,7 +76,18 @@ def test_transposed_convolution_gradient_is_caught():
     function = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy),
                        in_shardings=(placement.state_shardings(placed, distribution), images.sharding, labels.sharding))
     text = function.lower(placed, images, labels).compile().as_text()
-    assert memory_plan.communication(text, feature_rank=5, replica_batch=1)[0] >= 1
+    assert compiled_step.communication(text, feature_rank=5, replica_batch=1)[0] >= 1
+
+
+@pytest.mark.parametrize("text, expected", [("16GiB", 16 * 2**30), ("32 GB", 32 * 10**9), ("512MiB", 512 * 2**20),
+                                            ("1e9", 10**9)])
+def test_parse_bytes(text, expected):
+    assert sizes.parse_bytes(text) == expected
+
+
+def test_parse_bytes_refuses_nonsense():
+    with pytest.raises(ValueError, match=r"--device-memory 'lots' is not a size; write e.g. 16GiB"):
+        sizes.parse_bytes("lots")
 
 
 @pytest.mark.slow
@@ -98,17 +110,17 @@ def test_plan_command_json():
 
 @pytest.mark.slow
 def test_retinanet_plan_partitions_without_all_gathers():
-    config = memory_plan.plan_config("retinanet", overrides=SMALL_RETINANET)
-    rows = memory_plan.plan(config, memory_plan.example_shape(config, (256, 256)), [1, 4])
+    config = compiled_step.plan_config("retinanet", overrides=SMALL_RETINANET)
+    rows = layout_search.plan(config, compiled_step.example_shape(config, (256, 256)), [1, 4])
     assert rows[1].temp_bytes < rows[0].temp_bytes
     assert [r.activation_all_gathers for r in rows] == [0, 0]
     assert rows[1].halo_bytes > 0 and rows[1].input_partition_dims == (1, 4, 1, 1)
 
 
 def test_plan_refuses_an_image_the_pyramid_cannot_split():
-    config = memory_plan.plan_config("retinanet", overrides={**SMALL_RETINANET, "image_size": "200,256"})
+    config = compiled_step.plan_config("retinanet", overrides={**SMALL_RETINANET, "image_size": "200,256"})
     with pytest.raises(partitioning.PartitionError, match=r"height 200 \(input_partition_dims\[1\] = 8\)"):
-        memory_plan.plan(config, memory_plan.example_shape(config, None), [8])
+        layout_search.plan(config, compiled_step.example_shape(config, None), [8])
 
 
 # ---------------------------------------------------------------- plan compiles the step train runs
@@ -116,7 +128,7 @@ def test_plan_refuses_an_image_the_pyramid_cannot_split():
 
 def _train_lowering(config, shape, devices):
     """The step exactly as `train._train` builds, places and jits it, lowered on real (random) arrays."""
-    from trainer import train
+    from trainer.engine import program
     from trainer.tasks import registry
 
     task = registry.make_task(config)
@@ -124,37 +136,37 @@ def _train_lowering(config, shape, devices):
     distribution = partitioning.make_distribution(config.partition, devices)
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
-        model, optimizer, _, state = train.build_model(config, task, config.steps)
+        model, optimizer, _, state = program.build_model(config, task, config.steps)
     state = placement.place_state(state, distribution)
-    train_step = train.jit_step(task, model, optimizer, distribution, state, len(image_shape))
+    train_step = program.jit_step(task, model, optimizer, distribution, state, len(image_shape))
     rng = np.random.default_rng(0)
     images, labels = placement.place_batch(distribution, rng.normal(size=image_shape).astype(np.float32),
-                                           rng.integers(0, 3, image_shape[:-1]).astype(np.int32))
+                                      rng.integers(0, 3, image_shape[:-1]).astype(np.int32))
     return train_step.lower(state, images, labels), state
 
 
 @pytest.mark.slow
 def test_plan_lowers_exactly_the_step_train_runs_and_keeps_remat():
-    config = memory_plan.plan_config("unet3d", overrides={"model.num_levels": 2, "model.base_filters": 4,
+    config = compiled_step.plan_config("unet3d", overrides={"model.num_levels": 2, "model.base_filters": 4,
                                                           "partition.input_partition_dims": "1,2,1,1,1",
                                                           "remat": True})
-    shape = memory_plan.example_shape(config, (16, 16, 16))
+    shape = compiled_step.example_shape(config, (16, 16, 16))
     devices = jax.devices()[:2]
-    planned, _ = memory_plan.lower_step(config, shape, devices)
+    planned, _ = compiled_step.lower_step(config, shape, devices)
     trained, state = _train_lowering(config, shape, devices)
     assert planned.as_text() == trained.as_text()
     parameters = sum(int(np.prod(w.shape)) for w in state.trainable)
     planned_parameters = sum(int(np.prod(a.shape)) for a in planned.args_info[0][0].trainable)
     assert planned_parameters == parameters > 0
     # remat is part of the compiled step: without it, the module has no rematerialization barriers
-    plain, _ = memory_plan.lower_step(dataclasses.replace(config, remat=False), shape, devices)
+    plain, _ = compiled_step.lower_step(dataclasses.replace(config, remat=False), shape, devices)
     assert "optimization_barrier" in planned.as_text() and "optimization_barrier" not in plain.as_text()
 
 
 def test_plan_refuses_remat_for_retinanet_as_training_does():
-    config = memory_plan.plan_config("retinanet", overrides={**SMALL_RETINANET, "remat": True})
+    config = compiled_step.plan_config("retinanet", overrides={**SMALL_RETINANET, "remat": True})
     with pytest.raises(ValueError, match="remat is implemented for the UNet only"):
-        memory_plan.search(config, memory_plan.example_shape(config, None), [1], layouts_to_try="default",
+        layout_search.search(config, compiled_step.example_shape(config, None), [1], layouts_to_try="default",
                            efficiency=False)
 
 
@@ -162,21 +174,21 @@ def test_plan_refuses_remat_for_retinanet_as_training_does():
 
 
 def test_layouts_of_n_over_the_spatial_dimensions():
-    assert memory_plan.layouts(4, 2) == [(1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1)]
-    three = memory_plan.layouts(8, 3)
+    assert layout_search.layouts(4, 2) == [(1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1)]
+    three = layout_search.layouts(8, 3)
     assert len(three) == 10 and len(set(three)) == 10
     assert all(np.prod(d) == 8 and d[0] == d[-1] == 1 for d in three)
-    assert len(memory_plan.layouts(64, 3)) == 28
+    assert len(layout_search.layouts(64, 3)) == 28
 
 
 def _row(dims, halo, total, fits=None):
-    return memory_plan.PlanRow(int(np.prod(dims)), dims, total, 0, total, None, 0, halo, fits)
+    return layout_search.PlanRow(int(np.prod(dims)), dims, total, 0, total, None, 0, halo, fits)
 
 
 def test_ranking_fits_first_then_halo_then_memory_with_near_ties_marked():
     rows = [_row((1, 8, 1, 1), 100, 10), _row((1, 2, 4, 1), 60, 12), _row((1, 4, 2, 1), 61, 11),
             _row((1, 1, 8, 1), 50, 99), _row((1, 1, 1, 8), 80, 10)]
-    ranked = memory_plan.rank_rows(rows, device_memory=50)
+    ranked = layout_search.rank_rows(rows, device_memory=50)
     # 61 is within 2 % of 60: a near-tie, and memory (11 < 12) orders the two; the row over budget comes last.
     assert [r.input_partition_dims for r in ranked] == [(1, 4, 2, 1), (1, 2, 4, 1), (1, 1, 1, 8), (1, 8, 1, 1),
                                                         (1, 1, 8, 1)]
@@ -187,7 +199,7 @@ def test_ranking_fits_first_then_halo_then_memory_with_near_ties_marked():
 def test_without_a_budget_the_leanest_layouts_rank_first_by_halo():
     rows = [_row((1, 8, 1, 1), 100, 10), _row((1, 2, 4, 1), 60, 12), _row((1, 4, 2, 1), 61, 11),
             _row((1, 1, 8, 1), 50, 99), _row((1, 1, 1, 8), 80, 10.1)]
-    ranked = memory_plan.rank_rows(rows)
+    ranked = layout_search.rank_rows(rows)
     # the budget is 10 + 2 %: (1,1,1,8) and (1,8,1,1) fit it and halo orders them; the rest follow by memory.
     assert [r.input_partition_dims for r in ranked] == [(1, 1, 1, 8), (1, 8, 1, 1), (1, 4, 2, 1), (1, 2, 4, 1),
                                                         (1, 1, 8, 1)]
@@ -203,7 +215,7 @@ def test_2d_search_ranks_a_two_axis_split_above_the_one_axis_splits():
     config = _unet_config(spatial_dims=2, **{"model.num_levels": 2, "model.base_filters": 4})
     lines = []
     # A budget every layout fits: halo alone orders them.
-    result = memory_plan.search(config, memory_plan.example_shape(config, (32, 32)), [8], device_memory=2**30,
+    result = layout_search.search(config, compiled_step.example_shape(config, (32, 32)), [8], device_memory=2**30,
                                 log=lines.append)[0]
     by_dims = {r.input_partition_dims: r for r in result.rows}
     assert set(by_dims) == {(1, 1, 8, 1), (1, 2, 4, 1), (1, 4, 2, 1), (1, 8, 1, 1)} and not result.pruned
@@ -221,7 +233,7 @@ def test_layouts_that_cannot_divide_are_pruned_and_never_compiled():
     # depth 12 with 2 halvings is 3 at the coarsest level: no split of depth by 2 or 4 divides it.
     config = _unet_config(**{"model.base_filters": 4})
     lines = []
-    result = memory_plan.search(config, memory_plan.example_shape(config, (12, 16, 16)), [4], efficiency=False,
+    result = layout_search.search(config, compiled_step.example_shape(config, (12, 16, 16)), [4], efficiency=False,
                                 log=lines.append)[0]
     assert {d for d, _ in result.pruned} == {(1, 2, 1, 2, 1), (1, 2, 2, 1, 1), (1, 4, 1, 1, 1)}
     assert {r.input_partition_dims for r in result.rows} == {(1, 1, 1, 4, 1), (1, 1, 2, 2, 1), (1, 1, 4, 1, 1)}
@@ -233,7 +245,7 @@ def test_layouts_that_cannot_divide_are_pruned_and_never_compiled():
 def test_no_layout_that_divides_is_refused_with_the_reason():
     config = _unet_config(**{"model.base_filters": 4})
     with pytest.raises(partitioning.PartitionError, match=r"no layout of 8 cores divides \[12, 12, 12\]"):
-        memory_plan.search(config, memory_plan.example_shape(config, (12, 12, 12)), [8])
+        layout_search.search(config, compiled_step.example_shape(config, (12, 12, 12)), [8])
 
 
 def test_recorded_512_search_ranks_an_efficient_low_halo_layout_first():
@@ -241,7 +253,7 @@ def test_recorded_512_search_ranks_an_efficient_low_halo_layout_first():
     with open(os.path.join(REPOSITORY, "benchmarks", "results", "layout_search.json")) as file:
         cases = json.load(file)
     case = next(c for c in cases if c["model"] == "unet3d" and c["image_size"] == [512] * 3 and c["partitions"] == 64)
-    rows = memory_plan.rank_rows([memory_plan.PlanRow.from_json(r) for r in case["rows"]])
+    rows = layout_search.rank_rows([layout_search.PlanRow.from_json(r) for r in case["rows"]])
     assert [list(r.input_partition_dims) for r in rows] == [r["input_partition_dims"] for r in case["rows"]]
     one_d = next(r for r in rows if r.input_partition_dims == (1, 64, 1, 1, 1))
     assert len(rows) == 28 and rows[0].efficiency >= 0.95 and rows[0].halo_bytes <= one_d.halo_bytes / 3

@@ -20,7 +20,7 @@ from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, JPEG2000Lossless
 
 from common import dead_letters
 from common import output_guard
-from preprocessing.ct import ct_io
+from preprocessing.ct import ct_io, volume_discovery
 from trainer.predict import dicom_seg
 
 CLASSES = ("liver", "tumour", "kidney")  # kidney is never predicted: an empty class
@@ -78,7 +78,7 @@ def _write_series(directory, depth=12, rows=16, columns=20, seed=0, syntax=Expli
 
 
 def _read(directory):
-    volumes, dead = ct_io.discover(str(directory))
+    volumes, dead = volume_discovery.discover(str(directory))
     assert dead == [] and len(volumes) == 1
     source = next(iter(volumes.values()))
     return source, ct_io.read_volume(source)

@@ -1,0 +1,148 @@
+"""The training step `fullres train` would run, lowered and compiled ahead of time for any layout, without running it.
+
+Nothing runs and no input is allocated: the step for a `TrainConfig` (same task,
+model, loss, labels, optimizer and schedule, built by `engine.program.build_model`
+and `jit_step`) is lowered from `jax.ShapeDtypeStruct`s with the partitioned
+shardings and compiled; `compiled.memory_analysis()` then gives the bytes each
+device needs, and the HLO text shows the communication (`communication`):
+`collective-permute` is halo exchange between neighbours, an `all-gather` of an
+activation is a layer the compiler could not partition (it costs a
+full-resolution copy on every device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from common import parsing
+from trainer import config as config_lib
+from trainer.engine import placement, program
+from trainer.parallel import halo, partitioning
+from trainer.tasks import registry
+
+
+MODELS = ("unet3d", "unet2d", "retinanet")
+
+_DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
+
+# `%name = f32[1,2,3]{...} collective-permute(` or the async `-start` form, whose result is a tuple.
+_INSTRUCTION = re.compile(r"=\s*\(?([a-z0-9]+)\[([0-9,]*)\][^ ]*\)?.*?\s(collective-permute|all-gather)(-start)?\(")
+
+def default_partition_dims(partitions: int, rank: int) -> tuple[int, ...]:
+    """`[1, N, 1, 1(, 1)]`: the usual TPU convention, N-way along the first spatial dimension."""
+    dims = [1] * rank
+    dims[1] = partitions
+    return tuple(dims)
+
+def communication(hlo_text: str, feature_rank: int, replica_batch: int) -> tuple[int, int]:
+    """(activation all-gathers, halo bytes per device) in a compiled module's HLO text.
+
+    An all-gather counts as an activation's when its result has the feature
+    tensor's rank and the per-replica batch size in front (weights are
+    replicated and never gathered; gradients are all-reduced).
+    """
+    gathers, exchanged = 0, 0
+    for match in _INSTRUCTION.finditer(hlo_text):
+        dtype, dims, kind = match.group(1), match.group(2), match.group(3)
+        shape = parsing.parse_list(dims, int, "HLO shape") or ()
+        if kind == "collective-permute":
+            exchanged += math.prod(shape) * _DTYPE_BYTES.get(dtype, 4)
+        elif len(shape) == feature_rank and shape[0] == replica_batch:
+            gathers += 1
+    return gathers, exchanged
+
+def plan_config(model: str | None = None, preset: str = "default", overrides: dict | None = None,
+                task: str | None = None) -> config_lib.TrainConfig:
+    """The `TrainConfig` `fullres plan` sizes, through `config.resolve` like `fullres train`.
+
+    `model` is shorthand: "unet3d" / "unet2d" (segmentation, 3D or 2D UNet) or
+    "retinanet" (detection); None takes the task from `task`, else the preset's.
+    """
+    if model is not None and model not in MODELS:
+        raise ValueError(f"--model {model!r} is not known; use one of {', '.join(MODELS)}.")
+    if model is not None:
+        task = "detection" if model == "retinanet" else "segmentation"
+    elif task is None:
+        task = config_lib.PRESETS[preset]().task if preset in config_lib.PRESETS else "segmentation"
+    settings = dict(overrides or {})
+    if model in ("unet3d", "unet2d"):
+        spatial_dims = 3 if model == "unet3d" else 2
+        settings.setdefault("model.spatial_dims", spatial_dims)
+        settings.setdefault("partition.input_partition_dims", ",".join("1" * (spatial_dims + 2)))  # layouts replace it
+    return config_lib.resolve(task, preset, overrides=settings)
+
+def with_dims(config: config_lib.TrainConfig, dims: Sequence[int]) -> config_lib.TrainConfig:
+    """`config` split by `dims`; labels given as dims (split like the features) follow them."""
+    labels = config.partition.label_partition_dims
+    if labels is not None:
+        labels = tuple(dims) if len(labels) == len(dims) else (1, *dims[1:-1])
+    return dataclasses.replace(config, partition=partitioning.PartitionConfig(tuple(dims), labels))
+
+def example_shape(config: config_lib.TrainConfig, spatial_size: Sequence[int] | None) -> tuple[int, ...]:
+    """One example's shape, channels last, as the task trains on it: (D, H, W, 1) at `spatial_size`, or (H, W, 3)."""
+    return registry.make_task(config).planned_example_shape(None if spatial_size is None else tuple(spatial_size))
+
+class StepBuilder:
+    """One model per config (its variables on one device, shapes are all planning needs), compiled per layout."""
+
+    def __init__(self, config: config_lib.TrainConfig, shape: tuple[int, ...]):
+        import jax
+        import keras
+
+        self.config, self.example_shape = config, shape
+        self.image_shape = (config.batch_size, *shape)
+        self.task = registry.make_task(config)
+        keras.utils.set_random_seed(config.seed)
+        self.model, self.optimizer, _, state = program.build_model(config, self.task, config.steps)
+        self.state = jax.tree_util.tree_map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state)
+        self._windows = None
+
+    def compile(self, dims: tuple[int, ...], devices):
+        """Lowers and compiles the train step for `dims` on `devices`; returns (compiled, distribution)."""
+        lowered, distribution = self.lower(dims, devices)
+        return lowered.compile(), distribution
+
+    def lower(self, dims: tuple[int, ...], devices):
+        """Lowers the train step for `dims` on `devices`; returns (lowered, distribution)."""
+        import jax
+
+        config = with_dims(self.config, dims)
+        partitioning.validate(config.partition, self.image_shape, len(devices), config.model.downsampling_levels,
+                              config.batch_size)
+        distribution = partitioning.make_distribution(config.partition, devices)
+        train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape))
+        state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                                       self.state, placement.state_shardings(self.state, distribution))
+        images = jax.ShapeDtypeStruct(self.image_shape, np.float32,
+                                      sharding=distribution.get_data_layout(self.image_shape).backend_layout)
+        labels = self.task.label_spec(self.image_shape, distribution)
+        return train_step.lower(state, images, labels), distribution
+
+    def windows(self) -> list[halo.Window]:
+        """The model's convolutions and pooling windows (traced once per config)."""
+        if self._windows is None:
+            self._windows = halo.windows(self.model, self.state, self.image_shape)
+        return self._windows
+
+def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
+    """Lowers and compiles the training step `fullres train` runs for `config` on `devices`, without running it.
+
+    Args:
+        config: the run; its `partition` says the layout (not "auto").
+        shape: one example, channels last, e.g. (D, H, W, 1) (`example_shape`).
+        devices: the devices of one replica group (their count divides by the layout's cores).
+
+    Returns:
+        (the compiled step, its `partitioning.SpatialParallel`); it takes
+        `(TrainState, images, labels)` placed as `placement.place_state` / `place_batch` / the task place them.
+    """
+    return StepBuilder(config, tuple(shape)).compile(config.partition.input_partition_dims, devices)
+
+def lower_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
+    """`compile_step` before compiling: (the lowered step, its distribution)."""
+    return StepBuilder(config, tuple(shape)).lower(config.partition.input_partition_dims, devices)

@@ -1,0 +1,218 @@
+"""The layout search: every split of N cores over the spatial dimensions, pruned, compiled and ranked.
+
+`search` compiles each layout that divides the volume at every resolution level
+(`compiled_step`) and ranks them by `rank_rows`; `layout_choice.choose_layout`
+(what `input_partition_dims = "auto"` runs) takes the first. `halo.lower_bound`
+says how much halo each layout needs at least.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from common import sizes
+from trainer import config as config_lib
+from trainer.parallel import halo, partitioning
+from trainer.plan import compiled_step
+
+
+LAYOUT_CHOICES = ("default", "all")
+
+NEAR_TIE = 0.02  # within 2 %: of the least halo, a tie (memory decides); of the least memory, the default budget
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """Per-device figures of one layout (bytes).
+
+    `halo_bound_bytes` is `halo_lower_bound` for the layout; `near_tie` marks a
+    row whose halo is within 2 % of the best-ranked row of its N (memory
+    ordered them); `rank` counts from 1 within its N (0: not ranked).
+    """
+
+    partitions: int
+    input_partition_dims: tuple[int, ...]
+    temp_bytes: int
+    argument_bytes: int
+    total_bytes: int
+    efficiency: float | None
+    activation_all_gathers: int
+    halo_bytes: int
+    fits: bool | None = None
+    halo_bound_bytes: int | None = None
+    rank: int = 0
+    near_tie: bool = False
+    compile_seconds: float = 0.0
+
+    @property
+    def halo_ratio(self) -> float | None:
+        """Measured halo ÷ its lower bound (None where the bound is 0)."""
+        return round(self.halo_bytes / self.halo_bound_bytes, 3) if self.halo_bound_bytes else None
+
+    def to_json(self) -> dict:
+        values = dataclasses.asdict(self)
+        values["input_partition_dims"] = list(self.input_partition_dims)
+        values["halo_ratio"] = self.halo_ratio
+        return values
+
+    @classmethod
+    def from_json(cls, values: dict) -> PlanRow:
+        """A row back from `to_json` (e.g. from a benchmark's results)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        row = {k: v for k, v in values.items() if k in fields}
+        return cls(**{**row, "input_partition_dims": tuple(row["input_partition_dims"])})
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """The outcome of `search` for one N: ranked rows, and the layouts pruned before compiling."""
+
+    partitions: int
+    rows: list[PlanRow]
+    pruned: list[tuple[tuple[int, ...], str]]  # (dims, why it cannot divide)
+    seconds: float
+
+def layouts(partitions: int, spatial_dims: int) -> list[tuple[int, ...]]:
+    """Every split of `partitions` cores over the spatial dimensions, as input_partition_dims (batch, channels 1).
+
+    Example:
+        >>> layouts(4, 2)
+        [(1, 1, 4, 1), (1, 2, 2, 1), (1, 4, 1, 1)]
+    """
+    def splits(count: int, slots: int):
+        if slots == 1:
+            yield (count,)
+            return
+        for first in range(1, count + 1):
+            if count % first == 0:
+                for rest in splits(count // first, slots - 1):
+                    yield (first, *rest)
+
+    return sorted((1, *split, 1) for split in splits(partitions, spatial_dims))
+
+def prune(candidates: Sequence[tuple[int, ...]], config: config_lib.TrainConfig, shape: tuple[int, ...]):
+    """(layouts that divide the volume at every resolution level, [(layout, why not)] for the rest)."""
+    image_shape = (config.batch_size, *shape)
+    kept, pruned = [], []
+    for dims in candidates:
+        try:
+            partitioning.validate(partitioning.PartitionConfig(dims), image_shape, math.prod(dims),
+                                  config.model.downsampling_levels, config.batch_size)
+        except partitioning.PartitionError as error:
+            pruned.append((dims, str(error)))
+        else:
+            kept.append(dims)
+    return kept, pruned
+
+def _measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, device_memory: int | None) -> PlanRow:
+    started = time.perf_counter()
+    compiled, distribution = builder.compile(dims, devices)
+    memory = compiled.memory_analysis()
+    replica_batch = builder.config.batch_size // distribution.num_replicas
+    gathers, halo_bytes = compiled_step.communication(compiled.as_text(), len(dims), replica_batch)
+    total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
+        - memory.alias_size_in_bytes
+    bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
+    return PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
+                   None, gathers, halo_bytes, None if device_memory is None else total <= device_memory, bound,
+                   compile_seconds=round(time.perf_counter() - started, 2))
+
+def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list[PlanRow]:
+    """Best first: fits the memory budget, then least halo bytes, then least total memory.
+
+    The budget is `device_memory`; without one it is the leanest layout's total
+    plus 2 % (memory decides whether a run fits at all, so a layout that needs
+    more of it than another must buy that with something the plan cannot see).
+    Among the rows within the budget, those whose halo is within 2 % of the least
+    are near-ties: they come first, ordered by total memory, marked `near_tie`;
+    the other fitting rows follow by halo, then the rest by total memory.
+    """
+    if not rows:
+        return []
+    budget = device_memory if device_memory is not None else min(r.total_bytes for r in rows) * (1 + NEAR_TIE)
+    fitting = {id(r) for r in rows if r.total_bytes <= budget}
+    least = min((r.halo_bytes for r in rows if id(r) in fitting), default=0)
+    tied = {id(r) for r in rows if id(r) in fitting and r.halo_bytes <= least * (1 + NEAR_TIE)}
+
+    def key(row):
+        leading = tuple(-d for d in row.input_partition_dims)  # exact ties: the split of the leading dims first
+        if id(row) in tied:
+            return (0, row.total_bytes, row.halo_bytes, leading)
+        if id(row) in fitting:
+            return (1, row.halo_bytes, row.total_bytes, leading)
+        return (2, row.total_bytes, row.halo_bytes, leading)
+
+    ordered = sorted(rows, key=key)
+    return [dataclasses.replace(r, rank=i, near_tie=id(r) in tied and len(tied) > 1)
+            for i, r in enumerate(ordered, 1)]
+
+def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Sequence[int], *,
+           layouts_to_try: str = "all", devices=None, device_memory: int | None = None, efficiency: bool = True,
+           log: Callable[[str], None] = lambda line: None) -> list[Search]:
+    """Compiles the layouts of every N in `partitions` and ranks them (`rank_rows`).
+
+    Args:
+        config: the run to size (its own `partition` is replaced by each layout).
+        shape: one example, channels last (`example_shape`).
+        partitions: core counts N; each layout of N runs on the first N devices.
+        layouts_to_try: "all" (every split of N over the spatial dimensions that
+            divides at every resolution level) or "default" (N-way along the first).
+        devices: defaults to `jax.devices()`.
+        device_memory: bytes per device; rows say whether they fit.
+        efficiency: also compile N = 1 to report E(N) = M(1) / (N · M(N)) of activation memory.
+        log: progress lines (one per compile).
+
+    Raises:
+        ValueError: an N exceeds the devices, or no layout of an N divides the volume (the reasons named).
+    """
+    import jax
+
+    if layouts_to_try not in LAYOUT_CHOICES:
+        raise ValueError(f"--layouts {layouts_to_try!r} is not known; use one of {', '.join(LAYOUT_CHOICES)}.")
+    devices = list(jax.devices() if devices is None else devices)
+    largest = max(partitions, default=1)
+    partitioning.require_devices(largest, len(devices), f"{largest} partitions")
+    spatial = len(shape) - 1
+    plans = []
+    for count in partitions:
+        if layouts_to_try == "all":
+            kept, pruned = prune(layouts(count, spatial), config, shape)
+        else:
+            kept, pruned = [compiled_step.default_partition_dims(count, spatial + 2)], []
+        if not kept:
+            raise partitioning.PartitionError(f"no layout of {count} cores divides {list(shape[:-1])} at every "
+                                              f"resolution level: {pruned[0][1]}")
+        plans.append((count, kept, pruned))
+    reference = (1,) * (spatial + 2)
+    todo = list(dict.fromkeys(([reference] if efficiency else []) + [d for _, kept, _ in plans for d in kept]))
+    builder = compiled_step.StepBuilder(config, tuple(shape))
+    measured: dict[tuple[int, ...], PlanRow] = {}  # the compile cache of this search: one compile per layout
+    for number, dims in enumerate(todo, 1):
+        label = ",".join(map(str, dims))
+        started = time.perf_counter()
+        log(f"[{number}/{len(todo)}] compiling {label} on {math.prod(dims)} device(s) ...")
+        measured[dims] = _measure(builder, dims, devices[:math.prod(dims)], device_memory)
+        row = measured[dims]
+        log(f"[{number}/{len(todo)}] {label}: {sizes.human_bytes(row.total_bytes)} per device, halo {sizes.human_bytes(row.halo_bytes)} "
+            f"({time.perf_counter() - started:.1f} s)")
+    base = measured.get(reference)
+    results = []
+    for count, kept, pruned in plans:
+        rows = [measured[d] for d in kept]
+        if base is not None:
+            rows = [dataclasses.replace(r, efficiency=round(base.temp_bytes / (r.partitions * r.temp_bytes), 4))
+                    for r in rows]
+        ranked = rank_rows(rows, device_memory) if layouts_to_try == "all" else rows
+        results.append(Search(count, ranked, pruned, round(sum(r.compile_seconds for r in rows), 1)))
+        if pruned:
+            log(f"N={count}: {len(pruned)} layout(s) pruned (cannot divide at some resolution level): "
+                + "; ".join(",".join(map(str, d)) for d, _ in pruned))
+    return results
+
+def plan(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Sequence[int], *,
+         device_memory: int | None = None, log: Callable[[str], None] = lambda line: None) -> list[PlanRow]:
+    """The N-way-along-the-first-dimension row of every N (E(N) when N = 1 is among them)."""
+    results = search(config, shape, partitions, layouts_to_try="default", device_memory=device_memory,
+                     efficiency=1 in partitions, log=log)
+    return [row for result in results for row in result.rows]
