@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+from common import parsing, sizes
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 GIB = 2**30
 VARIANTS = (("float32", False), ("bfloat16", False), ("bfloat16", True))
@@ -35,13 +37,12 @@ def _device_count(argv: list[str]) -> int:
     counts = [16]
     for index, value in enumerate(argv[:-1]):
         if value == "--layout-search":
-            counts += [int(n) for n in argv[index + 1].split(":")[2].split(",")]
+            counts += parsing.parse_list(argv[index + 1].split(":")[2], int, "--layout-search")
     return max(counts)
 
 
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_device_count(sys.argv)}"  # before JAX starts
 
-from common import sizes  # noqa: E402
 from trainer.plan import compiled_step, layout_search, memory_plan  # noqa: E402
 
 
@@ -50,11 +51,11 @@ def run_layout_search(cases: list[str], output: str | None) -> None:
     results = []
     for case in cases:
         model, size_text, counts_text = case.split(":")
-        size = tuple(int(v) for v in size_text.split(","))
+        size = parsing.parse_list(size_text, int, "size")
         overrides = {"batch_size": 1, **({"image_size": size_text} if len(size) == 2 else {})}  # batch 1, as above
         config = compiled_step.plan_config(model, overrides=overrides)
         shape = compiled_step.example_shape(config, size)
-        for count in (int(v) for v in counts_text.split(",")):
+        for count in parsing.parse_list(counts_text, int, "partitions"):
             started = time.perf_counter()
             search = layout_search.search(config, shape, [count], log=lambda line: print(line, flush=True))[0]
             seconds = time.perf_counter() - started
@@ -92,8 +93,8 @@ def main() -> None:
     runs.append(("retinanet", args.retinanet_size, args.retinanet_partitions, "float32", False))
     results = []
     for model, size_text, counts_text, precision, remat in runs:
-        size = tuple(int(v) for v in size_text.split(","))
-        counts = [int(v) for v in counts_text.split(",")]
+        size = parsing.parse_list(size_text, int, "size")
+        counts = list(parsing.parse_list(counts_text, int, "--partitions"))
         started = time.perf_counter()
         config = compiled_step.plan_config(model, overrides={"precision": precision, "remat": remat, "batch_size": 1,
                                                             **({"image_size": size_text} if len(size) == 2 else {})})

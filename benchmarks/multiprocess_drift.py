@@ -35,7 +35,7 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     import numpy as np
 
     from tests.trainer import multiprocess_parity_worker as worker
-    from trainer.engine import step
+    from trainer.engine import placement, step
     from trainer.models import losses, unet
     from trainer.parallel import partitioning
 
@@ -43,11 +43,11 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4))
     optimizer = keras.optimizers.Adam(1e-2) if optimizer_name == "adam" else keras.optimizers.SGD(1e-2)
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(DIMS))
-    state = step.place_state(step.initial_state(model, optimizer), distribution)
+    state = placement.place_state(placement.initial_state(model, optimizer), distribution)
     images, labels = worker.batch()
-    rows = step.process_rows(distribution.get_data_layout(images.shape).backend_layout, images.shape)
-    placed = step.place_batch(distribution, images[rows], labels[rows], batch_size=images.shape[0], rows=rows)
-    shardings = (step.state_shardings(state, distribution), placed[0].sharding, placed[1].sharding)
+    rows = placement.process_rows(distribution.get_data_layout(images.shape).backend_layout, images.shape)
+    placed = placement.place_batch(distribution, images[rows], labels[rows], batch_size=images.shape[0], rows=rows)
+    shardings = (placement.state_shardings(state, distribution), placed[0].sharding, placed[1].sharding)
     grads_of = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy), in_shardings=shardings)
     train_step = jax.jit(step.make_train_step(model, optimizer, losses.dice_cross_entropy), in_shardings=shardings)
     saved = {}
@@ -81,6 +81,8 @@ def _largest(a, b, prefix: str, number: int) -> float:
 
 
 def main() -> None:
+    from common import parsing
+
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         address, n, i, name, steps, output = sys.argv[2:]
         _steps(address, int(n), int(i), name, int(steps), output)
@@ -94,7 +96,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as temporary:
         directory = arguments.keep or temporary
-        for name in arguments.optimizers.split(","):
+        for name in parsing.parse_list(arguments.optimizers, str, "--optimizers"):
             paths = {}
             for label, processes in (("1x8", 1), ("1x8 again", 1), ("2x4", 2)):
                 paths[label] = os.path.join(directory, f"{name}-{label.replace(' ', '_')}.npz")

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import SimpleITK as sitk  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from common import parsing
 from preprocessing.beam import ct_pipeline
 from preprocessing.ct import ct_transforms, demo_ct, label_pairing, volume_discovery
 from preprocessing.records import tfrecord_schema  # first: sets TF's env
@@ -72,7 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
-    shape = tuple(int(v) for v in args.shape.split(","))
+    shape = parsing.parse_list(args.shape, int, "--shape")
     modes = {"plain loop": lambda d, o: plain_loop(d, o),
              "Beam, 1 worker": lambda d, o: beam(d, o, 1),
              "Beam, 2 workers": lambda d, o: beam(d, o, 2)}

@@ -16,16 +16,6 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def numbers(text: str, kind=float) -> tuple | None:
-    """ "1.0,1.0,2.5" -> (1.0, 1.0, 2.5); "" or "none" -> None."""
-    if not text or text.strip().lower() == "none":
-        return None
-    try:
-        return tuple(kind(part) for part in text.replace(" ", "").split(",") if part)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a comma-separated list of numbers; write it like 1.0,1.0,2.5.") from None
-
-
 def beam_arguments(beam_args: list) -> list[str]:
     """Beam options as given; without a runner, Beam's local runner with one worker per core."""
     from preprocessing.beam import local_workers

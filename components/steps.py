@@ -19,7 +19,7 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
 
-DEFAULT_IMAGE = "fullres:latest"
+from components import image_name
 
 
 def preprocess_ct(
@@ -33,14 +33,15 @@ def preprocess_ct(
     max_failed_fraction: float = 0.1,
 ):
     """CT scans (+ label maps) to TFRecords with Beam; `beam_args` picks the runner (DataflowRunner on Vertex)."""
+    from common import parsing
     from components import runtime
     from preprocessing.beam import ct_pipeline
     from preprocessing.ct import ct_transforms
 
     output = runtime.output_location(dataset, beam_args)
     config = ct_transforms.CtPreprocessConfig(
-        spacing=runtime.numbers(spacing, float), window=runtime.numbers(window, float),
-        shape=runtime.numbers(shape, int))
+        spacing=parsing.parse_list(spacing, float, "spacing"), window=parsing.parse_list(window, float, "window"),
+        shape=parsing.parse_list(shape, int, "shape"))
     summary = ct_pipeline.run(input_path=input_uri, output=output, labels=labels_uri or None, config=config,
                               pipeline_args=runtime.beam_arguments(beam_args), max_failed_fraction=max_failed_fraction,
                               log=runtime.log)
@@ -112,13 +113,14 @@ def evaluate(
     report_examples: int = 4,
 ):
     """Scores the model on held-out data at full resolution (Dice or COCO mAP) and writes the HTML report."""
+    from common import parsing
     from components import runtime
     from trainer import evaluate as evaluate_lib
 
+    names = parsing.parse_list(class_names, str, "class_names")
     scores = evaluate_lib.evaluate_trained(
         model.path, eval_data.path + "/data-*", report_path=report.path,
-        class_names=[n.strip() for n in class_names.split(",") if n.strip()] or None, report_examples=report_examples,
-        log=runtime.log)
+        class_names=list(names) if names else None, report_examples=report_examples, log=runtime.log)
     runtime.write_metrics(metrics, scores, ("dice_mean", "mAP", "mAP@0.5"))
 
 
@@ -175,7 +177,7 @@ class Components(NamedTuple):
     predict: object
 
 
-def make_components(image: str = DEFAULT_IMAGE) -> Components:
+def make_components(image: str = image_name.DEFAULT_IMAGE) -> Components:
     """The components bound to a container image that has fullres (and the KFP SDK) installed."""
 
     def bind(function):

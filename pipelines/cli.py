@@ -17,6 +17,7 @@ import typer
 from preprocessing import cli as preprocessing_cli
 from trainer import cli as trainer_cli
 from common import console
+from components import image_name
 from trainer.cli import _use_virtual_devices
 
 
@@ -113,7 +114,9 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
     report.write_text(Path(local_run.find_output(outputs, "evaluate", "report")).read_text())
     trained = json.loads(Path(local_run.find_output(outputs, "train", "metrics")).read_text())
     masks = local_run.find_output(outputs, "predict", "masks")
-    predicted = _dice_in_own_geometry(masks, held_out_labels, len(demo_ct.CLASS_NAMES))
+    from trainer.predict import scoring
+
+    predicted = scoring.dice_in_own_geometry(masks, held_out_labels, len(demo_ct.CLASS_NAMES))
     summary = {
         "dice_mean": scores.get("dice_mean"),
         "input_partition_dims": trained.get("input_partition_dims"),
@@ -135,28 +138,6 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
            f"in the held-out scans' own geometry; report {summary['report']}; summary in {output / 'summary.json'}")
 
 
-def _dice_in_own_geometry(masks: str, labels: str, num_classes: int) -> dict:
-    """Dice of the predicted masks against the label maps, on each scan's own grid; the grids must be equal."""
-    import numpy as np
-    import SimpleITK as sitk
-
-    from trainer.tasks import metrics
-
-    dice = metrics.DiceAccumulator(num_classes)
-    cases = json.loads(Path(masks, "summary.json").read_text())["cases"]
-    for case in cases:
-        mask = sitk.ReadImage(case["outputs"][0])
-        truth = sitk.ReadImage(os.path.join(labels, Path(case["outputs"][0]).name))
-        same_grid = (mask.GetSize() == truth.GetSize()
-                     and all(np.allclose(getattr(mask, f"Get{field}")(), getattr(truth, f"Get{field}")(), atol=1e-6)
-                             for field in ("Spacing", "Origin", "Direction")))
-        if not same_grid:
-            raise RuntimeError(f"the mask {case['outputs'][0]} is not on its scan's grid (size, spacing, origin "
-                               f"or direction differ from {truth.GetSize()}, {truth.GetSpacing()}, ...).")
-        dice.update(sitk.GetArrayFromImage(mask), sitk.GetArrayFromImage(truth))
-    return {"dice_mean": dice.foreground_mean(), "dice_per_class": dice.per_class(), "cases": len(cases)}
-
-
 app.add_typer(preprocessing_cli.preprocess_app, name="preprocess")
 app.add_typer(preprocessing_cli.demo_data_app, name="demo-data")
 
@@ -166,7 +147,6 @@ pipeline_app = typer.Typer(rich_markup_mode=None, help="Compile the KFP pipeline
 app.add_typer(pipeline_app, name="pipeline")
 PIPELINE_NAMES = ("ct-segmentation", "detection")
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_IMAGE = "fullres:latest"  # components.steps.DEFAULT_IMAGE (not imported: --help stays instant)
 Params = Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable); lists and dicts as JSON.")]
 PipelineName = Annotated[str, typer.Option("--pipeline", help="ct-segmentation or detection.")]
 
@@ -178,7 +158,7 @@ def _check_pipeline_name(name: str) -> None:
 
 @pipeline_app.command("compile")
 def pipeline_compile(
-    image: Annotated[str, typer.Option(help="Container image with fullres installed, e.g. us-docker.pkg.dev/PROJECT/REPO/fullres:gpu.")] = DEFAULT_IMAGE,
+    image: Annotated[str, typer.Option(help="Container image with fullres installed, e.g. us-docker.pkg.dev/PROJECT/REPO/fullres:gpu.")] = image_name.DEFAULT_IMAGE,
     output_dir: Annotated[Path, typer.Option(help="Where pipeline.yaml (ct-segmentation) and detection-pipeline.yaml go.")] = ROOT,
 ) -> None:
     """Compile both pipelines to KFP IR YAML (deterministic: the same sources give the same bytes)."""
@@ -267,7 +247,7 @@ def pipeline_submit(
         template = ROOT / definitions.COMPILED_FILES[name]
         if image is not None or not template.exists():
             template = Path(tempfile.mkdtemp(prefix="fullres-")) / definitions.COMPILED_FILES[name]
-            definitions.compile_pipeline(name, str(template), image=image or DEFAULT_IMAGE)
+            definitions.compile_pipeline(name, str(template), image=image or image_name.DEFAULT_IMAGE)
         resource = vertex.submit(str(template), project=project, region=region, pipeline_root=pipeline_root,
                                  parameter_values=arguments, service_account=service_account, network=network,
                                  labels=labels, display_name=display_name, enable_caching=caching,

@@ -29,10 +29,11 @@ to run it on Dataflow).
 
 
 import copy
+import inspect
 
 from kfp import dsl
 
-from components import steps
+from components import image_name, steps
 
 CT_PIPELINE = "ct-segmentation"
 DETECTION_PIPELINE = "detection"
@@ -59,11 +60,17 @@ def _pool(template: dict, machine_spec: dict, replica_count) -> dict:
     return pool
 
 
-def _train_evaluate_export(components, train_data, eval_data, train_arguments: dict, class_names, accelerator_type,
-                           accelerator_count, machine_type, tpu_topology, replica_count, location, scheduling: dict,
+def _train_evaluate_export(components, preprocessed: dict, train_arguments: dict, class_names, values: dict,
                            predict_arguments: dict | None = None):
     """Train where `accelerator_type` says, then evaluate and export; with `predict_arguments` (segmentation),
-    predict the scans at `predict_input_uri` when it is given, on the training's accelerators (one host)."""
+    predict the scans at `predict_input_uri` when it is given, on the training's accelerators (one host).
+
+    `values` holds the pipeline's `PLACEMENT` parameters; `preprocessed` the train and eval datasets."""
+    train_data, eval_data = preprocessed["train"], preprocessed["eval"]
+    accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location = (
+        values[name] for name in ("accelerator_type", "accelerator_count", "machine_type", "tpu_topology",
+                                  "replica_count", "location"))
+    scheduling = _scheduling(values["strategy"], values["max_wait_duration"], values["restart_job_on_worker_restart"])
     job, template = _custom_job(components)
     job_arguments = dict(location=location, **scheduling, **train_arguments)
     if predict_arguments is not None:
@@ -113,107 +120,112 @@ def _train_evaluate_export(components, train_data, eval_data, train_arguments: d
         evaluate_export_predict(train, machine)
 
 
-def ct_segmentation_pipeline(image: str = steps.DEFAULT_IMAGE):
+# ---------------------------------------------------------------- the pipelines' parameters
+# KFP reads a pipeline's parameters from its function's signature (`inspect.signature`, which honours
+# `__signature__`) and calls it once with a channel per parameter, positionally. A parameter a pipeline hands
+# straight to a component takes its type and default from that component's own signature, so the two cannot
+# drift; the components' signatures stay written out, because KFP embeds their source in the compiled file.
+
+
+def _own(name: str, annotation: type, default=inspect.Parameter.empty) -> tuple[inspect.Parameter, None]:
+    """A parameter of the pipeline itself (it passes to no one component under its own name)."""
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation,
+                             default=default), None
+
+
+def _passed(component, name: str, as_name: str | None = None) -> tuple[inspect.Parameter, str]:
+    """Pipeline parameter `as_name` (default `name`): `component`'s parameter `name`, its type and default."""
+    return inspect.signature(component).parameters[name].replace(name=as_name or name), name
+
+
+def _arguments(values: dict, group) -> dict:
+    """The component's arguments from the pipeline's `values`, for the parameters of `group`."""
+    return {target: values[parameter.name] for parameter, target in group}
+
+
+PREPROCESS_CT = tuple(_passed(steps.preprocess_ct, name)
+                      for name in ("spacing", "window", "shape", "beam_args", "max_failed_fraction"))
+PREPROCESS_IMAGES = tuple(_passed(steps.preprocess_images, name) for name in ("beam_args", "max_failed_fraction"))
+TRAIN = (*(_passed(steps.train, name) for name in ("preset", "steps", "batch_size", "learning_rate",
+                                                    "input_partition_dims", "precision")),
+         _passed(steps.train, "overrides", "train_overrides"))
+# Where and how training (and predict) run: see the module's docstring.
+PLACEMENT = (_own("accelerator_type", str, "CPU"), _own("accelerator_count", int, 1),
+             _own("machine_type", str, "n1-standard-8"), _own("tpu_topology", str, ""), _own("replica_count", int, 1),
+             _own("location", str, "us-central1"), _own("strategy", str, "STANDARD"),
+             _own("max_wait_duration", str, "86400s"), _own("restart_job_on_worker_restart", bool, False))
+
+
+def _pipeline(name: str, description: str, parameters, body):
+    """`dsl.pipeline` over `body(values)`, its signature the `parameters` ((parameter, target) pairs, in order)."""
+    names = [parameter.name for parameter, _ in parameters]
+
+    def pipeline(*channels):
+        body(dict(zip(names, channels)))
+
+    pipeline.__signature__ = inspect.Signature([parameter for parameter, _ in parameters])
+    return dsl.pipeline(name=name, description=description)(pipeline)
+
+
+def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
     """The CT segmentation pipeline bound to a container image."""
     components = steps.make_components(image)
+    parameters = (
+        _passed(steps.preprocess_ct, "input_uri", "train_input_uri"),
+        _passed(steps.preprocess_ct, "input_uri", "eval_input_uri"),
+        _passed(steps.preprocess_ct, "labels_uri", "train_labels_uri"),
+        _passed(steps.preprocess_ct, "labels_uri", "eval_labels_uri"),
+        *PREPROCESS_CT,
+        *TRAIN,
+        _passed(steps.evaluate, "class_names"),
+        *PLACEMENT,
+        _own("predict_input_uri", str, ""),  # "" skips predict (the component needs one)
+        _passed(steps.predict, "output_format", "predict_output_format"),
+    )
 
-    @dsl.pipeline(name=CT_PIPELINE, description="CT scans to a spatially partitioned 3D UNet: preprocess (Beam) → "
-                                                "train → evaluate (Dice, HTML report) → export (SavedModel).")
-    def pipeline(
-        train_input_uri: str,
-        eval_input_uri: str,
-        train_labels_uri: str = "",
-        eval_labels_uri: str = "",
-        spacing: str = "1.0,1.0,1.0",
-        window: str = "-1000,1000",
-        shape: str = "",
-        beam_args: list = [],  # noqa: B006
-        max_failed_fraction: float = 0.1,
-        preset: str = "default",
-        steps: int = 0,
-        batch_size: int = 0,
-        learning_rate: float = 0.0,
-        input_partition_dims: str = "",
-        precision: str = "",
-        train_overrides: dict = {},  # noqa: B006
-        class_names: str = "",
-        accelerator_type: str = "CPU",
-        accelerator_count: int = 1,
-        machine_type: str = "n1-standard-8",
-        tpu_topology: str = "",
-        replica_count: int = 1,
-        location: str = "us-central1",
-        strategy: str = "STANDARD",
-        max_wait_duration: str = "86400s",
-        restart_job_on_worker_restart: bool = False,
-        predict_input_uri: str = "",
-        predict_output_format: str = "",
-    ):
+    def body(values: dict):
         preprocessed = {}
-        for split, input_uri, labels_uri in (("train", train_input_uri, train_labels_uri),
-                                             ("eval", eval_input_uri, eval_labels_uri)):
-            task = components.preprocess_ct(input_uri=input_uri, labels_uri=labels_uri, spacing=spacing,
-                                            window=window, shape=shape, beam_args=beam_args,
-                                            max_failed_fraction=max_failed_fraction)
+        for split in ("train", "eval"):
+            task = components.preprocess_ct(input_uri=values[f"{split}_input_uri"],
+                                            labels_uri=values[f"{split}_labels_uri"],
+                                            **_arguments(values, PREPROCESS_CT))
             task.set_display_name(f"preprocess {split}")
             preprocessed[split] = task.outputs["dataset"]
-        train_arguments = dict(task="segmentation", preset=preset, steps=steps, batch_size=batch_size,
-                               learning_rate=learning_rate, input_partition_dims=input_partition_dims,
-                               precision=precision, overrides=train_overrides)
-        _train_evaluate_export(components, preprocessed["train"], preprocessed["eval"], train_arguments, class_names,
-                               accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location,
-                               _scheduling(strategy, max_wait_duration, restart_job_on_worker_restart),
-                               dict(input_uri=predict_input_uri, output_format=predict_output_format))
+        _train_evaluate_export(components, preprocessed, dict(task="segmentation", **_arguments(values, TRAIN)),
+                               values["class_names"], values,
+                               dict(input_uri=values["predict_input_uri"], output_format=values["predict_output_format"]))
 
-    return pipeline
+    return _pipeline(CT_PIPELINE, "CT scans to a spatially partitioned 3D UNet: preprocess (Beam) → train → evaluate "
+                                  "(Dice, HTML report) → export (SavedModel).", parameters, body)
 
 
-def detection_pipeline(image: str = steps.DEFAULT_IMAGE):
+def detection_pipeline(image: str = image_name.DEFAULT_IMAGE):
     """The detection pipeline bound to a container image."""
     components = steps.make_components(image)
+    parameters = (
+        _passed(steps.preprocess_images, "annotations_uri", "train_annotations_uri"),
+        _passed(steps.preprocess_images, "images_uri", "train_images_uri"),
+        _passed(steps.preprocess_images, "annotations_uri", "eval_annotations_uri"),
+        _passed(steps.preprocess_images, "images_uri", "eval_images_uri"),
+        *PREPROCESS_IMAGES,
+        *TRAIN,
+        *PLACEMENT,
+    )
 
-    @dsl.pipeline(name=DETECTION_PIPELINE, description="Images with boxes to a spatially partitioned RetinaNet: "
-                                                       "preprocess (Beam) → train → evaluate (COCO mAP, HTML report) "
-                                                       "→ export (SavedModel).")
-    def pipeline(
-        train_annotations_uri: str,
-        train_images_uri: str,
-        eval_annotations_uri: str,
-        eval_images_uri: str,
-        beam_args: list = [],  # noqa: B006
-        max_failed_fraction: float = 0.1,
-        preset: str = "default",
-        steps: int = 0,
-        batch_size: int = 0,
-        learning_rate: float = 0.0,
-        input_partition_dims: str = "",
-        precision: str = "",
-        train_overrides: dict = {},  # noqa: B006
-        accelerator_type: str = "CPU",
-        accelerator_count: int = 1,
-        machine_type: str = "n1-standard-8",
-        tpu_topology: str = "",
-        replica_count: int = 1,
-        location: str = "us-central1",
-        strategy: str = "STANDARD",
-        max_wait_duration: str = "86400s",
-        restart_job_on_worker_restart: bool = False,
-    ):
+    def body(values: dict):
         preprocessed = {}
-        for split, annotations_uri, images_uri in (("train", train_annotations_uri, train_images_uri),
-                                                   ("eval", eval_annotations_uri, eval_images_uri)):
-            task = components.preprocess_images(annotations_uri=annotations_uri, images_uri=images_uri,
-                                                beam_args=beam_args, max_failed_fraction=max_failed_fraction)
+        for split in ("train", "eval"):
+            task = components.preprocess_images(annotations_uri=values[f"{split}_annotations_uri"],
+                                                images_uri=values[f"{split}_images_uri"],
+                                                **_arguments(values, PREPROCESS_IMAGES))
             task.set_display_name(f"preprocess {split}")
             preprocessed[split] = task.outputs["dataset"]
-        train_arguments = dict(task="detection", preset=preset, steps=steps, batch_size=batch_size,
-                               learning_rate=learning_rate, input_partition_dims=input_partition_dims,
-                               precision=precision, overrides=train_overrides)
-        _train_evaluate_export(components, preprocessed["train"], preprocessed["eval"], train_arguments, "",
-                               accelerator_type, accelerator_count, machine_type, tpu_topology, replica_count, location,
-                               _scheduling(strategy, max_wait_duration, restart_job_on_worker_restart))
+        _train_evaluate_export(components, preprocessed, dict(task="detection", **_arguments(values, TRAIN)), "",
+                               values)
 
-    return pipeline
+    return _pipeline(DETECTION_PIPELINE, "Images with boxes to a spatially partitioned RetinaNet: preprocess (Beam) → "
+                                         "train → evaluate (COCO mAP, HTML report) → export (SavedModel).",
+                     parameters, body)
 
 
 PIPELINES = {CT_PIPELINE: ct_segmentation_pipeline, DETECTION_PIPELINE: detection_pipeline}
@@ -221,7 +233,7 @@ PIPELINES = {CT_PIPELINE: ct_segmentation_pipeline, DETECTION_PIPELINE: detectio
 COMPILED_FILES = {CT_PIPELINE: "pipeline.yaml", DETECTION_PIPELINE: "detection-pipeline.yaml"}
 
 
-def compile_pipeline(name: str, path: str, image: str = steps.DEFAULT_IMAGE) -> str:
+def compile_pipeline(name: str, path: str, image: str = image_name.DEFAULT_IMAGE) -> str:
     """Compiles pipeline `name` for `image` into `path` (deterministic: same inputs, same bytes)."""
     from kfp import compiler
 

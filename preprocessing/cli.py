@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from common import console
+from common import console, parsing
 
 preprocess_app = typer.Typer(
     rich_markup_mode=None, help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
@@ -40,9 +40,8 @@ Workers = Annotated[int | None, typer.Option(help="DirectRunner worker processes
 def _triple(text: str | None, name: str, kind=float):
     if text is None:
         return None
-    parts = [p for p in text.replace(" ", "").split(",") if p]
     try:
-        values = tuple(kind(p) for p in parts)
+        values = parsing.parse_list(text, kind, name) or ()
     except ValueError:
         values = ()
     if len(values) != (2 if name == "--window" else 3):

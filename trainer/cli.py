@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from common import console
+from common import console, parsing, sizes
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -135,7 +135,7 @@ def train(
     size = None
     if image_size is not None:
         try:
-            size = tuple(int(p) for p in image_size.split(",") if p.strip())
+            size = parsing.parse_list(image_size, int, "--image-size") or ()
         except ValueError:
             size = ()
         if len(size) != 2:
@@ -197,8 +197,8 @@ def plan(
     from trainer import config as config_lib
 
     try:
-        counts = config_lib.parse_list(partitions, int, "--partitions") or ()
-        size = config_lib.parse_list(image_size, int, "--image-size") if image_size else None
+        counts = parsing.parse_list(partitions, int, "--partitions") or ()
+        size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
         given = config_lib.parse_settings(settings or [])
     except ValueError as error:
         console.fail(str(error))
@@ -251,7 +251,7 @@ def predict(
     _use_virtual_devices(virtual_devices)
     if not os.path.exists(input_path):
         console.fail(f"--input {input_path!r} does not exist.")
-    from common import output_guard, sizes
+    from common import output_guard
     from trainer.parallel import partitioning
     from trainer.predict import predict as predict_lib
 

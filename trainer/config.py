@@ -7,6 +7,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 
+from common import parsing
 from trainer.models import retinanet, unet
 from trainer.parallel import partitioning
 
@@ -215,29 +216,6 @@ PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "detection": detectio
 
 
 
-def parse_list(text: str, kind: type = int, name: str = "value") -> tuple | None:
-    """The one parser for comma lists: `"1,4,1,1,1"`, `"[1, 4, 1, 1, 1]"` -> a tuple; `""` or `"none"` -> None.
-
-    Example:
-        >>> parse_list("[1, 4, 1, 1, 1]")
-        (1, 4, 1, 1, 1)
-        >>> parse_list("1.7,1.7,2.25", float)
-        (1.7, 1.7, 2.25)
-
-    Raises:
-        ValueError: a part is not a `kind`; the message names `name`.
-    """
-    cleaned = text.strip().strip("[]()")
-    if cleaned.lower() in ("", "none"):
-        return None
-    try:
-        return tuple(kind(part) for part in cleaned.replace(" ", "").split(",") if part)
-    except ValueError:
-        example = "1,4,1,1,1" if kind is int else "1.0,1.0,2.5"
-        raise ValueError(f"{name} {text!r} is not a comma-separated list of {kind.__name__}s; write it like "
-                         f"{example}.") from None
-
-
 def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",
             eval_data: str | None = None, overrides: Mapping[str, object] | None = None) -> TrainConfig:
     """The one way to a `TrainConfig`: the command line, the KFP train component and `fullres plan` all call it.
@@ -337,7 +315,7 @@ def _convert(value, hint, name: str):
     if typing.get_origin(kind) is tuple:
         args = typing.get_args(kind)
         item = args[0] if args else int
-        parsed = parse_list(value, item, name) if isinstance(value, str) else tuple(value)
+        parsed = parsing.parse_list(value, item, name) if isinstance(value, str) else tuple(value)
         return [_convert(v, item, f"{name}[{i}]") for i, v in enumerate(parsed)]
     if kind is bool:
         if isinstance(value, bool):

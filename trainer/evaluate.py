@@ -7,7 +7,7 @@ COCO AP), through the one forward pass (`engine.inference`).
 from __future__ import annotations
 
 from trainer.tasks import registry
-from trainer.engine import run_files, step
+from trainer.engine import placement, run_files
 from trainer.parallel import partitioning
 
 def load_trained(model_dir: str, devices=None, partition: partitioning.PartitionConfig | None = None):
@@ -29,19 +29,15 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
         config = dataclasses.replace(config, partition=partition)
     devices = devices or jax.devices()
     cores = config.partition.num_cores_per_replica
-    if cores > len(devices):
-        raise partitioning.PartitionError(
-            f"the model was trained with {cores} cores per replica (input_partition_dims "
-            f"{list(config.partition.input_partition_dims)}) but {len(devices)} device(s) are present; run where "
-            f"{cores} are, or on a CPU with --virtual-devices {cores}."
-        )
+    partitioning.require_devices(cores, len(devices),
+                                 f"the model's input_partition_dims {list(config.partition.input_partition_dims)}")
     replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
     distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
     with distribution.scope():
         model = registry.load_weights(task, model_dir)
-    state = step.TrainState([v.value for v in model.trainable_variables],
-                            [v.value for v in model.non_trainable_variables], [])
-    state = step.place_state(state, distribution)
+    state = placement.TrainState([v.value for v in model.trainable_variables],
+                                 [v.value for v in model.non_trainable_variables], [])
+    state = placement.place_state(state, distribution)
     return config, task, model, state, distribution
 
 

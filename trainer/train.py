@@ -34,7 +34,7 @@ import numpy as np
 from common import output_guard
 from trainer import config as config_lib, export
 from trainer.data import ct_input
-from trainer.engine import checkpoints, program, run_files, step
+from trainer.engine import checkpoints, placement, program, run_files
 from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, layout_choice
 from trainer.tasks import registry
@@ -89,7 +89,7 @@ class _Run:
     model: object
     optimizer: object
     schedule: object
-    state: step.TrainState
+    state: placement.TrainState
     start_step: int
     checkpointer: checkpoints.Checkpointer
     history: list[dict]
@@ -153,7 +153,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
 
     start_step = 0
-    state = step.place_state(state, distribution)
+    state = placement.place_state(state, distribution)
     checkpointer = checkpoints.Checkpointer(run_files.path(config.output_dir, run_files.CHECKPOINTS),
                                             keep=config.keep_checkpoints)
     # Checked before anything is written: a rerun refused here leaves the finished run as it was.
@@ -188,7 +188,7 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
     log(f"each device holds a {tuple(image_sharding.shard_shape(tuple(image_shape)))} shard of every {tuple(image_shape)} "
         f"batch (input_partition_dims {','.join(map(str, config.partition.input_partition_dims))})")
-    rows = step.process_rows(image_sharding, image_shape) if jax.process_count() > 1 else None
+    rows = placement.process_rows(image_sharding, image_shape) if jax.process_count() > 1 else None
     batches = task.batches(run.start_step, rows, log)
     state, history = run.state, run.history
 
@@ -196,7 +196,7 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
     window_start, window_steps = started, 0
     for step_number in range(run.start_step, run.total_steps):
         images, labels = next(batches)
-        placed_images = step.place_batch(distribution, images, batch_size=config.batch_size, rows=rows)
+        placed_images = placement.place_batch(distribution, images, batch_size=config.batch_size, rows=rows)
         state, step_metrics = train_step(state, placed_images, task.place_labels(distribution, labels, rows))
         done = step_number + 1
         preempted = distributed.preemption_reached(done)  # the same step on every process
@@ -272,7 +272,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
     if run.is_chief:
         model = task.build_model()
         optimizer = keras.optimizers.Adam(run.schedule)
-        step.write_state_to_model(host_state, model, optimizer)
+        placement.write_state_to_model(host_state, model, optimizer)
         if export_saved_model:
             results["model"] = export.export_model(model, config.output_dir, run.image_shape)
         else:

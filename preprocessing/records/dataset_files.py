@@ -162,6 +162,15 @@ def class_names(label_map: dict[str, int] | None, num_classes: int) -> list[str]
     return [by_id.get(index + 1, f"class_{index + 1}") for index in range(num_classes)]
 
 
+def segmentation_class_names(num_classes: int) -> list[str]:
+    """Names of a segmentation model's classes when none are given or recorded: background first, then class_<id>.
+
+    >>> segmentation_class_names(3)
+    ['background', 'class_1', 'class_2']
+    """
+    return [BACKGROUND, *(f"class_{number}" for number in range(1, num_classes))]
+
+
 def read_summary(pattern: str) -> dict | None:
     """The conversion's `summary.json` beside the records; None when there is none (synthetic demo records)."""
     import tensorflow as tf

@@ -14,7 +14,7 @@ import os
 import pytest
 from kfp import dsl, local
 
-from components import steps
+from components import image_name, steps
 from pipelines import local_run
 from preprocessing.ct import demo_ct
 from preprocessing.images import demo_images
@@ -149,7 +149,7 @@ def test_worker_replicas_counts_hosts_beyond_the_chief(runner):
     assert COMPONENTS.worker_replicas(replica_count=4).output == 3
 
 
-@dsl.component(base_image=steps.DEFAULT_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_name.DEFAULT_IMAGE, install_kfp_package=False)
 def resolved_overrides(overrides: dict) -> str:
     """The types `runtime.train_config` ends up with for `overrides`, as KFP delivered them to the step."""
     from components import runtime

@@ -34,7 +34,7 @@ def test_the_image_is_a_compile_option(tmp_path):
     spec = yaml.safe_load(open(path))
     images = {executor["container"]["image"] for executor in spec["deploymentSpec"]["executors"].values()
               if "container" in executor and "image" in executor["container"]}
-    assert "example/fullres:gpu" in images and definitions.steps.DEFAULT_IMAGE not in images
+    assert "example/fullres:gpu" in images and definitions.image_name.DEFAULT_IMAGE not in images
 
 
 def test_the_pipeline_has_every_step_and_the_accelerator_parameters():

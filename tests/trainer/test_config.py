@@ -83,7 +83,3 @@ def test_set_flags_are_key_value_pairs():
         config.parse_settings(["steps"])
 
 
-def test_one_list_parser():
-    assert config.parse_list("[1, 4, 1, 1, 1]") == (1, 4, 1, 1, 1)
-    assert config.parse_list("1.7,1.7,2.25", float) == (1.7, 1.7, 2.25)
-    assert config.parse_list("none") is None and config.parse_list("") is None

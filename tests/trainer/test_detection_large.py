@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import config as config_lib
 from trainer.tasks import registry
-from trainer.engine import program, step
+from trainer.engine import placement, program
 from trainer.models import retinanet
 from trainer.parallel import partitioning
 from trainer.plan import compiled_step
@@ -36,7 +36,7 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     keras.utils.set_random_seed(0)
     with distribution.scope():  # the state as training builds it (the optimizer follows the learning-rate schedule)
         _, _, _, state = program.build_model(config, registry.make_task(config), config.steps)
-        state = step.place_state(state, distribution)
+        state = placement.place_state(state, distribution)
     before = [np.asarray(w) for w in state.trainable[:3]]
     rng = np.random.default_rng(0)
     images = rng.uniform(size=(1, *SIZE, 3)).astype(np.float32)
@@ -47,7 +47,7 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     targets = retinanet.encode_targets(boxes, classes, SIZE, SMALL)
     whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec(partitioning.REPLICA_AXIS))
     placed_targets = {k: jax.device_put(v, whole) for k, v in targets.items()}
-    placed_images = step.place_batch(distribution, images)
+    placed_images = placement.place_batch(distribution, images)
     assert {s.data.shape for s in placed_images.addressable_shards} == {(1, SIZE[0] // 8, SIZE[1], 3)}
 
     new_state, metrics = compiled(state, placed_images, placed_targets)

@@ -15,7 +15,7 @@ import pytest
 
 from preprocessing.images import demo_images
 from trainer import config as config_lib, train
-from trainer.engine import step
+from trainer.engine import placement
 from trainer.parallel import partitioning
 
 pytestmark = pytest.mark.slow  # trains a detector
@@ -113,8 +113,8 @@ def _detect(model, state, config, distribution, images, tiles: bool = False):
             rows.append({k: np.concatenate([np.asarray(c[k]) for c in columns], axis=2) for k in columns[0]})
         outputs = {k: np.concatenate([r[k] for r in rows], axis=1) for k in rows[0]}
     else:
-        placed_state = step.place_state(state, distribution)
-        outputs = forward(placed_state, step.place_batch(distribution, images))
+        placed_state = placement.place_state(state, distribution)
+        outputs = forward(placed_state, placement.place_batch(distribution, images))
         outputs = {k: np.asarray(v) for k, v in outputs.items()}
     found = detection_eval.decode_detections(outputs, (SIZE, SIZE), config.model)
     return [{"boxes": found["boxes"][i][:n], "scores": found["confidence"][i][:n], "classes": found["classes"][i][:n]}

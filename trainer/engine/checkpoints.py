@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from trainer.engine import step
+from trainer.engine import placement
 
 _STEP_DIGITS = 8
 
@@ -49,7 +49,7 @@ def _metadata_tree(metadata) -> dict:
     return dict(getattr(metadata, "tree", metadata))
 
 
-def _as_tree(state: step.TrainState) -> dict:
+def _as_tree(state: placement.TrainState) -> dict:
     return {group: list(values) for group, values in state._asdict().items()}
 
 
@@ -83,14 +83,14 @@ class Checkpointer:
         if wait_for_cleanup is not None:
             wait_for_cleanup()
 
-    def save(self, step_number: int, state: step.TrainState) -> None:
+    def save(self, step_number: int, state: placement.TrainState) -> None:
         """Writes the checkpoint for `step_number` (a no-op if it exists) and deletes all but the newest `keep`."""
         if step_number in self._manager.all_steps():
             return
         self._manager.save(step_number, args=ocp.args.StandardSave(_as_tree(state)), force=True)
         self._manager.wait_until_finished()
 
-    def restore_latest(self, like: step.TrainState) -> tuple[step.TrainState, int] | None:
+    def restore_latest(self, like: placement.TrainState) -> tuple[placement.TrainState, int] | None:
         """The newest checkpoint, laid out like `like` (arrays on the mesh), and its step; None if there is none.
 
         Raises:
@@ -114,7 +114,7 @@ class Checkpointer:
             lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None)), target
         )
         restored = self._manager.restore(latest, args=ocp.args.StandardRestore(abstract))
-        return step.TrainState(**restored), latest
+        return placement.TrainState(**restored), latest
 
     def close(self) -> None:
         self._manager.close()

@@ -1,4 +1,4 @@
-"""The partitioned forward pass that evaluation and `fullres predict` share.
+"""The one forward pass: training's loss, evaluation, detection's predictions and `fullres predict` share it.
 
 A batch goes onto the mesh as in training (batch over replicas, space over
 the cores of each replica), the model runs once, and the output comes back
@@ -17,29 +17,52 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from trainer.engine import step
+from common import sizes
+from trainer.engine import placement
 from trainer.parallel import partitioning
 
 
-def make_forward(model: keras.Model, distribution: partitioning.SpatialParallel, state: step.TrainState,
+def apply(model: keras.Model, trainable, non_trainable, images, training: bool = False):
+    """The one call of a model: `(outputs, new non-trainable variables)` of `images` under the given weights.
+
+    Training's loss (`step.make_loss_and_grads`, `training=True`), evaluation, detection's predictions and
+    `fullres predict` (through `make_forward`) all run the model here.
+    """
+    return model.stateless_call(trainable, non_trainable, images, training=training)
+
+
+OUTPUTS = ("class_ids", "probabilities", "raw")
+
+
+def make_forward(model: keras.Model, distribution: partitioning.SpatialParallel, state: placement.TrainState,
                  image_ndim: int, output: str = "class_ids"):
-    """`forward(state, placed_images)`, jitted with the distribution's shardings.
+    """`forward(state, placed_images)`, jitted with the distribution's shardings (images split as in training).
 
     Args:
-        output: "class_ids" ((B, [D,] H, W) int32, the argmax) or "probabilities" ((B, [D,] H, W, K) float32, softmax).
+        output: "class_ids" ((B, [D,] H, W) int32, the argmax, split like the features), "probabilities"
+            ((B, [D,] H, W, K) float32, softmax, split like the features) or "raw" (the model's outputs as they
+            are, e.g. RetinaNet's box and class maps, laid out as XLA chooses).
     """
-    if output == "class_ids":
-        return step.jit_predict_step(step.make_predict_step(model), distribution, state, image_ndim)
-    if output != "probabilities":
-        raise ValueError(f"output {output!r} is not known; use class_ids or probabilities.")
+    if output not in OUTPUTS:
+        raise ValueError(f"output {output!r} is not known; use {', '.join(OUTPUTS)}.")
 
-    def probabilities(state: step.TrainState, images):
-        logits, _ = model.stateless_call(state.trainable, state.non_trainable, images, training=False)
-        return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    def forward(state: placement.TrainState, images):
+        outputs, _ = apply(model, state.trainable, state.non_trainable, images, training=False)
+        if output == "class_ids":
+            return jnp.argmax(outputs, axis=-1).astype(jnp.int32)
+        if output == "probabilities":
+            return jax.nn.softmax(outputs.astype(jnp.float32), axis=-1)
+        return outputs
 
-    image_layout = distribution.get_data_layout((0,) * image_ndim).backend_layout
-    return jax.jit(probabilities, in_shardings=(step.state_shardings(state, distribution), image_layout),
-                   out_shardings=image_layout)
+    image_layout = distribution.get_data_layout((0,) * image_ndim)
+    in_shardings = (placement.state_shardings(state, distribution), image_layout.backend_layout)
+    if output == "raw":
+        return jax.jit(forward, in_shardings=in_shardings)
+    if output == "probabilities":
+        return jax.jit(forward, in_shardings=in_shardings, out_shardings=image_layout.backend_layout)
+    # Class ids (B, [D,] H, W): the image layout without its channel axis.
+    ids_layout = keras.distribution.TensorLayout(image_layout.axes[:-1], distribution.device_mesh)
+    return jax.jit(forward, in_shardings=in_shardings, out_shardings=ids_layout.backend_layout)
 
 
 def pad_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
@@ -88,17 +111,14 @@ class VolumePredictor:
             padded shape is compiled ahead of time and its memory checked before anything runs.
     """
 
-    def __init__(self, model, state: step.TrainState, partition: partitioning.PartitionConfig, devices,
+    def __init__(self, model, state: placement.TrainState, partition: partitioning.PartitionConfig, devices,
                  downsampling_levels: int, device_memory: int | None = None):
         cores = partition.num_cores_per_replica
-        if cores > len(devices):
-            raise partitioning.PartitionError(
-                f"input_partition_dims {list(partition.input_partition_dims)} needs {cores} devices per volume but "
-                f"{len(devices)} are present; run where {cores} are, or on a CPU with --virtual-devices {cores}.")
+        partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(partition.input_partition_dims)}")
         self.partition = partition
         self.distribution = partitioning.make_distribution(partition, list(devices)[:cores])
         self.model = model
-        self.state = step.place_state(state, self.distribution)
+        self.state = placement.place_state(state, self.distribution)
         self.multiples = spatial_multiples(partition.input_partition_dims, downsampling_levels)
         self.device_memory = device_memory if device_memory is not None else device_memory_limit(devices[0])
         self._forward = None
@@ -124,9 +144,9 @@ class VolumePredictor:
             cores = self.partition.num_cores_per_replica
             wanted = cores * 2 ** math.ceil(math.log2(needed / self.device_memory))
             raise VolumeTooLarge(
-                f"the volume, padded to {'×'.join(map(str, batch_shape[1:-1]))}, needs {_human(needed)} per device "
+                f"the volume, padded to {'×'.join(map(str, batch_shape[1:-1]))}, needs {sizes.human_bytes(needed, smallest='MiB')} per device "
                 f"split {','.join(map(str, self.partition.input_partition_dims))} over {cores} device(s), which hold "
-                f"{_human(self.device_memory)} each; split it over about {wanted} cores (size the layouts with: "
+                f"{sizes.human_bytes(self.device_memory, smallest='MiB')} each; split it over about {wanted} cores (size the layouts with: "
                 f"fullres plan --image-size {','.join(map(str, batch_shape[1:-1]))} --partitions {wanted} --layouts all)")
         self._compiled[batch_shape] = compiled
         return compiled
@@ -153,9 +173,6 @@ class VolumePredictor:
         padded = np.pad(volume, [*padding, (0, 0)], constant_values=fill) if any(p for _, p in padding) else volume
         batch = padded[None].astype(np.float32)
         forward = self.compiled(batch.shape)
-        output = step.to_host(forward(self.state, step.place_batch(self.distribution, batch)))[0]
+        output = placement.to_host(forward(self.state, placement.place_batch(self.distribution, batch)))[0]
         return output[tuple(slice(0, s) for s in spatial)]
 
-
-def _human(count: int) -> str:
-    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"

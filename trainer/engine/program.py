@@ -7,7 +7,7 @@ call `build_model` and `jit_step` here.
 from __future__ import annotations
 
 from trainer import config as config_lib
-from trainer.engine import step
+from trainer.engine import placement, step
 from trainer.parallel import partitioning
 
 
@@ -37,7 +37,7 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
     model = task.build_model()
     schedule = learning_rate_schedule(config, total_steps)
     optimizer = keras.optimizers.Adam(schedule)
-    return model, optimizer, schedule, step.initial_state(model, optimizer)
+    return model, optimizer, schedule, placement.initial_state(model, optimizer)
 
 
 def jit_step(task, model, optimizer, distribution: partitioning.SpatialParallel, state, image_ndim: int):

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import keras
 
+from common import parsing
+
 REPLICA_AXIS = "replica"
 # `input_partition_dims = "auto"`: `memory_plan.choose_layout` picks the dims once the devices are known.
 AUTO = "auto"
@@ -102,16 +104,41 @@ class PartitionConfig:
 
 
 def parse_dims(text: str | None) -> tuple[int, ...] | None:
-    """Parses `"1,4,1,1"` or `"[1, 4, 1, 1]"`; `None`, `""` and `"none"` give None."""
-    if text is None or text.strip().lower() in ("", "none"):
-        return None
-    cleaned = text.strip().strip("[]()")
+    """Parses `"1,4,1,1"` or `"[1, 4, 1, 1]"` (`parsing.parse_list`); `None`, `""` and `"none"` give None.
+
+    Raises:
+        PartitionError: a part is not an integer.
+    """
     try:
-        return tuple(int(part) for part in cleaned.split(",") if part.strip())
+        return parsing.parse_list(text, int, "partition dims")
     except ValueError:
         raise PartitionError(
             f"partition dims {text!r} are not a comma-separated list of integers; write e.g. 1,4,1,1,1."
         ) from None
+
+
+def require_devices(cores: int, present: int, what: str, alternative: str = "") -> None:
+    """The one refusal of a split that needs more devices than are present.
+
+    Args:
+        cores: devices the split needs (one replica's cores, or a partition count).
+        present: devices present.
+        what: the subject of the sentence, e.g. "input_partition_dims [1, 4, 1, 1, 1]".
+        alternative: a further way out, e.g. "pass --input-partition-dims with fewer parts".
+
+    Example:
+        >>> require_devices(4, 2, "input_partition_dims [1, 4, 1, 1, 1]")
+        Traceback (most recent call last):
+        ...
+        trainer.parallel.partitioning.PartitionError: input_partition_dims [1, 4, 1, 1, 1] needs 4 devices but 2 are present; run where 4 are, or on a CPU with --virtual-devices 4.
+
+    Raises:
+        PartitionError: `cores` > `present`.
+    """
+    if cores > present:
+        alternative = f", {alternative}" if alternative else ""
+        raise PartitionError(f"{what} needs {cores} devices but {present} are present; run where {cores} are"
+                             f"{alternative}, or on a CPU with --virtual-devices {cores}.")
 
 
 def _nearest_valid_sizes(size: int, multiple: int) -> str:

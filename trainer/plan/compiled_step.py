@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from common import parsing
 from trainer import config as config_lib
-from trainer.engine import program, step
+from trainer.engine import placement, program
 from trainer.parallel import halo, partitioning
 from trainer.tasks import registry
 
@@ -48,7 +49,7 @@ def communication(hlo_text: str, feature_rank: int, replica_batch: int) -> tuple
     gathers, exchanged = 0, 0
     for match in _INSTRUCTION.finditer(hlo_text):
         dtype, dims, kind = match.group(1), match.group(2), match.group(3)
-        shape = [int(d) for d in dims.split(",") if d]
+        shape = parsing.parse_list(dims, int, "HLO shape") or ()
         if kind == "collective-permute":
             exchanged += math.prod(shape) * _DTYPE_BYTES.get(dtype, 4)
         elif len(shape) == feature_rank and shape[0] == replica_batch:
@@ -116,7 +117,7 @@ class StepBuilder:
         distribution = partitioning.make_distribution(config.partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape))
         state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                                       self.state, step.state_shardings(self.state, distribution))
+                                       self.state, placement.state_shardings(self.state, distribution))
         images = jax.ShapeDtypeStruct(self.image_shape, np.float32,
                                       sharding=distribution.get_data_layout(self.image_shape).backend_layout)
         labels = self.task.label_spec(self.image_shape, distribution)
@@ -138,7 +139,7 @@ def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices
 
     Returns:
         (the compiled step, its `partitioning.SpatialParallel`); it takes
-        `(TrainState, images, labels)` placed as `step.place_state` / `place_batch` / the task place them.
+        `(TrainState, images, labels)` placed as `placement.place_state` / `place_batch` / the task place them.
     """
     return StepBuilder(config, tuple(shape)).compile(config.partition.input_partition_dims, devices)
 

@@ -14,9 +14,9 @@ import json
 import os
 from collections.abc import Callable, Sequence
 
+from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import partitioning
-from common import sizes
 from trainer.plan import compiled_step, layout_search
 
 CACHE_FILE = "layout_choice.json"  # beside train_config.json: the "auto" choice of this run and why
@@ -99,13 +99,12 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
     best = result.rows[0]
     along_first = compiled_step.default_partition_dims(cores, spatial + 2)
     default = next((r for r in result.rows if r.input_partition_dims == along_first), None)
-    human = sizes.human_bytes
     reason = (f"least halo exchange of {len(result.rows)} layout(s) of {cores} cores ({len(pruned)} pruned): "
-              f"{human(best.halo_bytes)} per device per step"
+              f"{sizes.human_bytes(best.halo_bytes)} per device per step"
               + (f" ({best.halo_ratio:.2f}× its lower bound)" if best.halo_ratio else "")
-              + f", {human(best.total_bytes)} per device (within 2 % of the leanest layout)"
-              + (f"; {','.join(map(str, along_first))}: {human(default.halo_bytes)} halo, "
-                 f"{human(default.total_bytes)}" if default is not None and default is not best else ""))
+              + f", {sizes.human_bytes(best.total_bytes)} per device (within 2 % of the leanest layout)"
+              + (f"; {','.join(map(str, along_first))}: {sizes.human_bytes(default.halo_bytes)} halo, "
+                 f"{sizes.human_bytes(default.total_bytes)}" if default is not None and default is not best else ""))
     if cores < count:
         reason += f"; {count // cores} replicas, since no layout of {count} cores divides the volume"
     return LayoutChoice(best.input_partition_dims, reason, key, [r.to_json() for r in result.rows], len(pruned))

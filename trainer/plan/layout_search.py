@@ -209,10 +209,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     if layouts_to_try not in LAYOUT_CHOICES:
         raise ValueError(f"--layouts {layouts_to_try!r} is not known; use one of {', '.join(LAYOUT_CHOICES)}.")
     devices = list(jax.devices() if devices is None else devices)
-    too_many = [n for n in partitions if n > len(devices)]
-    if too_many:
-        raise ValueError(f"{max(too_many)} partitions need {max(too_many)} devices, {len(devices)} are present; on a "
-                         f"CPU pass --virtual-devices {max(too_many)}.")
+    largest = max(partitions, default=1)
+    partitioning.require_devices(largest, len(devices), f"{largest} partitions")
     spatial = len(shape) - 1
     plans = []
     for count in partitions:

@@ -19,9 +19,11 @@ import SimpleITK as sitk
 from common import dead_letters
 from common import output_guard
 from preprocessing.ct import ct_io, ct_transforms, dicom_series, geometry, intensity, volume_discovery
-from trainer.engine import inference
+from preprocessing.records import dataset_files
+from trainer.engine import inference, run_files
 from trainer.parallel import partitioning
 
+SUMMARY = "summary.json"  # what predict writes beside the masks (its own; not a data set's summary.json)
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
 PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
 
@@ -43,17 +45,14 @@ def read_model_info(model_dir: str) -> dict:
         ModelRefused: `model_dir` is not a fullres run, is not a segmentation
             model, or was trained before runs recorded their preprocessing.
     """
-    info_path = os.path.join(model_dir, "model_info.json")
-    weights_path = os.path.join(model_dir, "model.keras")
-    if not os.path.isfile(info_path) or not os.path.isfile(weights_path):
+    if not all(os.path.isfile(run_files.path(model_dir, name)) for name in (run_files.MODEL_INFO, run_files.MODEL)):
         raise ModelRefused(f"--model {model_dir} is not a fullres run (it lacks model_info.json or model.keras); "
                            "pass the output directory of `fullres train`.")
     try:
-        with open(info_path) as file:
-            info = json.load(file)
-    except (OSError, json.JSONDecodeError) as error:
-        raise ModelRefused(f"--model {model_dir}: model_info.json cannot be read ({error}); "
-                           "pass the output directory of a finished `fullres train`.") from None
+        info = run_files.read_model_info(model_dir)
+    except ValueError as error:  # "model_info.json cannot be read (...)"
+        raise ModelRefused(f"--model {model_dir}: {error}; pass the output directory of a finished `fullres train`."
+                           ) from None
     if info.get("task") != "segmentation":
         raise ModelRefused(f"--model {model_dir} is a {info.get('task')} model; `fullres predict` segments scans with a "
                            "segmentation model trained by `fullres train`.")
@@ -159,7 +158,7 @@ def to_original_grid(probabilities: np.ndarray, grid: sitk.Image, original: sitk
 
 def _class_names(info: dict, num_classes: int) -> list[str]:
     names = list(info.get("class_names") or [])
-    return names if len(names) == num_classes else ["background", *(f"class_{i}" for i in range(1, num_classes))]
+    return names if len(names) == num_classes else dataset_files.segmentation_class_names(num_classes)
 
 
 def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,
@@ -199,7 +198,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
-    written |= {"summary.json", "dead_letter.jsonl"}
+    written |= {SUMMARY, "dead_letter.jsonl"}
     found = volume_discovery.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     dead = list(found.dead)
@@ -217,12 +216,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     if input_partition_dims is not None:
         config = compiled_step.with_dims(config, tuple(input_partition_dims))
     devices = jax.devices()
-    if config.partition.num_cores_per_replica > len(devices):
-        raise partitioning.PartitionError(
-            f"input_partition_dims {list(config.partition.input_partition_dims)} needs "
-            f"{config.partition.num_cores_per_replica} devices per volume but {len(devices)} are present; pass "
-            f"--input-partition-dims with fewer parts, or on a CPU --virtual-devices "
-            f"{config.partition.num_cores_per_replica}.")
+    partitioning.require_devices(config.partition.num_cores_per_replica, len(devices),
+                                 f"input_partition_dims {list(config.partition.input_partition_dims)}",
+                                 "pass --input-partition-dims with fewer parts")
     _, task, model, state, _ = evaluate.load_trained(model_dir, devices, partition=config.partition)
     predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels,
                                           device_memory)
@@ -266,12 +262,33 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
                "class_names": names, "cases": cases, "dead_letters": dead}
-    with open(os.path.join(output_dir, "summary.json"), "w") as file:
-        json.dump(summary, file, indent=2)
+    summary_path = write_summary(output_dir, summary)
     with open(os.path.join(output_dir, "dead_letter.jsonl"), "w") as file:
         file.writelines(json.dumps(letter) + "\n" for letter in dead)
-    log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {os.path.join(output_dir, 'summary.json')}")
+    log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {summary_path}")
     return summary
+
+
+def write_summary(output_dir: str, summary: dict) -> str:
+    """Writes predict's `summary.json` into `output_dir` (the masks' folder); returns its path."""
+    path = os.path.join(output_dir, SUMMARY)
+    with open(path, "w") as file:
+        json.dump(summary, file, indent=2)
+    return path
+
+
+def read_summary(output_dir: str) -> dict:
+    """Predict's `summary.json` in `output_dir`: model, input, counts, class names, and per case its `outputs`.
+
+    Raises:
+        FileNotFoundError: `output_dir` holds no summary (not an output of `fullres predict`, or an unfinished one).
+    """
+    path = os.path.join(output_dir, SUMMARY)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{output_dir} has no {SUMMARY}; pass the output directory of a finished "
+                                "`fullres predict`.")
+    with open(path) as file:
+        return json.load(file)
 
 
 def _predict_case(case_id, source, info, predictor, names, output_dir, format_name, probabilities, dicom_seg,

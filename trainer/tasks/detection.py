@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from preprocessing.records import dataset_files
 from trainer import config as config_lib
 from trainer.data import ct_input, detection_input
-from trainer.engine import inference, step
+from trainer.engine import inference, placement
 from trainer.models import retinanet
 from trainer.parallel import distributed, partitioning
 from trainer.tasks import detection_eval, report
@@ -85,7 +85,7 @@ class DetectionTask:
     def place_labels(self, distribution: partitioning.SpatialParallel, targets: dict, rows=None):
         """Anchor targets of the global batch rows `rows` (all by default) onto the mesh."""
         shardings = self.label_sharding(distribution, 4)
-        return {key: step.global_array(shardings[key], value, self.config.batch_size, rows)
+        return {key: placement.global_array(shardings[key], value, self.config.batch_size, rows)
                 for key, value in targets.items()}
 
     def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print
@@ -127,11 +127,8 @@ class DetectionTask:
         boxes in "yxyx" pixels of the canvas, classes 0-based.
         """
         config = self.config
-        image_sharding = distribution.get_data_layout((0,) * 4).backend_layout
-        forward = distributed.RunTogether(jax.jit(
-            lambda state, images: model.stateless_call(state.trainable, state.non_trainable, images, training=False)[0],
-            in_shardings=(step.state_shardings(state, distribution), image_sharding),
-        ), "detection forward")
+        forward = distributed.RunTogether(inference.make_forward(model, distribution, state, 4, "raw"),
+                                          "detection forward")
         data = detection_input.detection_dataset(pattern, config.batch_size, config.image_size,
                                                  max_boxes=self.EVAL_MAX_BOXES)
         self.eval_boxes_dropped = 0
@@ -139,8 +136,8 @@ class DetectionTask:
             self.eval_boxes_dropped += int(batch["boxes_dropped"].sum())
             real = batch["image"].shape[0]
             images = inference.pad_batch(batch["image"], config.batch_size)
-            outputs = forward(state, step.place_batch(distribution, images))
-            outputs = {key: step.to_host(value)[:real] for key, value in outputs.items()}
+            outputs = forward(state, placement.place_batch(distribution, images))
+            outputs = {key: placement.to_host(value)[:real] for key, value in outputs.items()}
             found = detection_eval.decode_detections(outputs, config.image_size, config.model,
                                                      max_detections=max_detections)
             for index in range(real):

@@ -13,7 +13,7 @@ import numpy as np
 from preprocessing.records import dataset_files
 from trainer import config as config_lib
 from trainer.data import augment, ct_input
-from trainer.engine import inference, step
+from trainer.engine import inference, placement
 from trainer.models import losses, unet
 from trainer.parallel import distributed, partitioning
 from trainer.tasks import metrics, report
@@ -75,14 +75,14 @@ class SegmentationTask:
     def place_labels(self, distribution: partitioning.SpatialParallel, labels: np.ndarray, rows=None):
         """Labels of the global batch rows `rows` (all by default) onto the mesh."""
         sharding = self.label_sharding(distribution, labels.ndim + 1)
-        return step.global_array(sharding, labels, self.config.batch_size, rows)
+        return placement.global_array(sharding, labels, self.config.batch_size, rows)
 
     def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print
                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(images, labels) for every step from `start_step` on, augmented as an uninterrupted run would be.
 
         Args:
-            rows: the rows of every global batch this process reads (`step.process_rows`); None: all.
+            rows: the rows of every global batch this process reads (`placement.process_rows`); None: all.
         """
         config = self.config
         data = ct_input.ct_dataset(
@@ -124,7 +124,7 @@ class SegmentationTask:
             ValueError: `given` names another number of classes than the model predicts.
         """
         num_classes = self.config.model.num_classes
-        names = list(given or ["background"] + [f"class_{i}" for i in range(1, num_classes)])
+        names = list(given or dataset_files.segmentation_class_names(num_classes))
         if len(names) != num_classes:
             raise ValueError(f"{len(names)} class names given for a model of {num_classes} classes; give one name per "
                              "class, background first.")
@@ -138,7 +138,7 @@ class SegmentationTask:
 
 def evaluate_segmentation(
     model,
-    state: step.TrainState,
+    state: placement.TrainState,
     distribution: partitioning.SpatialParallel,
     pattern: str,
     batch_size: int,
@@ -168,7 +168,7 @@ def evaluate_segmentation(
         if predict is None:
             predict = distributed.RunTogether(
                 inference.make_forward(model, distribution, state, images.ndim, "class_ids"), "evaluation")
-        predictions = step.to_host(predict(state, step.place_batch(distribution, images)))[:real]
+        predictions = placement.to_host(predict(state, placement.place_batch(distribution, images)))[:real]
         dice.update(predictions, labels)
         if samples is not None:
             for index in range(min(real, keep - len(samples))):

@@ -7,15 +7,15 @@ import jax
 import numpy as np
 import pytest
 
-from trainer.engine import checkpoints, step
+from trainer.engine import checkpoints, placement
 from trainer.parallel import partitioning
 
 
 def _state(distribution, width=4, value=0.0):
-    host = step.TrainState(trainable=[np.full((3, width), value, np.float32), np.arange(width, dtype=np.float32)],
-                           non_trainable=[np.zeros((2,), np.float32)],
-                           optimizer=[np.asarray(7, np.int64), np.ones((3, width), np.float32)])
-    return step.place_state(host, distribution)
+    host = placement.TrainState(trainable=[np.full((3, width), value, np.float32), np.arange(width, dtype=np.float32)],
+                                non_trainable=[np.zeros((2,), np.float32)],
+                                optimizer=[np.asarray(7, np.int64), np.ones((3, width), np.float32)])
+    return placement.place_state(host, distribution)
 
 
 @pytest.fixture

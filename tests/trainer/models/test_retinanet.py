@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.engine import step
+from trainer.engine import placement, step
 from trainer.models import retinanet
 from trainer.parallel import partitioning
 
@@ -60,7 +60,7 @@ def test_loss_prefers_the_right_class():
 def detector():
     keras.utils.set_random_seed(0)
     model = retinanet.build_retinanet(CONFIG)
-    state = step.initial_state(model, keras.optimizers.SGD(0.1))
+    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
     rng = np.random.default_rng(0)
     images = rng.normal(size=(1, 128, 128, 3)).astype(np.float32)
     boxes = np.array([[[10, 12, 40, 50], [60, 30, 100, 90], [0, 0, 0, 0]]], np.float32)
@@ -70,12 +70,12 @@ def detector():
 
 def _loss_and_grads(model, state, images, targets, dims, devices):
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
-    placed_state = step.place_state(state, distribution)
+    placed_state = placement.place_state(state, distribution)
     image_sharding = distribution.get_data_layout(images.shape).backend_layout
     whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec("replica"))  # labels unpartitioned
     function = jax.jit(
         step.make_loss_and_grads(model, lambda outputs, labels: retinanet.detection_loss(outputs, labels, CONFIG)),
-        in_shardings=(step.state_shardings(placed_state, distribution), image_sharding,
+        in_shardings=(placement.state_shardings(placed_state, distribution), image_sharding,
                       {k: whole for k in targets}),
     )
     compiled = function.lower(placed_state, images, targets).compile()

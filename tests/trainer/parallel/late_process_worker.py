@@ -23,13 +23,13 @@ def main(address: str, process_id: int, delay: float) -> None:
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from trainer.engine import step
+    from trainer.engine import placement
     from trainer.parallel import partitioning
 
     distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)))
     if process_id == 1:
         time.sleep(delay)
-    state = step.place_state(step.TrainState([np.arange(3, dtype=np.float32)], [], []), distribution)
+    state = placement.place_state(placement.TrainState([np.arange(3, dtype=np.float32)], [], []), distribution)
 
     mesh = jax.make_mesh((4,), ("x",))
     values = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("x")),

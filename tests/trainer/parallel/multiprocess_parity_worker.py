@@ -2,7 +2,7 @@
 
 Joins the run (`distributed.initialize`, 4 CPU devices here), then for each
 layout computes one step's loss and gradients on the global mesh, each process
-placing only the batch rows its devices hold (`step.process_rows`), and
+placing only the batch rows its devices hold (`placement.process_rows`), and
 process 0 writes them to OUT/<dims>.npz. The batch and the model are the ones
 `test_multiprocess.py` builds in one process.
 """
@@ -21,12 +21,12 @@ BATCH_SHAPE = (2, 32, 16, 16)  # (B, D, H, W)
 def model_and_state():
     import keras
 
-    from trainer.engine import step
+    from trainer.engine import placement
     from trainer.models import unet
 
     keras.utils.set_random_seed(0)
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4))
-    return model, step.initial_state(model, keras.optimizers.Adam(1e-3))
+    return model, placement.initial_state(model, keras.optimizers.Adam(1e-3))
 
 
 def batch():
@@ -43,16 +43,16 @@ def loss_and_grads(model, state, dims, images, labels, rows=None):
     import jax
     import numpy as np
 
-    from trainer.engine import step
+    from trainer.engine import placement, step
     from trainer.models import losses
     from trainer.parallel import partitioning
 
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims))
-    placed_state = step.place_state(state, distribution)
-    placed_images, placed_labels = step.place_batch(distribution, images, labels, batch_size=BATCH_SHAPE[0], rows=rows)
+    placed_state = placement.place_state(state, distribution)
+    placed_images, placed_labels = placement.place_batch(distribution, images, labels, batch_size=BATCH_SHAPE[0], rows=rows)
     function = distributed.RunTogether(jax.jit(
         step.make_loss_and_grads(model, losses.dice_cross_entropy),
-        in_shardings=(step.state_shardings(placed_state, distribution), placed_images.sharding, placed_labels.sharding),
+        in_shardings=(placement.state_shardings(placed_state, distribution), placed_images.sharding, placed_labels.sharding),
     ), "parity step")
     loss, grads, _ = function(placed_state, placed_images, placed_labels)
     return float(loss), [np.asarray(g) for g in grads], placed_images
@@ -63,14 +63,14 @@ def main(address: str, num_processes: int, process_id: int, output: str) -> None
     import jax
     import numpy as np
 
-    from trainer.engine import step
+    from trainer.engine import placement
     from trainer.parallel import partitioning
 
     model, state = model_and_state()
     images, labels = batch()
     for dims in LAYOUTS:
         distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims))
-        rows = step.process_rows(distribution.get_data_layout(images.shape).backend_layout, images.shape)
+        rows = placement.process_rows(distribution.get_data_layout(images.shape).backend_layout, images.shape)
         loss, grads, placed = loss_and_grads(model, state, dims, images[rows], labels[rows], rows)
         # What this process's devices hold: (global row, depth start) of every block.
         blocks = sorted((s.index[0].start or 0, s.index[1].start or 0) for s in placed.addressable_shards)

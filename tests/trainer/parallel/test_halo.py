@@ -3,7 +3,7 @@
 import keras
 import pytest
 
-from trainer.engine import step
+from trainer.engine import placement
 from trainer.parallel import halo
 
 F32 = 4
@@ -16,7 +16,7 @@ def _windows(layers, image_shape):
     for layer in layers:
         x = layer(x)
     model = keras.Model(inputs, x)
-    return halo.windows(model, step.initial_state(model, keras.optimizers.SGD(0.1)), image_shape)
+    return halo.windows(model, placement.initial_state(model, keras.optimizers.SGD(0.1)), image_shape)
 
 
 @pytest.fixture(scope="module")

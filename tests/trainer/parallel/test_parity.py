@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.engine import step
+from trainer.engine import placement, step
 from trainer.models import losses, unet
 from trainer.parallel import partitioning
 
@@ -23,7 +23,7 @@ def _model_and_state(spatial_dims):
     keras.utils.set_random_seed(0)
     config = unet.UNetConfig(spatial_dims=spatial_dims, num_classes=3, num_levels=3, base_filters=4)
     model = unet.build_unet(config)
-    return model, step.initial_state(model, keras.optimizers.Adam(1e-3))
+    return model, placement.initial_state(model, keras.optimizers.Adam(1e-3))
 
 
 def _batch(shape, seed=0):
@@ -35,11 +35,11 @@ def _batch(shape, seed=0):
 
 def _loss_and_grads(model, state, dims, devices, images, labels, label_dims=None):
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims, label_dims), devices)
-    placed_state = step.place_state(state, distribution)
-    placed_images, placed_labels = step.place_batch(distribution, images, labels)
+    placed_state = placement.place_state(state, distribution)
+    placed_images, placed_labels = placement.place_batch(distribution, images, labels)
     function = jax.jit(
         step.make_loss_and_grads(model, losses.dice_cross_entropy),
-        in_shardings=(step.state_shardings(placed_state, distribution), placed_images.sharding, placed_labels.sharding),
+        in_shardings=(placement.state_shardings(placed_state, distribution), placed_images.sharding, placed_labels.sharding),
     )
     compiled = function.lower(placed_state, placed_images, placed_labels).compile()
     loss, grads, _ = compiled(placed_state, placed_images, placed_labels)
@@ -132,14 +132,14 @@ def test_train_step_updates_identically_when_partitioned(unet3d):
     model, state, images, labels, _ = unet3d
     optimizer = keras.optimizers.SGD(0.1)
     optimizer.build(model.trainable_variables)
-    state = step.TrainState(state.trainable, state.non_trainable, [v.value for v in optimizer.variables])
+    state = placement.TrainState(state.trainable, state.non_trainable, [v.value for v in optimizer.variables])
     train_step = step.make_train_step(model, optimizer, losses.dice_cross_entropy)
     results = []
     for dims, devices in (((1, 1, 1, 1, 1), jax.devices()[:1]), ((1, 8, 1, 1, 1), jax.devices())):
         distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
-        placed = step.place_state(state, distribution)
+        placed = placement.place_state(state, distribution)
         jitted = step.jit_train_step(train_step, distribution, placed, image_ndim=5, label_ndim=4)
-        new_state, metrics = jitted(placed, *step.place_batch(distribution, images, labels))
+        new_state, metrics = jitted(placed, *placement.place_batch(distribution, images, labels))
         results.append(([np.asarray(w) for w in new_state.trainable], float(metrics["loss"])))
     (reference, reference_loss), (partitioned, loss) = results
     assert abs(loss - reference_loss) / reference_loss <= TOLERANCE
@@ -150,7 +150,7 @@ def test_bfloat16_partitioned_step_runs_and_stays_close():
     keras.utils.set_random_seed(0)
     config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4)
     model = unet.build_unet(config, dtype="mixed_bfloat16")
-    state = step.initial_state(model, keras.optimizers.Adam(1e-3))
+    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
     assert all(np.asarray(w).dtype == np.float32 for w in state.trainable)  # weights stay float32
     images, labels = _batch((1, 32, 16, 16))
     reference_loss, _, _, _ = _loss_and_grads(model, state, (1, 1, 1, 1, 1), jax.devices()[:1], images, labels)

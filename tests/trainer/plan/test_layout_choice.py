@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trainer import config as config_lib, train
-from trainer.engine import step
+from trainer.engine import placement, step
 from trainer.models import losses, unet
 from trainer.parallel import partitioning
 from trainer.plan import layout_choice, layout_search
@@ -56,10 +56,10 @@ def test_a_cached_choice_is_reused_and_a_stale_one_is_not(tmp_path):
 def _loss_and_grads(model, state, dims, images, labels):
     devices = jax.devices()[:int(np.prod(dims))]
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
-    placed = step.place_state(state, distribution)
-    placed_images, placed_labels = step.place_batch(distribution, images, labels)
+    placed = placement.place_state(state, distribution)
+    placed_images, placed_labels = placement.place_batch(distribution, images, labels)
     function = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy),
-                       in_shardings=(step.state_shardings(placed, distribution), placed_images.sharding,
+                       in_shardings=(placement.state_shardings(placed, distribution), placed_images.sharding,
                                      placed_labels.sharding))
     loss, grads, _ = function(placed, placed_images, placed_labels)
     return float(loss), [np.asarray(g) for g in grads]
@@ -104,7 +104,7 @@ def test_train_auto_picks_a_layout_records_it_and_reuses_it(demo_data, tmp_path)
     # Parity for the layout auto picked: its partitioned step equals the unpartitioned one.
     keras.utils.set_random_seed(0)
     model = unet.build_unet(config.model)
-    state = step.initial_state(model, keras.optimizers.Adam(1e-3))
+    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
     rng = np.random.default_rng(0)
     images = rng.normal(size=(2, 16, 16, 16, 1)).astype(np.float32)
     labels = rng.integers(0, 3, size=(2, 16, 16, 16)).astype(np.int32)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.engine import step
+from trainer.engine import placement, step
 from trainer.models import losses
 from trainer.parallel import partitioning
 from common import sizes
@@ -69,12 +69,12 @@ def test_transposed_convolution_gradient_is_caught():
     inputs = keras.Input((None, None, None, 4))
     outputs = keras.layers.Conv3D(3, 1)(keras.layers.Conv3DTranspose(4, 2, strides=2)(inputs))
     model = keras.Model(inputs, outputs)
-    state = step.initial_state(model, keras.optimizers.SGD(0.1))
+    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
     distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices()[:4])
-    placed = step.place_state(state, distribution)
-    images, labels = step.place_batch(distribution, np.zeros((1, 16, 8, 8, 4), np.float32), np.zeros((1, 32, 16, 16), np.int32))
+    placed = placement.place_state(state, distribution)
+    images, labels = placement.place_batch(distribution, np.zeros((1, 16, 8, 8, 4), np.float32), np.zeros((1, 32, 16, 16), np.int32))
     function = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy),
-                       in_shardings=(step.state_shardings(placed, distribution), images.sharding, labels.sharding))
+                       in_shardings=(placement.state_shardings(placed, distribution), images.sharding, labels.sharding))
     text = function.lower(placed, images, labels).compile().as_text()
     assert compiled_step.communication(text, feature_rank=5, replica_batch=1)[0] >= 1
 
@@ -137,10 +137,10 @@ def _train_lowering(config, shape, devices):
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, _, state = program.build_model(config, task, config.steps)
-    state = step.place_state(state, distribution)
+    state = placement.place_state(state, distribution)
     train_step = program.jit_step(task, model, optimizer, distribution, state, len(image_shape))
     rng = np.random.default_rng(0)
-    images, labels = step.place_batch(distribution, rng.normal(size=image_shape).astype(np.float32),
+    images, labels = placement.place_batch(distribution, rng.normal(size=image_shape).astype(np.float32),
                                       rng.integers(0, 3, image_shape[:-1]).astype(np.int32))
     return train_step.lower(state, images, labels), state
 

@@ -125,13 +125,13 @@ def test_the_mask_comes_back_in_the_scans_own_geometry(tmp_path, suffix):
 def _tiny_model(num_levels=2):
     import keras
 
-    from trainer.engine import step
+    from trainer.engine import placement
     from trainer.models import unet
 
     keras.utils.set_random_seed(3)
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=num_levels, base_filters=4))
-    state = step.TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
-                            [])
+    state = placement.TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+                                 [])
     return model, state
 
 
@@ -304,3 +304,12 @@ def test_predict_never_overwrites_a_file_it_did_not_write(tmp_path):
         predict.predict(run, str(scan), str(output), log=lambda line: None)
     assert f"--output {output} holds files fullres did not write (b.nii.gz)" in str(refused.value)
     assert (output / "b.nii.gz").read_text() == "the user's own mask"
+
+
+def test_predict_s_summary_is_read_back_by_its_one_reader(tmp_path):
+    summary = {"ok": 1, "failed": 0, "class_names": ["background", "liver"],
+               "cases": [{"case_id": "a", "outputs": [str(tmp_path / "a.nii.gz")]}]}
+    path = predict.write_summary(str(tmp_path), summary)
+    assert path == str(tmp_path / predict.SUMMARY) and predict.read_summary(str(tmp_path)) == summary
+    with pytest.raises(FileNotFoundError, match="has no summary.json; pass the output directory of a finished"):
+        predict.read_summary(str(tmp_path / "elsewhere"))

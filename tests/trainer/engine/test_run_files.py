@@ -1,0 +1,38 @@
+"""Every file a training run writes is written and read by `engine.run_files`: each writer's output passes its reader."""
+
+import dataclasses
+
+from trainer import config as config_lib
+from trainer.engine import run_files
+
+
+def test_train_config_round_trip(tmp_path):
+    config = config_lib.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path))
+    config = dataclasses.replace(config, partition=dataclasses.replace(config.partition,
+                                                                       input_partition_dims=(1, 2, 1, 1, 1)))
+    run_files.write_train_config(str(tmp_path), config)
+    assert run_files.read_train_config(str(tmp_path)) == config
+
+
+def test_model_info_round_trip(tmp_path):
+    preprocessing = {"spacing": [1.0, 1.0, 2.5], "orientation": "LPS", "window": [-160, 240], "modality": "ct",
+                     "shape": None}
+    run_files.write_model_info(str(tmp_path), "segmentation", (16, 16, 16, 1), ["background", "liver"], preprocessing)
+    assert run_files.read_model_info(str(tmp_path)) == {
+        "task": "segmentation", "image_shape": [16, 16, 16, 1], "class_names": ["background", "liver"],
+        "preprocessing": preprocessing}
+
+
+def test_history_round_trip_and_loss_curve(tmp_path):
+    entries = [{"step": 1, "loss": 2.5, "grad_norm": 0.5}, {"step": 2, "loss": 1.5, "grad_norm": 0.25}]
+    run_files.write_history(str(tmp_path), entries)
+    assert run_files.read_history(str(tmp_path)) == entries
+    assert run_files.read_history(str(tmp_path), up_to_step=1) == entries[:1]
+    assert run_files.loss_curve(str(tmp_path)) == [[1, 2.5], [2, 1.5]]
+
+
+def test_metrics_round_trip(tmp_path):
+    results = {"final_loss": 0.5, "dice_per_class": [0.9, None], "input_partition_dims": [1, 2, 1, 1, 1]}
+    path = run_files.write_metrics(str(tmp_path), results)
+    assert path == run_files.path(str(tmp_path), run_files.METRICS)
+    assert run_files.read_metrics(str(tmp_path)) == results
