@@ -6,8 +6,8 @@ Before anything is read, a command checks its output location:
 - it must not be an existing file;
 - an existing, non-empty directory must be one fullres wrote: a conversion
   output (its `.fullres-output` manifest lists the files it holds; an older
-  output is recognised by holding a summary, shards and nothing but fullres's
-  own file names), a training run (a `train_config.json` fullres wrote), demo
+  output is recognised by holding shards and nothing but fullres's own file
+  names), a training run (a `train_config.json` fullres wrote), demo
   data (the marker lists every file, in every subfolder), or a demo / pipeline
   root (the marker);
 - a single file a command replaces (`pipeline compile`) must be one fullres wrote.
@@ -174,10 +174,10 @@ def conversion_files(output: str, option: str = "--output") -> list[str]:
     marker = _read_marker(output)
     if isinstance(marker, dict) and marker.get("kind") == "tfrecords":
         listed = set(marker.get("files", [])) | {MARKER}
-    elif "summary.json" in names and any(n.startswith("data-") for n in names):
-        # Written before the manifest existed: recognised if it holds a whole conversion, of fullres's own names only.
+    elif any(CONVERSION_NAMES.match(n) and n.startswith("data-") for n in names):
+        # Written before the manifest existed: recognised by its shards (Beam's names), and fullres's own names only.
         listed = {n for n in names if CONVERSION_NAMES.match(n)}
-    else:  # a lone `summary.json` or shard is as likely a user's as fullres's: never replaced
+    else:  # without a shard, a `summary.json` or `label_map.json` is as likely a user's as fullres's: never replaced
         listed = set()
     unknown = [n for n in names if n not in listed]
     if unknown:
