@@ -6,8 +6,11 @@ Before anything is read, a command checks its output location:
 - it must not be an existing file;
 - an existing, non-empty directory must be one fullres wrote: a conversion
   output (its `.fullres-output` manifest lists the files it holds; an older
-  output is recognised by holding nothing but fullres's own file names),
-  a training run (`train_config.json`), or a demo / pipeline root (the marker).
+  output is recognised by holding shards and nothing but fullres's own file
+  names), a training run (a `train_config.json` fullres wrote), demo
+  data (the marker lists every file, in every subfolder), or a demo / pipeline
+  root (the marker);
+- a single file a command replaces (`pipeline compile`) must be one fullres wrote.
 
 A conversion replaces its output by deleting exactly the files the manifest
 lists; anything else found there makes it refuse, naming the file and the fix.
@@ -116,8 +119,24 @@ def _entries(directory: str) -> list[str]:
     return sorted(m.path[len(prefix):] for m in found if m.path.startswith(prefix))
 
 
+def _files_below(directory: str) -> list[str]:
+    """Every file under `directory`, in every subfolder, as relative paths ([] if there is none); links not followed."""
+    if not _is_local(directory):
+        return _entries(directory)  # an object store's listing is recursive already
+    found = []
+    for folder, subfolders, names in os.walk(directory):
+        links = [n for n in subfolders if os.path.islink(os.path.join(folder, n))]  # a link is an entry, not a folder
+        found += [os.path.relpath(os.path.join(folder, n), directory) for n in names + links]
+    return sorted(found)
+
+
 def _read_marker(directory: str) -> dict | None:
-    path = os.path.join(directory, MARKER) if _is_local(directory) else directory.rstrip("/") + "/" + MARKER
+    return _read_json(directory, MARKER)
+
+
+def _read_json(directory: str, name: str):
+    """The JSON content of `directory/name`, or None if it is missing or not JSON."""
+    path = os.path.join(directory, name) if _is_local(directory) else directory.rstrip("/") + "/" + name
     try:
         if _is_local(directory):
             with open(path) as file:
@@ -153,10 +172,13 @@ def conversion_files(output: str, option: str = "--output") -> list[str]:
         return []
     fix = f"pass a new or empty directory as {option}, or move those files away"
     marker = _read_marker(output)
-    if marker is not None and marker.get("kind") == "tfrecords":
+    if isinstance(marker, dict) and marker.get("kind") == "tfrecords":
         listed = set(marker.get("files", [])) | {MARKER}
-    else:  # written before the manifest existed (or cut short): recognised if it holds fullres's own names only
+    elif any(CONVERSION_NAMES.match(n) and n.startswith("data-") for n in names):
+        # Written before the manifest existed: recognised by its shards (Beam's names), and fullres's own names only.
         listed = {n for n in names if CONVERSION_NAMES.match(n)}
+    else:  # without a shard, a `summary.json` or `label_map.json` is as likely a user's as fullres's: never replaced
+        listed = set()
     unknown = [n for n in names if n not in listed]
     if unknown:
         raise _foreign(output, unknown, option, fix)
@@ -187,9 +209,15 @@ def check_run_directory(output: str, inputs: dict[str, str | None], option: str 
     check_outside_inputs(output, inputs, option)
     _check_not_a_file(output, option)
     names = _entries(output)
-    if names and "train_config.json" not in names:
+    if names and not _is_train_config(_read_json(output, "train_config.json")):
         raise _foreign(output, names, option, f"pass a new or empty directory as {option}, or the output of an "
                                               "earlier `fullres train` to resume it")
+
+
+def _is_train_config(content) -> bool:
+    """Whether `content` (parsed `train_config.json`) is a TrainConfig fullres wrote, not a user's file of that name."""
+    return (isinstance(content, dict) and content.get("task", "segmentation") in ("segmentation", "detection")
+            and isinstance(content.get("model"), dict) and isinstance(content.get("partition"), dict))
 
 
 def check_owned_directory(output: str, kind: str, inputs: dict[str, str | None], option: str = "--output") -> None:
@@ -211,7 +239,53 @@ def check_owned_directory(output: str, kind: str, inputs: dict[str, str | None],
         return
     if kind == "pipeline-root" and all(PIPELINE_RUN.match(n) for n in names):
         return
-    raise _foreign(output, names, option, f"pass a new or empty directory as {option}")
+    files = [n for n in _files_below(output) if n != MARKER] or names  # name the files themselves, not their folder
+    raise _foreign(output, files, option, f"pass a new or empty directory as {option}")
+
+
+def demo_data_files(output: str, kind: str, planned: list[str] = (), option: str = "--output") -> list[str]:
+    """`fullres demo-data`: a new or empty directory, or one whose `kind` marker lists every file below it.
+
+    Args:
+        planned: the files this run will write (relative paths); a foreign file
+            among them is named first, as the one in the way.
+
+    Returns:
+        The files an earlier run of `kind` wrote there (which this run may replace).
+
+    Raises:
+        OutputRefused: `output` is a file, or holds a file (in any subfolder) fullres did not write.
+    """
+    _check_not_a_file(output, option)
+    names = [n for n in _files_below(output) if n != MARKER]
+    marker = _read_marker(output)
+    listed = set(marker.get("files", [])) if isinstance(marker, dict) and marker.get("kind") == kind else set()
+    unknown = sorted((n for n in names if n not in listed), key=lambda n: n not in set(planned))
+    if unknown:
+        raise _foreign(output, unknown, option, f"pass a new or empty directory as {option}, or move those files away")
+    return names
+
+
+def check_own_file(directory: str, name: str, header: bytes, made: str, option: str) -> None:
+    """Refuses `directory/name` unless it is absent or begins with `header` (what fullres writes there).
+
+    Args:
+        made: what fullres did to write such a file, for the sentence ("compile").
+
+    Raises:
+        OutputRefused: naming the file and the fix.
+    """
+    path = os.path.join(directory, name)
+    if not os.path.lexists(path):
+        return
+    try:
+        with open(path, "rb") as file:
+            ours = os.path.isfile(path) and not os.path.islink(path) and file.read(len(header)) == header
+    except OSError:
+        ours = False
+    if not ours:
+        raise OutputRefused(f"{option} {directory} holds {name}, which fullres did not {made}; fullres never overwrites "
+                            f"it, so pass another {option}, or move {name} away.")
 
 
 def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], option: str = "--output") -> list[str]:

@@ -162,8 +162,15 @@ def pipeline_compile(
     output_dir: Annotated[Path, typer.Option(help="Where pipeline.yaml (ct-segmentation) and detection-pipeline.yaml go.")] = ROOT,
 ) -> None:
     """Compile both pipelines to KFP IR YAML (deterministic: the same sources give the same bytes)."""
+    from common import output_guard
     from pipelines import definitions
 
+    try:  # both files are checked before either is written: a pipeline.yaml of the user's is never replaced
+        for name, file_name in definitions.COMPILED_FILES.items():
+            output_guard.check_own_file(str(output_dir), file_name, f"# PIPELINE DEFINITION\n# Name: {name}\n".encode(),
+                                        "compile", "--output-dir")
+    except output_guard.OutputRefused as error:
+        console.fail(str(error))
     output_dir.mkdir(parents=True, exist_ok=True)
     for name, file_name in definitions.COMPILED_FILES.items():
         path = definitions.compile_pipeline(name, str(output_dir / file_name), image=image)

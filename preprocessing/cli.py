@@ -189,6 +189,38 @@ def preprocess_images(
     )
 
 
+def _write_demo_data(output: Path, kind: str, planned: list[str], write):
+    """Runs `write` (which writes `planned`, paths relative to `output`) under the output rules every command follows.
+
+    `output` must be new, empty, or demo data of the same `kind` (its marker
+    lists every file below it); anything else is refused, naming the file in
+    the way. Files of an earlier run that this one does not rewrite are
+    removed, so a smaller rerun does not leave old cases behind.
+    """
+    from common import output_guard
+
+    try:
+        output_guard.demo_data_files(str(output), kind, planned)  # before the lock: a refusal leaves nothing behind
+        with output_guard.lock(str(output)):
+            old = output_guard.demo_data_files(str(output), kind, planned)  # again: another run may have written
+            output.mkdir(parents=True, exist_ok=True)
+            # Claimed before writing: a run cut short leaves a folder the next run still recognises as its own.
+            output_guard.write_marker(str(output), kind, sorted({*old, *planned}))
+            for name in sorted(set(old) - set(planned)):
+                os.remove(output / name)
+                for folder in Path(name).parents[:-1]:  # the folders it leaves empty (never `output` itself)
+                    if any((output / folder).iterdir()):
+                        break
+                    (output / folder).rmdir()
+            written = write()
+            output_guard.write_marker(str(output), kind, output_guard.demo_data_files(str(output), kind))
+    except output_guard.OutputRefused as error:
+        console.fail(str(error))
+    except OSError as error:
+        console.fail_if_write_error(error, output)
+    return written
+
+
 @demo_data_app.command("ct")
 def demo_data_ct(
     output: Annotated[Path, typer.Option(help="Directory to write dicom/ and nifti/ into.")] = Path("fullres-demo-ct"),
@@ -199,7 +231,9 @@ def demo_data_ct(
     """Synthetic CT cases with label maps, as DICOM series and as NIfTI (the same cases in both)."""
     from preprocessing.ct import demo_ct
 
-    written = demo_ct.write_demo_cases(str(output), cases, _triple(shape, "--shape", int), seed)
+    size = _triple(shape, "--shape", int)
+    written = _write_demo_data(output, "demo-data-ct", demo_ct.demo_case_files(cases, size),
+                               lambda: demo_ct.write_demo_cases(str(output), cases, size, seed))
     console.say(f"wrote {cases} cases: DICOM series in {written['dicom']}, NIfTI in {written['nifti']} "
            f"(labels beside each, in labels/)")
 
@@ -214,5 +248,6 @@ def demo_data_images(
     """Synthetic detection images (shapes on textured backgrounds) with COCO JSON boxes."""
     from preprocessing.images import demo_images
 
-    written = demo_images.write_demo_coco(str(output), images, (size, size), seed)
+    written = _write_demo_data(output, "demo-data-images", demo_images.demo_coco_files(images),
+                               lambda: demo_images.write_demo_coco(str(output), images, (size, size), seed))
     console.say(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")

@@ -143,8 +143,14 @@ def run(
     if summary.get("label_values"):
         log(f"label values in the data: {', '.join(summary['label_values'])}")
     if summary.get("cropped_voxels"):
-        cut = ", ".join(f"class {c}: {n:,} voxels in {summary['cropped_cases'][c]} cases"
-                        for c, n in summary["cropped_voxels"].items())
-        log(f"the crop to --shape {','.join(map(str, config.shape))} ({config.crop}) cut labelled voxels ({cut}); "
-            "see label/cropped_voxels in each record, and try --crop foreground or a larger --shape")
+        log(crop_warning(summary, config))
     return summary
+
+
+def crop_warning(summary: dict, config: ct_transforms.CtPreprocessConfig) -> str:
+    """The line that says the crop to --shape cut labelled voxels, suggesting only what was not tried already."""
+    cut = ", ".join(f"class {c}: {n:,} voxels in {summary['cropped_cases'][c]} cases"
+                    for c, n in summary["cropped_voxels"].items())
+    remedy = "a larger --shape" if config.crop == "foreground" else "--crop foreground or a larger --shape"
+    return (f"the crop to --shape {','.join(map(str, config.shape))} ({config.crop}) cut labelled voxels ({cut}); "
+            f"see label/cropped_voxels in each record, and try {remedy}")

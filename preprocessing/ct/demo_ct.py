@@ -179,6 +179,20 @@ def write_dicom_series(
     return paths
 
 
+def demo_case_files(num_cases: int, shape: tuple[int, int, int], formats: tuple[str, ...] = ("dicom", "nifti")
+                    ) -> list[str]:
+    """The files `write_demo_cases` writes, relative to its `output_dir` (what `fullres demo-data ct` claims)."""
+    files = []
+    for index in range(num_cases):
+        case_id = f"case{index:03d}"
+        if "dicom" in formats:
+            files += [f"dicom/images/{case_id}/IM{z:05d}.dcm" for z in range(shape[0])]
+        if "nifti" in formats:
+            files.append(f"nifti/images/{case_id}.nii.gz")
+        files += [f"{kind}/labels/{case_id}.nii.gz" for kind in formats]
+    return sorted(files)
+
+
 def write_demo_cases(output_dir: str, num_cases: int = 8, shape: tuple[int, int, int] = (48, 64, 64),
                      seed: int = 0, formats: tuple[str, ...] = ("dicom", "nifti"), turned: bool = False) -> dict:
     """Writes the same synthetic cases as DICOM series and as NIfTI, each with a NIfTI label map.

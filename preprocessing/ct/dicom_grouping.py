@@ -141,7 +141,8 @@ def _series_volumes(groups: list[list[dicom_series.Frame]], headers: dict[str, p
             notes.append((directory, "slices_resampled", f"slice gaps of {directory} range from {np.diff(along).min():.3g} "
                           f"to {np.diff(along).max():.3g} mm, beyond the {spacing_tolerance:.0%} tolerance; slices were "
                           f"interpolated onto a {step:.3g} mm grid"))
-        volumes.append(SeriesGroup(directory, files, str(header.SeriesInstanceUID), str(getattr(header, "SeriesNumber", "")),
+        number = getattr(header, "SeriesNumber", None)  # absent, or present and empty (None): no number to show
+        volumes.append(SeriesGroup(directory, files, str(header.SeriesInstanceUID), "" if number is None else str(number),
                                    str(getattr(header, "Modality", "")), tuple(notes)))
     if volumes:
         volumes[0] = dataclasses.replace(volumes[0], notes=volumes[0].notes + tuple(set_aside))

@@ -81,6 +81,11 @@ def synthetic_image(rng: np.random.Generator, size: tuple[int, int] = (256, 256)
     return image, boxes, categories
 
 
+def demo_coco_files(num_images: int) -> list[str]:
+    """The files `write_demo_coco` writes, relative to its `output_dir` (what `fullres demo-data images` claims)."""
+    return sorted([*(f"images/shapes_{index:05d}.png" for index in range(num_images)), "annotations.json"])
+
+
 def write_demo_coco(output_dir: str, num_images: int = 64, size: tuple[int, int] = (256, 256), seed: int = 0) -> dict:
     """Writes `output_dir/images/*.png` and `output_dir/annotations.json` (COCO).
 

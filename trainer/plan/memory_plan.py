@@ -14,7 +14,30 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer.plan import compiled_step, layout_search, targets
 
+AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
 
+
+def check_sizes(image_size: Sequence[int] | None, partitions: Sequence[int]) -> None:
+    """Refuses a size or a core count that no model can be built for, before anything is compiled.
+
+    (How many sizes a model takes is its task's to say: `planned_example_shape`.)
+
+    Raises:
+        ValueError: one sentence naming the option, the value and the fix.
+    """
+    if image_size is not None:
+        given = ",".join(map(str, image_size))
+        axes = AXES.get(len(image_size), tuple(f"dimension {i}" for i in range(len(image_size))))
+        for axis, value in zip(axes, image_size):
+            if value < 1:
+                fill = max(image_size) if max(image_size) >= 1 else 256
+                example = ",".join(str(v if v >= 1 else fill) for v in image_size)
+                raise ValueError(f"--image-size {given} gives the {axis} as {value}; every size is a number of "
+                                 f"voxels and must be 1 or more, e.g. --image-size {example}.")
+    bad = [n for n in partitions if n < 1]
+    if bad:
+        raise ValueError(f"--partitions {','.join(map(str, partitions))} asks for {bad[0]} cores; each entry is a "
+                         "number of cores per replica and must be 1 or more, e.g. --partitions 1,2,4,8.")
 
 
 def table(results: Sequence[layout_search.Search], header: str, device_memory: str | None = None) -> list[str]:
@@ -85,6 +108,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         ValueError: a bad name, layout or size (one sentence).
         targets.MissingCompiler: the target's compiler is not installed (one sentence: how to install it).
     """
+    check_sizes(image_size, partitions)
     settings = dict(settings or {})
     if image_size is not None and len(image_size) == 2:
         settings.setdefault("image_size", ",".join(map(str, image_size)))  # the detection canvas (2D UNets ignore it)

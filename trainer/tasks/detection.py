@@ -60,6 +60,9 @@ class DetectionTask:
 
     def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:
         """(H, W, 3) of one image for `fullres plan`: the config's canvas (`image_size`; `spatial_size` must match)."""
+        if spatial_size is not None and len(spatial_size) != 2:
+            raise ValueError(f"--image-size needs 2 sizes (height,width) for RetinaNet, got {list(spatial_size)}; "
+                             f"write it like --image-size {','.join(map(str, self.config.image_size))}.")
         if spatial_size is not None and tuple(spatial_size) != self.config.image_size:
             raise ValueError(f"--image-size {list(spatial_size)} differs from the detection canvas "
                              f"{list(self.config.image_size)}; set image_size={','.join(map(str, spatial_size))}.")

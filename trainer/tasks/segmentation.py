@@ -63,8 +63,10 @@ class SegmentationTask:
         """(D, H, W, C) of one example of `spatial_size` (default 256 a side), for `fullres plan` (no data read)."""
         spatial_size = spatial_size or (256,) * self.config.model.spatial_dims
         if len(spatial_size) != self.config.model.spatial_dims:
-            raise ValueError(f"--image-size needs {self.config.model.spatial_dims} sizes for a "
-                             f"{self.config.model.spatial_dims}D UNet, got {list(spatial_size)}.")
+            dims = self.config.model.spatial_dims
+            raise ValueError(f"--image-size needs {dims} sizes for a {dims}D UNet, got {list(spatial_size)}; write it "
+                             f"like --image-size {','.join(['256'] * dims)} ({'D,H,W' if dims == 3 else 'H,W'}), or "
+                             f"size a {5 - dims}D UNet with --model unet{5 - dims}d.")
         return (*spatial_size, self.config.model.in_channels)
 
     def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):

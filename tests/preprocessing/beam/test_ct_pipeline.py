@@ -460,6 +460,11 @@ def test_summary_lists_label_values_and_crop_cuts(tmp_path):
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
     assert lines[-1] == ("the crop to --shape 8,12,12 (center) cut labelled voxels (class 2: 60 voxels in 1 cases); "
                          "see label/cropped_voxels in each record, and try --crop foreground or a larger --shape")
+    # Already cropped around the foreground: only a larger --shape is left to try.
+    foreground = dataclasses.replace(config, crop="foreground")
+    assert ct_pipeline.crop_warning(summary, foreground) == (
+        "the crop to --shape 8,12,12 (foreground) cut labelled voxels (class 2: 60 voxels in 1 cases); "
+        "see label/cropped_voxels in each record, and try a larger --shape")
     import tensorflow as tf
     fields = {}
     for serialized in tf.data.TFRecordDataset(sorted(str(p) for p in (tmp_path / "out").glob("data-*"))):

@@ -480,3 +480,27 @@ def test_case_ids_stay_unique_for_groups_of_one_series_and_beside_other_volumes(
               group("/d/other", "1.2.3.5", "1")]
     # "other" is taken by a NIfTI volume: the series gets its UID's digits (all four of them) appended.
     assert dicom_grouping.case_ids(groups, taken={"other"}) == ["ct-s4-12345678", "ct-s4-12345678-2", "other-1235"]
+
+
+@pytest.mark.parametrize("series_number", ["absent", "empty"])
+def test_series_without_a_series_number_are_told_apart_by_their_uid_not_none(tmp_path, series_number):
+    import re
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for name in ("a", "b"):  # two series in one folder, as exported from one study
+        written = demo_ct.write_dicom_series(rng.normal(0, 50, (3, 8, 8)).astype(np.float32), str(tmp_path / name))
+        for path in written:
+            header = pydicom.dcmread(path)
+            if series_number == "empty":
+                header.SeriesNumber = None
+            target = tmp_path / "ct" / f"{name}-{os.path.basename(path)}"
+            target.parent.mkdir(exist_ok=True)
+            header.save_as(target)
+            paths.append(str(target))
+    groups, _, dead = dicom_grouping.group_files(paths)
+    assert not dead and [g.series_number for g in groups] == ["", ""]
+    ids = dicom_grouping.case_ids(groups)
+    uids = [re.sub(r"[^0-9]", "", g.series_uid) for g in groups]
+    assert all("None" not in case_id for case_id in ids)
+    assert all(case_id.startswith("ct-") and uid.endswith(case_id[3:]) for case_id, uid in zip(ids, uids))
