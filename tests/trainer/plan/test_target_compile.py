@@ -81,21 +81,23 @@ def test_plan_command_turns_a_layout_over_the_tpus_memory_into_a_needs_x_of_y_ro
     assert "Traceback" not in result.stderr
 
 
-def test_without_libtpu_the_plan_command_says_how_to_install_it_in_one_sentence():
-    result = _fullres("plan", *TINY, "--image-size", "16,16,16", "--target", "v5e:2x2", hide_libtpu=True)
+def _the_one_sentence(result: subprocess.CompletedProcess) -> str:
+    """The command failed with exit 2 and exactly one `fullres: error:` line, no traceback; returns its sentence."""
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
     assert len(errors) == 1, result.stderr[-3000:]
-    sentence = errors[0].removeprefix("fullres: error: ")
+    return errors[0].removeprefix("fullres: error: ")
+
+
+def test_without_libtpu_the_plan_command_says_how_to_install_it_in_one_sentence():
+    sentence = _the_one_sentence(_fullres("plan", *TINY, "--image-size", "16,16,16", "--target", "v5e:2x2",
+                                          hide_libtpu=True))
     assert sentence.startswith("--target v5e:2x2 compiles with the TPU compiler, libtpu (libtpu==")
     assert sentence.endswith(".") and ". " not in sentence and "uv sync --group tpu" in sentence
 
 
 def test_without_the_cuda_plugin_a_gpu_target_says_how_to_install_it_in_one_sentence():
-    result = _fullres("plan", *TINY, "--image-size", "16,16,16", "--target", "h100x8", hide_cuda_plugin=True)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    sentence = errors[0].removeprefix("fullres: error: ")
+    sentence = _the_one_sentence(_fullres("plan", *TINY, "--image-size", "16,16,16", "--target", "h100x8",
+                                          hide_cuda_plugin=True))
     assert sentence.startswith("--target h100x8 compiles with JAX's CUDA 12 plug-in, which is not installed; ")
     assert sentence.endswith(".") and "uv sync --group cuda" in sentence
