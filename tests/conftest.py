@@ -34,3 +34,16 @@ def demo_data(tmp_path_factory):
     directory = tmp_path_factory.mktemp("demo_data")
     return demo_ct.write_demo_tfrecords(str(directory), num_train=6, num_eval=2, shape=(16, 16, 16), seed=1)
 
+
+
+@pytest.fixture(scope="session")
+def segmentation_run(tmp_path_factory):
+    """The tiny segmentation run, trained once per session (every xdist worker shares it): the smoke preset, 40
+    steps on the demo records, split 4-way along depth (2 replicas × 4 cores). Returns (config, results, log lines).
+
+    Read-only: a test that must change the run (predict's model_info.json) copies it first.
+    """
+    from tests import shared_runs
+
+    folder, made = shared_runs.once(tmp_path_factory, "segmentation", shared_runs.make_segmentation_run)
+    return shared_runs.segmentation_config(folder), made["results"], made["lines"]
