@@ -47,3 +47,19 @@ def segmentation_run(tmp_path_factory):
 
     folder, made = shared_runs.once(tmp_path_factory, "segmentation", shared_runs.make_segmentation_run)
     return shared_runs.segmentation_config(folder), made["results"], made["lines"]
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """`fullres demo` (short: 4 steps, 4 + 2 cases), run once per session through the SubprocessRunner and shared by
+    tests/pipelines/test_demo.py and the container test, which runs the same pipeline on the same scans in Docker.
+    Returns (completed process fields, summary.json, the demo's output folder)."""
+    import json
+    import types
+
+    from tests import shared_runs
+
+    folder, made = shared_runs.once(tmp_path_factory, "demo", shared_runs.make_demo_run)
+    assert made["returncode"] == 0, made["stdout"][-3000:] + made["stderr"][-3000:]
+    output = folder / "demo"
+    return types.SimpleNamespace(**made), json.loads((output / "summary.json").read_text()), output

@@ -1,4 +1,4 @@
-"""Runs the suite makes once and shares: a tiny segmentation training run.
+"""Runs the suite makes once and shares: a tiny segmentation training run and `fullres demo`.
 
 A session fixture in pytest-xdist is per worker, so two test files on two
 workers would each train the same model. `once` makes a run at most once per
@@ -11,6 +11,8 @@ one that must change it copies it first.
 import json
 import os
 import pathlib
+import subprocess
+import sys
 from collections.abc import Callable
 
 import filelock
@@ -71,3 +73,19 @@ def make_segmentation_run(folder: pathlib.Path) -> dict:
     lines = []
     results = train.train(config, log=lines.append)
     return {"results": results, "lines": lines}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `fullres demo`, short: the ct-segmentation pipeline once through kfp.local's SubprocessRunner.
+
+DEMO_ARGUMENTS = ["--steps", "4", "--cases", "4", "--eval-cases", "2"]
+
+
+def make_demo_run(folder: pathlib.Path) -> dict:
+    """`fullres demo` into `folder/demo` as users run it (2 virtual CPU devices); its exit status and output."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "FULLRES_VERBOSE")}  # as users have
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "demo", "--output", str(folder / "demo"), *DEMO_ARGUMENTS],
+        capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=900,
+    )
+    return {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
