@@ -63,3 +63,13 @@ def demo_run(tmp_path_factory):
     assert made["returncode"] == 0, made["stdout"][-3000:] + made["stderr"][-3000:]
     output = folder / "demo"
     return types.SimpleNamespace(**made), json.loads((output / "summary.json").read_text()), output
+
+
+@pytest.fixture(scope="session")
+def detection_run(tmp_path_factory):
+    """The tiny detection run, trained once per session: the detection demo preset for 8 steps on the synthetic
+    shapes (tests/trainer/detection_short_run.py). Returns (config, results)."""
+    from tests import shared_runs
+
+    folder, made = shared_runs.once(tmp_path_factory, "detection", shared_runs.make_detection_run)
+    return shared_runs.detection_config(folder), made["results"]

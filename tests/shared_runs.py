@@ -1,4 +1,4 @@
-"""Runs the suite makes once and shares: a tiny segmentation training run and `fullres demo`.
+"""Runs the suite makes once and shares: tiny segmentation and detection training runs, and `fullres demo`.
 
 A session fixture in pytest-xdist is per worker, so two test files on two
 workers would each train the same model. `once` makes a run at most once per
@@ -89,3 +89,22 @@ def make_demo_run(folder: pathlib.Path) -> dict:
         capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=900,
     )
     return {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The detection run: the detection demo preset, 8 steps (tests/trainer/detection_short_run.py).
+
+
+def detection_config(folder: pathlib.Path):
+    from tests.trainer import detection_short_run
+
+    shapes = {split: str(folder / "shapes" / split / "data-*.tfrecord") for split in ("train", "eval")}
+    return detection_short_run.make_config(shapes, str(folder / "run"))
+
+
+def make_detection_run(folder: pathlib.Path) -> dict:
+    from tests.trainer import detection_short_run
+
+    results = detection_short_run.run(str(folder))
+    assert results["loss_history"] and detection_config(folder).output_dir == str(folder / "run")
+    return {"results": results}
