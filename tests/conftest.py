@@ -34,3 +34,42 @@ def demo_data(tmp_path_factory):
     directory = tmp_path_factory.mktemp("demo_data")
     return demo_ct.write_demo_tfrecords(str(directory), num_train=6, num_eval=2, shape=(16, 16, 16), seed=1)
 
+
+
+@pytest.fixture(scope="session")
+def segmentation_run(tmp_path_factory):
+    """The tiny segmentation run, trained once per session (every xdist worker shares it): the smoke preset, 40
+    steps on the demo records, split 4-way along depth (2 replicas × 4 cores). Returns (config, results, log lines).
+
+    Read-only: a test that must change the run (predict's model_info.json) copies it first.
+    """
+    from tests import shared_runs
+
+    folder, made = shared_runs.once(tmp_path_factory, "segmentation", shared_runs.make_segmentation_run)
+    return shared_runs.segmentation_config(folder), made["results"], made["lines"]
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """`fullres demo` (short: 4 steps, 4 + 2 cases), run once per session through the SubprocessRunner and shared by
+    tests/pipelines/test_demo.py and the container test, which runs the same pipeline on the same scans in Docker.
+    Returns (completed process fields, summary.json, the demo's output folder)."""
+    import json
+    import types
+
+    from tests import shared_runs
+
+    folder, made = shared_runs.once(tmp_path_factory, "demo", shared_runs.make_demo_run)
+    assert made["returncode"] == 0, made["stdout"][-3000:] + made["stderr"][-3000:]
+    output = folder / "demo"
+    return types.SimpleNamespace(**made), json.loads((output / "summary.json").read_text()), output
+
+
+@pytest.fixture(scope="session")
+def detection_run(tmp_path_factory):
+    """The tiny detection run, trained once per session: the detection demo preset for 8 steps on the synthetic
+    shapes (tests/trainer/detection_short_run.py). Returns (config, results)."""
+    from tests import shared_runs
+
+    folder, made = shared_runs.once(tmp_path_factory, "detection", shared_runs.make_detection_run)
+    return shared_runs.detection_config(folder), made["results"]

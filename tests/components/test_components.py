@@ -74,6 +74,7 @@ def trained(runner, ct_datasets):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_preprocess_ct_writes_records_and_describes_them(ct_datasets):
     dataset = ct_datasets["train"]
     with open(os.path.join(dataset.path, "summary.json")) as file:
@@ -84,6 +85,7 @@ def test_preprocess_ct_writes_records_and_describes_them(ct_datasets):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_train_writes_the_model_and_metrics(trained):
     model_dir = trained["model"][0]
     for name in ("model.keras", "train_config.json", "model_info.json", "history.jsonl"):
@@ -106,6 +108,7 @@ def test_train_component_accepts_auto_partitioning():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_evaluate_scores_and_reports(runner, trained, ct_datasets):
     outputs = run_alone(runner, COMPONENTS.evaluate, {"model": (trained["model"][0], dsl.Model),
                                                       "eval_data": (ct_datasets["eval"].path, dsl.Dataset)},
@@ -122,6 +125,7 @@ def test_evaluate_scores_and_reports(runner, trained, ct_datasets):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_export_writes_a_saved_model_that_serves(runner, trained):
     import numpy as np
     import tensorflow as tf
@@ -135,6 +139,7 @@ def test_export_writes_a_saved_model_that_serves(runner, trained):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_preprocess_images_converts_coco(runner, tmp_path):
     written = demo_images.write_demo_coco(str(tmp_path), num_images=5, size=(64, 64), seed=2)
     task = COMPONENTS.preprocess_images(annotations_uri=written["annotations"], images_uri=written["images"])
@@ -145,6 +150,7 @@ def test_preprocess_images_converts_coco(runner, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_worker_replicas_counts_hosts_beyond_the_chief(runner):
     assert COMPONENTS.worker_replicas(replica_count=4).output == 3
 
@@ -162,6 +168,7 @@ def resolved_overrides(overrides: dict) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_integer_train_overrides_stay_integers_through_kfp(runner):
     # KFP hands a dict parameter over as a protobuf Struct: every number a double. Keras refuses 2.0 classes.
     task = resolved_overrides(overrides={"model": {"num_classes": 2}, "steps": 7,
@@ -178,6 +185,7 @@ def test_fractional_value_for_an_integer_setting_is_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_predict_writes_masks_in_each_scans_geometry(runner, trained, ct_cases):
     import SimpleITK as sitk
 

@@ -8,9 +8,11 @@ Docker would prove nothing.
 
 One module, so the image is built once per test session (the module fixture) and
 its tests run in order on one xdist worker. The ct-segmentation pipeline runs
-through kfp.local's DockerRunner (every step a container of the image) and through
-the SubprocessRunner on the same demo data, and both must produce the same
-outputs: the same records, the same set of artifacts, a report and a SavedModel.
+through kfp.local's DockerRunner (every step a container of the image) on the
+scans of the session's short `fullres demo` (the `demo_run` fixture: the
+pipeline through the SubprocessRunner, once per session, shared with
+tests/pipelines/test_demo.py), and both must produce the same outputs: the same
+records, the same set of artifacts, a report, a SavedModel and masks.
 """
 
 import glob
@@ -27,14 +29,15 @@ import time
 import pytest
 
 from pipelines import image
-from preprocessing.ct import demo_ct
 
-pytestmark = [pytest.mark.container, pytest.mark.slow]  # builds an image, runs the pipeline twice
+pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.e2e]  # builds an image, runs the pipeline
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TAG = "fullres:cpu"  # what the README's `fullres image build` makes
 SIZE_LIMIT = 3.5e9
 
+# The parameters `fullres demo --steps 4` gives the pipeline (pipelines/cli.py), but unpartitioned (the default
+# input_partition_dims): the DockerRunner passes no XLA_FLAGS into the containers, so each step sees one CPU device.
 DEMO_PARAMETERS = ["preset=demo", "steps=4", "spacing=1.7,1.7,2.25", "window=-200,300", "shape=32,32,32",
                    "class_names=background,liver,kidney"]
 CREDENTIAL_FILES = (".netrc", ".pypirc", ".git-credentials", ".docker/config.json", "pip.conf", "uv.toml")
@@ -144,14 +147,13 @@ def test_no_ca_bundle_or_credential_in_any_layer(docker, built_image):
     assert layers >= 3 and files > 10000, (layers, files)  # the search saw the image's files
 
 
-def _demo_parameters(directory) -> list[str]:
-    """Synthetic NIfTI scans with label maps (4 training, 2 held-out) and the demo's parameters."""
+def _demo_parameters(demo_output) -> list[str]:
+    """The demo's scans (4 training, 2 held-out stored turned and flipped, NIfTI) and the demo's parameters."""
     parameters = list(DEMO_PARAMETERS)
-    for split, count, seed in (("train", 4, 0), ("eval", 2, 1)):
-        cases = demo_ct.write_demo_cases(str(directory / split), count, (32, 64, 64), seed=seed,
-                                         formats=("nifti",))["nifti"]
+    for split in ("train", "eval"):
+        cases = demo_output / "data" / split / "nifti"
         parameters += [f"{split}_input_uri={cases}/images", f"{split}_labels_uri={cases}/labels"]
-    return parameters
+    return parameters + [f"predict_input_uri={demo_output / 'data' / 'eval' / 'nifti' / 'images'}"]
 
 
 def _run_pipeline(parameters: list[str], runner_args: list[str], root: str) -> tuple[dict, float]:
@@ -185,7 +187,7 @@ def _outputs(run_dir: str) -> set[str]:
     return {os.path.relpath(p, run_dir) for p in glob.glob(os.path.join(run_dir, "*", "*"))}
 
 
-def test_ct_segmentation_runs_in_containers_with_the_subprocess_runners_outputs(tmp_path, built_image):
+def test_ct_segmentation_runs_in_containers_with_the_subprocess_runners_outputs(tmp_path, built_image, demo_run):
     tag = built_image["tag"]
     compiled = fullres("pipeline", "compile", "--image", tag, "--output-dir", str(tmp_path / "compiled"))
     assert compiled.returncode == 0, compiled.stderr
@@ -193,13 +195,14 @@ def test_ct_segmentation_runs_in_containers_with_the_subprocess_runners_outputs(
     # Every fullres step names the image; the only other is the Vertex custom-job launcher of GCPC.
     assert tag in named and all("google-cloud-pipeline-components" in n for n in named - {tag}), named
 
-    parameters = _demo_parameters(tmp_path / "data")  # the same scans for both runners: records name their files
+    _, summary, demo_output = demo_run  # the SubprocessRunner's run, made once per session
+    parameters = _demo_parameters(demo_output)  # the same scans for both runners: records name their files
     docker_run, docker_seconds = _run_pipeline(parameters, ["--runner", "docker", "--image", tag],
                                                str(tmp_path / "docker-root"))
-    # kfp.local's DockerRunner names the image it starts, once per step: all five steps ran in it.
-    assert docker_run["output"].count(f"Found image {tag!r}") == 5, docker_run["output"][-3000:]
-    local_run, local_seconds = _run_pipeline(parameters, [], str(tmp_path / "local-root"))
-    print(f"ct-segmentation, 4 steps: DockerRunner {docker_seconds:.0f} s, SubprocessRunner {local_seconds:.0f} s")
+    # kfp.local's DockerRunner names the image it starts, once per step: all six steps ran in it.
+    assert docker_run["output"].count(f"Found image {tag!r}") == 6, docker_run["output"][-3000:]
+    local_run = {"run_dir": summary["run_dir"]}
+    print(f"ct-segmentation, 4 steps: DockerRunner {docker_seconds:.0f} s")
 
     assert _outputs(docker_run["run_dir"]) == _outputs(local_run["run_dir"])
     for split in ("preprocess-ct", "preprocess-ct-2"):

@@ -1,34 +1,19 @@
 """`fullres demo` runs the ct-segmentation pipeline end to end with the local KFP runner.
 
 A short run (a few steps, few cases) checks the wiring: every step ran, the
-summary points at real outputs. The Dice the full demo reaches is measured by
-running the README's main command (figures in the README).
+summary points at real outputs. The run is the session's `demo_run` fixture
+(tests/conftest.py), made once: the container test runs the same pipeline on
+the same scans in Docker and compares its outputs with this run's. The Dice the
+full demo reaches is measured by running the README's main command (figures in
+docs/measurements.md).
 """
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow  # runs the pipeline end to end
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    output = tmp_path_factory.mktemp("demo")
-    environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "FULLRES_VERBOSE")}  # as users have
-    result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "demo", "--output", str(output), "--steps", "6", "--cases", "4",
-         "--eval-cases", "2"],
-        capture_output=True, text=True, cwd=ROOT, env=environment, timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result, json.loads((output / "summary.json").read_text()), output
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # runs the pipeline end to end
 
 
 def test_demo_runs_the_pipeline_and_writes_the_summary(demo_run):

@@ -9,7 +9,7 @@ import pytest
 
 from preprocessing.images import demo_images
 
-pytestmark = pytest.mark.slow  # runs the pipeline end to end
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # runs the pipeline end to end
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

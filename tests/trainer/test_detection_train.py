@@ -1,9 +1,18 @@
-"""Detection training end to end: `fullres train --task detection`, learning, and objects on partition borders.
+"""Detection training end to end: `fullres train --task detection`, its numerics, and objects on partition borders.
 
-One short training run (module fixture) on the synthetic shapes is shared by
-the tests: a faster run with a lower floor (FAST_FLOOR); the longer
-run that clears mAP@0.5 ≥ 0.6 (`fullres train --task detection
---preset detection_demo`) and its figures are in the README.
+Two runs on the synthetic shapes:
+
+- the session's short run (`detection_run` in tests/conftest.py: the detection
+  demo preset, 8 steps), whose every step's loss is compared with stored golden
+  numbers (`golden/detection_losses.json`, tolerance `RTOL` below) and whose
+  outputs are checked;
+- the preset's 300-step run on 256 images (module fixture `border_detector`),
+  a detector good enough for the border test to judge what the partitioning
+  does to objects on the split lines (150 steps were not: mAP@0.5 0.009).
+
+Whether the detector learns (mAP@0.5 ≥ 0.2 after 300 steps; longer runs reach
+0.6) is measured by `benchmarks/detection_learning.py`, not asserted here
+(docs/measurements.md).
 """
 
 import json
@@ -21,9 +30,35 @@ from trainer.parallel import partitioning
 pytestmark = pytest.mark.slow  # trains a detector
 
 
-STEPS = 300
-FAST_FLOOR = 0.2  # mAP@0.5 after STEPS steps (measured 0.28); longer runs reach the issue's 0.6 (README)
+GOLDEN = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden",
+                                      "detection_losses.json")).read())
+# Relative, per step. Repeated runs on the 8 devices are equal bit for bit; 1 device agrees to 3.2e-6 over the steps
+# before the runs part (the file's "tolerance" entry has the measurements and what to do when they move).
+RTOL = 1e-4
+BORDER_STEPS = 300
 SIZE = 256
+
+
+def test_short_detection_run_writes_its_metrics(detection_run):
+    config, results = detection_run
+    assert results["task"] == "detection"
+    assert set(results["per_class_AP"]) == {"circle", "square", "triangle"}
+    with open(os.path.join(config.output_dir, "metrics.json")) as file:
+        written = json.load(file)
+    assert written["mAP@0.5"] == results["mAP@0.5"] and written["images"] == 32
+    # The demo images hold at most 4 shapes, under the preset's max_boxes 16: none left out, and it says so.
+    assert written["boxes_dropped_max_boxes"] == 0 and written["eval_boxes_dropped_max_boxes"] == 0
+    assert written["loss_history"][-1][1] < written["loss_history"][0][1]
+
+
+def test_every_step_loss_equals_the_golden_numbers(detection_run):
+    _, results = detection_run
+    steps = [step_number for step_number, _ in results["loss_history"]]
+    losses = np.array([loss for _, loss in results["loss_history"]])
+    assert steps == list(range(1, len(GOLDEN["losses"]) + 1))
+    np.testing.assert_allclose(losses, GOLDEN["losses"], rtol=RTOL, atol=0,
+                               err_msg="the detection losses moved; if a change means to move them, take the golden "
+                                       "numbers again (tests/trainer/detection_short_run.py) and say why")
 
 
 @pytest.fixture(scope="module")
@@ -32,25 +67,13 @@ def shapes(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(shapes, tmp_path_factory):
+def border_detector(shapes, tmp_path_factory):
+    """A detector trained long enough to find the shapes: what the border test needs to judge the split lines."""
     output = str(tmp_path_factory.mktemp("detector"))
-    config = config_lib.detection_demo(train_data=shapes["train"], eval_data=shapes["eval"], output_dir=output,
-                                       steps=STEPS, log_every=50, checkpoint_every=STEPS)
-    results = train.train(config, log=lambda line: None)
-    return config, results
-
-
-def test_detector_learns_the_shapes(trained):
-    config, results = trained
-    assert results["task"] == "detection"
-    assert results["mAP@0.5"] >= FAST_FLOOR, results
-    assert set(results["per_class_AP"]) == {"circle", "square", "triangle"}
-    with open(os.path.join(config.output_dir, "metrics.json")) as file:
-        written = json.load(file)
-    assert written["mAP@0.5"] == results["mAP@0.5"] and written["images"] == 32
-    # The demo images hold at most 4 shapes, under the preset's max_boxes 16: none left out, and it says so.
-    assert written["boxes_dropped_max_boxes"] == 0 and written["eval_boxes_dropped_max_boxes"] == 0
-    assert written["loss_history"][-1][1] < written["loss_history"][0][1]
+    config = config_lib.detection_demo(train_data=shapes["train"], output_dir=output, steps=BORDER_STEPS,
+                                       log_every=50, checkpoint_every=BORDER_STEPS)
+    train.train(config, log=lambda line: None, export_saved_model=False)
+    return config
 
 
 LINES_Y, LINES_X = (64, 128, 192), (128,)  # where (1, 4, 2, 1) splits a 256×256 image
@@ -121,9 +144,8 @@ def _detect(model, state, config, distribution, images, tiles: bool = False):
             for i, n in enumerate(found["num_detections"])]
 
 
-def test_objects_on_partition_borders_are_found_like_the_others(trained):
-    config, _ = trained
-    check_borders(config.output_dir)
+def test_objects_on_partition_borders_are_found_like_the_others(border_detector):
+    check_borders(border_detector.output_dir)
 
 
 def check_borders(model_dir: str):

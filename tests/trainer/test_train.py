@@ -1,4 +1,9 @@
-"""Training runs end to end: outputs, export, learning, and resume after a crash."""
+"""Training runs end to end: outputs, export, learning, and resume after a crash.
+
+Most tests here judge the session's tiny segmentation run (`segmentation_run` in
+tests/conftest.py: the smoke preset, 40 steps, split 4-way along depth), which
+the predict tests use as well; it is trained once per test session.
+"""
 
 import dataclasses
 import json
@@ -21,26 +26,9 @@ from tests.files import snapshot
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def smoke_run(demo_data, tmp_path_factory):
-    output = tmp_path_factory.mktemp("smoke_run")
-    config = config_lib.smoke(
-        train_data=demo_data["train"],
-        eval_data=demo_data["eval"],
-        output_dir=str(output),
-        steps=40,
-        learning_rate=1e-2,
-        checkpoint_every=10,
-        log_every=5,
-        partition=partitioning.PartitionConfig((1, 4, 1, 1, 1)),
-    )
-    lines = []
-    return config, train.train(config, log=lines.append), lines
-
-
 @pytest.mark.slow
-def test_partitioned_training_writes_every_output(smoke_run):
-    config, results, lines = smoke_run
+def test_partitioned_training_writes_every_output(segmentation_run):
+    config, results, lines = segmentation_run
     output = config.output_dir
     assert results["mesh"] == {"axes": ["replica", "depth"], "shape": [2, 4]}
     assert checkpoints.list_steps(os.path.join(output, "checkpoints")) == [20, 30, 40]  # keep_checkpoints=3
@@ -57,17 +45,17 @@ def test_partitioned_training_writes_every_output(smoke_run):
 
 
 @pytest.mark.slow
-def test_training_lowers_the_loss(smoke_run):
-    _, results, _ = smoke_run
+def test_training_lowers_the_loss(segmentation_run):
+    _, results, _ = segmentation_run
     losses = [loss for _, loss in results["loss_history"]]
     assert losses[-1] < 0.8 * losses[0], losses
 
 
 @pytest.mark.slow
-def test_exported_models_predict_like_the_trained_one(smoke_run, demo_data):
+def test_exported_models_predict_like_the_trained_one(segmentation_run, demo_data):
     import keras
 
-    config, results, _ = smoke_run
+    config, results, _ = segmentation_run
     images = next(iter(tf.data.TFRecordDataset(tf.io.gfile.glob(demo_data["eval"])).take(1)))
     from preprocessing.records import tfrecord_schema
 
@@ -81,10 +69,10 @@ def test_exported_models_predict_like_the_trained_one(smoke_run, demo_data):
 
 
 @pytest.mark.slow
-def test_evaluation_report_and_export_go_through_the_task(smoke_run, demo_data, tmp_path):
+def test_evaluation_report_and_export_go_through_the_task(segmentation_run, demo_data, tmp_path):
     from trainer import evaluate, export
 
-    config, _, _ = smoke_run
+    config, _, _ = segmentation_run
     report_path = str(tmp_path / "report.html")
     scores = evaluate.evaluate_trained(config.output_dir, demo_data["eval"], report_path=report_path,
                                        class_names=["background", "liver", "tumour"], log=lambda line: None)
@@ -176,10 +164,10 @@ def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_refused_rerun_leaves_the_finished_run_byte_identical(smoke_run, demo_data):
+def test_refused_rerun_leaves_the_finished_run_byte_identical(segmentation_run, demo_data):
     from trainer import evaluate
 
-    config, _, _ = smoke_run
+    config, _, _ = segmentation_run
     run = config.output_dir
     before = snapshot(run)
     wider = dataclasses.replace(config, model=dataclasses.replace(config.model, base_filters=8), learning_rate=1e-3)

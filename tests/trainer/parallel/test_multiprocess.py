@@ -72,6 +72,7 @@ def test_a_process_reads_exactly_its_rows_of_every_global_batch(demo_data):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_process_late_to_its_first_collectives_by_more_than_gloos_30_s_is_waited_for():
     """CI lost runs this way: one process compiled 30 s slower under load, and gloo gave up connecting (once in a
     program's first collective, once in the check JAX makes when a state is placed on the mesh)."""
@@ -86,6 +87,7 @@ def test_a_process_late_to_its_first_collectives_by_more_than_gloos_30_s_is_wait
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_one_step_in_two_processes_matches_one_process(tmp_path):
     """2 processes × 4 devices, the depth split crossing the process boundary (1,8,1,1,1) and replicas on
     processes (1,4,1,1,1): the same loss and gradients as 1 process × 8 devices."""
@@ -236,6 +238,7 @@ def interrupted(demo_data, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_sigterm_checkpoints_the_current_step_and_exits_75(interrupted):
     """SIGTERM mid-run: both processes finish the same step, its checkpoint is written within 30 s, status 75."""
     assert interrupted["preempted_status"] == distributed.PREEMPTED_EXIT_CODE
@@ -247,6 +250,7 @@ def test_sigterm_checkpoints_the_current_step_and_exits_75(interrupted):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_kill_9_of_one_process_stops_the_other_within_60_s(interrupted):
     """The rerun resumes from the preemption's step; kill -9 of process 1 ends process 0 with a clear message."""
     output = interrupted["survivor_output"]
@@ -258,6 +262,7 @@ def test_kill_9_of_one_process_stops_the_other_within_60_s(interrupted):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_rerun_resumes_and_ends_with_the_uninterrupted_weights(interrupted, uninterrupted_two_processes):
     """After the preemption and the lost process, the last rerun resumes from the newest complete checkpoint and
     ends exactly where the same run ends uninterrupted: every step's loss, every weight and Adam moment, bit for
@@ -280,6 +285,7 @@ def test_rerun_resumes_and_ends_with_the_uninterrupted_weights(interrupted, unin
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_two_processes_end_where_one_process_ends(uninterrupted_two_processes, uninterrupted):
     """20 steps in 2 processes × 4 devices against 1 process × 8 devices: the first steps agree to float32
     rounding (the same batches, splits and flips), the rest within the spread of two single-process device

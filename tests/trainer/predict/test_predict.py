@@ -180,15 +180,14 @@ def test_a_volume_too_large_for_the_devices_names_the_cores_it_needs():
 
 
 @pytest.fixture(scope="module")
-def trained_run(demo_data, tmp_path_factory):
-    """A smoke model trained 2 steps, with the preprocessing of the scans below recorded as training records it."""
-    from trainer import config as config_lib, train
-    from trainer.parallel import partitioning
+def trained_run(segmentation_run, tmp_path_factory):
+    """A copy of the session's tiny segmentation run (smoke preset, split 4-way along depth), with the preprocessing
+    of the scans below recorded as if training had recorded it (the synthetic records carry none)."""
+    import shutil
 
+    config, _, _ = segmentation_run
     output = str(tmp_path_factory.mktemp("run") / "run")
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=output, steps=2, checkpoint_every=2,
-                              partition=partitioning.PartitionConfig((1, 4, 1, 1, 1)))  # 2 replicas on the 8 devices
-    train.train(config, log=lambda line: None, export_saved_model=False)
+    shutil.copytree(config.output_dir, output)
     info_path = os.path.join(output, "model_info.json")
     with open(info_path) as file:
         info = json.load(file)
@@ -198,7 +197,7 @@ def trained_run(demo_data, tmp_path_factory):
     return output
 
 
-@pytest.mark.slow  # trains a smoke model, then predicts in a fresh process
+@pytest.mark.slow  # predicts with the session's trained smoke model in a fresh process
 def test_predict_writes_every_good_scan_and_dead_letters_the_bad_one(trained_run, tmp_path):
     from preprocessing.ct import demo_ct
 
