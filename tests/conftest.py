@@ -20,6 +20,28 @@ import pytest  # noqa: E402
 import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow loads)
 
 
+# The suite's longest files, longest first (test-seconds in the last full run, 2026-11-24). With
+# `--no-loadscope-reorder` (pyproject's addopts) xdist hands files to its workers in collection order, so these
+# start first and the short files fill in around them (longest-processing-time-first); xdist's own order, by the
+# number of tests in a file, left one worker idle for the last minutes. Files not listed keep their order.
+LONGEST_FIRST = (
+    "tests/trainer/parallel/test_multiprocess.py",  # ~380 s: 2-process runs, kills and reruns
+    "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
+    "tests/pipelines/test_detection_pipeline.py",  # ~165 s
+    "tests/trainer/test_detection_train.py",  # ~85 s: the 8-step golden run, the border test
+    "tests/trainer/test_train.py",  # ~80 s: kill -9 and resume
+    "tests/pipelines/test_cli.py",
+    "tests/components/test_components.py",
+    "tests/test_layers.py",
+    "tests/preprocessing/beam/test_images_pipeline.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 def pytest_configure(config):
     count = jax.device_count()
     if count != 8:

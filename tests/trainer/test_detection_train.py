@@ -6,9 +6,12 @@ Two runs on the synthetic shapes:
   demo preset, 8 steps), whose every step's loss is compared with stored golden
   numbers (`golden/detection_losses.json`, tolerance `RTOL` below) and whose
   outputs are checked;
-- the preset's 300-step run on 256 images (module fixture `border_detector`),
-  a detector good enough for the border test to judge what the partitioning
-  does to objects on the split lines (150 steps were not: mAP@0.5 0.009).
+- the preset's 300-step run on 256 images, a detector good enough for the
+  border test to judge what the partitioning does to objects on the split
+  lines (150 steps were not: mAP@0.5 0.009). It costs 5.5 minutes of the
+  suite's 15, so it was trained once by fullres (tests/trainer/border_detector.py)
+  and its run folder is kept in `golden/border_detector/`; the fixture refuses
+  it when today's detection demo model differs from the one it was trained as.
 
 Whether the detector learns (mAP@0.5 ≥ 0.2 after 300 steps; longer runs reach
 0.6) is measured by `benchmarks/detection_learning.py`, not asserted here
@@ -23,7 +26,7 @@ import numpy as np
 import pytest
 
 from preprocessing.images import demo_images
-from trainer import config as config_lib, train
+from trainer import config as config_lib
 from trainer.engine import placement
 from trainer.parallel import partitioning
 
@@ -35,7 +38,6 @@ GOLDEN = json.loads(open(os.path.join(os.path.dirname(os.path.abspath(__file__))
 # Relative, per step. Repeated runs on the 8 devices are equal bit for bit; 1 device agrees to 3.2e-6 over the steps
 # before the runs part (the file's "tolerance" entry has the measurements and what to do when they move).
 RTOL = 1e-4
-BORDER_STEPS = 300
 SIZE = 256
 
 
@@ -62,18 +64,18 @@ def test_every_step_loss_equals_the_golden_numbers(detection_run):
 
 
 @pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    return demo_images.write_demo_tfrecords(str(tmp_path_factory.mktemp("shapes")), num_train=256, num_eval=32, seed=3)
+def border_detector() -> str:
+    """The stored 300-step detector's run folder (train_config.json, model_info.json, model.keras)."""
+    from tests.trainer import border_detector as stored
+    from trainer.engine import run_files
 
-
-@pytest.fixture(scope="module")
-def border_detector(shapes, tmp_path_factory):
-    """A detector trained long enough to find the shapes: what the border test needs to judge the split lines."""
-    output = str(tmp_path_factory.mktemp("detector"))
-    config = config_lib.detection_demo(train_data=shapes["train"], output_dir=output, steps=BORDER_STEPS,
-                                       log_every=50, checkpoint_every=BORDER_STEPS)
-    train.train(config, log=lambda line: None, export_saved_model=False)
-    return config
+    trained_as = run_files.read_train_config(stored.FOLDER)
+    today = config_lib.detection_demo()
+    if (trained_as.model, trained_as.precision, trained_as.steps) != (today.model, today.precision, stored.STEPS):
+        pytest.fail(f"the stored border detector was trained as {trained_as.model} ({trained_as.precision}, "
+                    f"{trained_as.steps} steps) but the detection demo preset is now {today.model} "
+                    f"({today.precision}); train it again: uv run python -m tests.trainer.border_detector", pytrace=False)
+    return stored.FOLDER
 
 
 LINES_Y, LINES_X = (64, 128, 192), (128,)  # where (1, 4, 2, 1) splits a 256×256 image
@@ -145,7 +147,7 @@ def _detect(model, state, config, distribution, images, tiles: bool = False):
 
 
 def test_objects_on_partition_borders_are_found_like_the_others(border_detector):
-    check_borders(border_detector.output_dir)
+    check_borders(border_detector)
 
 
 def check_borders(model_dir: str):
