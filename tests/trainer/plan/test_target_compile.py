@@ -1,10 +1,10 @@
 """The train step compiled by a real target's compiler, on this CPU machine: TPU slices (libtpu).
 
-The README's test command runs these with the `tpu` group, after the rest of the suite (libtpu, once
-installed, writes its start-up warnings from every JAX process not pinned to the CPU), and not `cuda`: with JAX's CUDA plug-in installed,
-every JAX process on a machine without a GPU writes CUDA-driver lines to stderr. GPU figures come from
-`benchmarks/results/target_plans.json` (measured with the `cuda` group); here the GPU path is checked up to
-its install sentence.
+The README's test command runs these with the `tpu` group, after the rest of the suite: libtpu, once installed,
+writes its start-up warnings from every JAX process not pinned to the CPU. The `cuda` group stays out of the
+suite: with JAX's CUDA plug-in installed, every JAX process on a machine without a GPU writes CUDA-driver lines
+to stderr. GPU figures come from `benchmarks/results/target_plans.json` (measured with the `cuda` group); here
+the GPU path is checked up to its install sentence.
 
 A tiny UNet (2 levels, 4 filters, 16³) keeps a TPU compile to seconds on 2
 cores; the over-budget layout is the same net at 256³, which the TPU compiler
