@@ -126,6 +126,7 @@ def preprocess_ct(
     crop: Annotated[str, typer.Option(help="Where --shape crops: center of the volume, or foreground (centred on the labelled voxels).")] = "center",
     num_classes: Annotated[int | None, typer.Option(help="Classes including background: label values must be 0..N-1 (default: 0..255).")] = None,
     max_voxels: Annotated[int | None, typer.Option(help="Cases with more voxels (read from the header, and after resampling) are dead letters (default 2^29).")] = None,
+    max_decoded_bytes: Annotated[str | None, typer.Option(help="Volumes that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB).")] = None,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -139,16 +140,20 @@ def preprocess_ct(
     for name, path in (("--input", input_path), ("--labels", labels)):
         if path is not None and "://" not in path and not os.path.exists(path):
             console.fail(f"{name} {path!r} does not exist.")
+    from common import sizes
     from preprocessing.beam import ct_pipeline
     from preprocessing.ct import ct_transforms, label_maps
 
     try:
+        decoded_bytes = {} if max_decoded_bytes is None else {
+            "max_decoded_bytes": sizes.parse_bytes(max_decoded_bytes, "--max-decoded-bytes")}
         config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
                                                   spacing_tolerance=spacing_tolerance,
                                                   classes=label_maps.class_names(classes) if classes else (),
                                                   modality=modality, crop=crop,
                                                   max_label=255 if num_classes is None else num_classes - 1,
-                                                  **({"max_voxels": max_voxels} if max_voxels is not None else {}))
+                                                  **({"max_voxels": max_voxels} if max_voxels is not None else {}),
+                                                  **decoded_bytes)
     except ValueError as error:
         console.fail(str(error))
     _run_conversion(

@@ -17,9 +17,14 @@ import dataclasses
 import nibabel
 import numpy as np
 import SimpleITK as sitk
+from nibabel import openers
 
 from common import dead_letters
 from preprocessing.ct import dicom_labels, dicom_series
+
+
+# The NaN/Inf check reads a NIfTI file's stored values in slabs of this many bytes.
+_FINITE_CHECK_BYTES = 64 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,40 +87,27 @@ def read_volume(source: VolumeSource, pixel_type=sitk.sitkFloat32, *, reference:
     return image
 
 
-def read_size(source: VolumeSource) -> tuple[tuple[int, int, int], tuple[float, float, float]]:
-    """A volume's size and spacing, both (x, y, z), from its header alone: no voxel is read or decompressed.
-
-    Raises:
-        dead_letters.CaseError: the header cannot be read.
-    """
-    import pydicom
-
-    try:
-        if source.is_dicom:
-            header = pydicom.dcmread(source.dicom_files[0], stop_before_pixels=True)
-            row_spacing, column_spacing = (float(v) for v in getattr(header, "PixelSpacing", (1.0, 1.0)))
-            frames = int(getattr(header, "NumberOfFrames", 1) or 1)  # multi-frame (enhanced) files hold many slices
-            size = (int(header.Columns), int(header.Rows), frames * len(source.dicom_files))
-            return size, (column_spacing, row_spacing, float(getattr(header, "SliceThickness", None) or 1.0))
-        reader = sitk.ImageFileReader()
-        reader.SetFileName(source.path)
-        reader.ReadImageInformation()
-    except RuntimeError as error:
-        raise dead_letters.CaseError("read", "unreadable", f"SimpleITK cannot read {source.path}: {str(error).strip().splitlines()[-1]}") from None
-    except Exception as error:  # pydicom raises many kinds for corrupt headers
-        raise dead_letters.CaseError("read", "unreadable", f"the header of {source.dicom_files[0]} cannot be read ({error})") from None
-    size = tuple(reader.GetSize()) + (1,) * (3 - reader.GetDimension())
-    return size[:3], tuple(reader.GetSpacing())[:3]
-
-
 def _check_nifti_finite(path: str) -> None:
     """Refuses NaN/Inf voxels in a NIfTI file.
 
     ITK's NIfTI reader silently turns NaN and Inf into 0, so the values it
-    returns cannot show them; nibabel reads the stored values as they are.
+    returns cannot show them; the stored values are read as they are, in
+    slabs of `_FINITE_CHECK_BYTES`, so the check never holds a second copy of
+    the volume beside the one SimpleITK decoded.
     """
-    stored = np.asanyarray(nibabel.load(path).dataobj)
-    if np.issubdtype(stored.dtype, np.floating):
-        bad = int(stored.size - np.count_nonzero(np.isfinite(stored)))
-        if bad:
-            raise dead_letters.CaseError("validate", "non_finite_voxels", f"{bad} voxels of {path} are NaN or infinite")
+    image = nibabel.load(path)
+    stored = image.get_data_dtype()  # with the file's byte order
+    if not np.issubdtype(stored, np.floating):
+        return
+    remaining, bad = int(np.prod(image.shape, dtype=np.int64)), 0
+    step = max(1, _FINITE_CHECK_BYTES // stored.itemsize)
+    with openers.ImageOpener(path) as file:
+        file.seek(int(image.dataobj.offset))  # the header copy nibabel keeps says 0
+        while remaining:
+            block = np.frombuffer(file.read(min(step, remaining) * stored.itemsize), stored)
+            if not block.size:
+                break  # a short file: SimpleITK has read what it holds
+            bad += int(block.size - np.count_nonzero(np.isfinite(block)))
+            remaining -= block.size
+    if bad:
+        raise dead_letters.CaseError("validate", "non_finite_voxels", f"{bad} voxels of {path} are NaN or infinite")

@@ -20,7 +20,8 @@ import numpy as np
 import SimpleITK as sitk
 
 from common import dead_letters
-from preprocessing.ct import ct_io, dicom_series, geometry, intensity, label_maps
+from common import sizes
+from preprocessing.ct import ct_io, dicom_series, geometry, intensity, label_maps, volume_header
 from preprocessing.records import tfrecord_schema
 
 AIR_HU = -1024.0
@@ -29,6 +30,10 @@ LOGGER = logging.getLogger("fullres.preprocess")
 # about 20 bytes per voxel at its peak (float32 image, its resampled copy, the array and windowed copies, labels),
 # some 10 GiB, which is what one worker of an ordinary 4-core, 64 GiB machine (or a Dataflow highmem worker) has.
 DEFAULT_MAX_VOXELS = 2**29
+# Decoding a volume holds its values as stored and the float32 copy fullres works on (`volume_header.decoded_bytes`).
+# 3 GiB: that 512×512×2048 scan stored as int16 (1 GiB + 2 GiB) fits; the same voxels stored as float64 (4 GiB +
+# 2 GiB) do not, nor does a 2 MB float64 .nii.gz of zeros that expands to 2.2 GiB of 2.9e8 voxels (3.2 GiB decoded).
+DEFAULT_MAX_DECODED_BYTES = 3 * 2**30
 CROPS = ("center", "foreground")
 
 
@@ -52,6 +57,9 @@ class CtPreprocessConfig:
             255, the most a uint8 record stores, when not given).
         max_voxels: the most voxels a case may have, read from the header before
             decompressing, and after resampling; larger cases are dead letters.
+        max_decoded_bytes: the most bytes one volume of a case may take once decoded
+            (its stored type and the float32 working copy), read from the header before
+            decompressing; larger volumes are dead letters.
         crop: where `shape` crops: "center" of the volume, or "foreground",
             centred on the labelled voxels' bounding box.
 
@@ -69,6 +77,7 @@ class CtPreprocessConfig:
     max_label: int = 255
     max_voxels: int = DEFAULT_MAX_VOXELS
     crop: str = "center"
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
 
     def __post_init__(self):
         if not 0 <= self.spacing_tolerance < 1:
@@ -87,6 +96,8 @@ class CtPreprocessConfig:
             raise ValueError(f"--num-classes must be 1 to 256 (records store class ids as uint8), got {self.max_label + 1}.")
         if self.max_voxels < 1:
             raise ValueError(f"--max-voxels must be positive, got {self.max_voxels}.")
+        if self.max_decoded_bytes < 1:
+            raise ValueError(f"--max-decoded-bytes must be positive, e.g. 3GiB, got {self.max_decoded_bytes}.")
         if self.crop not in CROPS:
             raise ValueError(f"--crop {self.crop!r} is not known; use center or foreground.")
 
@@ -107,28 +118,59 @@ def preprocessing_record(config: CtPreprocessConfig) -> dict:
 
 
 def check_size(case: ct_io.CaseSource, config: CtPreprocessConfig) -> None:
-    """Refuses a case over `config.max_voxels`, from its headers, before any voxel is decompressed.
+    """Refuses a case from its headers, before any voxel is decompressed (`check_volume` on its image and label).
 
     Raises:
-        dead_letters.CaseError: `too_many_voxels`, with the size found; or `unreadable`.
+        dead_letters.CaseError: see `check_volume`.
     """
-    advice = f"more than --max-voxels {config.max_voxels:,}; raise --max-voxels if each worker has about 20 bytes per voxel of memory"
     for source in (case.image, case.label):
         if source is None or source.dicom_label:  # a DICOM SEG/RTSTRUCT is drawn onto the image's grid
             continue
-        size, spacing = ct_io.read_size(source)
-        name = source.name or os.path.basename(os.path.normpath(source.path))  # no absolute paths in dead letters
-        voxels = int(np.prod(size, dtype=np.int64))
-        if voxels > config.max_voxels:
+        spacing = config.spacing if source is case.image else None
+        check_volume(source, config.max_voxels, config.max_decoded_bytes, spacing,
+                     f" resampled to --spacing {','.join(f'{t:g}' for t in spacing)}" if spacing else "")
+
+
+def check_volume(source: ct_io.VolumeSource, max_voxels: int, max_decoded_bytes: int,
+                 spacing: tuple[float, float, float] | None = None, resampled_to: str = "",
+                 holder: str = "each worker") -> None:
+    """Refuses one volume from its header: geometry fullres would guess, 4-D, too small, or too large to decode.
+
+    `preprocess ct` (`check_size`) and `predict` (per scan, before reading it) both call this: one rule.
+
+    Args:
+        spacing: the grid (x, y, z) mm the volume will be resampled to, if any: its size there is checked too.
+        resampled_to: how the sentence names that grid, e.g. " resampled to --spacing 1,1,1".
+        holder: what holds the volume in memory ("each worker", "this machine"), for the sentence's advice.
+
+    Raises:
+        dead_letters.CaseError: `invalid_geometry`, `four_dimensional`, `not_scalar`, `too_small`
+            (`volume_header.check_header`), `too_many_voxels` (as stored or resampled), `too_many_bytes`
+            (decoded), or `unreadable`.
+    """
+    header = volume_header.read_header(source)
+    name = volume_header.name_of(source)  # no absolute paths in dead letters
+    volume_header.check_header(header, name)
+    advice = f"more than --max-voxels {max_voxels:,}; raise --max-voxels if {holder} has about 20 bytes per voxel of memory"
+    if header.voxels > max_voxels:
+        raise dead_letters.CaseError("read", "too_many_voxels",
+                                     f"{name} holds {' x '.join(map(str, header.size))} = {header.voxels:,} voxels, "
+                                     f"{advice}")
+    if header.decoded_bytes > max_decoded_bytes:
+        raise dead_letters.CaseError(
+            "read", "too_many_bytes",
+            f"{name} holds {' x '.join(map(str, header.size))} {header.stored_type} voxels, "
+            f"{sizes.human_bytes(header.decoded_bytes)} once decoded ({header.stored_bytes * header.components} bytes a "
+            f"voxel as stored and {volume_header.WORKING_BYTES_PER_VOXEL} as float32), more than --max-decoded-bytes "
+            f"{sizes.human_bytes(max_decoded_bytes)}; raise --max-decoded-bytes if {holder} has that memory to spare")
+    if spacing is not None:
+        resampled = [max(1, int(round(n * s / t))) for n, s, t in zip(header.size, header.spacing, spacing)]
+        voxels = int(np.prod(resampled, dtype=np.int64))
+        if voxels > max_voxels:
             raise dead_letters.CaseError("read", "too_many_voxels",
-                                  f"{name} holds {' x '.join(map(str, size))} = {voxels:,} voxels, {advice}")
-        if source is case.image and config.spacing is not None:
-            resampled = [max(1, int(round(n * s / t))) for n, s, t in zip(size, spacing, config.spacing)]
-            voxels = int(np.prod(resampled, dtype=np.int64))
-            if voxels > config.max_voxels:
-                raise dead_letters.CaseError("read", "too_many_voxels",
-                                      f"{name} resampled to --spacing {','.join(f'{t:g}' for t in config.spacing)} "
-                                      f"would hold {' x '.join(map(str, resampled))} = {voxels:,} voxels, {advice}")
+                                         f"{name}{resampled_to} would hold {' x '.join(map(str, resampled))} = "
+                                         f"{voxels:,} voxels, {advice}")
+        volume_header.check_minimum(resampled, name, resampled_to)
 
 
 def read_scan(source: ct_io.VolumeSource, modality: str, spacing_tolerance: float

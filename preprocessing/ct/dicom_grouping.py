@@ -25,7 +25,7 @@ import numpy as np
 import pydicom
 
 from common import dead_letters
-from preprocessing.ct import dicom_series
+from preprocessing.ct import dicom_series, geometry
 
 LABEL_MODALITIES = ("SEG", "RTSTRUCT")
 _ORIENTATION_DECIMALS = 3  # ImageOrientationPatient written by different tools differs in the 4th decimal
@@ -125,9 +125,10 @@ def _series_volumes(groups: list[list[dicom_series.Frame]], headers: dict[str, p
                               f"{files[0]} shares its SeriesInstanceUID with other files but not their orientation, frame "
                               "of reference or size, and is a single slice; it was left out"))
             continue
-        if len(frames) < 2:
+        if len(frames) < geometry.MIN_VOXELS_PER_AXIS:
             dead.append(dead_letters.dead_letter(files[0], "discover", "too_few_slices",
-                                               f"{files[0]} holds the only slice of its series; a volume needs at least 2"))
+                                               f"{files[0]} holds the only slice of its series; a volume needs at least "
+                                               f"{geometry.MIN_VOXELS_PER_AXIS}"))
             continue
         try:
             frames, notes = dicom_series.drop_identical(frames, dicom_series.along_normal(frames))

@@ -19,6 +19,7 @@ import pydicom
 import SimpleITK as sitk
 
 from common import dead_letters
+from preprocessing.ct import geometry
 
 DEFAULT_SPACING_TOLERANCE = 0.05
 
@@ -49,6 +50,31 @@ def _floats(values, count: int, path: str, field: str) -> tuple[float, ...]:
     return result
 
 
+def _checked(frame: Frame) -> Frame:
+    """The frame, if its geometry is usable: zero or non-finite spacing, direction or position is refused, never guessed.
+
+    Raises:
+        CaseError: `invalid_geometry`, naming the file and the field.
+    """
+    row, column = np.asarray(frame.orientation[:3]), np.asarray(frame.orientation[3:])
+
+    def values(numbers) -> str:  # as DICOM writes multiple values: a\b\c
+        return "\\".join(f"{v:g}" for v in numbers)
+
+    problem = None
+    if not np.all(np.isfinite(frame.pixel_spacing)) or min(frame.pixel_spacing) <= 0:
+        problem = f"PixelSpacing {values(frame.pixel_spacing)}"
+    elif (not np.all(np.isfinite(frame.orientation)) or min(np.linalg.norm(row), np.linalg.norm(column)) < 0.5
+          or np.linalg.norm(np.cross(row, column)) < 0.5):
+        problem = f"ImageOrientationPatient {values(frame.orientation)}"
+    elif not np.all(np.isfinite(frame.position)):
+        problem = f"ImagePositionPatient {values(frame.position)}"
+    if problem:
+        raise dead_letters.CaseError("read", "invalid_geometry", f"{frame.name} has {problem}; fullres does not guess "
+                                     "geometry, so export the series with its true geometry")
+    return frame
+
+
 def functional_group(group, sequence: str, shared):
     """The first item of functional group `sequence`, per-frame first, then shared; None when neither has it."""
     for source in (group, shared):
@@ -68,10 +94,10 @@ def frames_of(dataset: pydicom.Dataset, path: str) -> list[Frame]:
         if "ImagePositionPatient" not in dataset or "ImageOrientationPatient" not in dataset or "PixelSpacing" not in dataset:
             raise dead_letters.CaseError("read", "missing_geometry", f"{path} lacks ImagePositionPatient, "
                                       "ImageOrientationPatient or PixelSpacing, so it cannot be placed in a volume")
-        return [Frame(path, None, _floats(dataset.ImagePositionPatient, 3, path, "ImagePositionPatient"),
-                      _floats(dataset.ImageOrientationPatient, 6, path, "ImageOrientationPatient"),
-                      _floats(dataset.PixelSpacing, 2, path, "PixelSpacing"),
-                      (int(dataset.Rows), int(dataset.Columns)))]
+        return [_checked(Frame(path, None, _floats(dataset.ImagePositionPatient, 3, path, "ImagePositionPatient"),
+                               _floats(dataset.ImageOrientationPatient, 6, path, "ImageOrientationPatient"),
+                               _floats(dataset.PixelSpacing, 2, path, "PixelSpacing"),
+                               (int(dataset.Rows), int(dataset.Columns))))]
     shared = dataset.SharedFunctionalGroupsSequence[0] if "SharedFunctionalGroupsSequence" in dataset else None
     frames = []
     for index, group in enumerate(per_frame):
@@ -81,10 +107,10 @@ def frames_of(dataset: pydicom.Dataset, path: str) -> list[Frame]:
         if position is None or orientation is None or measures is None:
             raise dead_letters.CaseError("read", "missing_geometry", f"frame {index + 1} of {path} has no Plane Position, "
                                       "Plane Orientation or Pixel Measures functional group")
-        frames.append(Frame(path, index, _floats(position.ImagePositionPatient, 3, path, "ImagePositionPatient"),
-                            _floats(orientation.ImageOrientationPatient, 6, path, "ImageOrientationPatient"),
-                            _floats(measures.PixelSpacing, 2, path, "PixelSpacing"),
-                            (int(dataset.Rows), int(dataset.Columns))))
+        frames.append(_checked(Frame(path, index, _floats(position.ImagePositionPatient, 3, path, "ImagePositionPatient"),
+                                     _floats(orientation.ImageOrientationPatient, 6, path, "ImageOrientationPatient"),
+                                     _floats(measures.PixelSpacing, 2, path, "PixelSpacing"),
+                                     (int(dataset.Rows), int(dataset.Columns)))))
     return frames
 
 
@@ -214,10 +240,10 @@ def slice_stack(frames: list[Frame], spacing_tolerance: float = DEFAULT_SPACING_
         CaseError: too few slices, inconsistent orientation or size, or two
             different slices at one position; the detail names the files.
     """
-    if len(frames) < 2:
+    if len(frames) < geometry.MIN_VOXELS_PER_AXIS:
         files = sorted({frame.path for frame in frames})
-        raise dead_letters.CaseError("read", "too_few_slices",
-                                  f"{', '.join(files)} hold {len(frames)} slice; a volume needs at least 2")
+        raise dead_letters.CaseError("read", "too_few_slices", f"{', '.join(files)} hold {len(frames)} slice; a volume "
+                                     f"needs at least {geometry.MIN_VOXELS_PER_AXIS}")
     for frame in frames[1:]:
         if np.abs(np.subtract(frame.orientation, frames[0].orientation)).max() > 1e-4:
             raise dead_letters.CaseError("read", "inconsistent_orientation", f"{frame.name} and {frames[0].name} have "

@@ -15,6 +15,10 @@ from common import dead_letters
 
 # A label grid within this fraction of a voxel of the image grid is the same grid (nearest neighbour is exact).
 GRID_TOLERANCE_VOXELS = 0.1
+# The fewest voxels a volume has along each axis, as stored and on the model's grid: a point or one slice is not a
+# scan, and padding it to a training or prediction shape would make a record of padding. DICOM series, volume files,
+# `preprocess ct` and `predict` all follow this one rule.
+MIN_VOXELS_PER_AXIS = 2
 
 
 def resample(image: sitk.Image, spacing, interpolator, default_value: float, pixel_type) -> sitk.Image:

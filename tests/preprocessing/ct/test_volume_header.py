@@ -1,0 +1,235 @@
+"""Headers are read before any voxel: geometry is never guessed, 4-D files and points are refused, memory is counted in bytes.
+
+Inputs are written by the real libraries (nibabel, SimpleITK, pydicom) and then
+given the quirks users meet: a NIfTI whose pixdim and affine are zero (both
+readers would call it 1 mm), a MetaImage with zero spacing, a 4-D NIfTI, a
+1×1×1 "scan", a float64 volume under the voxel cap whose decoded bytes are not.
+"""
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+import nibabel
+import numpy as np
+import pydicom
+import pytest
+import SimpleITK as sitk
+
+from preprocessing.beam import ct_pipeline
+from preprocessing.ct import ct_io, ct_transforms, demo_ct, volume_discovery
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+CONFIG = ct_transforms.CtPreprocessConfig(spacing=(1.0, 1.0, 2.0), shape=(8, 8, 8))
+GEOMETRY_FIX = "fullres does not guess geometry, so write the scan's true voxel size into its header"
+ORIENTATION_FIX = "fullres does not guess orientation, so write the scan's true orientation into its header"
+
+
+def _nifti(path, data, edit=None):
+    """A NIfTI written by nibabel, its header then edited as stored (nibabel's own writer would repair the edits)."""
+    image = nibabel.Nifti1Image(data, np.diag([0.8, 0.8, 2.0, 1.0]))
+    buffer = io.BytesIO()
+    image.to_file_map({"header": nibabel.FileHolder(fileobj=buffer), "image": nibabel.FileHolder(fileobj=buffer)})
+    stored = bytearray(buffer.getvalue())
+    if edit is not None:
+        header = nibabel.Nifti1Header.from_fileobj(io.BytesIO(bytes(stored[:348])), check=False)
+        edit(header)
+        stored[:348] = header.binaryblock
+    with open(path, "wb") as file:
+        file.write(gzip.compress(bytes(stored)))
+    return str(path)
+
+
+def _zero_geometry(header):
+    """pixdim and both affines all zero, as a converter that lost the geometry writes them."""
+    header["pixdim"][:] = 0
+    header["qform_code"], header["sform_code"] = 0, 0
+    for axis in "xyz":
+        header[f"srow_{axis}"][:] = 0
+
+
+def _nan_spacing(header):
+    header["pixdim"][2] = np.nan
+
+
+def _zero_sform(header):
+    header["qform_code"], header["sform_code"] = 0, 2
+    for axis in "xyz":
+        header[f"srow_{axis}"][:] = 0
+
+
+def _metaimage(path, replace):
+    sitk.WriteImage(sitk.GetImageFromArray(np.full((6, 7, 8), -500.0, np.float32)), str(path))
+    stored = open(path, "rb").read()
+    old, new = replace
+    assert old in stored
+    with open(path, "wb") as file:
+        file.write(stored.replace(old, new))
+    return str(path)
+
+
+def _volume():
+    return np.full((6, 7, 8), -500.0, np.float32)  # (z, y, x) as nibabel takes (x, y, z): any order does here
+
+
+def _refusal(case, config=CONFIG):
+    """The dead letter the Beam transform writes for `case`."""
+    [letter] = [output.value for output in ct_pipeline.PreprocessCaseFn(config).process(case)]
+    return letter["reason"], letter["detail"]
+
+
+@pytest.mark.parametrize("name, write, reason, detail", [
+    ("zero.nii.gz", lambda p: _nifti(p, _volume(), _zero_geometry), "invalid_geometry",
+     f"zero.nii.gz has voxel spacing 0 x 0 x 0 mm in its header (NIfTI pixdim[1:4]); {GEOMETRY_FIX}"),
+    ("nan.nii.gz", lambda p: _nifti(p, _volume(), _nan_spacing), "invalid_geometry",
+     f"nan.nii.gz has voxel spacing 0.8 x nan x 2 mm in its header (NIfTI pixdim[1:4]); {GEOMETRY_FIX}"),
+    ("sform.nii.gz", lambda p: _nifti(p, _volume(), _zero_sform), "invalid_geometry",
+     "sform.nii.gz has a zero or non-finite affine in its header (NIfTI sform: srow_x, srow_y, srow_z); "
+     f"{ORIENTATION_FIX}"),
+    ("spacing.mha", lambda p: _metaimage(p, (b"ElementSpacing = 1 1 1", b"ElementSpacing = 0 0 0")),
+     "invalid_geometry", f"spacing.mha has voxel spacing 0 x 0 x 0 mm in its header (ElementSpacing); {GEOMETRY_FIX}"),
+    ("direction.mha", lambda p: _metaimage(p, (b"TransformMatrix = 1 0 0 0 1 0 0 0 1",
+                                               b"TransformMatrix = 0 0 0 0 0 0 0 0 0")),
+     "invalid_geometry", f"direction.mha has a zero or non-finite direction in its header (TransformMatrix); "
+                         f"{ORIENTATION_FIX}"),
+    ("four.nii.gz", lambda p: _nifti(p, np.zeros((8, 7, 6, 3), np.int16)), "four_dimensional",
+     "four.nii.gz is 4-D, 3 volumes of 8 x 7 x 6 voxels; fullres reads one 3-D volume per file, so save the volume "
+     "to use as a file of its own (e.g. nibabel.load(path).slicer[..., INDEX])"),
+    ("point.nii.gz", lambda p: _nifti(p, np.full((1, 1, 1), 40, np.int16)), "too_small",
+     "point.nii.gz is 1 x 1 x 1 voxels; a volume needs at least 2 along each axis (a point or a single slice is not "
+     "padded into a scan)"),
+    ("slice.nii.gz", lambda p: _nifti(p, np.full((8, 7), 40, np.int16)), "too_small",
+     "slice.nii.gz is 8 x 7 x 1 voxels; a volume needs at least 2 along each axis (a point or a single slice is not "
+     "padded into a scan)"),
+])
+def test_a_volume_fullres_would_have_to_guess_about_is_a_dead_letter_naming_the_field(tmp_path, name, write, reason,
+                                                                                        detail):
+    # Before: zero/NaN pixdim was read as 1 mm and the point padded into an all-padding record (no dead letter at
+    # all); the MetaImage and sform cases were `unreadable` in SimpleITK's words; the 4-D file an `unexpected_error`
+    # about DICOMOrient's pixel types.
+    path = write(tmp_path / name)
+    case = ct_io.CaseSource("case", ct_io.VolumeSource(path, name=name))
+    assert _refusal(case) == (reason, detail)
+
+
+def test_a_label_map_with_a_guessed_spacing_is_refused_too(tmp_path):
+    image = _nifti(tmp_path / "case.nii.gz", _volume())
+    label = _nifti(tmp_path / "case_label.nii.gz", np.zeros((6, 7, 8), np.uint8), _zero_geometry)
+    case = ct_io.CaseSource("case", ct_io.VolumeSource(image, name="case.nii.gz"),
+                            ct_io.VolumeSource(label, name="case_label.nii.gz"))
+    assert _refusal(case) == ("invalid_geometry", "case_label.nii.gz has voxel spacing 0 x 0 x 0 mm in its header "
+                                                  f"(NIfTI pixdim[1:4]); {GEOMETRY_FIX}")
+
+
+def test_a_sound_nifti_still_reads_and_the_point_rule_is_the_dicom_rule(tmp_path):
+    path = _nifti(tmp_path / "fine.nii.gz", np.full((2, 2, 2), 40, np.int16))  # the smallest volume accepted
+    record = ct_transforms.preprocess_case(ct_io.CaseSource("fine", ct_io.VolumeSource(path)),
+                                           ct_transforms.CtPreprocessConfig(spacing=None))
+    assert record.image.shape == (2, 2, 2) and record.spacing == pytest.approx((0.8, 0.8, 2.0))
+    # A one-slice DICOM series is refused by the same number, in its own words.
+    demo_ct.write_dicom_series(np.zeros((1, 8, 8), np.float32), str(tmp_path / "dicom" / "one"))
+    _, dead = volume_discovery.discover(str(tmp_path / "dicom"))
+    assert [letter["reason"] for letter in dead] == ["too_few_slices"]
+    assert dead[0]["detail"].endswith("holds the only slice of its series; a volume needs at least 2")
+
+
+def test_resampling_to_fewer_than_two_slices_is_refused_from_the_header(tmp_path):
+    path = _nifti(tmp_path / "thin.nii.gz", np.full((8, 8, 2), 40, np.int16))  # two 2 mm slices
+    config = ct_transforms.CtPreprocessConfig(spacing=(1.0, 1.0, 5.0))
+    case = ct_io.CaseSource("thin", ct_io.VolumeSource(path, name="thin.nii.gz"))
+    assert _refusal(case, config) == (
+        "too_small", "thin.nii.gz resampled to --spacing 1,1,5 would be 6 x 6 x 1 voxels; a volume needs at least 2 "
+                     "along each axis (a point or a single slice is not padded into a scan)")
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("PixelSpacing", [0, 0], "PixelSpacing 0\\0"),
+    ("ImageOrientationPatient", [0, 0, 0, 0, 0, 0], "ImageOrientationPatient 0\\0\\0\\0\\0\\0"),
+])
+def test_a_dicom_series_with_zero_geometry_is_refused_naming_the_field(tmp_path, field, value, shown):
+    paths = demo_ct.write_dicom_series(np.zeros((3, 8, 8), np.float32), str(tmp_path / "series"))
+    for path in paths:
+        dataset = pydicom.dcmread(path)
+        setattr(dataset, field, value)
+        dataset.save_as(path)
+    volumes, dead = volume_discovery.discover(str(tmp_path))
+    assert volumes == {} and len(dead) == 3
+    assert {letter["reason"] for letter in dead} == {"invalid_geometry"}
+    letter = next(letter for letter in dead if letter["source"] == paths[0])
+    assert letter["detail"] == (f"{paths[0]} has {shown}; fullres does not guess geometry, so export the series with "
+                                "its true geometry")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bytes, not voxels: the cap counts the stored type and the float32 working copy, from the header.
+
+def test_the_decoded_bytes_of_a_volume_are_counted_from_its_stored_type(tmp_path):
+    path = _nifti(tmp_path / "wide.nii.gz", np.zeros((10, 10, 10), np.float64))
+    case = ct_io.CaseSource("wide", ct_io.VolumeSource(path, name="wide.nii.gz"))
+    config = ct_transforms.CtPreprocessConfig(spacing=None, max_decoded_bytes=10_000)
+    assert _refusal(case, config) == (
+        "too_many_bytes", "wide.nii.gz holds 10 x 10 x 10 float64 voxels, 11.7 KiB once decoded (8 bytes a voxel as "
+                          "stored and 4 as float32), more than --max-decoded-bytes 9.8 KiB; raise --max-decoded-bytes "
+                          "if each worker has that memory to spare")
+    narrow = _nifti(tmp_path / "narrow.nii.gz", np.zeros((10, 10, 10), np.int16))  # 6 bytes a voxel: 6,000 bytes
+    ct_transforms.check_size(ct_io.CaseSource("narrow", ct_io.VolumeSource(narrow)), config)
+
+
+def zeros_nifti(path, shape_xyz, dtype):
+    """A .nii.gz of zeros of `dtype` written without holding its voxels: a few MB that expand to gigabytes.
+
+    The zeros are gzip members concatenated (what `gzip` itself reads as one stream), so the file really holds
+    every voxel its header claims; nibabel and SimpleITK read it as an ordinary NIfTI.
+    """
+    header = nibabel.Nifti1Header()
+    header.set_data_dtype(dtype)
+    header.set_data_shape(shape_xyz)
+    header.set_zooms((0.7, 0.7, 0.5))
+    header.set_sform(np.diag([0.7, 0.7, 0.5, 1.0]), code=1)
+    header["vox_offset"] = 352
+    chunk = 64 * 2**20
+    total = int(np.prod(shape_xyz)) * np.dtype(dtype).itemsize
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+    member = compressor.compress(bytes(chunk)) + compressor.flush()
+    with open(path, "wb") as file:
+        file.write(gzip.compress(header.binaryblock + b"\0" * 4, 6))
+        for _ in range(total // chunk):
+            file.write(member)
+        file.write(gzip.compress(bytes(total % chunk), 6))
+    return str(path)
+
+
+UNDER_A_MEMORY_LIMIT = """
+import json, resource, sys
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from preprocessing.beam import ct_pipeline
+from preprocessing.ct import ct_io, ct_transforms
+case = ct_io.CaseSource("f64", ct_io.VolumeSource(sys.argv[1], name="f64.nii.gz"))
+outputs = list(ct_pipeline.PreprocessCaseFn(ct_transforms.CtPreprocessConfig(spacing=None)).process(case))
+print(json.dumps([getattr(output, "value", None) for output in outputs]))
+"""
+# The issue's file: 2.2 MB of float64 zeros, 2.9e8 voxels (under --max-voxels 2^29), 2.16 GiB as stored.
+FLOAT64_SHAPE = (512, 512, 1106)
+F64_DETAIL = ("f64.nii.gz holds 512 x 512 x 1106 float64 voxels, 3.24 GiB once decoded (8 bytes a voxel as stored and "
+              "4 as float32), more than --max-decoded-bytes 3.00 GiB; raise --max-decoded-bytes if each worker has "
+              "that memory to spare")
+
+
+@pytest.mark.slow  # a fresh process importing Beam under the limit
+def test_a_float64_volume_under_the_voxel_cap_is_refused_by_its_bytes_under_a_memory_limit(tmp_path):
+    path = zeros_nifti(tmp_path / "f64.nii.gz", FLOAT64_SHAPE, np.float64)
+    assert os.path.getsize(path) < 3 * 2**20
+    assert int(np.prod(FLOAT64_SHAPE)) < ct_transforms.DEFAULT_MAX_VOXELS
+    # Measured before the byte cap (2026-11-25, this machine): with no limit the case was read, peaking at 7.1 GB
+    # resident (6.8 GiB); under 2 GiB of address space SimpleITK's reader failed with std::bad_alloc. Now it is
+    # refused from its header, the process never near the limit.
+    run = subprocess.run([sys.executable, "-c", UNDER_A_MEMORY_LIMIT, path, str(2 * 2**30)], capture_output=True,
+                         text=True, timeout=300, cwd=REPOSITORY)
+    assert run.returncode == 0, run.stderr[-2000:]
+    [letter] = json.loads(run.stdout.splitlines()[-1])
+    assert (letter["reason"], letter["detail"]) == ("too_many_bytes", F64_DETAIL)
