@@ -240,6 +240,8 @@ def predict(
     input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
     virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB (default: what the accelerator reports; unchecked on CPUs): a scan whose pass needs more is skipped with the number of cores it needs.")] = None,
+    max_voxels: Annotated[int | None, typer.Option(help="Scans with more voxels (read from the header, and on the model's grid) are dead letters (default 2^29, as in preprocess ct).")] = None,
+    max_decoded_bytes: Annotated[str | None, typer.Option(help="Scans that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB, as in preprocess ct).")] = None,
 ) -> None:
     """Segment new scans with a trained model: whole volume, one partitioned pass, masks in each scan's own geometry.
 
@@ -258,6 +260,12 @@ def predict(
     try:  # PartitionError is a ValueError
         dims = partitioning.parse_dims(input_partition_dims)
         budget = None if device_memory is None else sizes.parse_bytes(device_memory)
+        limits = {**({} if max_voxels is None else {"max_voxels": max_voxels}),
+                  **({} if max_decoded_bytes is None else {
+                      "max_decoded_bytes": sizes.parse_bytes(max_decoded_bytes, "--max-decoded-bytes")})}
+        if min(limits.values(), default=1) < 1:
+            raise ValueError(f"--max-voxels and --max-decoded-bytes must be positive, got {max_voxels}, "
+                             f"{max_decoded_bytes}.")
     except ValueError as error:
         console.fail(str(error))
 
@@ -265,7 +273,7 @@ def predict(
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
                                           probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
-                                          device_memory=budget, log=console.say)
+                                          device_memory=budget, log=console.say, **limits)
     except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
             ValueError) as error:
         console.fail(str(error))

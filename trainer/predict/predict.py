@@ -100,20 +100,28 @@ def output_format(source: ct_io.VolumeSource, requested: str | None) -> str:
 
 
 def prepare(source: ct_io.VolumeSource, preprocessing: dict,
-            spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> Prepared:
+            spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE,
+            max_voxels: int = ct_transforms.DEFAULT_MAX_VOXELS,
+            max_decoded_bytes: int = ct_transforms.DEFAULT_MAX_DECODED_BYTES) -> Prepared:
     """Reads `source` and applies the model's recorded preprocessing (`model_info.json`'s `preprocessing`).
 
-    The same functions as `fullres preprocess ct` (`ct_transforms`): orientation,
-    resampling to the recorded spacing (linear, air outside), CT window or
-    z-score. No crop: the whole volume goes through the model.
+    The same functions as `fullres preprocess ct` (`ct_transforms`): the header
+    checked before any voxel is decoded (geometry, 4-D, the size limits, on the
+    scan and on the model's grid), orientation, resampling to the recorded
+    spacing (linear, air outside), CT window or z-score. No crop: the whole
+    volume goes through the model.
 
     Raises:
-        dead_letters.CaseError: unreadable, empty or non-finite scans.
+        dead_letters.CaseError: unreadable, empty, non-finite, too small or too large scans, or ones whose
+            geometry would have to be guessed.
     """
+    spacing = preprocessing["spacing"]
+    ct_transforms.check_volume(
+        source, max_voxels, max_decoded_bytes, tuple(spacing) if spacing else None,
+        f" resampled to the model's spacing {','.join(f'{t:g}' for t in spacing)}" if spacing else "", "this machine")
     original, normalization, _, background = ct_transforms.read_scan(source, preprocessing["modality"],
                                                                      spacing_tolerance)
     oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
-    spacing = preprocessing["spacing"]
     grid = geometry.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
                                   sitk.sitkFloat32)
     scaled, _, fill = intensity.normalize(sitk.GetArrayFromImage(grid), normalization,
@@ -164,6 +172,8 @@ def _class_names(info: dict, num_classes: int) -> list[str]:
 def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,
             probabilities: bool = False, dicom_seg: bool | None = None,
             input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
+            max_voxels: int = ct_transforms.DEFAULT_MAX_VOXELS,
+            max_decoded_bytes: int = ct_transforms.DEFAULT_MAX_DECODED_BYTES,
             log: Callable[[str], None] = print) -> dict:
     """Segments every scan under `input_path` with the model in `model_dir`; masks go to `output_dir`.
 
@@ -182,6 +192,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         input_partition_dims: how each volume is split (None: the training's split, one replica).
         device_memory: bytes one device holds (None: as the accelerator says; unchecked on CPUs); a scan whose
             compiled pass needs more is a dead letter that names the cores it would need.
+        max_voxels, max_decoded_bytes: a scan over either, read from its header before decoding (as in
+            `fullres preprocess ct`), is a dead letter naming its size.
         log: progress lines.
 
     Returns:
@@ -238,7 +250,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_guard.write_marker(output_dir, "predict", sorted(written))
         try:
             case = _predict_case(case_id, source, info, predictor, names, output_dir, output_format_name,
-                                 probabilities, dicom_seg, model_dir)
+                                 probabilities, dicom_seg, model_dir, (max_voxels, max_decoded_bytes))
         except inference.VolumeTooLarge as error:
             dead.append(dead_letters.dead_letter(source.path, "predict", "too_large", str(error)))
             log(f"[{number}/{len(scans)}] {case_id}: skipped (too_large: {error})")
@@ -292,8 +304,8 @@ def read_summary(output_dir: str) -> dict:
 
 
 def _predict_case(case_id, source, info, predictor, names, output_dir, format_name, probabilities, dicom_seg,
-                  model_dir) -> dict:
-    prepared = prepare(source, info["preprocessing"])
+                  model_dir, limits) -> dict:
+    prepared = prepare(source, info["preprocessing"], max_voxels=limits[0], max_decoded_bytes=limits[1])
     probs = predictor.probabilities(prepared.volume, prepared.fill)
     mask, on_original = to_original_grid(probs, prepared.grid, prepared.original)
     suffix = FORMATS[output_format(source, format_name)]

@@ -203,16 +203,6 @@ def zeros_nifti(path, shape_xyz, dtype):
     return str(path)
 
 
-UNDER_A_MEMORY_LIMIT = """
-import json, resource, sys
-limit = int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from preprocessing.beam import ct_pipeline
-from preprocessing.ct import ct_io, ct_transforms
-case = ct_io.CaseSource("f64", ct_io.VolumeSource(sys.argv[1], name="f64.nii.gz"))
-outputs = list(ct_pipeline.PreprocessCaseFn(ct_transforms.CtPreprocessConfig(spacing=None)).process(case))
-print(json.dumps([getattr(output, "value", None) for output in outputs]))
-"""
 # The issue's file: 2.2 MB of float64 zeros, 2.9e8 voxels (under --max-voxels 2^29), 2.16 GiB as stored.
 FLOAT64_SHAPE = (512, 512, 1106)
 F64_DETAIL = ("f64.nii.gz holds 512 x 512 x 1106 float64 voxels, 3.24 GiB once decoded (8 bytes a voxel as stored and "
@@ -220,16 +210,41 @@ F64_DETAIL = ("f64.nii.gz holds 512 x 512 x 1106 float64 voxels, 3.24 GiB once d
               "that memory to spare")
 
 
-@pytest.mark.slow  # a fresh process importing Beam under the limit
+def _limited(limit: int):
+    """For `preexec_fn`: the child process and the Beam workers it starts get `limit` bytes of address space."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.slow  # `fullres preprocess ct` in a fresh process (Beam, one worker) under the limit
 def test_a_float64_volume_under_the_voxel_cap_is_refused_by_its_bytes_under_a_memory_limit(tmp_path):
-    path = zeros_nifti(tmp_path / "f64.nii.gz", FLOAT64_SHAPE, np.float64)
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    path = zeros_nifti(scans / "f64.nii.gz", FLOAT64_SHAPE, np.float64)
     assert os.path.getsize(path) < 3 * 2**20
     assert int(np.prod(FLOAT64_SHAPE)) < ct_transforms.DEFAULT_MAX_VOXELS
-    # Measured before the byte cap (2026-11-25, this machine): with no limit the case was read, peaking at 7.1 GB
-    # resident (6.8 GiB); under 2 GiB of address space SimpleITK's reader failed with std::bad_alloc. Now it is
-    # refused from its header, the process never near the limit.
-    run = subprocess.run([sys.executable, "-c", UNDER_A_MEMORY_LIMIT, path, str(2 * 2**30)], capture_output=True,
-                         text=True, timeout=300, cwd=REPOSITORY)
+    _nifti(scans / "good.nii.gz", np.full((16, 16, 8), 40, np.int16))  # an ordinary scan beside it is still written
+    # Measured before the byte cap (2026-11-25, this machine): with no limit the case was read, the worker peaking at
+    # 7.1 GB resident (6.8 GiB); under 2 GiB of address space SimpleITK's reader failed with std::bad_alloc. Now it
+    # is refused from its header and the whole command, Beam included, stays under 2 GiB (0.35 GB resident).
+    run = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "preprocess", "ct", "--input", str(scans), "--output",
+         str(tmp_path / "out"), "--workers", "1", "--max-failed-fraction", "0.5"],
+        capture_output=True, text=True, timeout=300, cwd=REPOSITORY, preexec_fn=_limited(2 * 2**30))
     assert run.returncode == 0, run.stderr[-2000:]
-    [letter] = json.loads(run.stdout.splitlines()[-1])
-    assert (letter["reason"], letter["detail"]) == ("too_many_bytes", F64_DETAIL)
+    [letter] = [json.loads(line) for line in (tmp_path / "out" / "dead_letter.jsonl").read_text().splitlines()]
+    assert (letter["source"], letter["reason"], letter["detail"]) == ("f64.nii.gz", "too_many_bytes", F64_DETAIL)
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["ok"] == 1
+
+
+def test_max_decoded_bytes_takes_a_size_and_says_so_in_one_sentence(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    result = CliRunner().invoke(cli.app, ["preprocess", "ct", "--input", str(tmp_path), "--output",
+                                          str(tmp_path / "out"), "--max-decoded-bytes", "lots"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "fullres: error: --max-decoded-bytes 'lots' is not a size; write e.g. 16GiB or 32GB."
+    assert not (tmp_path / "out").exists()
