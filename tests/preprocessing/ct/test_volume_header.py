@@ -210,11 +210,15 @@ F64_DETAIL = ("f64.nii.gz holds 512 x 512 x 1106 float64 voxels, 3.24 GiB once d
               "that memory to spare")
 
 
-def _limited(limit: int):
-    """For `preexec_fn`: the child process and the Beam workers it starts get `limit` bytes of address space."""
-    import resource
+def under_memory_limit(limit: int, *arguments: str) -> list[str]:
+    """A command line that runs `python -m pipelines.cli ARGUMENTS` with `limit` bytes of address space.
 
-    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    The limit is set in the child before it execs (not with `preexec_fn`, which is unsafe in this multi-threaded
+    test process); the Beam workers the command starts inherit it.
+    """
+    start = ("import os, resource, sys; limit = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (limit, limit)); "
+             "os.execv(sys.executable, [sys.executable, '-m', 'pipelines.cli', *sys.argv[2:]])")
+    return [sys.executable, "-c", start, str(limit), *arguments]
 
 
 @pytest.mark.slow  # `fullres preprocess ct` in a fresh process (Beam, one worker) under the limit
@@ -229,9 +233,9 @@ def test_a_float64_volume_under_the_voxel_cap_is_refused_by_its_bytes_under_a_me
     # 7.1 GB resident (6.8 GiB); under 2 GiB of address space SimpleITK's reader failed with std::bad_alloc. Now it
     # is refused from its header and the whole command, Beam included, stays under 2 GiB (0.35 GB resident).
     run = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "preprocess", "ct", "--input", str(scans), "--output",
-         str(tmp_path / "out"), "--workers", "1", "--max-failed-fraction", "0.5"],
-        capture_output=True, text=True, timeout=300, cwd=REPOSITORY, preexec_fn=_limited(2 * 2**30))
+        under_memory_limit(2 * 2**30, "preprocess", "ct", "--input", str(scans), "--output", str(tmp_path / "out"),
+                           "--workers", "1", "--max-failed-fraction", "0.5"),
+        capture_output=True, text=True, timeout=300, cwd=REPOSITORY)
     assert run.returncode == 0, run.stderr[-2000:]
     [letter] = [json.loads(line) for line in (tmp_path / "out" / "dead_letter.jsonl").read_text().splitlines()]
     assert (letter["source"], letter["reason"], letter["detail"]) == ("f64.nii.gz", "too_many_bytes", F64_DETAIL)

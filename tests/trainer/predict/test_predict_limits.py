@@ -7,7 +7,6 @@ the quirks users meet); the sentences are the same ones, because predict calls t
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +17,10 @@ from tests.preprocessing.ct import test_volume_header as headers
 from trainer.predict import predict
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# Address space for `fullres predict` on 2 virtual CPU devices, measured here (2026-11-25): under 2 GiB XLA cannot
+# start ("cannot allocate memory for thread-local data"); under 3 GiB it runs at 0.95 GB resident, and before the
+# byte cap SimpleITK could not allocate the float64 scan ("Failed to allocate memory for image").
+LIMIT_FOR_PREDICT = 3 * 2**30
 PREPROCESSING = {"spacing": [1.7, 1.7, 2.25], "orientation": "LPS", "window": [-200.0, 300.0], "modality": "ct",
                  "shape": None}
 
@@ -60,33 +63,6 @@ def test_predict_caps_the_decoded_bytes_of_a_scan_from_its_header(tmp_path):
                           "if this machine has that memory to spare")
 
 
-PREPARE_UNDER_A_MEMORY_LIMIT = """
-import json, resource, sys
-limit = int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from common import dead_letters
-from preprocessing.ct import ct_io
-from trainer.predict import predict
-preprocessing = json.loads(sys.argv[3])
-try:
-    predict.prepare(ct_io.VolumeSource(sys.argv[1], name="f64.nii.gz"), preprocessing)
-    print(json.dumps(["prepared", ""]))
-except dead_letters.CaseError as error:
-    print(json.dumps([error.reason, error.detail]))
-"""
-
-
-@pytest.mark.slow  # a fresh process importing JAX under the limit
-def test_predict_refuses_the_float64_scan_before_decoding_it_under_a_memory_limit(tmp_path):
-    path = headers.zeros_nifti(tmp_path / "f64.nii.gz", headers.FLOAT64_SHAPE, np.float64)
-    # Before (2026-11-25, this machine): SimpleITK's reader ended in std::bad_alloc under 2 GiB of address space.
-    run = subprocess.run([sys.executable, "-c", PREPARE_UNDER_A_MEMORY_LIMIT, path, str(2 * 2**30),
-                          json.dumps(PREPROCESSING)], capture_output=True, text=True, timeout=300, cwd=REPOSITORY)
-    assert run.returncode == 0, run.stderr[-2000:]
-    reason, detail = json.loads(run.stdout.splitlines()[-1])
-    assert (reason, detail) == ("too_many_bytes", headers.F64_DETAIL.replace("each worker", "this machine"))
-
-
 def test_predict_s_max_decoded_bytes_takes_a_size_and_says_so_in_one_sentence(tmp_path):
     from typer.testing import CliRunner
 
@@ -96,3 +72,42 @@ def test_predict_s_max_decoded_bytes_takes_a_size_and_says_so_in_one_sentence(tm
                                           str(tmp_path / "masks"), "--max-decoded-bytes", "lots"])
     assert result.exit_code == 2
     assert result.stderr.strip() == "fullres: error: --max-decoded-bytes 'lots' is not a size; write e.g. 16GiB or 32GB."
+
+
+@pytest.fixture(scope="module")
+def trained_run(segmentation_run, tmp_path_factory):
+    """A copy of the session's tiny segmentation run with a recorded preprocessing (as test_predict.py makes it)."""
+    import shutil
+
+    config, _, _ = segmentation_run
+    output = str(tmp_path_factory.mktemp("run") / "run")
+    shutil.copytree(config.output_dir, output)
+    info_path = os.path.join(output, "model_info.json")
+    with open(info_path) as file:
+        info = json.load(file)
+    info["preprocessing"] = PREPROCESSING
+    with open(info_path, "w") as file:
+        json.dump(info, file)
+    return output
+
+
+@pytest.mark.slow  # `fullres predict` with the session's trained smoke model, in a fresh process under the limit
+def test_fullres_predict_dead_letters_the_float64_scan_and_predicts_the_other_under_a_memory_limit(trained_run,
+                                                                                                   tmp_path):
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    headers.zeros_nifti(scans / "f64.nii.gz", headers.FLOAT64_SHAPE, np.float64)
+    headers._nifti(scans / "good.nii.gz", np.full((20, 20, 12), 40, np.int16))
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run = subprocess.run(
+        headers.under_memory_limit(LIMIT_FOR_PREDICT, "predict", "--model", trained_run, "--input", str(scans),
+                                   "--output", str(tmp_path / "masks"), "--virtual-devices", "2",
+                                   "--input-partition-dims", "1,2,1,1,1"),
+        capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads((tmp_path / "masks" / "summary.json").read_text())
+    assert [case["case_id"] for case in summary["cases"]] == ["good"]
+    [letter] = summary["dead_letters"]
+    assert letter["source"].endswith("f64.nii.gz") and letter["reason"] == "too_many_bytes"
+    assert letter["detail"] == headers.F64_DETAIL.replace("each worker", "this machine")
+    assert f"f64: skipped (too_many_bytes: {letter['detail']})" in run.stdout
