@@ -262,26 +262,33 @@ def slice_stack(frames: list[Frame], spacing_tolerance: float = DEFAULT_SPACING_
 def read_series(files: tuple[str, ...], spacing_tolerance: float = DEFAULT_SPACING_TOLERANCE) -> sitk.Image:
     """Reads the files of one volume into a float32 image (rescaled: HU for CT) with its patient-space geometry.
 
+    Headers are read first (no pixel data); then each file's pixels are
+    decoded in slice order straight into one float32 volume, one file at a
+    time, so the read holds the volume (and, at the end, SimpleITK's copy of
+    it), never every file's stored pixels beside a list of float slices.
+
     Raises:
         CaseError: unreadable or undecodable files, too few slices, inconsistent
             orientation or size, or two different slices at one position; the
             detail names the files.
     """
-    datasets, frames = {}, []
+    frames = []
     for path in files:
         try:
-            datasets[path] = pydicom.dcmread(path)
+            header = pydicom.dcmread(path, stop_before_pixels=True)
         except Exception as error:  # pydicom raises many kinds for corrupt files
             raise dead_letters.CaseError("read", "unreadable", f"{path} cannot be read ({error})") from None
-        frames.extend(frames_of(datasets[path], path))
+        frames.extend(frames_of(header, path))
     stack = slice_stack(frames, spacing_tolerance)
-    slices, decoded = [], {}
-    for frame in stack.frames:
-        if frame.path not in decoded:
-            decoded[frame.path] = _decode(datasets[frame.path], frame.path)
-        slope, intercept = _rescale(datasets[frame.path], frame.index)
-        slices.append(decoded[frame.path][frame.index or 0].astype(np.float32) * slope + intercept)
-    volume = np.stack(slices)  # (D, H, W)
+    volume = np.empty((len(stack.frames), *stack.frames[0].size), np.float32)  # (D, H, W)
+    current, dataset, pixels = None, None, None
+    for slice_index, frame in enumerate(stack.frames):
+        if frame.path != current:  # a multi-frame file's frames come together; single-frame files one each
+            current = frame.path
+            dataset, pixels = _read_pixels(frame.path)
+        slope, intercept = _rescale(dataset, frame.index)
+        volume[slice_index] = pixels[frame.index or 0].astype(np.float32) * slope + intercept  # as scanners rescale
+    dataset = pixels = None
     if stack.resampled:
         volume = _interpolate_slices(volume, np.asarray(stack.along), stack.step)
     spacing, origin, direction = stack.geometry()
@@ -299,4 +306,7 @@ def _interpolate_slices(volume: np.ndarray, along: np.ndarray, step: float) -> n
     upper = np.clip(np.searchsorted(along, targets, side="right"), 1, len(along) - 1)
     lower = upper - 1
     weight = np.clip((targets - along[lower]) / (along[upper] - along[lower]), 0.0, 1.0).astype(np.float32)
-    return volume[lower] * (1 - weight)[:, None, None] + volume[upper] * weight[:, None, None]  # (count, H, W)
+    output = np.empty((count, *volume.shape[1:]), np.float32)  # (count, H, W), filled a slice at a time
+    for index in range(count):
+        output[index] = volume[lower[index]] * (1 - weight[index]) + volume[upper[index]] * weight[index]
+    return output

@@ -252,3 +252,28 @@ def test_max_decoded_bytes_takes_a_size_and_says_so_in_one_sentence(tmp_path):
     assert result.exit_code == 2
     assert result.stderr.strip() == "fullres: error: --max-decoded-bytes 'lots' is not a size; write e.g. 16GiB or 32GB."
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dicom_series_is_read_into_one_float32_volume_not_several_copies(tmp_path):
+    """What the reader holds beside the volume it returns, counted by tracemalloc (NumPy and pydicom report to it).
+
+    Before: every file's stored bytes, every file's decoded pixels, a list of float32 slices and their stack,
+    about 12 bytes a voxel for int16 slices (measured: 0.79 GB more resident for a 512×512×200 series, whose
+    float32 volume is 0.2 GiB); the byte cap counts 2 + 4. Now: one file at a time, decoded into one volume.
+    """
+    import glob
+    import tracemalloc
+
+    from preprocessing.ct import dicom_series
+
+    volume = np.random.default_rng(0).integers(-1000, 1000, (40, 96, 128)).astype(np.float32)
+    demo_ct.write_dicom_series(volume, str(tmp_path / "series"))
+    files = tuple(sorted(glob.glob(str(tmp_path / "series" / "*"))))
+    tracemalloc.start()
+    try:
+        image = dicom_series.read_series(files)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(sitk.GetArrayFromImage(image), volume)
+    assert peak < 1.5 * volume.nbytes, f"{peak / volume.nbytes:.2f} float32 volumes held at the peak"
