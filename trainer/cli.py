@@ -263,9 +263,10 @@ def predict(
         limits = {**({} if max_voxels is None else {"max_voxels": max_voxels}),
                   **({} if max_decoded_bytes is None else {
                       "max_decoded_bytes": sizes.parse_bytes(max_decoded_bytes, "--max-decoded-bytes")})}
-        if min(limits.values(), default=1) < 1:
-            raise ValueError(f"--max-voxels and --max-decoded-bytes must be positive, got {max_voxels}, "
-                             f"{max_decoded_bytes}.")
+        if limits.get("max_voxels", 1) < 1:
+            raise ValueError(f"--max-voxels must be positive, got {max_voxels}.")
+        if limits.get("max_decoded_bytes", 1) < 1:
+            raise ValueError(f"--max-decoded-bytes must be positive, e.g. 3GiB, got {max_decoded_bytes}.")
     except ValueError as error:
         console.fail(str(error))
 

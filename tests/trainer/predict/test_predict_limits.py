@@ -63,15 +63,21 @@ def test_predict_caps_the_decoded_bytes_of_a_scan_from_its_header(tmp_path):
                           "if this machine has that memory to spare")
 
 
-def test_predict_s_max_decoded_bytes_takes_a_size_and_says_so_in_one_sentence(tmp_path):
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-decoded-bytes", "lots", "--max-decoded-bytes 'lots' is not a size; write e.g. 16GiB or 32GB."),
+    ("--max-decoded-bytes", "0GiB", "--max-decoded-bytes must be positive, e.g. 3GiB, got 0GiB."),
+    ("--max-voxels", "0", "--max-voxels must be positive, got 0."),
+])
+def test_predict_s_size_caps_are_checked_in_one_sentence(tmp_path, option, value, message):
     from typer.testing import CliRunner
 
     from pipelines import cli
 
     result = CliRunner().invoke(cli.app, ["predict", "--model", str(tmp_path), "--input", str(tmp_path), "--output",
-                                          str(tmp_path / "masks"), "--max-decoded-bytes", "lots"])
+                                          str(tmp_path / "masks"), option, value])
     assert result.exit_code == 2
-    assert result.stderr.strip() == "fullres: error: --max-decoded-bytes 'lots' is not a size; write e.g. 16GiB or 32GB."
+    assert result.stderr.strip() == f"fullres: error: {message}"
+    assert not (tmp_path / "masks").exists()
 
 
 @pytest.fixture(scope="module")
