@@ -197,6 +197,6 @@ def test_predict_writes_masks_in_each_scans_geometry(runner, trained, ct_cases):
     with open(os.path.join(masks, "summary.json")) as file:
         summary = json.load(file)
     for case in summary["cases"]:
-        mask, scan = sitk.ReadImage(case["outputs"][0]), sitk.ReadImage(case["source"])
+        mask, scan = sitk.ReadImage(case["outputs"][0]), sitk.ReadImage(os.path.join(images, case["source"]))
         assert case["outputs"][0].startswith(masks) and mask.GetSize() == scan.GetSize()
         assert mask.GetSpacing() == pytest.approx(scan.GetSpacing()) and mask.GetOrigin() == pytest.approx(scan.GetOrigin())
