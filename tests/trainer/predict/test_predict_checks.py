@@ -163,6 +163,28 @@ def test_strict_makes_a_mismatch_a_dead_letter_and_too_many_fail_the_run(ct_mode
     assert "brain_series: skipped (modality_mismatch: the scan is MR (its DICOM Modality tag)" in result.stdout
 
 
+@pytest.mark.slow  # predicts one scan with the session's model
+def test_predict_fails_the_run_when_too_many_scans_fail_and_names_them_relative_to_the_input(ct_model, tmp_path):
+    """7 of 10 scans failed and predict exited 0: now more than --max-failed-fraction (0.1, as preprocess's) is an
+    error, raised after the summary and dead letters are written; they name scans relative to --input."""
+    scans = tmp_path / f"{ROOT}_exports" / "scans"
+    scans.mkdir(parents=True)
+    _volume_file(_ct(), scans / "good.nii.gz")
+    for name in ("broken.nii.gz", "truncated.nrrd"):
+        (scans / name).write_bytes(b"not a volume")
+    output = tmp_path / "masks"
+    with pytest.raises(predict.TooManyFailed) as failed:
+        predict.predict(ct_model, str(scans), str(output), input_partition_dims=(1, 2, 1, 1, 1), log=lambda line: None)
+    assert str(failed.value) == (f"2 of 3 inputs failed (67%), more than --max-failed-fraction 0.1; see "
+                                 f"{output / 'dead_letter.jsonl'}.")
+    letters = [json.loads(line) for line in (output / "dead_letter.jsonl").read_text().splitlines()]
+    assert sorted(letter["source"] for letter in letters) == ["broken.nii.gz", "truncated.nrrd"]
+    for name in ("dead_letter.jsonl", "summary.json"):
+        assert ROOT not in (output / name).read_text(), name  # nothing above --input, no absolute input path
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["ok"] == 1 and summary["input"] == "scans" and summary["cases"][0]["source"] == "good.nii.gz"
+
+
 def test_strict_needs_a_model_that_records_what_it_was_trained_on(tmp_path):
     """A run trained before data_modality was recorded cannot be checked: --strict says so before any work."""
     run = tmp_path / "run"
