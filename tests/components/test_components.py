@@ -207,10 +207,10 @@ PATIENT = "DOE_JANE_PID-7731"
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_pseudonymized_steps_write_no_patient_name(runner, trained, tmp_path):
+def test_pseudonymized_steps_write_no_patient_name(runner, tmp_path):
     """The pipeline's `pseudonymize` reaches preprocess, evaluate and predict (tests/pipelines/test_compile.py); run
-    here on a PACS-style export (a folder and DICOM tags naming the patient), no byte those steps write names them.
-    The mapping back and its key lie beside each artifact, and are the only files that do."""
+    here on a PACS-style export (a folder and DICOM tags naming the patient), no byte those steps and training on
+    their records write names them. The mapping back and its key lie beside each artifact, the only files that do."""
     import numpy as np
     import pydicom
     import SimpleITK as sitk
@@ -226,6 +226,8 @@ def test_pseudonymized_steps_write_no_patient_name(runner, trained, tmp_path):
     before = set(os.listdir(runner))
     dataset = COMPONENTS.preprocess_ct(input_uri=str(images), labels_uri=str(labels), spacing="2.0,2.0,2.0",
                                        window="-200,300", shape="16,16,16", pseudonymize=True).outputs["dataset"]
+    trained = run_alone(runner, COMPONENTS.train, {"train_data": (dataset.path, dsl.Dataset)}, task="segmentation",
+                        preset="smoke", steps=1, batch_size=2, input_partition_dims="1,4,1,1,1")
     evaluated = run_alone(runner, COMPONENTS.evaluate, {"model": (trained["model"][0], dsl.Model),
                                                         "eval_data": (dataset.path, dsl.Dataset)},
                           class_names="background,liver,kidney", report_examples=1, pseudonymize=True)
