@@ -240,11 +240,11 @@ def predict(
     probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
     input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
     virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
-    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB (default: what the accelerator reports; unchecked on CPUs): a scan whose pass needs more is skipped with the number of cores it needs.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="A scan whose modality or intensity range differs from the model's training scans is a dead letter (default: predicted, with a warning in its problems).")] = False,
     max_failed_fraction: preprocessing_cli.MaxFailedFraction = 0.1,
     pseudonymize: Annotated[bool, typer.Option(help="Name cases by keyed hashes, as preprocess does (no DICOM SEG then); the mapping back goes to OUTPUT.pseudonyms.json beside the output, never inside it.")] = False,
     pseudonymize_key_file: Annotated[str | None, typer.Option(help="Key for --pseudonymize (pass the preprocessed data's for the same pseudonyms); default OUTPUT.pseudonym-key, generated once.")] = None,
+    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB (default: what the accelerator reports; unchecked on CPUs): a scan whose pass needs more is skipped with the number of cores it needs.")] = None,
 ) -> None:
     """Segment new scans with a trained model: whole volume, one partitioned pass, masks in each scan's own geometry.
 
@@ -269,10 +269,10 @@ def predict(
     try:
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
-                                          probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
-                                          device_memory=budget, strict=strict, max_failed_fraction=max_failed_fraction,
+                                          strict=strict, max_failed_fraction=max_failed_fraction,
                                           pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
-                                          log=console.say)
+                                          probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
+                                          device_memory=budget, log=console.say)
     except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
             ValueError, predict_lib.TooManyFailed) as error:
         console.fail(str(error))

@@ -167,9 +167,10 @@ def _class_names(info: dict, num_classes: int) -> list[str]:
 
 def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,
             probabilities: bool = False, dicom_seg: bool | None = None,
-            input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
             strict: bool = False, max_failed_fraction: float = 0.1, pseudonymize: bool = False,
-            pseudonym_key_file: str | None = None, log: Callable[[str], None] = print) -> dict:
+            pseudonym_key_file: str | None = None,
+            input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
+            log: Callable[[str], None] = print) -> dict:
     """Segments every scan under `input_path` with the model in `model_dir`; masks go to `output_dir`.
 
     Each scan is read, prepared as the model's training data were, padded to
@@ -184,9 +185,6 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_format_name: nifti, nrrd or mha; None: each input's own format (NIfTI for DICOM).
         probabilities: also write each class's probability map.
         dicom_seg: also write a DICOM SEG for DICOM input (None: yes).
-        input_partition_dims: how each volume is split (None: the training's split, one replica).
-        device_memory: bytes one device holds (None: as the accelerator says; unchecked on CPUs); a scan whose
-            compiled pass needs more is a dead letter that names the cores it would need.
         strict: a scan whose modality or intensity range differs from the training scans' (`scan_check`) is a
             dead letter instead of a mask with a warning in its `problems`.
         max_failed_fraction: dead letters / scans above which `TooManyFailed` is raised (after the summary is written).
@@ -195,6 +193,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             is written then (a SEG carries the series' patient attributes).
         pseudonym_key_file: the key; default `identifiers.key_path(output_dir)`, created if missing (pass the
             key file of the preprocessed data for the same pseudonyms).
+        input_partition_dims: how each volume is split (None: the training's split, one replica).
+        device_memory: bytes one device holds (None: as the accelerator says; unchecked on CPUs); a scan whose
+            compiled pass needs more is a dead letter that names the cores it would need.
         log: progress lines.
 
     Returns:
