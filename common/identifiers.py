@@ -126,6 +126,15 @@ def pseudonym(key: bytes, text: str, prefix: str = "case") -> str:
     return f"{prefix}-{hmac.new(key, text.encode(), hashlib.sha256).hexdigest()[:16]}"
 
 
+def is_pseudonym(text: str) -> bool:
+    """Whether `text` is a name `pseudonym` gives (`case-` or `file-` + 16 hex digits).
+
+    >>> is_pseudonym("case-0123456789abcdef"), is_pseudonym("DOE^JOHN")
+    (True, False)
+    """
+    return re.fullmatch(r"(case|file)-[0-9a-f]{16}", text) is not None
+
+
 def mapping_path(output: str) -> str:
     """Where the pseudonym ↔ source mapping of `output` goes: beside the output directory, never inside it."""
     return output.rstrip("/" + os.sep) + ".pseudonyms.json"

@@ -31,9 +31,14 @@ def preprocess_ct(
     shape: str = "",
     beam_args: list = [],  # noqa: B006  (KFP needs a literal default)
     max_failed_fraction: float = 0.1,
+    pseudonymize: bool = False,
 ):
-    """CT scans (+ label maps) to TFRecords with Beam; `beam_args` picks the runner (DataflowRunner on Vertex)."""
-    from common import parsing
+    """CT scans (+ label maps) to TFRecords with Beam; `beam_args` picks the runner (DataflowRunner on Vertex).
+
+    With `pseudonymize`, case ids are keyed hashes; the key and the mapping back lie beside the dataset artifact
+    (`DATASET.pseudonym-key`, `DATASET.pseudonyms.json`), never inside it.
+    """
+    from common import identifiers, parsing
     from components import runtime
     from preprocessing.beam import ct_pipeline
     from preprocessing.ct import ct_transforms
@@ -44,6 +49,8 @@ def preprocess_ct(
         shape=parsing.parse_list(shape, int, "shape"))
     summary = ct_pipeline.run(input_path=input_uri, output=output, labels=labels_uri or None, config=config,
                               pipeline_args=runtime.beam_arguments(beam_args), max_failed_fraction=max_failed_fraction,
+                              pseudonymize=pseudonymize,
+                              pseudonym_key_file=identifiers.key_path(dataset.path) if pseudonymize else None,
                               log=runtime.log)
     runtime.describe_dataset(dataset, summary, output)
 
@@ -111,8 +118,11 @@ def evaluate(
     report: Output[HTML],
     class_names: str = "",
     report_examples: int = 4,
+    pseudonymize: bool = False,
 ):
-    """Scores the model on held-out data at full resolution (Dice or COCO mAP) and writes the HTML report."""
+    """Scores the model on held-out data at full resolution (Dice or COCO mAP) and writes the HTML report.
+
+    With `pseudonymize`, the report shows no case id that is not a pseudonym."""
     from common import parsing
     from components import runtime
     from trainer import evaluate as evaluate_lib
@@ -120,7 +130,8 @@ def evaluate(
     names = parsing.parse_list(class_names, str, "class_names")
     scores = evaluate_lib.evaluate_trained(
         model.path, eval_data.path + "/data-*", report_path=report.path,
-        class_names=list(names) if names else None, report_examples=report_examples, log=runtime.log)
+        class_names=list(names) if names else None, report_examples=report_examples, pseudonymize=pseudonymize,
+        log=runtime.log)
     runtime.write_metrics(metrics, scores, ("dice_mean", "mAP", "mAP@0.5"))
 
 
@@ -140,12 +151,14 @@ def predict(
     output_format: str = "",
     probabilities: bool = False,
     dicom_seg: bool = True,
+    pseudonymize: bool = False,
 ):
     """Segments the scans at `input_uri` (a scan, a DICOM series, or a folder of cases) with the trained model.
 
     Masks in each scan's own geometry (and DICOM SEG for DICOM input), with
     `summary.json` and `dead_letter.jsonl`; "" keeps the training's split and
-    each input's own format.
+    each input's own format. With `pseudonymize`, cases are named by keyed hashes (no DICOM SEG), the key and
+    the mapping back beside the masks artifact (`MASKS.pseudonym-key`, `MASKS.pseudonyms.json`).
     """
     from components import runtime
     from trainer.parallel import partitioning
@@ -153,7 +166,8 @@ def predict(
 
     summary = predict_lib.predict(model.path, input_uri, masks.path, output_format_name=output_format or None,
                                   probabilities=probabilities, dicom_seg=dicom_seg,
-                                  input_partition_dims=partitioning.parse_dims(input_partition_dims), log=runtime.log)
+                                  input_partition_dims=partitioning.parse_dims(input_partition_dims),
+                                  pseudonymize=pseudonymize, log=runtime.log)
     masks.metadata.update({"content": "segmentation masks", "cases": summary["ok"], "failed": summary["failed"],
                            "input_partition_dims": summary["input_partition_dims"], "location": masks.path})
     if summary["ok"] == 0:

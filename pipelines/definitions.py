@@ -61,7 +61,7 @@ def _pool(template: dict, machine_spec: dict, replica_count) -> dict:
 
 
 def _train_evaluate_export(components, preprocessed: dict, train_arguments: dict, class_names, values: dict,
-                           predict_arguments: dict | None = None):
+                           predict_arguments: dict | None = None, evaluate_arguments: dict | None = None):
     """Train where `accelerator_type` says, then evaluate and export; with `predict_arguments` (segmentation),
     predict the scans at `predict_input_uri` when it is given, on the training's accelerators (one host).
 
@@ -79,7 +79,7 @@ def _train_evaluate_export(components, preprocessed: dict, train_arguments: dict
 
     def evaluate_export_predict(train_task, machine: dict | None):
         evaluation = components.evaluate(model=train_task.outputs["model"], eval_data=eval_data,
-                                         class_names=class_names)
+                                         class_names=class_names, **(evaluate_arguments or {}))
         evaluation.set_display_name("evaluate")
         components.export(model=train_task.outputs["model"]).set_display_name("export")
         if predict_arguments is None:
@@ -144,7 +144,7 @@ def _arguments(values: dict, group) -> dict:
 
 
 PREPROCESS_CT = tuple(_passed(steps.preprocess_ct, name)
-                      for name in ("spacing", "window", "shape", "beam_args", "max_failed_fraction"))
+                      for name in ("spacing", "window", "shape", "beam_args", "max_failed_fraction", "pseudonymize"))
 PREPROCESS_IMAGES = tuple(_passed(steps.preprocess_images, name) for name in ("beam_args", "max_failed_fraction"))
 TRAIN = (*(_passed(steps.train, name) for name in ("preset", "steps", "batch_size", "learning_rate",
                                                     "input_partition_dims", "precision")),
@@ -191,9 +191,12 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
                                             **_arguments(values, PREPROCESS_CT))
             task.set_display_name(f"preprocess {split}")
             preprocessed[split] = task.outputs["dataset"]
+        # pseudonymize reaches preprocess (case ids), evaluate (the report) and predict (mask names, summary).
         _train_evaluate_export(components, preprocessed, dict(task="segmentation", **_arguments(values, TRAIN)),
                                values["class_names"], values,
-                               dict(input_uri=values["predict_input_uri"], output_format=values["predict_output_format"]))
+                               dict(input_uri=values["predict_input_uri"], output_format=values["predict_output_format"],
+                                    pseudonymize=values["pseudonymize"]),
+                               dict(pseudonymize=values["pseudonymize"]))
 
     return _pipeline(CT_PIPELINE, "CT scans to a spatially partitioned 3D UNet: preprocess (Beam) → train → evaluate "
                                   "(Dice, HTML report) → export (SavedModel).", parameters, body)

@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from common import console, parsing, sizes
+from preprocessing import cli as preprocessing_cli
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -239,6 +240,10 @@ def predict(
     probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
     input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
     virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="A scan whose modality or intensity range differs from the model's training scans is a dead letter (default: predicted, with a warning in its problems).")] = False,
+    max_failed_fraction: preprocessing_cli.MaxFailedFraction = 0.1,
+    pseudonymize: Annotated[bool, typer.Option(help="Name cases by keyed hashes, as preprocess does (no DICOM SEG then); the mapping back goes to OUTPUT.pseudonyms.json beside the output, never inside it.")] = False,
+    pseudonymize_key_file: Annotated[str | None, typer.Option(help="Key for --pseudonymize (pass the preprocessed data's for the same pseudonyms); default OUTPUT.pseudonym-key, generated once.")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB (default: what the accelerator reports; unchecked on CPUs): a scan whose pass needs more is skipped with the number of cores it needs.")] = None,
     max_voxels: Annotated[int | None, typer.Option(help="Scans with more voxels (read from the header, and on the model's grid) are dead letters (default 2^29, as in preprocess ct).")] = None,
     max_decoded_bytes: Annotated[str | None, typer.Option(help="Scans that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB, as in preprocess ct).")] = None,
@@ -273,10 +278,12 @@ def predict(
     try:
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
+                                          strict=strict, max_failed_fraction=max_failed_fraction,
+                                          pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
                                           probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
                                           device_memory=budget, log=console.say, **limits)
     except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
-            ValueError) as error:
+            ValueError, predict_lib.TooManyFailed) as error:
         console.fail(str(error))
     except OSError as error:
         console.fail_if_write_error(error, output)

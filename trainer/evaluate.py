@@ -42,11 +42,14 @@ def load_trained(model_dir: str, devices=None, partition: partitioning.Partition
 
 
 def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = None, class_names: list[str] | None = None,
-                     report_examples: int = 4, log=print) -> dict:
+                     report_examples: int = 4, pseudonymize: bool = False, log=print) -> dict:
     """Scores a trained model (the output directory of `fullres train`) on `pattern`; writes the HTML report.
 
     The model runs at full resolution under its training partitioning (see
     `load_trained`). Segmentation scores per-class Dice, detection COCO AP.
+    The report names each case by its record's id; with `pseudonymize`, an id
+    that is not a pseudonym (data preprocessed without `--pseudonymize`: ids are
+    folder and file names) is shown as "held-out case N" instead.
 
     Returns:
         The scores, with `class_names` and, when a report was written, `report`.
@@ -58,6 +61,8 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     samples: list = []
     scores = task.evaluate(model, state, distribution, log, pattern=pattern, samples=samples, keep=report_examples)
     scores["class_names"] = names
+    if pseudonymize:
+        samples = [_without_names(sample, number) for number, sample in enumerate(samples, 1)]
     history = run_files.loss_curve(model_dir)
     if report_path:
         page = task.report(scores, samples, history)
@@ -68,3 +73,11 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
         log(f"wrote the report to {report_path}")
     scores["task"] = task.name
     return scores
+
+
+def _without_names(sample: dict, number: int) -> dict:
+    """A report sample whose case id (or image source id) is "held-out case N" unless it is a pseudonym already."""
+    from common import identifiers
+
+    return {key: value if key not in ("case_id", "source_id") or identifiers.is_pseudonym(str(value))
+            else f"held-out case {number}" for key, value in sample.items()}

@@ -166,7 +166,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     if is_chief:
         run_files.write_train_config(config.output_dir, config)
         run_files.write_model_info(config.output_dir, task.name, image_shape[1:], task.class_names,
-                                   task.preprocessing())
+                                   task.preprocessing(), data_modality=task.data_modality())
         if choice is not None and not choice.cached:
             layout_choice.save_choice(choice, config.output_dir)
     return _Run(config, task, total_steps, num_examples, image_shape, choice, distribution, model, optimizer, schedule,

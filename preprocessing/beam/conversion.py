@@ -82,10 +82,10 @@ def _convert(items, early_dead_letters, convert, staging, output, pipeline_args,
     build(pipeline, items, early_dead_letters, convert, staging, num_shards, compress)
     with counting.progress(len(items), log):
         result = _run_watched(pipeline, output)
-    counters = {
-        c.key.metric.name: c.committed
-        for c in result.metrics().query(MetricsFilter().with_namespace(counting.METRICS_NAMESPACE))["counters"]
-    }
+    metrics = result.metrics().query(MetricsFilter().with_namespace(counting.METRICS_NAMESPACE))
+    counters = {c.key.metric.name: c.committed for c in metrics["counters"]}
+    counters.update({counting.RANGE + d.key.metric.name: (d.committed.min, d.committed.max)
+                     for d in metrics["distributions"] if d.committed is not None and d.committed.count})
     with FileSystems.open(FileSystems.join(staging, "dead_letter.jsonl")) as file:
         letters = [json.loads(line) for line in file.read().decode().splitlines() if line.strip()]
     shards = sorted(publishing.list_files(staging, "data-*"), key=lambda m: m.path)

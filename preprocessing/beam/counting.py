@@ -21,7 +21,8 @@ from apache_beam.metrics.metric import Metrics
 
 METRICS_NAMESPACE = "fullres"
 DEAD_LETTER = "dead_letter"
-SUMMARY_COUNTER = "summary/"  # counters named summary/FIELD/KEY become summary.json's FIELD: {KEY: total}
+SUMMARY_COUNTER = "summary/"
+RANGE = "range/"  # distributions (see `extreme`) reach `summary_fields` as range/NAME: (min, max)  # counters named summary/FIELD/KEY become summary.json's FIELD: {KEY: total}
 PROGRESS_LOGGER = logging.getLogger("fullres.progress")
 # Where the local runners deliver worker log lines: directly (in-memory runner), or
 # forwarded from worker processes by the job service (multi-processing DirectRunner).
@@ -39,6 +40,12 @@ def reject(letter: dict):
 def count(field: str, key, amount: int = 1) -> None:
     """Adds `amount` to `summary.json`'s `field`[`key`] (a conversion's own summary fields, e.g. label values)."""
     Metrics.counter(METRICS_NAMESPACE, f"{SUMMARY_COUNTER}{field}/{key}").inc(amount)
+
+
+def extreme(name: str, value: float) -> None:
+    """Records `value` (rounded to a whole number) in the distribution `name`; its least and greatest value over the
+    run reach the summary fields as `counters[RANGE + name]` = (min, max) (see `conversion`)."""
+    Metrics.distribution(METRICS_NAMESPACE, name).update(int(round(value)))
 
 
 def accept(serialized: bytes) -> bytes:

@@ -49,6 +49,10 @@ class PreprocessCaseFn(beam.DoFn):
         Metrics.counter(counting.METRICS_NAMESPACE, f"normalization_{record.normalization}").inc()
         for warning in record.warnings:
             Metrics.counter(counting.METRICS_NAMESPACE, f"warning_{warning}").inc()
+        Metrics.counter(counting.METRICS_NAMESPACE, f"{MODALITY_SEEN}{record.modality_seen}").inc()
+        if record.intensity_range is not None:
+            counting.extreme("intensity_low", record.intensity_range[0])
+            counting.extreme("intensity_high", record.intensity_range[1])
         serialized = tfrecord_schema.encode_ct_example(record)
         for value in record.label_values:
             counting.count("label_values", value)  # cases holding each class id
@@ -56,6 +60,22 @@ class PreprocessCaseFn(beam.DoFn):
             counting.count("cropped_voxels", label_class, voxels)
             counting.count("cropped_cases", label_class)
         yield counting.accept(serialized)
+
+
+MODALITY_SEEN = "modality_seen_"  # counters of the scans' modalities, by what each turned out to be
+
+
+def data_modality(counters: dict) -> dict | None:
+    """What the converted scans turned out to be, for summary.json (`data_modality`; training copies it into
+    model_info.json and predict checks new scans against it): how many scans of each modality (DICOM Modality, else
+    CT or MR from the values, `intensity.scan_modality`) and the range their values mostly lie in (the lowest 1st and
+    the highest 99th percentile over the scans, as read: HU for CT). None when no scan was converted."""
+    modalities = {name[len(MODALITY_SEEN):]: int(count) for name, count in sorted(counters.items())
+                  if name.startswith(MODALITY_SEEN) and count}
+    if not modalities:
+        return None
+    low, high = counters.get(counting.RANGE + "intensity_low"), counters.get(counting.RANGE + "intensity_high")
+    return {"modalities": modalities, "intensity_range": [low[0], high[1]] if low and high else None}
 
 
 def _summary_fields(pairing: label_pairing.Pairing, notes: list[str], config: ct_transforms.CtPreprocessConfig,
@@ -67,6 +87,7 @@ def _summary_fields(pairing: label_pairing.Pairing, notes: list[str], config: ct
             "layout": pairing.layout,
             "layout_notes": notes,
             "modality": config.modality,
+            "data_modality": data_modality(counters),
             "preprocessing": ct_transforms.preprocessing_record(config),
             "normalization": {name: counters.get(f"normalization_{name}", 0)
                               for name in (intensity.CT_WINDOW, intensity.ZSCORE)},

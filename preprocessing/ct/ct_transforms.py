@@ -203,6 +203,9 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
     """
     check_size(case, config)
     image, normalization, warnings, background = read_scan(case.image, config.modality, config.spacing_tolerance)
+    values_read = sitk.GetArrayViewFromImage(image)  # what the scan turned out to be, for summary.json
+    modality_seen = intensity.scan_modality(values_read, intensity.dicom_modality(case.image))
+    intensity_range = intensity.central_range(values_read)
     raw_image, image = image, sitk.DICOMOrient(image, config.orientation)
     if case.label is not None:
         label = ct_io.read_volume(case.label, sitk.sitkUnknown, reference=raw_image, classes=config.classes)
@@ -250,4 +253,6 @@ def preprocess_case(case: ct_io.CaseSource, config: CtPreprocessConfig) -> tfrec
         warnings=warnings,
         label_values=label_values,
         cropped_voxels=cropped_voxels,
+        modality_seen=modality_seen,
+        intensity_range=intensity_range,
     )

@@ -64,6 +64,31 @@ def dicom_modality(source: ct_io.VolumeSource) -> str | None:
     return str(getattr(header, "Modality", "") or "").upper() or None
 
 
+def scan_modality(volume: np.ndarray, dicom_tag: str | None) -> str:
+    """What a scan turned out to be: its DICOM Modality tag (`CT`, `MR`, `PT`, ...) where it has one, else from its
+    values, as `--modality auto` decides: `CT` when they look like Hounsfield units (`looks_like_hu`), else `MR`.
+
+    Recorded per training scan in summary.json (`data_modality`) and checked by `fullres predict` on each new scan.
+
+    >>> scan_modality(np.full((2, 2, 2), 100.0), "MR")
+    'MR'
+    """
+    return dicom_tag or ("CT" if looks_like_hu(volume) else "MR")
+
+
+def central_range(volume: np.ndarray) -> tuple[float, float]:
+    """The 1st and 99th percentiles of a scan's values as read (HU for CT): the intensities it mostly holds.
+
+    A million voxels decide, as in `looks_like_hu`.
+
+    >>> central_range(np.arange(1001.0))
+    (10.0, 990.0)
+    """
+    sample = np.asarray(volume).ravel()[:: max(1, volume.size // 1_000_000)]
+    low, high = np.percentile(sample, (1, 99))
+    return float(low), float(high)
+
+
 def choose_normalization(volume: np.ndarray, modality: str, dicom_tag: str | None) -> tuple[str, tuple[str, ...]]:
     """`ct_window` or `zscore` for one case, and the warnings that come with it.
 

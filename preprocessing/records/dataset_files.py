@@ -195,6 +195,12 @@ def read_preprocessing(pattern: str) -> dict | None:
     return (read_summary(pattern) or {}).get("preprocessing")
 
 
+def read_data_modality(pattern: str) -> dict | None:
+    """What the scans `fullres preprocess ct` converted turned out to be (`summary.json`'s `data_modality`):
+    `{"modalities": {"CT": 12}, "intensity_range": [low, high]}`; None when not recorded (older conversions)."""
+    return (read_summary(pattern) or {}).get("data_modality")
+
+
 def ct_label_map(classes: tuple[str, ...]) -> dict[str, int]:
     """The label map a CT conversion writes for its named classes: background 0, then 1, 2, ... in order."""
     return check_label_map({BACKGROUND: 0, **{name: index + 1 for index, name in enumerate(classes)}})

@@ -83,6 +83,8 @@ class CtRecord:
     warnings: tuple[str, ...] = ()  # for the converter's log and summary; not serialized
     label_values: tuple[int, ...] = ()  # class ids in the label map as read; () without a label map
     cropped_voxels: tuple[tuple[int, int], ...] = ()  # (class, voxels cut by the crop), foreground classes only
+    modality_seen: str = ""  # the scan's DICOM Modality, else CT / MR from its values; for summary.json, not serialized
+    intensity_range: tuple[float, float] | None = None  # 1st and 99th percentile as read (HU for CT); not serialized
 
     def __post_init__(self):
         if self.image.ndim != 3:

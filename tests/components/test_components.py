@@ -197,6 +197,58 @@ def test_predict_writes_masks_in_each_scans_geometry(runner, trained, ct_cases):
     with open(os.path.join(masks, "summary.json")) as file:
         summary = json.load(file)
     for case in summary["cases"]:
-        mask, scan = sitk.ReadImage(case["outputs"][0]), sitk.ReadImage(case["source"])
+        mask, scan = sitk.ReadImage(case["outputs"][0]), sitk.ReadImage(os.path.join(images, case["source"]))
         assert case["outputs"][0].startswith(masks) and mask.GetSize() == scan.GetSize()
         assert mask.GetSpacing() == pytest.approx(scan.GetSpacing()) and mask.GetOrigin() == pytest.approx(scan.GetOrigin())
+
+
+PATIENT = "DOE_JANE_PID-7731"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_pseudonymized_steps_write_no_patient_name(runner, tmp_path):
+    """The pipeline's `pseudonymize` reaches preprocess, evaluate and predict (tests/pipelines/test_compile.py); run
+    here on a PACS-style export (a folder and DICOM tags naming the patient), no byte those steps and training on
+    their records write names them. The mapping back and its key lie beside each artifact, the only files that do."""
+    import numpy as np
+    import pydicom
+    import SimpleITK as sitk
+
+    images, labels = tmp_path / "export" / "images", tmp_path / "export" / "labels"
+    volume, label = demo_ct.synthetic_case(np.random.default_rng(5), (16, 32, 32))
+    for path in demo_ct.write_dicom_series(volume, str(images / PATIENT), spacing=(1.0, 1.0, 1.0)):
+        dataset = pydicom.dcmread(path)
+        dataset.PatientName, dataset.PatientID, dataset.PatientBirthDate = "DOE^JANE", "PID-7731", "19230517"
+        dataset.save_as(path)
+    labels.mkdir()
+    sitk.WriteImage(sitk.GetImageFromArray(label), str(labels / f"{PATIENT}.nii.gz"))
+    before = set(os.listdir(runner))
+    dataset = COMPONENTS.preprocess_ct(input_uri=str(images), labels_uri=str(labels), spacing="2.0,2.0,2.0",
+                                       window="-200,300", shape="16,16,16", pseudonymize=True).outputs["dataset"]
+    trained = run_alone(runner, COMPONENTS.train, {"train_data": (dataset.path, dsl.Dataset)}, task="segmentation",
+                        preset="smoke", steps=1, batch_size=2, input_partition_dims="1,4,1,1,1")
+    evaluated = run_alone(runner, COMPONENTS.evaluate, {"model": (trained["model"][0], dsl.Model),
+                                                        "eval_data": (dataset.path, dsl.Dataset)},
+                          class_names="background,liver,kidney", report_examples=1, pseudonymize=True)
+    predicted = run_alone(runner, COMPONENTS.predict, {"model": (trained["model"][0], dsl.Model)},
+                          input_uri=str(images), pseudonymize=True)
+    with open(os.path.join(predicted["masks"][0], "summary.json")) as file:
+        assert json.load(file)["cases"][0]["case_id"].startswith("case-")  # predict's own key: its own pseudonym
+    with open(dataset.path + ".pseudonyms.json") as file:
+        (case_id,) = json.load(file)["cases"]
+    with open(evaluated["report"][0]) as file:
+        assert f"<h3>{case_id}</h3>" in file.read()  # the report shows the records' case id, a pseudonym
+    beside = []
+    for run in set(os.listdir(runner)) - before:
+        for directory, _, names in os.walk(os.path.join(runner, run)):
+            for name in names:
+                if name.endswith((".pseudonyms.json", ".pseudonym-key")):
+                    beside.append(name)
+                    continue
+                with open(os.path.join(directory, name), "rb") as file:
+                    data = file.read()
+                for marker in (PATIENT, "DOE", "JANE", "7731", "19230517"):
+                    assert marker.encode() not in data, (marker, os.path.join(directory, name))
+    assert sorted(beside) == ["dataset.pseudonym-key", "dataset.pseudonyms.json", "masks.pseudonym-key",
+                              "masks.pseudonyms.json"]

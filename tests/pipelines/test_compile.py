@@ -1,6 +1,7 @@
 """The committed pipeline YAML is what `fullres pipeline compile` writes today, byte for byte."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -87,3 +88,16 @@ def test_every_custom_job_is_scheduled_by_the_pipeline_parameters():
         for task in job_tasks:
             for name in ("strategy", "max_wait_duration", "restart_job_on_worker_restart"):
                 assert task["inputs"]["parameters"][name] == {"componentInputParameter": f"pipelinechannel--{name}"}
+
+
+def test_pseudonymize_reaches_preprocess_evaluate_and_predict():
+    """One pipeline parameter names cases by keyed hashes everywhere: the records (both splits), the report of every
+    training branch, and predict's masks and summary."""
+    spec = yaml.safe_load(open(os.path.join(ROOT, "pipeline.yaml")))
+    assert spec["root"]["inputDefinitions"]["parameters"]["pseudonymize"]["defaultValue"] is False
+    dags = {"root": spec["root"], **spec["components"]}
+    reached = sorted(re.sub(r"-\d+$", "", task["componentRef"]["name"].removeprefix("comp-"))
+                     for dag in dags.values() for task in dag.get("dag", {}).get("tasks", {}).values()
+                     if task.get("inputs", {}).get("parameters", {}).get("pseudonymize", {}).get("componentInputParameter")
+                     in ("pseudonymize", "pipelinechannel--pseudonymize"))
+    assert reached == ["evaluate"] * 4 + ["predict"] * 4 + ["preprocess-ct"] * 2

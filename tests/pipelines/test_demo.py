@@ -50,3 +50,17 @@ def test_demo_splits_each_scan_over_two_devices_and_keeps_the_runner_quiet(demo_
     log_path = next(line.split(" in ")[-1] for line in result.stdout.splitlines() if "every line of its output in" in line)
     logged = open(log_path).read()
     assert "Got executor_input" in logged and "[KFP Executor" in logged and "have no effect in the current local runner" in logged
+
+
+def test_the_pipeline_s_predict_names_scans_relative_to_its_input(demo_run):
+    """Folders above the input (here the demo's own data folder) often name patients: predict's summary and dead
+    letters name scans relative to the input, not by absolute paths."""
+    _, summary, output = demo_run
+    masks = summary["predict"]["masks"]
+    with open(os.path.join(masks, "summary.json")) as file:
+        predicted = json.load(file)
+    assert predicted["input"] == "images" and predicted["pseudonymized"] is False
+    assert sorted(case["source"] for case in predicted["cases"]) == ["case000.nii.gz", "case001.nii.gz"]
+    for name in ("summary.json", "dead_letter.jsonl"):
+        with open(os.path.join(masks, name)) as file:
+            assert str(output / "data") not in file.read(), name

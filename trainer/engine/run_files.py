@@ -1,7 +1,8 @@
 """The one owner of the files a training run writes into its output directory (checkpoints: `engine.checkpoints`).
 
     train_config.json   the run's TrainConfig (read back by evaluation, export, predict)
-    model_info.json     the task, the shape of one input, class names, the preprocessing of the training scans
+    model_info.json     the task, the shape of one input, class names, the preprocessing of the training scans and
+                        what they turned out to be (modality, intensity range)
     history.jsonl       one line per logged step (survives resumes)
     metrics.json        final loss, per-class Dice or COCO AP, timing, partitioning
     model.keras         the trained weights
@@ -55,10 +56,14 @@ def read_train_config(run_dir: str) -> config_lib.TrainConfig:
 
 
 def write_model_info(run_dir: str, task: str, image_shape, class_names: list[str] | None,
-                     preprocessing: dict | None) -> None:
-    """What predict and export need to know of the model: task, input shape, class names, the scans' preprocessing."""
-    _write_json(path(run_dir, MODEL_INFO), {"task": task, "image_shape": list(image_shape), "class_names": class_names,
-                                            "preprocessing": preprocessing}, indent=None)
+                     preprocessing: dict | None, data_modality: dict | None = None) -> None:
+    """What predict and export need to know of the model: task, input shape, class names, the scans' preprocessing,
+    and what the training scans turned out to be (`data_modality`: modalities and intensity range; left out when the
+    data recorded none)."""
+    info = {"task": task, "image_shape": list(image_shape), "class_names": class_names, "preprocessing": preprocessing}
+    if data_modality is not None:
+        info["data_modality"] = data_modality
+    _write_json(path(run_dir, MODEL_INFO), info, indent=None)
 
 
 def read_model_info(run_dir: str) -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import SimpleITK as sitk
 
-from common import dead_letters
+from common import dead_letters, identifiers
 from common import output_guard
 from preprocessing.ct import ct_io, ct_transforms, dicom_series, geometry, intensity, volume_discovery
 from preprocessing.records import dataset_files
@@ -30,6 +30,10 @@ PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
 
 class ModelRefused(ValueError):
     """`--model` is not a fullres run predict can use; the message says why and what to do."""
+
+
+class TooManyFailed(RuntimeError):
+    """More than `--max-failed-fraction` of the scans failed; the others were still predicted and written."""
 
 
 def read_model_info(model_dir: str) -> dict:
@@ -171,6 +175,8 @@ def _class_names(info: dict, num_classes: int) -> list[str]:
 
 def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_name: str | None = None,
             probabilities: bool = False, dicom_seg: bool | None = None,
+            strict: bool = False, max_failed_fraction: float = 0.1, pseudonymize: bool = False,
+            pseudonym_key_file: str | None = None,
             input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
             max_voxels: int = ct_transforms.DEFAULT_MAX_VOXELS,
             max_decoded_bytes: int = ct_transforms.DEFAULT_MAX_DECODED_BYTES,
@@ -189,6 +195,14 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_format_name: nifti, nrrd or mha; None: each input's own format (NIfTI for DICOM).
         probabilities: also write each class's probability map.
         dicom_seg: also write a DICOM SEG for DICOM input (None: yes).
+        strict: a scan whose modality or intensity range differs from the training scans' (`scan_check`) is a
+            dead letter instead of a mask with a warning in its `problems`.
+        max_failed_fraction: dead letters / scans above which `TooManyFailed` is raised (after the summary is written).
+        pseudonymize: name cases by keyed hashes (as `fullres preprocess ct --pseudonymize` does); the mapping
+            back goes to `identifiers.mapping_path(output_dir)`, beside the output, never inside it. No DICOM SEG
+            is written then (a SEG carries the series' patient attributes).
+        pseudonym_key_file: the key; default `identifiers.key_path(output_dir)`, created if missing (pass the
+            key file of the preprocessed data for the same pseudonyms).
         input_partition_dims: how each volume is split (None: the training's split, one replica).
         device_memory: bytes one device holds (None: as the accelerator says; unchecked on CPUs); a scan whose
             compiled pass needs more is a dead letter that names the cores it would need.
@@ -204,8 +218,13 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         FileNotFoundError: `input_path` does not exist.
         partitioning.PartitionError: the split needs more devices than are present.
         output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs.
+        TooManyFailed: more than `max_failed_fraction` of the scans are dead letters.
     """
     info = read_model_info(model_dir)
+    if strict and not info.get("data_modality"):
+        raise ModelRefused(f"--strict checks each scan against the modality the model was trained on, but "
+                           f"{run_files.path(model_dir, run_files.MODEL_INFO)} does not record it; retrain the model "
+                           "with this fullres on data from `fullres preprocess ct`, or leave --strict out.")
     if output_format_name is not None:
         output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
@@ -213,10 +232,17 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     written |= {SUMMARY, "dead_letter.jsonl"}
     found = volume_discovery.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
-    dead = list(found.dead)
-    if not scans and not dead:
+    if not scans and not found.dead:
         raise FileNotFoundError(f"--input {input_path} holds no scan fullres can read (NIfTI, NRRD, MetaImage or a "
                                 "DICOM series).")
+    # Outputs name scans relative to --input (or by pseudonyms), never by absolute paths: folders carry patient names.
+    roots = (os.path.abspath(input_path),)
+    key = identifiers.load_or_create_key(pseudonym_key_file or identifiers.key_path(output_dir)) if pseudonymize else None
+    named = identifiers.name_outputs([ct_io.CaseSource(case_id, source) for case_id, source in scans.items()],
+                                     list(found.dead), roots, key)
+    dead = list(named.dead)
+    if pseudonymize:
+        dicom_seg = False
 
     import jax
 
@@ -236,41 +262,53 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                                           device_memory)
     names = _class_names(info, config.model.num_classes)
     dims = ",".join(map(str, config.partition.input_partition_dims))
-    log(f"fullres predict: {len(scans)} scan(s) from {input_path}, model {model_dir} ({len(names)} classes: "
+    if not info.get("data_modality"):
+        log(f"note: {run_files.MODEL_INFO} does not record what the model's training scans were (trained before "
+            "fullres recorded it), so scans are not checked against their modality")
+    if pseudonymize:
+        mapping = identifiers.mapping_path(output_dir)
+        identifiers.write_mapping(mapping, {"input": roots[0], **named.mapping})
+        log(f"pseudonymized {len(named.cases)} case ids (no DICOM SEG: it would carry the series' patient "
+            f"attributes); the mapping back is in {mapping} (keep it off shared storage)")
+    log(f"fullres predict: {len(scans)} scan(s) from {'--input' if pseudonymize else input_path}, model {model_dir} ({len(names)} classes: "
         f"{', '.join(names)}), each split {dims} over {config.partition.num_cores_per_replica} "
         f"{devices[0].platform} device(s); {len(dead)} input(s) set aside")
 
     os.makedirs(output_dir, exist_ok=True)
     output_guard.write_marker(output_dir, "predict", sorted(written))
     cases = []
-    for number, (case_id, source) in enumerate(scans.items(), 1):
+    for number, named_case in enumerate(named.cases, 1):
+        case_id, source = named_case.case_id, named_case.image
+        scrub = identifiers.case_scrubber(named.scrubber, named_case, pseudonymize, roots)
         started = time.perf_counter()
         # Listed before they are written: a case that fails halfway leaves nothing a rerun would call foreign.
         written.update(_planned_outputs(case_id, source, output_format_name, probabilities, dicom_seg, names))
         output_guard.write_marker(output_dir, "predict", sorted(written))
         try:
             case = _predict_case(case_id, source, info, predictor, names, output_dir, output_format_name,
-                                 probabilities, dicom_seg, model_dir, (max_voxels, max_decoded_bytes))
+                                 probabilities, dicom_seg, model_dir, (max_voxels, max_decoded_bytes), strict)
         except inference.VolumeTooLarge as error:
-            dead.append(dead_letters.dead_letter(source.path, "predict", "too_large", str(error)))
-            log(f"[{number}/{len(scans)}] {case_id}: skipped (too_large: {error})")
+            dead.append(dead_letters.dead_letter(source.name, "predict", "too_large", scrub(str(error))))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped (too_large: {scrub(str(error))})")
             continue
         except dead_letters.CaseError as error:
-            dead.append(dead_letters.dead_letter(source.path, error.stage, error.reason, error.detail))
-            log(f"[{number}/{len(scans)}] {case_id}: skipped ({error.reason}: {error.detail})")
+            dead.append(dead_letters.dead_letter(source.name, error.stage, error.reason, scrub(error.detail)))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped ({error.reason}: {scrub(error.detail)})")
             continue
         except Exception as error:  # one scan's failure (e.g. out of device memory) never stops the others
             reason, detail = _failure(error, predictor)
-            dead.append(dead_letters.dead_letter(source.path, "predict", reason, detail))
-            log(f"[{number}/{len(scans)}] {case_id}: skipped ({reason}: {detail})")
+            dead.append(dead_letters.dead_letter(source.name, "predict", reason, scrub(detail)))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped ({reason}: {scrub(detail)})")
             continue
+        case["problems"] = [scrub(problem) for problem in case["problems"]]
         case["seconds"] = round(time.perf_counter() - started, 3)
         cases.append(case)
         log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
             f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)"
             + "".join(f"; {problem}" for problem in case["problems"]))
 
-    summary = {"model": os.path.abspath(model_dir), "input": os.path.abspath(input_path), "ok": len(cases),
+    summary = {"model": os.path.abspath(model_dir), "input": None if pseudonymize else os.path.basename(roots[0]),
+               "pseudonymized": pseudonymize, "ok": len(cases),
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
                "class_names": names, "cases": cases, "dead_letters": dead}
@@ -278,6 +316,11 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     with open(os.path.join(output_dir, "dead_letter.jsonl"), "w") as file:
         file.writelines(json.dumps(letter) + "\n" for letter in dead)
     log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {summary_path}")
+    total = len(cases) + len(dead)
+    if total and len(dead) / total > max_failed_fraction:
+        raise TooManyFailed(f"{len(dead)} of {total} inputs failed ({len(dead) / total:.0%}), more than "
+                            f"--max-failed-fraction {max_failed_fraction:g}; see "
+                            f"{os.path.join(output_dir, 'dead_letter.jsonl')}.")
     return summary
 
 
@@ -304,8 +347,9 @@ def read_summary(output_dir: str) -> dict:
 
 
 def _predict_case(case_id, source, info, predictor, names, output_dir, format_name, probabilities, dicom_seg,
-                  model_dir, limits) -> dict:
+                  model_dir, limits, strict=False) -> dict:
     prepared = prepare(source, info["preprocessing"], max_voxels=limits[0], max_decoded_bytes=limits[1])
+    mismatched = _check_against_training(prepared, source, info, strict)
     probs = predictor.probabilities(prepared.volume, prepared.fill)
     mask, on_original = to_original_grid(probs, prepared.grid, prepared.original)
     suffix = FORMATS[output_format(source, format_name)]
@@ -316,7 +360,7 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
             path = os.path.join(output_dir, f"{case_id}_probability_{name}{suffix}")
             sitk.WriteImage(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path, useCompression=True)
             outputs.append(path)
-    problems = []
+    problems = list(mismatched)
     if source.is_dicom and dicom_seg is not False:
         from trainer.predict import dicom_seg as dicom_seg_lib
 
@@ -326,10 +370,22 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
                 algorithm_parameters={"model": os.path.abspath(model_dir)}))
         except dead_letters.CaseError as error:  # the mask is written; only its DICOM SEG is missing, and says why
             problems.append(f"no DICOM SEG: {error.detail}")
-    return {"case_id": case_id, "problems": problems, "source": source.path, "shape": list(prepared.original.GetSize()[::-1]),
+    return {"case_id": case_id, "problems": problems, "source": source.name, "shape": list(prepared.original.GetSize()[::-1]),
             "model_grid_shape": list(prepared.volume.shape[:3]),
             "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
             "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": outputs}
+
+
+def _check_against_training(prepared: Prepared, source: ct_io.VolumeSource, info: dict, strict: bool) -> list[str]:
+    """The ways the scan differs from the model's training scans (`scan_check`), as warnings for the case's
+    `problems`; under `strict` the first is a dead letter instead."""
+    from trainer.predict import scan_check
+
+    found = scan_check.mismatches(sitk.GetArrayViewFromImage(prepared.original), intensity.dicom_modality(source),
+                                  info.get("data_modality"))
+    if found and strict:
+        raise dead_letters.CaseError("check", *found[0])
+    return [f"warning: {sentence} (--strict sets such scans aside as dead letters)" for _, sentence in found]
 
 
 def _planned_outputs(case_id, source, format_name, probabilities, dicom_seg, names) -> set[str]:

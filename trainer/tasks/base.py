@@ -39,6 +39,10 @@ class Task(Protocol):
     def preprocessing(self) -> dict | None:
         """How the training scans were prepared, for predict to repeat; None where nothing is to repeat."""
 
+    def data_modality(self) -> dict | None:
+        """What the training scans turned out to be (modality, intensity range), for predict to check new scans
+        against; None where nothing is recorded."""
+
     def build_model(self):
         """The Keras model (built inside the caller's distribution scope)."""
 

@@ -50,6 +50,10 @@ class DetectionTask:
         """Images are resized by the input pipeline, not preprocessed per scan: nothing for predict to repeat."""
         return None
 
+    def data_modality(self) -> dict | None:
+        """Images carry no modality to check."""
+        return None
+
     def build_model(self):
         if self.config.remat:
             raise ValueError("remat is implemented for the UNet only; train the detector without --remat.")

@@ -50,6 +50,10 @@ class SegmentationTask:
         """How the training scans were prepared (summary.json's `preprocessing`): predict repeats it on new scans."""
         return dataset_files.read_preprocessing(self.config.train_data)
 
+    def data_modality(self) -> dict | None:
+        """What the training scans turned out to be (summary.json's `data_modality`): predict checks new scans."""
+        return dataset_files.read_data_modality(self.config.train_data)
+
     def build_model(self):
         return unet.build_unet(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
 

@@ -98,3 +98,25 @@ def test_summary_counts_normalizations_and_warns_about_a_ct_window_on_mr(tmp_pat
     assert summary["warnings"] == {"ct_window_on_non_hu_values": 1}
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["warnings"] == summary["warnings"]
     assert "warning: 1 case(s) ct window on non hu values (the workers' log names them; see summary.json)" in logged
+
+
+def test_summary_records_what_the_scans_turned_out_to_be(tmp_path):
+    """--modality auto records `auto`; `data_modality` records what the scans were: the DICOM tag, else CT from
+    HU-like values (or MR), and the range the values mostly lie in (what predict checks new scans against)."""
+    ct, _ = demo_ct.synthetic_case(np.random.default_rng(4), (8, 12, 12))
+    (tmp_path / "in").mkdir()
+    _write(ct, tmp_path / "in" / "ct.nii.gz")  # a volume file: CT from its values
+    paths = demo_ct.write_dicom_series(_mr(), str(tmp_path / "in" / "brain"))
+    for path in paths:  # an MR series says so in its Modality tag
+        dataset = pydicom.dcmread(path)
+        dataset.Modality = "MR"
+        dataset.save_as(path)
+    summary = ct_pipeline.run(str(tmp_path / "in"), str(tmp_path / "out"), pipeline_args=IN_PROCESS,
+                              log=lambda line: None)
+    assert summary["modality"] == "auto" and summary["ok"] == 2
+    seen = summary["data_modality"]
+    assert seen["modalities"] == {"CT": 1, "MR": 1}
+    low, high = seen["intensity_range"]  # the lowest 1st and highest 99th percentile over the scans, as read
+    assert abs(low - min(np.percentile(ct, 1), np.percentile(_mr(), 1))) <= 1  # whole numbers (Beam distributions)
+    assert abs(high - max(np.percentile(ct, 99), np.percentile(_mr(), 99))) <= 1
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["data_modality"] == seen

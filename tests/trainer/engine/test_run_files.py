@@ -23,6 +23,14 @@ def test_model_info_round_trip(tmp_path):
         "preprocessing": preprocessing}
 
 
+def test_model_info_records_what_the_training_scans_turned_out_to_be(tmp_path):
+    """`modality: auto` says how scans were normalized, not what they were; `data_modality` says that, for predict."""
+    seen = {"modalities": {"CT": 12}, "intensity_range": [-1024, 1460]}
+    run_files.write_model_info(str(tmp_path), "segmentation", (16, 16, 16, 1), ["background", "liver"], None,
+                               data_modality=seen)
+    assert run_files.read_model_info(str(tmp_path))["data_modality"] == seen
+
+
 def test_history_round_trip_and_loss_curve(tmp_path):
     entries = [{"step": 1, "loss": 2.5, "grad_norm": 0.5}, {"step": 2, "loss": 1.5, "grad_norm": 0.25}]
     run_files.write_history(str(tmp_path), entries)

@@ -220,7 +220,8 @@ def test_predict_writes_every_good_scan_and_dead_letters_the_bad_one(trained_run
     output = tmp_path / "masks"
     result = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "predict", "--model", trained_run, "--input", str(scans),
-         "--output", str(output), "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1", "--probabilities"],
+         "--output", str(output), "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1", "--probabilities",
+         "--max-failed-fraction", "0.25"],  # 1 of 5 scans is broken on purpose
         capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((output / "summary.json").read_text())
