@@ -189,7 +189,7 @@ def test_records_of_mixed_shapes_are_refused_with_the_shape_flag(tmp_path):
     train = _ct_data_set(tmp_path / "ts41", shapes=[SHAPE, (8, 12, 8), SHAPE], shape=None)
     assert _refused(tmp_path, train) == (
         f"--train {train} holds volumes of different shapes (8x8x8 and 8x12x8, D x H x W), which cannot be batched "
-        "for one partitioned step; preprocess with --shape D,H,W (for example --shape 8,8,8) so that every volume "
+        "for one partitioned step; preprocess with --shape D,H,W (for example --shape 8,12,8) so that every volume "
         "has one shape.")
 
 
@@ -220,3 +220,65 @@ def test_a_file_that_is_no_tfrecord_is_refused(tmp_path):
     assert _refused(tmp_path, train) == (
         f"{tmp_path / 'ts41' / SHARD} is not a TFRecord file; name only the records a fullres conversion wrote (its "
         "data-* files).")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The same refusals on data sets `fullres preprocess ct` itself wrote (Beam, in this process), from NIfTI scans
+# whose spacing differs from case to case as real scans' does.
+
+
+@pytest.fixture(scope="module")
+def scans(tmp_path_factory):
+    return demo_ct.write_demo_cases(str(tmp_path_factory.mktemp("scans")), num_cases=3, shape=(16, 20, 20),
+                                    formats=("nifti",), seed=4)["nifti"]
+
+
+def _preprocess(scans, output, labels: bool, shape=None):
+    from preprocessing.beam import ct_pipeline, local_workers
+
+    in_process = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+    ct_pipeline.run(os.path.join(scans, "images"), str(output), labels=os.path.join(scans, "labels") if labels else None,
+                    config=ct_transforms.CtPreprocessConfig(spacing=(2.0, 2.0, 4.0), shape=shape),
+                    pipeline_args=in_process, log=lambda line: None)
+    return str(output)
+
+
+@pytest.mark.slow
+def test_a_conversion_without_shape_is_refused_with_the_shape_flag(scans, tmp_path):
+    folder = _preprocess(scans, tmp_path / "ts41", labels=True)  # each case keeps its own resampled size
+    message = _refused(tmp_path, folder)
+    assert message.startswith(f"--train {folder} holds volumes of different shapes (") and (
+        "preprocess with --shape D,H,W (for example --shape ") in message
+
+
+@pytest.mark.slow
+def test_a_conversion_without_labels_is_refused(scans, tmp_path):
+    folder = _preprocess(scans, tmp_path / "ts41", labels=False, shape=(8, 8, 8))
+    assert _refused(tmp_path, folder) == (
+        f"--train {folder} holds no labelled voxels ({os.path.join(folder, 'summary.json')} lists no label values: "
+        "an unlabelled conversion), so the model would learn to predict background everywhere; convert the scans "
+        "again with --labels naming their label maps.")
+
+
+@pytest.mark.slow
+def test_a_conversion_s_folder_trains_and_its_model_records_the_preprocessing(scans, tmp_path):
+    folder = _preprocess(scans, tmp_path / "ts41", labels=True, shape=(8, 8, 8))
+    code, errors, run = _train(tmp_path, folder, "--input-partition-dims", "1,2,1,1,1", "--batch-size", "4")
+    assert code == 0, errors
+    info = json.loads((run / "model_info.json").read_text())
+    assert info["preprocessing"] == json.loads((tmp_path / "ts41" / "summary.json").read_text())["preprocessing"]
+    assert info["preprocessing"]["spacing"] == [2.0, 2.0, 4.0] and info["preprocessing"]["shape"] == [8, 8, 8]
+
+
+@pytest.mark.slow
+def test_evaluation_refuses_the_other_task_s_records_in_one_sentence(segmentation_run, tmp_path):
+    from trainer import evaluate
+
+    config, _, _ = segmentation_run
+    shapes = demo_images.write_demo_tfrecords(str(tmp_path / "shapes"), num_train=1, num_eval=1, size=(64, 64))
+    with pytest.raises(ValueError) as refused:
+        evaluate.evaluate_trained(config.output_dir, shapes["eval"], report_path=str(tmp_path / "report.html"))
+    assert str(refused.value) == (
+        f"--eval {shapes['eval']} holds images with boxes (fullres preprocess images), not CT volumes; train them "
+        "with --task detection, or pass the records of fullres preprocess ct.")
+    assert not (tmp_path / "report.html").exists()
