@@ -315,13 +315,14 @@ class DataSet:
 def _first_record_kind(files: list[str]) -> str | None:
     """The kind of the first record in `files` (`tfrecord_schema.record_kind`); None when they hold no record."""
     import tensorflow as tf
+    from google.protobuf import message
 
     for path in files:
         try:
             for serialized in tf.data.TFRecordDataset(path, compression_type=compression([path])).take(1):
                 keys = tf.train.Example.FromString(serialized.numpy()).features.feature.keys()
                 return tfrecord_schema.record_kind(keys) or "unknown"
-        except (tf.errors.OpError, ValueError):
+        except (tf.errors.DataLossError, message.DecodeError):  # not TFRecords of Examples (other errors say their own)
             raise ValueError(f"{path} is not a TFRecord file; name only the records a fullres conversion "
                              "wrote (its data-* files).") from None
     return None
