@@ -352,8 +352,11 @@ def resolve(value: str, flag: str = "--train") -> DataSet:
 
     files = record_files(value)
     if not files:
+        if tf.io.gfile.isdir(value) and _read_json(os.path.join(value, SUMMARY)) is not None:
+            raise FileNotFoundError(f"{flag} {value} holds no records (its {SUMMARY} lists no shards: every case "
+                                    "failed); see its dead_letter.jsonl, and convert the data again.")
         if tf.io.gfile.isdir(value):
-            raise FileNotFoundError(f"{flag} {value} is a folder without records or summary.json; pass the --output "
+            raise FileNotFoundError(f"{flag} {value} is a folder without records or {SUMMARY}; pass the --output "
                                     "folder of fullres preprocess (or a pattern of its data-* records).")
         raise FileNotFoundError(f"no TFRecord files match {flag} {value!r}; pass a data set folder (the --output of "
                                 "fullres preprocess) or a pattern of its records, e.g. 'data/ct/data-*'.")

@@ -282,3 +282,16 @@ def test_evaluation_refuses_the_other_task_s_records_in_one_sentence(segmentatio
         f"--eval {shapes['eval']} holds images with boxes (fullres preprocess images), not CT volumes; train them "
         "with --task detection, or pass the records of fullres preprocess ct.")
     assert not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize("summary, words", [
+    (None, "is a folder without records or summary.json; pass the --output folder of fullres preprocess"),
+    ({"ok": 0, "failed": 3, "shards": []}, "holds no records (its summary.json lists no shards: every case failed)"),
+])
+def test_a_folder_without_records_is_refused_in_one_sentence(tmp_path, summary, words):
+    (tmp_path / "empty").mkdir()
+    if summary is not None:
+        (tmp_path / "empty" / "summary.json").write_text(json.dumps(summary))
+    assert _refused(tmp_path, str(tmp_path / "empty")) == f"--train {tmp_path / 'empty'} {words}" + (
+        " (or a pattern of its data-* records)." if summary is None else "; see its dead_letter.jsonl, and convert "
+        "the data again.")
