@@ -249,11 +249,6 @@ def read_summary(pattern: str) -> dict | None:
     return _read_json(beside(pattern, SUMMARY))
 
 
-def read_label_values(pattern: str) -> list[int]:
-    """The class ids `fullres preprocess ct` found in the data (`summary.json` beside the records); [] if not recorded."""
-    return sorted(int(value) for value in (read_summary(pattern) or {}).get("label_values", {}))
-
-
 def read_preprocessing(pattern: str) -> dict | None:
     """The spacing, orientation, window and modality `fullres preprocess ct` used (`summary.json` beside the records).
 
