@@ -339,7 +339,7 @@ def resolve(value: str, flag: str = "--train") -> DataSet:
     label map.
 
     Raises:
-        FileNotFoundError: nothing is matched, or a folder has no summary.json.
+        FileNotFoundError: nothing is matched, a folder has no summary.json, or lacks a shard it lists.
         ValueError: a matched file is not a record of its data set, or two data
             sets differ (the message names both).
     """
@@ -368,6 +368,12 @@ def resolve(value: str, flag: str = "--train") -> DataSet:
                 f"{SUMMARY}, which a finished fullres conversion writes last; pass the --output folder of fullres "
                 "preprocess ct or images, or convert the data again.")
         listed = set(summary.get("shards") or ())
+        missing = sorted(listed - {name.rstrip("/") for name in tf.io.gfile.listdir(folder)})
+        if missing:  # a copy cut short: training on the rest would be silently partial
+            raise FileNotFoundError(
+                f"{flag} {value}: {os.path.join(folder, SUMMARY)} lists {missing[0]}"
+                f"{f' and {len(missing) - 1} more shard(s)' if len(missing) > 1 else ''}, which {folder} lacks; copy "
+                "the data set whole (every shard its summary lists), or convert it again.")
         strays = [os.path.basename(p) for p in paths if listed and os.path.basename(p) not in listed]
         if strays:
             raise ValueError(

@@ -295,3 +295,19 @@ def test_a_folder_without_records_is_refused_in_one_sentence(tmp_path, summary, 
     assert _refused(tmp_path, str(tmp_path / "empty")) == f"--train {tmp_path / 'empty'} {words}" + (
         " (or a pattern of its data-* records)." if summary is None else "; see its dead_letter.jsonl, and convert "
         "the data again.")
+
+
+@pytest.mark.parametrize("name", ["folder", "pattern"])
+def test_a_data_set_missing_a_shard_its_summary_lists_is_refused(tmp_path, name):
+    import shutil
+
+    _ct_data_set(tmp_path / "ts41")
+    summary = json.loads((tmp_path / "ts41" / "summary.json").read_text())
+    second = "data-00001-of-00002.tfrecord"  # a two-shard conversion whose copy stopped after the first shard
+    shutil.move(tmp_path / "ts41" / SHARD, tmp_path / "ts41" / "data-00000-of-00002.tfrecord")
+    summary["shards"] = ["data-00000-of-00002.tfrecord", second]
+    (tmp_path / "ts41" / "summary.json").write_text(json.dumps(summary))
+    train = str(tmp_path / "ts41") if name == "folder" else str(tmp_path / "ts41" / "data-*")
+    assert _refused(tmp_path, train) == (
+        f"--train {train}: {tmp_path / 'ts41' / 'summary.json'} lists {second}, which {tmp_path / 'ts41'} lacks; copy "
+        "the data set whole (every shard its summary lists), or convert it again.")
