@@ -24,12 +24,14 @@ class TrainConfig:
     Args:
         task: "segmentation" or "detection"; `model` must be a `UNetConfig` or a
             `RetinaNetConfig` to match.
-        train_data: TFRecord file pattern of the training set (CT schema for
+        train_data: the training data set: its folder or a pattern of its
+            records, wildcards in the folder part allowed (CT schema for
             segmentation, TF Object Detection API keys for detection), e.g.
-            `data/train-*.tfrecord` or `gs://bucket/ct/train-*.tfrecord.gz`.
+            `data/ct`, `out/*/data-*` or `gs://bucket/ct/data-*.tfrecord.gz`;
+            `preprocessing.records.dataset_files.resolve` is the rule.
         output_dir: where checkpoints, TensorBoard logs, the exported model and
             `metrics.json` go. A rerun into the same directory resumes.
-        eval_data: TFRecord pattern of held-out cases; evaluated at the end.
+        eval_data: the held-out data set (named as `train_data`); evaluated at the end.
         model: the architecture, `UNetConfig` or `RetinaNetConfig`.
         partition: how every example is split across cores.
         steps: optimizer steps in total (ignored when `epochs` is set).

@@ -56,6 +56,8 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     """
     import os
 
+    _, checked = registry.restore(model_dir)
+    checked.check_data(pattern, "--eval", training=False)  # before the model is placed: one sentence, no traceback
     config, task, model, state, distribution = load_trained(model_dir, None)
     names = task.report_class_names(class_names)  # checked before the (long) evaluation
     samples: list = []

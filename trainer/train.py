@@ -58,7 +58,9 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     Raises:
         partitioning.PartitionError: the partitioning does not fit the data or devices.
-        FileNotFoundError: no training data matches `config.train_data`.
+        FileNotFoundError: no training data matches `config.train_data`, or it has no summary.json.
+        ValueError: data the task cannot use (`Task.check_data`: unlabelled, mixed shapes, another task's records,
+            data sets that differ).
         output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
         ValueError: the run's newest checkpoint was written by another configuration.
         distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
@@ -67,7 +69,13 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     if not config.train_data or not config.output_dir:
         raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
-    ct_input.list_files(config.train_data)  # names a pattern that matches nothing before judging the output
+    if not config.partition.is_auto:  # a split the devices cannot hold is named before the data are read
+        partitioning.validate_devices(config.partition, jax.device_count())
+    # The data are judged before the output: a run refused for its data leaves no run folder behind.
+    task = registry.make_task(config)
+    task.check_data(config.train_data, "--train", training=True)
+    if config.eval_data:
+        task.check_data(config.eval_data, "--eval", training=False)
     output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
                                                          "evaluation data": config.eval_data})
     chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()

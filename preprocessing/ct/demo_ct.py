@@ -15,8 +15,8 @@ import os
 import numpy as np
 from scipy import ndimage
 
-from preprocessing.ct import intensity
-from preprocessing.records import tfrecord_schema
+from preprocessing.ct import ct_transforms, intensity
+from preprocessing.records import dataset_files, tfrecord_schema
 
 AIR_HU, FAT_HU, TISSUE_HU = -1000.0, -100.0, 40.0
 ORGAN_HU = {1: 100.0, 2: 180.0}
@@ -93,7 +93,12 @@ def write_demo_tfrecords(
     seed: int = 0,
     spacing: tuple[float, float, float] = (1.5, 1.5, 2.5),
 ) -> dict:
-    """Writes synthetic cases straight into CT TFRecords (one shard per split).
+    """Writes synthetic cases straight into CT TFRecords (one shard per split) and the folder's `summary.json`.
+
+    The summary describes the records as a conversion would (their shards, the
+    cases holding each label value, the preprocessing: spacing, window, shape),
+    so training accepts them and records that preprocessing; both splits share
+    the folder, so name each by its pattern.
 
     Returns:
         `{"train": pattern, "eval": pattern, "num_classes": 3, "shape": shape}`.
@@ -102,12 +107,15 @@ def write_demo_tfrecords(
 
     os.makedirs(output_dir, exist_ok=True)
     rng = np.random.default_rng(seed)
-    patterns = {}
+    patterns, shards, label_values = {}, [], {}
     for split, count in (("train", num_train), ("eval", num_eval)):
         path = os.path.join(output_dir, f"{split}-00000-of-00001.tfrecord")
+        shards.append(os.path.basename(path))
         with tf.io.TFRecordWriter(path + ".tmp") as writer:
             for index in range(count):
                 volume, label = synthetic_case(rng, shape)
+                for value in np.unique(label):
+                    label_values[str(value)] = label_values.get(str(value), 0) + 1
                 record = tfrecord_schema.CtRecord(
                     case_id=f"demo-{split}-{index:04d}",
                     source_path=f"synthetic://{split}/{index}",
@@ -119,6 +127,12 @@ def write_demo_tfrecords(
                 writer.write(tfrecord_schema.encode_ct_example(record))
         os.replace(path + ".tmp", path)
         patterns[split] = os.path.join(output_dir, f"{split}-*.tfrecord")
+    preprocessing = ct_transforms.preprocessing_record(
+        ct_transforms.CtPreprocessConfig(spacing=spacing, window=DEMO_WINDOW, shape=tuple(shape), modality="ct"))
+    dataset_files.write_summary(output_dir, {
+        "ok": num_train + num_eval, "failed": 0, "reasons": {}, "shards": shards,
+        "label_values": dict(sorted(label_values.items(), key=lambda item: int(item[0]))),
+        "modality": "ct", "preprocessing": preprocessing})
     return {**patterns, "num_classes": len(CLASS_NAMES), "shape": list(shape)}
 
 

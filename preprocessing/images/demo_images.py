@@ -128,7 +128,8 @@ def detection_record(image: np.ndarray, boxes, categories, source_id: str) -> by
 
 def write_demo_tfrecords(output_dir: str, num_train: int = 256, num_eval: int = 64, size: tuple[int, int] = (256, 256),
                          seed: int = 0) -> dict:
-    """Writes synthetic images straight into detection TFRecords, `train/` and `eval/`, each with `label_map.json`.
+    """Writes synthetic images straight into detection TFRecords, `train/` and `eval/`, each with `label_map.json`
+    and the `summary.json` a conversion writes (its shards).
 
     The same records `fullres preprocess images` makes of `write_demo_coco`'s
     output, without a Beam run (for tests and quick experiments).
@@ -150,5 +151,7 @@ def write_demo_tfrecords(output_dir: str, num_train: int = 256, num_eval: int = 
                 writer.write(detection_record(image, boxes, categories, f"shapes-{split}-{index:05d}"))
         os.replace(path + ".tmp", path)
         dataset_files.write_label_map(directory, {c["name"]: c["id"] for c in CATEGORIES})
+        dataset_files.write_summary(directory, {"ok": count, "failed": 0, "reasons": {},
+                                                "shards": [os.path.basename(path)]})
         patterns[split] = os.path.join(directory, "data-*.tfrecord")
     return {**patterns, "class_names": [c["name"] for c in CATEGORIES]}

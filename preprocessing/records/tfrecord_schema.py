@@ -210,6 +210,23 @@ def encode_detection_example(record: DetectionRecord) -> bytes:
     return example_proto.serialize_example(features)
 
 
+CT_RECORDS, DETECTION_RECORDS = "CT volumes", "images with boxes"  # the two kinds of records, as users read them
+
+
+def record_kind(feature_keys) -> str | None:
+    """Which kind of record holds these feature keys: `CT_RECORDS`, `DETECTION_RECORDS`, or None (neither).
+
+    >>> record_kind({IMAGE_SHAPE, IMAGE_ENCODED, LABEL_ENCODED}) == CT_RECORDS
+    True
+    """
+    keys = set(feature_keys)
+    if IMAGE_SHAPE in keys and LABEL_ENCODED in keys:
+        return CT_RECORDS
+    if "image/object/bbox/ymin" in keys or "image/source_id" in keys:
+        return DETECTION_RECORDS
+    return None
+
+
 @functools.cache
 def _detection_features() -> dict:
     import tensorflow as tf

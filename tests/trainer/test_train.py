@@ -37,7 +37,9 @@ def test_partitioned_training_writes_every_output(segmentation_run):
     assert saved["steps"] == 40 and len(saved["dice_per_class"]) == 3 and saved["cases"] == 2
     with open(os.path.join(output, "model_info.json")) as file:
         info = json.load(file)
-    assert "preprocessing" in info and info["preprocessing"] is None  # synthetic records carry no summary.json
+    with open(os.path.join(os.path.dirname(config.train_data), "summary.json")) as file:
+        recorded = json.load(file)["preprocessing"]  # the demo records' summary.json, as a conversion writes it
+    assert info["preprocessing"] == recorded and recorded["spacing"] == [1.5, 1.5, 2.5]  # never null (issue #23)
     assert [s for s, _ in saved["loss_history"]] == list(range(5, 41, 5))
     events = os.listdir(os.path.join(output, "tensorboard"))
     assert any(name.startswith("events.out.tfevents") for name in events)

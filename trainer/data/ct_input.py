@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from preprocessing.records import tfrecord_schema
+from preprocessing.records import dataset_files, tfrecord_schema
 
 
 @functools.cache
@@ -22,12 +22,13 @@ def hide_accelerators_from_tensorflow() -> None:
 
 
 def list_files(pattern: str) -> list[str]:
-    """Sorted TFRecord files matching `pattern` (local paths or gs://).
+    """The TFRecord files `pattern` names (local paths or gs://): a data set folder's shards, or the files a
+    pattern matches (`dataset_files.record_files`; `dataset_files.resolve` checks them before training).
 
     Raises:
         FileNotFoundError: when nothing matches, naming the pattern.
     """
-    files = sorted(tf.io.gfile.glob(pattern))
+    files = dataset_files.record_files(pattern)
     if not files:
         raise FileNotFoundError(
             f"no TFRecord files match {pattern!r}; check the path, or create the data with `fullres demo` or "
@@ -36,17 +37,10 @@ def list_files(pattern: str) -> list[str]:
     return files
 
 
-def _compression(files: list[str]) -> str:
-    gzipped = {f.endswith(".gz") for f in files}
-    if len(gzipped) > 1:
-        raise ValueError(f"the files {files[:3]}... mix .gz and uncompressed TFRecords; keep one kind per data set.")
-    return "GZIP" if gzipped.pop() else ""
-
-
 def count_examples(pattern: str) -> int:
     """Counts the records matching `pattern` (reads every file once)."""
     files = list_files(pattern)
-    dataset = tf.data.TFRecordDataset(files, compression_type=_compression(files))
+    dataset = tf.data.TFRecordDataset(files, compression_type=dataset_files.compression(files))
     return int(dataset.reduce(np.int64(0), lambda count, _: count + 1))
 
 
@@ -58,7 +52,7 @@ def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, 
     """
     hide_accelerators_from_tensorflow()
     files = list_files(pattern)
-    dataset = tf.data.TFRecordDataset(files, compression_type=_compression(files))
+    dataset = tf.data.TFRecordDataset(files, compression_type=dataset_files.compression(files))
     if shuffle:
         dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)
     if repeat:

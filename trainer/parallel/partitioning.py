@@ -149,6 +149,24 @@ def _nearest_valid_sizes(size: int, multiple: int) -> str:
     return f"{below} or {above} (multiples of {multiple})"
 
 
+def validate_devices(config: PartitionConfig, num_devices: int) -> None:
+    """The part of `validate` that needs neither data nor batch: one replica's cores divide the devices.
+
+    Training asks this before it reads the data, so a split the devices cannot hold is named first.
+
+    Raises:
+        PartitionError: with a one-sentence message naming the problem and the fix.
+    """
+    dims = config.input_partition_dims
+    cores = config.num_cores_per_replica
+    if num_devices % cores != 0:
+        divisors = [n for n in range(1, num_devices + 1) if num_devices % n == 0]
+        raise PartitionError(
+            f"input_partition_dims {list(dims)} asks for {cores} cores per replica, which does not divide the "
+            f"{num_devices} devices present; use dims whose product is one of {divisors}."
+        )
+
+
 def validate(
     config: PartitionConfig,
     feature_shape: Sequence[int],
@@ -201,13 +219,8 @@ def validate(
             f"input_partition_dims[{rank - 1}] = {dims[-1]} partitions the channels; only spatial dimensions can be "
             "partitioned, so set it to 1."
         )
+    validate_devices(config, num_devices)
     cores = config.num_cores_per_replica
-    if num_devices % cores != 0:
-        divisors = [n for n in range(1, num_devices + 1) if num_devices % n == 0]
-        raise PartitionError(
-            f"input_partition_dims {list(dims)} asks for {cores} cores per replica, which does not divide the "
-            f"{num_devices} devices present; use dims whose product is one of {divisors}."
-        )
     replicas = num_devices // cores
     if global_batch_size is not None and global_batch_size % replicas != 0:
         raise PartitionError(

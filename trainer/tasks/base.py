@@ -30,6 +30,10 @@ class Task(Protocol):
     config: config_lib.TrainConfig
     class_names: list[str] | None  # one name per predicted class; None where the task names none itself
 
+    def check_data(self, value: str, flag: str, training: bool) -> None:
+        """Refuses, in one sentence, records this task cannot use (`value` as given to `flag`): called before a
+        run writes anything. `training`: the data the model learns from (held-out data is checked less)."""
+
     def example_shape(self) -> tuple[int, ...]:
         """The shape of one training example, read from the training data (checked against the model)."""
 

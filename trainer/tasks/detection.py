@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from preprocessing.records import dataset_files
+from preprocessing.records import dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.data import ct_input, detection_input
 from trainer.engine import inference, placement
@@ -41,6 +41,13 @@ class DetectionTask:
             dataset_files.check_label_maps_agree(config.train_data, config.eval_data)
         self.boxes_dropped_max_boxes = 0  # training boxes beyond max_boxes, in the batches handed out so far
         self.eval_boxes_dropped = 0  # ground-truth boxes beyond EVAL_MAX_BOXES, in the last evaluation
+
+    def check_data(self, value: str, flag: str, training: bool) -> None:
+        """Refuses records a RetinaNet cannot use: CT volumes, or data sets that differ (`dataset_files.resolve`)."""
+        data = dataset_files.resolve(value, flag)
+        if data.kind != tfrecord_schema.DETECTION_RECORDS:
+            raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess ct), not images with boxes; train "
+                             "them with --task segmentation, or pass the records of fullres preprocess images.")
 
     def example_shape(self) -> tuple[int, ...]:
         ct_input.list_files(self.config.train_data)  # a clear error when nothing matches

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import jax
 import numpy as np
 
-from preprocessing.records import dataset_files
+from preprocessing.records import dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.data import augment, ct_input
 from trainer.engine import inference, placement
@@ -28,15 +28,42 @@ class SegmentationTask:
     def __init__(self, config: config_lib.TrainConfig):
         self.config = config
 
-    def example_shape(self) -> tuple[int, ...]:
-        """(D, H, W, 1) (or (H, W, 1)) of the training records; refuses too few classes for their labels."""
-        values = dataset_files.read_label_values(self.config.train_data)
-        num_classes = self.config.model.num_classes
-        if values and max(values) >= num_classes:
+    def check_data(self, value: str, flag: str, training: bool) -> None:
+        """Refuses records a UNet cannot learn from or be scored on: detection records, unlabelled ones (training),
+        labels beyond the model's classes (training), no recorded preprocessing (training), volumes of mixed shapes.
+        """
+        data = dataset_files.resolve(value, flag)
+        if data.kind != tfrecord_schema.CT_RECORDS:
+            raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess images), not CT volumes; train "
+                             "them with --task detection, or pass the records of fullres preprocess ct.")
+        if training:
+            values, num_classes = data.label_values, self.config.model.num_classes
+            if values and max(values) >= num_classes:
+                raise ValueError(
+                    f"--num-classes {num_classes} is too small for {value}: its summary.json lists label "
+                    f"values {', '.join(map(str, values))}; pass --num-classes {max(values) + 1} or more."
+                )
+            if data.preprocessing is None:  # a conversion from before summaries recorded it (or no conversion)
+                raise ValueError(
+                    f"{flag} {value}: {data.summary_path} records no preprocessing (spacing, orientation, window), so "
+                    "fullres predict could not prepare new scans as these were; convert the scans again with fullres "
+                    "preprocess ct.")
+            if not [v for v in values if v > 0]:
+                listed = f"label values {', '.join(map(str, values))} only" if values else "no label values"
+                raise ValueError(
+                    f"{flag} {value} holds no labelled voxels ({data.summary_path} lists {listed}: an unlabelled "
+                    "conversion), so the model would learn to predict background everywhere; convert the scans "
+                    "again with --labels naming their label maps.")
+        shapes = dataset_files.ct_shapes(data)
+        if len(shapes) > 1:
+            first, other = ("x".join(map(str, shape)) for shape in shapes[:2])
             raise ValueError(
-                f"--num-classes {num_classes} is too small for {self.config.train_data}: its summary.json lists label "
-                f"values {', '.join(map(str, values))}; pass --num-classes {max(values) + 1} or more."
-            )
+                f"{flag} {value} holds volumes of different shapes ({first} and {other}, D x H x W), which cannot be "
+                f"batched for one partitioned step; preprocess with --shape D,H,W (for example --shape "
+                f"{','.join(str(max(sizes)) for sizes in zip(*shapes))}) so that every volume has one shape.")
+
+    def example_shape(self) -> tuple[int, ...]:
+        """(D, H, W, 1) (or (H, W, 1)) of the training records."""
         first = next(ct_input.ct_dataset(self.config.train_data, 1).as_numpy_iterator())
         shape = first["image"].shape[1:]
         if len(shape) != self.config.model.spatial_dims + 1:
