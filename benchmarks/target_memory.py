@@ -88,8 +88,27 @@ def main() -> None:
                                 f"{jax.__version__}; measured on a 2-core CPU machine without accelerators.")
             with open(arguments.json, "w") as file:
                 json.dump(results, file, indent=1)
+    _add_seed_rows(results)
+    with open(arguments.json, "w") as file:
+        json.dump(results, file, indent=1)
     if arguments.plot:
         plot(results, arguments.plot)
+
+
+def _add_seed_rows(results: dict) -> None:
+    """Cells `seed_configs.py` measured on the same code path (the default UNet, 1,N,1,1,1, on v5e/v4), marked so."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "seed_configs.jsonl")
+    if not os.path.exists(path):
+        return
+    have = {(r["size"], r["partitions"], r["kind"]) for r in results["rows"]}
+    with open(path) as file:
+        for line in file:
+            row = json.loads(line)
+            kind = row["target"].split(":")[0]
+            cell = (row["size"][0], row["partitions"] if "partitions" in row else None, kind)
+            if row["model"] != "unet3d" or "total_bytes" not in row or cell in have:
+                continue
+            results["rows"].append({"size": cell[0], "kind": kind, **row, "source": "benchmarks/seed_configs.py"})
 
 
 COLOURS = {"cpu": (120, 120, 120), "h100": (44, 160, 44), "v5e": (31, 119, 180), "v4": (214, 39, 40)}
