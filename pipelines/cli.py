@@ -241,6 +241,7 @@ def pipeline_submit(
     display_name: Annotated[str | None, typer.Option(help="Name of the run in the console.")] = None,
     caching: Annotated[bool | None, typer.Option("--caching/--no-caching", help="Reuse results of unchanged steps (default: Vertex's).")] = None,
     api_endpoint: Annotated[str | None, typer.Option(help="Vertex AI API endpoint, for private endpoints (default: REGION-aiplatform.googleapis.com).")] = None,
+    plan: Annotated[Path | None, typer.Option(help="The JSON of `fullres plan --target ... --json`: its launch parameters (layout, batch, machine, accelerators, topology, hosts) are passed; a --param of the same name wins.")] = None,
 ) -> None:
     """Submit a pipeline to Vertex AI Pipelines (training on TPUs/GPUs via --param accelerator_type=..., Beam on Dataflow via beam_args)."""
     _check_pipeline_name(name)
@@ -249,7 +250,8 @@ def pipeline_submit(
     from pipelines import definitions, vertex
 
     try:
-        arguments = vertex.parse_parameters(name, param or [])
+        planned = vertex.plan_parameters(name, str(plan)) if plan is not None else {}
+        arguments = {**planned, **vertex.parse_parameters(name, param or [])}
         labels = vertex.parse_labels(label or [])
         template = ROOT / definitions.COMPILED_FILES[name]
         if image is not None or not template.exists():

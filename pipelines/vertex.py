@@ -54,6 +54,28 @@ def parse_parameters(name: str, pairs: list[str]) -> dict:
     return values
 
 
+def plan_parameters(name: str, path: str) -> dict:
+    """The launch parameters of a `fullres plan --target ... --json` file, checked as `--param`s are.
+
+    Raises:
+        ValueError: one sentence: the file is unreadable, not a plan for a target, or names a parameter
+            pipeline `name` does not have.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            plan = json.load(file)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--plan {path}: cannot read it as JSON ({error}); write it with "
+                         "`fullres plan --target ... --json > plan.json`.") from None
+    launch = plan.get("launch") if isinstance(plan, dict) else None
+    if not isinstance(launch, dict) or not isinstance(launch.get("parameters"), dict):
+        raise ValueError(f"--plan {path} has no launch parameters; only a plan for a TPU slice or GPUs has them "
+                         "(`fullres plan --target v5e:4x4 ... --json`).")
+    pairs = [f"{key}={json.dumps(value) if isinstance(value, (dict, list)) else str(value).lower() if isinstance(value, bool) else value}"
+             for key, value in launch["parameters"].items()]
+    return parse_parameters(name, pairs)
+
+
 def parse_labels(pairs: list[str]) -> dict[str, str]:
     """Vertex resource labels from `key=value` texts (lowercase letters, digits, _ and -)."""
     labels = {}

@@ -27,6 +27,7 @@ from pipelines import cli
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHELL_BLOCKS = {"", "bash", "sh", "shell", "console"}
 LAUNCHERS = {"python", "python3", "-m", "uv", "run", "--locked", "--frozen"}
+REDIRECTIONS = {">", ">>", "<", "2>"}
 SEPARATORS = {"&&", "||", ";", "|", "(", ")", "&"}
 ELISION = "..."
 
@@ -74,9 +75,15 @@ def _fullres_commands(line):
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     tokens = list(lexer)
-    commands, segment = [], []
+    commands, segment, redirected = [], [], False
     for token in tokens + [";"]:
+        if token in REDIRECTIONS:  # `> plan.json`: the file is the shell's, not an argument
+            redirected = True
+            continue
         if token not in SEPARATORS:
+            if redirected:
+                redirected = False
+                continue
             segment.append(token)
             continue
         if "fullres" in segment:

@@ -9,6 +9,7 @@ virtual devices) serve every layer's commands.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -192,15 +193,32 @@ def plan(
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
     target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`.")] = "cpu",
-    json_output: Annotated[bool, typer.Option("--json", help="Print the rows (with input_partition_dims, rank, halo bound) as JSON.")] = False,
+    input_partition_dims: Annotated[str | None, typer.Option(help="Plan this one layout instead of comparing, e.g. 1,8,8,1 (N is its product; --partitions is then ignored).")] = None,
+    max_minutes: Annotated[float | None, typer.Option(help="On a TPU or GPU target: start no compile for it after this many minutes (the layouts left are listed).")] = None,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="On a target: reuse figures the same compiler gave for the same step before ($FULLRES_PLAN_CACHE, default ~/.cache/fullres/target-plans).")] = True,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the plan as JSON: rows (input_partition_dims, rank, halo bound, estimated step time), refusals, and on a target what to launch (`launch.parameters`, which `fullres pipeline submit --plan` reads).")] = False,
 ) -> None:
-    """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles."""
+    """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles.
+
+    With --target, the step is compiled by that hardware's own compiler (a TPU slice's libtpu, or JAX's CUDA
+    plug-in) on this machine: each layout is first sized on the CPU, layouts whose CPU figure already exceeds
+    the target's memory are not compiled for it, and the plan ends with what to launch.
+    """
     from trainer import config as config_lib
 
     try:
         counts = parsing.parse_list(partitions, int, "--partitions") or ()
         size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
         given = config_lib.parse_settings(settings or [])
+        dims = tuple(parsing.parse_list(input_partition_dims, int, "--input-partition-dims")) \
+            if input_partition_dims else None
+        if dims is not None:
+            if min(dims) < 1:
+                raise ValueError(f"--input-partition-dims {input_partition_dims} has an entry below 1; each is how "
+                                 "many parts an axis is cut into, e.g. 1,4,1,1,1.")
+            counts = (math.prod(dims),)
+        if max_minutes is not None and max_minutes <= 0:
+            raise ValueError(f"--max-minutes {max_minutes:g} must be more than 0, e.g. --max-minutes 30.")
     except ValueError as error:
         console.fail(str(error))
     if not _jax_backend_started():
@@ -217,18 +235,18 @@ def plan(
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters}
     try:
-        results, header = memory_plan.run(
+        plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
-            image_size=size, partitions=counts, layouts_to_try=layouts, device_memory=device_memory, target=target,
-            log=lambda line: typer.echo(line, err=True))
+            image_size=size, partitions=counts, layouts_to_try=dims or layouts, device_memory=device_memory,
+            target=target, max_minutes=max_minutes, use_cache=cache, log=lambda line: typer.echo(line, err=True))
         memory = targets.memory_per_device(targets.parse(target))  # a target's own, unless --device-memory says
         budget = device_memory or (sizes.human_bytes(memory) if memory else None)
     except (ValueError, targets.MissingCompiler) as error:
         console.fail(str(error))
     if json_output:
-        typer.echo(json.dumps([r.to_json() for result in results for r in [*result.rows, *result.refused]], indent=2))
+        typer.echo(json.dumps(plan.to_json(), indent=2))
         return
-    typer.echo("\n".join(memory_plan.table(results, header, budget)))
+    typer.echo("\n".join([*memory_plan.table(plan.results, plan.header, budget), *memory_plan.launch_lines(plan)]))
 
 
 def predict(

@@ -45,6 +45,12 @@ class PlanRow:
     rank: int = 0
     near_tie: bool = False
     compile_seconds: float = 0.0
+    flops: float | None = None  # per device per step, the compiler's cost analysis (None: it gives none)
+    bytes_accessed: float | None = None
+    compiler_seconds: float | None = None  # the TPU compiler's own estimate of a step ("optimal_seconds")
+    cpu_total_bytes: int | None = None  # on a target: the same layout's total on this machine's CPU
+    estimate: dict | None = None  # on a target: `roofline.Estimate.to_json()`, an estimated step time
+    cached: bool = False  # read from the plan cache (`target_compile.PlanCache`), not compiled now
 
     @property
     def halo_ratio(self) -> float | None:
@@ -74,6 +80,8 @@ class Search:
     pruned: list[tuple[tuple[int, ...], str]]  # (dims, why it cannot divide)
     seconds: float
     refused: list[target_compile.Refusal] = dataclasses.field(default_factory=list)
+    over_estimate: list[tuple[tuple[int, ...], int]] = dataclasses.field(default_factory=list)  # (dims, CPU bytes)
+    not_compiled: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # left by the time bound
 
 def layouts(partitions: int, spatial_dims: int) -> list[tuple[int, ...]]:
     """Every split of `partitions` cores over the spatial dimensions, as input_partition_dims (batch, channels 1).
@@ -108,31 +116,50 @@ def prune(candidates: Sequence[tuple[int, ...]], config: config_lib.TrainConfig,
     return kept, pruned
 
 def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, device_memory: int | None,
-            compile_only: bool = False) -> PlanRow | target_compile.Refusal:
+            compile_only: bool = False, cache: target_compile.PlanCache | None = None) -> PlanRow | target_compile.Refusal:
     """Compiles `dims` on `devices` and reads the compiler's figures; a `Refusal` where it runs out of memory.
 
     `compile_only`: the devices are a target's (`targets.devices`), not this process's.
+    `cache`: figures of a step compiled before (the same lowered program for the same compiler) are read back.
     """
     import jax
 
     started = time.perf_counter()
-    try:
-        with target_compile.compile_only(compile_only):
-            compiled, distribution = builder.compile(dims, devices)
-    except jax.errors.JaxRuntimeError as error:
-        refused = target_compile.refusal(error, dims, time.perf_counter() - started)
-        if refused is None:
-            raise
-        return refused
+    with target_compile.compile_only(compile_only):
+        lowered, distribution = builder.lower(dims, devices)
+        key = None if cache is None else cache.key(lowered.as_text(), devices)
+        found = None if cache is None else cache.load(key)
+        if found is not None:
+            found = (target_compile.Refusal.from_json(found) if "needed_bytes" in found else PlanRow.from_json(found))
+            if isinstance(found, PlanRow):
+                found = dataclasses.replace(found, fits=None if device_memory is None else
+                                            found.total_bytes <= device_memory)
+            return dataclasses.replace(found, cached=True)
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as error:
+            refused = target_compile.refusal(error, dims, time.perf_counter() - started)
+            if refused is None:
+                raise
+            if cache is not None:
+                cache.store(key, refused.to_json())
+            return refused
     memory = compiled.memory_analysis()
     replica_batch = builder.config.batch_size // distribution.num_replicas
     gathers, halo_bytes = compiled_step.communication(compiled.as_text(), len(dims), replica_batch)
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
         - memory.alias_size_in_bytes
     bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
-    return PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
-                   None, gathers, halo_bytes, None if device_memory is None else total <= device_memory, bound,
-                   compile_seconds=round(time.perf_counter() - started, 2))
+    costs = compiled.cost_analysis()
+    costs = (costs[0] if isinstance(costs, (list, tuple)) and costs else costs) or {}
+    row = PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
+                  None, gathers, halo_bytes, None if device_memory is None else total <= device_memory, bound,
+                  compile_seconds=round(time.perf_counter() - started, 2), flops=costs.get("flops"),
+                  bytes_accessed=costs.get("bytes accessed"),
+                  compiler_seconds=costs.get("optimal_seconds") if compile_only else None)
+    if cache is not None:
+        cache.store(key, row.to_json())
+    return row
 
 def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
     """The row of `config`'s own layout on `target` (its first N devices): a `PlanRow` or a `target_compile.Refusal`.

@@ -8,11 +8,12 @@ that into what the command prints.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
 from common import sizes
-from trainer.plan import compiled_step, layout_search, targets
+from trainer.plan import compiled_step, launch, layout_search, target_compile, target_search, targets
 
 AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
 
@@ -40,20 +41,46 @@ def check_sizes(image_size: Sequence[int] | None, partitions: Sequence[int]) -> 
                          "number of cores per replica and must be 1 or more, e.g. --partitions 1,2,4,8.")
 
 
+def _step_time(seconds: float | None) -> str:
+    """'~12.3 ms': a roofline estimate (`roofline`), marked as one."""
+    if seconds is None:
+        return ""
+    if seconds < 1e-3:
+        return f"~{seconds * 1e6:.3g} µs"
+    return f"~{seconds * 1e3:.3g} ms" if seconds < 1 else f"~{seconds:.3g} s"
+
+
 def table(results: Sequence[layout_search.Search], header: str, device_memory: str | None = None) -> list[str]:
-    """The plan as text lines: one block per N, rows best first (≈ marks near-ties), what was pruned, the pick."""
+    """The plan as text lines: one block per N, rows best first (≈ marks near-ties), what was pruned, the pick.
+
+    On a target, two columns more: the same layout's total on this machine's CPU, and the estimated step time
+    (`roofline`; "~" marks it an estimate).
+    """
+    on_target = any(r.cpu_total_bytes is not None for result in results for r in result.rows)
+    extra = f" {'CPU plan':>10} {'step (est.)':>11}" if on_target else ""
     lines = [header]
-    lines.append(f"{'rank':>4} {'N':>4} {'dims':<16} {'activations':>12} {'arguments':>10} {'total':>10} {'E(N)':>6} "
-                 f"{'all-gathers':>11} {'halo/step':>10} {'÷ bound':>8}  fits")
+    lines.append(f"{'rank':>4} {'N':>4} {'dims':<16} {'activations':>12} {'arguments':>10} {'total':>10}{extra} "
+                 f"{'E(N)':>6} {'all-gathers':>11} {'halo/step':>10} {'÷ bound':>8}  fits")
     for result in results:
         for r in result.rows:
             efficiency = "" if r.efficiency is None else f"{r.efficiency:.3f}"
             ratio = "" if r.halo_ratio is None else f"{r.halo_ratio:.2f}"
             fits = "" if r.fits is None else ("yes" if r.fits else "no")
             mark = f"{r.rank}{'≈' if r.near_tie else ''}" if r.rank else ""
+            more = ""
+            if on_target:
+                cpu = "" if r.cpu_total_bytes is None else sizes.human_bytes(r.cpu_total_bytes)
+                more = f" {cpu:>10} {_step_time((r.estimate or {}).get('seconds')):>11}"
             lines.append(f"{mark:>4} {r.partitions:>4} {','.join(map(str, r.input_partition_dims)):<16} "
-                         f"{sizes.human_bytes(r.temp_bytes):>12} {sizes.human_bytes(r.argument_bytes):>10} {sizes.human_bytes(r.total_bytes):>10} "
+                         f"{sizes.human_bytes(r.temp_bytes):>12} {sizes.human_bytes(r.argument_bytes):>10} "
+                         f"{sizes.human_bytes(r.total_bytes):>10}{more} "
                          f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8}  {fits}")
+        for dims, cpu_bytes in result.over_estimate:
+            lines.append(f"     N={result.partitions}: {','.join(map(str, dims))} not compiled for the target: its CPU "
+                         f"figure, {sizes.human_bytes(cpu_bytes)} per device, already exceeds {device_memory}")
+        if result.not_compiled:
+            lines.append(f"     N={result.partitions}: not compiled within --max-minutes: "
+                         f"{' '.join(','.join(map(str, d)) for d in result.not_compiled)}")
         if result.pruned:
             lines.append(f"     N={result.partitions}: {len(result.pruned)} layout(s) pruned, they cannot divide at "
                          f"some resolution level: {' '.join(','.join(map(str, d)) for d, _ in result.pruned)}")
@@ -86,23 +113,73 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
     return lines
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What `run` found: per N its `layout_search.Search`, the table's header, and (on a target) what to launch."""
+
+    results: list
+    header: str
+    target: str
+    device_memory: int | None
+    launch: dict | None  # `launch.launch` for the best layout of the smallest N that fits (None on `cpu`)
+
+    def to_json(self) -> dict:
+        """The plan's JSON (`fullres plan --json`): rows, refusals, what was left out, and the launch."""
+        def dims(d):
+            return list(d)
+        return {"header": self.header, "target": self.target, "device_memory_bytes": self.device_memory,
+                "rows": [r.to_json() for result in self.results for r in result.rows],
+                "refused": [r.to_json() for result in self.results for r in result.refused],
+                "pruned": [{"input_partition_dims": dims(d), "why": why} for result in self.results
+                           for d, why in result.pruned],
+                "over_cpu_estimate": [{"input_partition_dims": dims(d), "cpu_total_bytes": b}
+                                      for result in self.results for d, b in result.over_estimate],
+                "not_compiled": [dims(d) for result in self.results for d in result.not_compiled],
+                "launch": self.launch}
+
+
+def launch_lines(plan: Plan) -> list[str]:
+    """What the table ends with on a target: the layout to launch and the `fullres pipeline submit` parameters."""
+    if plan.launch is None:
+        return []
+    found = plan.launch
+    lines = [f"launch on {found['target']}: input_partition_dims {','.join(map(str, found['input_partition_dims']))}, "
+             f"{found['replicas']} replica(s) of {found['cores_per_replica']} devices; "
+             f"{found['hosts']} host(s), one process each"]
+    if found["vertex"] is None:
+        lines.append(found["not_on_vertex"])
+    lines.append("fullres pipeline submit ... " + " ".join(launch.param_lines(found["parameters"])))
+    return lines
+
+
+def _chosen(results, device_memory: int | None):
+    """The best-ranked row of the smallest N that fits (that compiled at all, when none fits)."""
+    rows = [r for result in results for r in result.rows]
+    fitting = [r for r in rows if r.fits] or rows
+    return min(fitting, key=lambda r: (r.partitions, r.rank or 0)) if fitting else None
+
+
 def run(*, model: str | None = None, preset: str = "default", settings: dict | None = None,
         image_size: Sequence[int] | None = None, partitions: Sequence[int] = (1, 2, 4, 8, 16),
-        layouts_to_try: str = "default", device_memory: str | None = None, target: str = "cpu",
-        log: Callable[[str], None] = lambda line: None) -> tuple[list[layout_search.Search], str]:
-    """`fullres plan`: resolves the config as `fullres train` would, compiles, ranks; returns (results, header line).
+        layouts_to_try="default", device_memory: str | None = None, target: str = "cpu",
+        max_minutes: float | None = None, cache_dir: str | None = None, use_cache: bool = True,
+        log: Callable[[str], None] = lambda line: None) -> Plan:
+    """`fullres plan`: resolves the config as `fullres train` would, compiles, ranks; returns the `Plan`.
 
     Args:
         model: shorthand for the task and the UNet's dimensionality (`plan_config`).
         preset, settings: as `fullres train --preset ... --set key=value` (dotted keys).
         image_size: the spatial size of one example (segmentation: D,H,W or H,W;
             detection: the canvas, `image_size`, which it sets).
-        partitions: core counts N to compare.
-        layouts_to_try: "default" (N-way along the first spatial dimension) or "all" (every layout that divides).
+        partitions: core counts N to compare (with given dims: their product).
+        layouts_to_try: "default" (N-way along the first spatial dimension), "all" (every layout that
+            divides) or one layout's input_partition_dims (a tuple).
         device_memory: e.g. "16GiB": rows say whether they fit, and ranking puts the fitting first
             (default on a TPU or GPU target: the memory of one of its devices, `targets.memory_per_device`).
         target: "cpu" (this machine's devices), a TPU slice ("v5e:2x2") or GPUs ("h100x8"): the
-            step is compiled by that target's compiler, whose figures the rows then are (`targets`).
+            step is compiled by that target's compiler, whose figures the rows then are (`target_search`).
+        max_minutes: on a target, start no compile after this long.
+        cache_dir, use_cache: on a target, where compiled figures are kept (`target_compile.PlanCache`).
 
     Raises:
         ValueError: a bad name, layout or size (one sentence).
@@ -116,24 +193,43 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     if config.partition.is_auto:  # the layouts are what is being compared
         config = compiled_step.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
     shape = compiled_step.example_shape(config, image_size)
+    if isinstance(layouts_to_try, tuple) and len(layouts_to_try) != len(shape) + 1:
+        raise ValueError(f"--input-partition-dims {','.join(map(str, layouts_to_try))} has {len(layouts_to_try)} "
+                         f"entries; this model's inputs have {len(shape) + 1} (batch, {len(shape) - 1} spatial, "
+                         f"channels), e.g. {','.join(map(str, compiled_step.default_partition_dims(4, len(shape) + 1)))}.")
     on = targets.parse(target)
     limit = sizes.parse_bytes(device_memory) if device_memory else targets.memory_per_device(on)
-    devices = None
-    if on.platform != "cpu":
+    started = time.perf_counter()
+    if on.platform == "cpu":
+        if isinstance(layouts_to_try, tuple):
+            config = compiled_step.with_dims(config, layouts_to_try)
+            row = layout_search.compile_layout(config, shape, on)
+            results = [layout_search.Search(row.partitions, [dataclasses.replace(row, fits=None if limit is None
+                                                                                 else row.total_bytes <= limit)],
+                                            [], row.compile_seconds)]
+        else:
+            results = layout_search.search(config, shape, list(partitions), layouts_to_try=layouts_to_try,
+                                           device_memory=limit, efficiency=layouts_to_try == "all" or 1 in partitions,
+                                           log=log)
+    else:
         too_many = [n for n in partitions if n > on.device_count]
         if too_many:
             raise ValueError(f"--target {on.name} has {on.device_count} devices; --partitions {max(too_many)} needs "
                              f"a larger slice or more GPUs.")
-        devices = targets.devices(on)
-    started = time.perf_counter()
-    results = layout_search.search(config, shape, list(partitions), layouts_to_try=layouts_to_try, device_memory=limit,
-                                   efficiency=layouts_to_try == "all" or 1 in partitions, devices=devices,
-                                   compile_only=on.platform != "cpu", log=log)
+        cache = target_compile.PlanCache(cache_dir) if use_cache else None
+        results = target_search.search(config, shape, list(partitions), on, layouts_to_try=layouts_to_try,
+                                       device_memory=limit, max_minutes=max_minutes, cache=cache, log=log)
     where = "" if on.platform == "cpu" else (
         f" on {on.name} ({targets.hardware(on.kind)['device_kind']}, {sizes.human_bytes(limit)} per device), "
-        f"that compiler's figures{', without cuDNN workspace' if on.platform == 'cuda' else ''};")
+        f"that compiler's figures{', without cuDNN workspace' if on.platform == 'cuda' else ''}; step times are "
+        f"roofline estimates;")
     header = (f"{config.task} {type(config.model).__name__} {list(shape[:-1])}, batch {config.batch_size} per "
               f"replica, {config.precision}{', remat' if config.remat else ''};{where} per device "
               f"({time.perf_counter() - started:.0f} s):")
-    return results, header
-
+    chosen = _chosen(results, limit) if on.platform != "cpu" else None
+    found = None
+    if chosen is not None and on.device_count % chosen.partitions == 0:
+        found = launch.launch(on, chosen.input_partition_dims, config.batch_size, config.precision, preset,
+                              {k: v for k, v in settings.items() if k not in ("precision", "batch_size",
+                                                                             "partition.input_partition_dims")})
+    return Plan(results, header, on.name, limit, found)

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import importlib.metadata
+import json
 import math
+import os
 
 from common import sizes
 from trainer.plan import targets
@@ -37,6 +41,12 @@ class Refusal:
         values["input_partition_dims"] = list(self.input_partition_dims)
         values["fits"] = False
         return values
+
+    @classmethod
+    def from_json(cls, values: dict) -> Refusal:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        row = {k: v for k, v in values.items() if k in fields}
+        return cls(**{**row, "input_partition_dims": tuple(row["input_partition_dims"])})
 
 
 def refusal(error: Exception, dims: tuple[int, ...], seconds: float) -> Refusal | None:
@@ -67,3 +77,61 @@ def compile_only(active: bool = True):
     finally:
         jax.config.update("jax_enable_compilation_cache", cached)
         compilation_cache.reset_cache()
+
+
+def default_cache_dir() -> str:
+    """$FULLRES_PLAN_CACHE, else ~/.cache/fullres/target-plans (XDG_CACHE_HOME honoured)."""
+    if os.environ.get("FULLRES_PLAN_CACHE"):
+        return os.environ["FULLRES_PLAN_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fullres", "target-plans")
+
+
+def _compiler_versions() -> str:
+    versions = []
+    for name in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"):
+        try:
+            versions.append(f"{name}={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ";".join(versions)
+
+
+class PlanCache:
+    """A target compiler's figures for a step, kept on disk: a TPU compile takes minutes, reading it back none.
+
+    JAX's own persistent cache cannot serve here: it stores executables, and an
+    executable compiled for devices this process does not have cannot be loaded
+    back (`compile_only`). The key is the lowered program itself (so any change
+    to the model, the optimizer, the shapes or the layout is a new key), the
+    target's device kind and count, and the compilers' versions; the value is
+    the row's figures as JSON, one file per key.
+    """
+
+    def __init__(self, directory: str | None = None):
+        self.directory = directory or default_cache_dir()
+
+    def key(self, lowered_text: str, devices) -> str:
+        digest = hashlib.sha256()
+        for part in (lowered_text, getattr(devices[0], "device_kind", "?"), str(len(devices)), _compiler_versions()):
+            digest.update(part.encode())
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+    def load(self, key: str) -> dict | None:
+        try:
+            with open(os.path.join(self.directory, key + ".json"), encoding="utf-8") as file:
+                return json.load(file)
+        except (OSError, ValueError):
+            return None  # not there, or cut short: compile again
+
+    def store(self, key: str, values: dict) -> None:
+        """Writes atomically; a cache that cannot be written only costs the next plan a compile."""
+        path = os.path.join(self.directory, key + ".json")
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(path + ".tmp", "w", encoding="utf-8") as file:
+                json.dump({**values, "cached": False}, file)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass

@@ -1,5 +1,7 @@
 """`fullres plan` refuses sizes no model can be built for, in one sentence, before building one (issue #23 item 9)."""
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -29,11 +31,30 @@ from typer.testing import CliRunner
     (["--model", "unet3d", "--image-size", "16,16,16", "--partitions", "1,-2"],
      "--partitions 1,-2 asks for -2 cores; each entry is a number of cores per replica and must be 1 or more, e.g. "
      "--partitions 1,2,4,8."),
+    (["--model", "unet3d", "--image-size", "16,16,16", "--input-partition-dims", "1,4,1,1"],
+     "--input-partition-dims 1,4,1,1 has 4 entries; this model's inputs have 5 (batch, 3 spatial, channels), e.g. "
+     "1,4,1,1,1."),
+    (["--model", "unet3d", "--image-size", "16,16,16", "--input-partition-dims", "1,0,1,1,1"],
+     "--input-partition-dims 1,0,1,1,1 has an entry below 1; each is how many parts an axis is cut into, e.g. "
+     "1,4,1,1,1."),
+    (["--model", "unet3d", "--image-size", "16,16,16", "--max-minutes", "0"],
+     "--max-minutes 0 must be more than 0, e.g. --max-minutes 30."),
 ], ids=["zero-depth", "negative-width", "zero-canvas", "3d-count", "2d-count", "retinanet-count", "zero-cores",
-        "negative-cores"])
+        "negative-cores", "dims-count", "dims-zero", "zero-minutes"])
 def test_plan_refuses_a_size_no_model_takes_in_one_sentence(arguments, sentence):
     from pipelines import cli
 
     result = CliRunner().invoke(cli.app, ["plan", *arguments])
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == f"fullres: error: {sentence}"
+
+
+@pytest.mark.slow
+def test_plan_compiles_exactly_the_layout_given():
+    from pipelines import cli
+
+    result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--image-size", "16,16,16",
+                                          "--input-partition-dims", "1,2,2,1,1", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["input_partition_dims"] == [1, 2, 2, 1, 1] and row["partitions"] == 4 and row["halo_bytes"] > 0

@@ -20,7 +20,7 @@ import pytest
 from common import sizes
 from trainer.plan import compiled_step, layout_search, target_compile, targets
 
-pytestmark = [pytest.mark.slow, pytest.mark.tpu]
+pytestmark = [pytest.mark.slow, pytest.mark.target]
 
 
 def _tiny(size: int, dims: str = "1,4,1,1,1"):

@@ -1,0 +1,60 @@
+"""The seed's two configurations, answered by the TPU compiler: does each fit, per-core memory, halo.
+
+The 3D UNet (default: 4 levels, 16 filters, instance norm, float32, batch 1) at
+256³ split 16 ways along depth, and RetinaNet (ResNet-18 + FPN, float32, batch
+1) at 2560² split 8×8 = 64 ways, each compiled by libtpu for TPU v5e and v4
+slices of that many chips (`fullres plan --target`'s code path:
+`layout_search.compile_layout`). One JSON line per compile:
+
+    uv run --group tpu python benchmarks/seed_configs.py > benchmarks/results/seed_configs.jsonl
+    uv run --group tpu python benchmarks/seed_configs.py v4:2x2x4      # only the jobs on that target
+
+Each TPU compile takes 15-30 minutes on a 2-core machine and ~9 GiB of host memory.
+The same answers on the command line:
+
+    fullres plan --model unet3d --image-size 256,256,256 --partitions 16 --target v5e:4x4
+    fullres plan --model retinanet --image-size 2560,2560 --input-partition-dims 1,8,8,1 --target v5e:8x8
+"""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_platforms", "cpu")
+
+from trainer.plan import compiled_step, layout_search, targets  # noqa: E402
+
+JOBS = [
+    ("unet3d", (256, 256, 256), "1,16,1,1,1", "v5e:4x4"),
+    ("retinanet", (2560, 2560), "1,8,8,1", "v5e:8x8"),
+    ("unet3d", (256, 256, 256), "1,16,1,1,1", "v4:2x2x4"),
+    ("retinanet", (2560, 2560), "1,8,8,1", "v4:4x4x4"),
+]
+
+
+def main() -> None:
+    only = sys.argv[1:]
+    for model, size, dims, target in JOBS:
+        if only and target not in only:
+            continue
+        settings = {"partition.input_partition_dims": dims}
+        if model == "retinanet":
+            settings["image_size"] = ",".join(map(str, size))
+        config = compiled_step.plan_config(model, "default", settings)
+        shape = compiled_step.example_shape(config, size)
+        started = time.time()
+        try:
+            out = layout_search.compile_layout(config, shape, targets.parse(target)).to_json()
+        except Exception as error:  # noqa: BLE001  (recorded, and the next job still runs)
+            out = {"error": str(error)[:2000]}
+        out.update(model=model, size=list(size), dims=dims, target=target, wall_seconds=round(time.time() - started, 1))
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""The layout search on a target's own compiler, kept usable on a 2-core machine.
+
+A TPU compile of a convolutional net takes minutes here, a CPU compile of the
+same step seconds. So `search`:
+
+1. prunes the layouts that cannot divide the volume at every resolution level
+   (as on the CPU; `layout_search.prune`);
+2. compiles every remaining layout for this machine's CPU first: a cheap
+   estimate. A layout whose CPU figure already exceeds the target's memory is
+   not compiled for the target (measured: the TPU compiler lays out 2 to 9
+   times the CPU's bytes for these models, never less; the row keeps the CPU
+   figure);
+3. compiles the rest for the target, best CPU rank first, one progress line
+   each with its time, reading figures compiled before from the plan cache
+   (`target_compile.PlanCache`), and starts no compile after `max_minutes`
+   (the layouts left are listed, not guessed);
+4. ranks what the target's compiler measured (`layout_search.rank_rows`), each
+   row with its CPU figure beside it and an estimated step time
+   (`roofline.estimate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from common import sizes
+from trainer import config as config_lib
+from trainer.parallel import partitioning
+from trainer.plan import compiled_step, layout_search, roofline, target_compile, targets
+
+
+def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape: tuple[int, ...]):
+    """(kept, pruned) layouts of `count` cores: "all", "default" (N-way along the first axis) or given dims."""
+    spatial = len(shape) - 1
+    if layouts_to_try == "all":
+        return layout_search.prune(layout_search.layouts(count, spatial), config, shape)
+    if layouts_to_try == "default":
+        return layout_search.prune([compiled_step.default_partition_dims(count, spatial + 2)], config, shape)
+    return layout_search.prune([tuple(layouts_to_try)], config, shape)
+
+
+def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, target: targets.Target,
+                   precision: str) -> layout_search.PlanRow:
+    """`row` with its CPU figure and roofline estimate (GPUs: XLA:CPU's counts, the CUDA compiler gives none)."""
+    flops = row.flops if row.flops is not None else cpu.flops
+    accessed = row.bytes_accessed if row.bytes_accessed is not None else cpu.bytes_accessed
+    estimate = None
+    if flops is not None and accessed is not None:
+        estimate = roofline.estimate(flops, accessed, row.halo_bytes, targets.hardware(target.kind), precision)
+        estimate = {**estimate.to_json(), "counts_from": "target compiler" if row.flops is not None else "XLA:CPU"}
+    return dataclasses.replace(row, cpu_total_bytes=cpu.total_bytes, flops=flops, bytes_accessed=accessed,
+                               estimate=estimate)
+
+
+def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Sequence[int], target: targets.Target,
+           *, layouts_to_try="default", device_memory: int | None = None, max_minutes: float | None = None,
+           cache: target_compile.PlanCache | None = None,
+           log: Callable[[str], None] = lambda line: None) -> list[layout_search.Search]:
+    """Ranks the layouts of every N in `partitions` by `target`'s compiler (see the module's docstring).
+
+    Args:
+        config, shape: the run and one example, channels last (as `layout_search.search`).
+        partitions: core counts N (each at most the target's devices).
+        target: a TPU slice or GPUs (`targets.parse`; not `cpu`).
+        layouts_to_try: "all", "default" or one layout's dims.
+        device_memory: bytes per device (default: the target's, `targets.memory_per_device`).
+        max_minutes: start no target compile after this long (None: no bound).
+        cache: where compiled figures are kept (None: compile everything).
+        log: progress lines.
+
+    Raises:
+        ValueError: an N exceeds the target's devices or no layout of an N divides the volume.
+        targets.MissingCompiler: the target's compiler is not installed.
+    """
+    import jax
+
+    device_memory = targets.memory_per_device(target) if device_memory is None else device_memory
+    target_devices = targets.devices(target)  # first: a missing compiler is said before anything is compiled
+    cpu_devices = jax.devices("cpu")
+    plans = []
+    for count in partitions:
+        partitioning.require_devices(count, len(target_devices), f"{count} partitions on {target.name}")
+        partitioning.require_devices(count, len(cpu_devices), f"{count} partitions (the CPU estimate)")
+        kept, pruned = candidates(layouts_to_try, count, config, shape)
+        if not kept:
+            raise partitioning.PartitionError(f"no layout of {count} cores divides {list(shape[:-1])} at every "
+                                              f"resolution level: {pruned[0][1]}")
+        plans.append((count, kept, pruned))
+    started = time.perf_counter()
+    builder = compiled_step.StepBuilder(config, tuple(shape))
+    everything = list(dict.fromkeys(d for _, kept, _ in plans for d in kept))
+    cpu: dict[tuple[int, ...], layout_search.PlanRow] = {}
+    for number, dims in enumerate(everything, 1):
+        label = ",".join(map(str, dims))
+        row = layout_search.measure(builder, dims, cpu_devices[:math.prod(dims)], device_memory)
+        cpu[dims] = row
+        log(f"[CPU estimate {number}/{len(everything)}] {label}: {sizes.human_bytes(row.total_bytes)} per device "
+            f"({row.compile_seconds:.1f} s)")
+    order, over = [], {}
+    for _, kept, _ in plans:
+        ranked = layout_search.rank_rows([cpu[d] for d in kept], device_memory)
+        for row in ranked:
+            if row.total_bytes > device_memory:
+                over[row.input_partition_dims] = row.total_bytes
+            elif row.input_partition_dims not in order:
+                order.append(row.input_partition_dims)
+    if over:
+        log(f"{len(over)} layout(s) not compiled for {target.name}: their CPU figure already exceeds "
+            f"{sizes.human_bytes(device_memory)} per device")
+    measured: dict[tuple[int, ...], layout_search.PlanRow | target_compile.Refusal] = {}
+    left: list[tuple[int, ...]] = []
+    for number, dims in enumerate(order, 1):
+        label = ",".join(map(str, dims))
+        if max_minutes is not None and time.perf_counter() - started > max_minutes * 60:
+            left.append(dims)
+            continue
+        log(f"[{target.name} {number}/{len(order)}] compiling {label} ...")
+        begun = time.perf_counter()
+        row = layout_search.measure(builder, dims, target_devices[:math.prod(dims)], device_memory,
+                                    compile_only=True, cache=cache)
+        if isinstance(row, layout_search.PlanRow):
+            row = _with_estimate(row, cpu[dims], target, config.precision)
+            figures = (f"{sizes.human_bytes(row.total_bytes)} per device (CPU {sizes.human_bytes(row.cpu_total_bytes)}), "
+                       f"halo {sizes.human_bytes(row.halo_bytes)}")
+        else:
+            figures = row.describe()
+        measured[dims] = row
+        log(f"[{target.name} {number}/{len(order)}] {label}: {figures} "
+            f"({'from the plan cache' if getattr(row, 'cached', False) else f'{time.perf_counter() - begun:.1f} s'})")
+    if left:
+        log(f"--max-minutes {max_minutes:g} reached: {len(left)} layout(s) not compiled for {target.name}: "
+            + " ".join(",".join(map(str, d)) for d in left))
+    reference = (1,) * len(shape[:-1]) + (1, 1)
+    base = measured.get(reference)
+    results = []
+    for count, kept, pruned in plans:
+        rows = [measured[d] for d in kept if isinstance(measured.get(d), layout_search.PlanRow)]
+        if isinstance(base, layout_search.PlanRow) and base.temp_bytes:
+            rows = [dataclasses.replace(r, efficiency=round(base.temp_bytes / (r.partitions * r.temp_bytes), 4))
+                    if r.temp_bytes else r for r in rows]
+        refused = [measured[d] for d in kept if isinstance(measured.get(d), target_compile.Refusal)]
+        results.append(layout_search.Search(
+            count, layout_search.rank_rows(rows, device_memory) if layouts_to_try == "all" else rows,
+            pruned, round(sum(r.compile_seconds for r in [*rows, *refused] if not getattr(r, "cached", False)), 1),
+            refused, [(d, over[d]) for d in kept if d in over], [d for d in kept if d in left]))
+    return results
