@@ -157,7 +157,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     checkpointer = checkpoints.Checkpointer(run_files.path(config.output_dir, run_files.CHECKPOINTS),
                                             keep=config.keep_checkpoints)
     # Checked before anything is written: a rerun refused here leaves the finished run as it was.
-    restored = checkpointer.restore_latest(state)
+    restored = checkpointer.restore_latest(state, log)
     if restored is not None:
         state, start_step = restored
         log(f"resuming from checkpoint at step {start_step}")
