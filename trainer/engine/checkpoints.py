@@ -13,11 +13,15 @@ alike.
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import logging
 import os
+import re
+import shutil
 import sys
+import traceback
 import uuid
 from collections.abc import Callable
 
@@ -90,13 +94,43 @@ class Checkpointer:
         wait_for_cleanup = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
         if wait_for_cleanup is not None:
             wait_for_cleanup()
+        _quiet_failed_operations()
 
     def save(self, step_number: int, state: placement.TrainState) -> None:
         """Writes the checkpoint for `step_number` (a no-op if it exists) and deletes all but the newest `keep`."""
         if step_number in self._manager.all_steps():
             return
-        self._manager.save(step_number, args=ocp.args.StandardSave(_as_tree(state)), force=True)
-        self._manager.wait_until_finished()
+        path = os.path.join(self.directory, f"{step_number:0{_STEP_DIGITS}d}")
+        # Orbax's writer threads log their failure with a traceback each before `save` raises it; the error
+        # raised here says it once.
+        absl_logger = logging.getLogger("absl")
+        absl_logger.addFilter(_WRITER_THREAD_FAILURES)
+        try:
+            self._manager.save(step_number, args=ocp.args.StandardSave(_as_tree(state)), force=True)
+            self._manager.wait_until_finished()
+        except Exception as error:
+            code = _write_error(error)
+            if code is None:
+                raise
+            gc.collect()  # the failed writes' leftovers call back now, into the filter, not at interpreter exit
+            self._remove_unfinished(step_number)
+            raise OSError(code, os.strerror(code), path) from error
+        finally:
+            absl_logger.removeFilter(_WRITER_THREAD_FAILURES)
+
+    def _remove_unfinished(self, step_number: int) -> None:
+        """Removes what a failed save of `step_number` wrote (Orbax's temporary folder, its own name), on process 0.
+
+        Orbax would remove it at the next start; on a full disk it would hold the space until then.
+        """
+        import jax
+
+        if jax.process_index() != 0 or "://" in self.directory:
+            return
+        prefix = f"{step_number:0{_STEP_DIGITS}d}{_ORBAX_TEMPORARY}"
+        for name in os.listdir(self.directory) if os.path.isdir(self.directory) else []:
+            if name.startswith(prefix):
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def restore_latest(self, like: placement.TrainState, log: Callable[[str], None] = print
                        ) -> tuple[placement.TrainState, int] | None:
@@ -142,7 +176,6 @@ class Checkpointer:
                 why = _damage(error)
                 if why is None:
                     raise
-                _quiet_closed_loop_callbacks()
                 log(f"checkpoint {path} is damaged ({why}); trying the one before it")
                 damaged.append((path, why))
                 continue
@@ -186,6 +219,42 @@ class Checkpointer:
         self._manager.close()
 
 
+_ORBAX_TEMPORARY = ".orbax-checkpoint-tmp"  # Orbax's name for a checkpoint being written: `00000040.orbax-checkpoint-tmp`
+# The operating system's error inside TensorStore's text: "Failed to write 18143 bytes to file 17: No space left on
+# device [os_error_code='28']".
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
+
+
+class _OrbaxThreadFailure(logging.Filter):
+    """Orbax's "_SignalingThread.run() raised an exception" records (with their tracebacks) go to debug logging."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "raised an exception" not in record.getMessage():
+            return True
+        logging.getLogger(__name__).debug(record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+_WRITER_THREAD_FAILURES = _OrbaxThreadFailure()
+
+
+def _write_error(error: BaseException) -> int | None:
+    """The errno of a failed checkpoint write the machine caused (disk full, quota, permission, read-only); else None."""
+    seen, current = set(), error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _WRITE_ERRNOS:
+            return current.errno
+        found = _OS_ERROR_CODE.search(str(current))
+        if found and int(found.group(1)) in _WRITE_ERRNOS:
+            return int(found.group(1))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 class CheckpointDamaged(ValueError):
     """No checkpoint of the run can be read; the message names the newest and what to do."""
 
@@ -216,14 +285,41 @@ def _damage(error: BaseException) -> str | None:
     return None
 
 
-def _quiet_closed_loop_callbacks() -> None:
-    """Drops the "Event loop is closed" errors of TensorStore's callbacks, from the first damaged read on.
+class _OrbaxUnretrievedTask(logging.Filter):
+    """asyncio's "... exception was never retrieved" records of Orbax's tasks and futures go to debug logging."""
 
-    Orbax closes the event loop of a read that failed; TensorStore's other reads of it still finish and call
-    back into that loop, some seconds later, and Python prints each callback's traceback (sys.unraisablehook)
-    in the middle of the run's log, or after fullres's sentence. They say nothing the log does not, so the
-    filter stays for the rest of the process; other unraisable errors still reach the previous hook.
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "exception was never retrieved" not in message or not _raised_in_orbax(record.exc_info):
+            return True
+        logging.getLogger(__name__).debug(message, exc_info=record.exc_info)
+        return False
+
+
+_UNRETRIEVED_TASKS = _OrbaxUnretrievedTask()
+
+
+def _raised_in_orbax(exc_info) -> bool:
+    """Whether the exception of a log record was raised inside Orbax (its traceback passes through Orbax's code)."""
+    if not exc_info or exc_info[2] is None:
+        return False
+    return any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in traceback.extract_tb(exc_info[2]))
+
+
+def _quiet_failed_operations() -> None:
+    """Keeps the aftermath of a failed Orbax read or write off the terminal, for the rest of the process.
+
+    Orbax closes the event loop of a read or write that failed (a damaged checkpoint, a full disk), and the
+    failure of one array leaves the others' tasks unawaited. TensorStore's other operations still finish and
+    call back into the closed loop ("Event loop is closed", through sys.unraisablehook), and asyncio logs each
+    unawaited task's error when it is collected ("Task exception was never retrieved"), up to seconds later
+    or at interpreter exit: ten tracebacks after a full disk, in the middle of the run's log or after
+    fullres's sentence. They say nothing the log or the sentence does not; other unraisable errors and
+    other tasks' errors still reach the terminal.
     """
+    asyncio_logger = logging.getLogger("asyncio")
+    if _UNRETRIEVED_TASKS not in asyncio_logger.filters:
+        asyncio_logger.addFilter(_UNRETRIEVED_TASKS)
     previous = sys.unraisablehook
     if getattr(previous, "fullres_quiet_closed_loop", False):
         return
