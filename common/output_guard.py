@@ -195,13 +195,36 @@ def write_marker(directory: str, kind: str, files: list[str] | None = None) -> N
     """Marks `directory` as written by fullres (`kind`: tfrecords, demo, pipeline-root), listing its files."""
     content = json.dumps({"written_by": "fullres", "kind": kind, "files": sorted(files or [])}, indent=2).encode()
     if _is_local(directory):
-        with open(os.path.join(directory, MARKER), "wb") as file:
-            file.write(content)
+        write_whole(os.path.join(directory, MARKER), content)
         return
     from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.create(directory.rstrip("/") + "/" + MARKER) as file:
         file.write(content)
+
+
+PARTIAL_PREFIX = ".fullres-partial."  # a file being written: `.fullres-partial.a.nii.gz`, renamed to `a.nii.gz` when whole
+
+
+def write_whole(path: str, content: bytes) -> None:
+    """Writes `content` to `path` whole or not at all: into `.fullres-partial.NAME` beside it, then renamed over it.
+
+    A failed write (a full disk) removes the partial file and raises; `path` keeps what it held before.
+    """
+    temporary = partial_path(path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(content)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
+
+
+def partial_path(path: str) -> str:
+    """The name `path` has while it is written (`write_whole`): same folder and ending, so readers of it still know it."""
+    return os.path.join(os.path.dirname(path), PARTIAL_PREFIX + os.path.basename(path))
 
 
 def check_run_directory(output: str, inputs: dict[str, str | None], option: str = "--output") -> None:
