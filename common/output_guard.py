@@ -130,8 +130,10 @@ def _files_below(directory: str) -> list[str]:
     return sorted(found)
 
 
-def _read_marker(directory: str) -> dict | None:
-    return _read_json(directory, MARKER)
+def read_marker(directory: str) -> dict | None:
+    """The content of `directory`'s marker (`.fullres-output`), or None when it has none or it is not JSON."""
+    content = _read_json(directory, MARKER)
+    return content if isinstance(content, dict) else None
 
 
 def _read_json(directory: str, name: str):
@@ -171,7 +173,7 @@ def conversion_files(output: str, option: str = "--output") -> list[str]:
     if not names:
         return []
     fix = f"pass a new or empty directory as {option}, or move those files away"
-    marker = _read_marker(output)
+    marker = read_marker(output)
     if isinstance(marker, dict) and marker.get("kind") == "tfrecords":
         listed = set(marker.get("files", [])) | {MARKER}
     elif any(CONVERSION_NAMES.match(n) and n.startswith("data-") for n in names):
@@ -255,7 +257,7 @@ def check_owned_directory(output: str, kind: str, inputs: dict[str, str | None],
     names = [n for n in _entries(output) if n != MARKER]
     if not names:
         return
-    marker = _read_marker(output)
+    marker = read_marker(output)
     if marker is not None and marker.get("kind") == kind:
         return
     if kind == "demo" and {"summary.json", "pipeline-root"} <= set(names):
@@ -281,7 +283,7 @@ def demo_data_files(output: str, kind: str, planned: list[str] = (), option: str
     """
     _check_not_a_file(output, option)
     names = [n for n in _files_below(output) if n != MARKER]
-    marker = _read_marker(output)
+    marker = read_marker(output)
     listed = set(marker.get("files", [])) if isinstance(marker, dict) and marker.get("kind") == kind else set()
     unknown = sorted((n for n in names if n not in listed), key=lambda n: n not in set(planned))
     if unknown:
@@ -323,7 +325,7 @@ def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], o
     check_outside_inputs(output, inputs, option)
     _check_not_a_file(output, option)
     names = [n for n in _entries(output) if n != MARKER]
-    marker = _read_marker(output) or {}
+    marker = read_marker(output) or {}
     listed = set(marker.get("files", [])) if marker.get("kind") == kind else set()
     unknown = [n for n in names if n not in listed]
     if unknown:
