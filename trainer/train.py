@@ -61,6 +61,8 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         FileNotFoundError: no training data matches `config.train_data`.
         output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
         ValueError: the run's newest checkpoint was written by another configuration.
+        checkpoints.CheckpointDamaged: no checkpoint of the run can be read (a damaged one is otherwise passed
+            over for the one before it, and moved aside).
         distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
     """
     import jax

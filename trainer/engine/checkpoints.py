@@ -170,7 +170,7 @@ class Checkpointer:
             path = os.path.join(self.directory, f"{step_number:0{_STEP_DIGITS}d}")
             try:
                 restored = self._restore(step_number, path, like)
-            except _MISMATCH:
+            except _ModelMismatch:
                 raise
             except Exception as error:
                 why = _damage(error)
@@ -188,7 +188,7 @@ class Checkpointer:
         stored_shapes = jax.tree_util.tree_map(lambda m: tuple(m.shape), stored, is_leaf=_is_array_metadata)
         wanted_shapes = jax.tree_util.tree_map(lambda x: tuple(np.shape(x)), target)
         if stored_shapes != wanted_shapes:
-            raise _MISMATCH(
+            raise _ModelMismatch(
                 f"checkpoint {path} does not match this model ({_first_difference(stored_shapes, wanted_shapes)}); "
                 "resume with the configuration that wrote it, or train into a new --output directory."
             )
@@ -259,7 +259,7 @@ class CheckpointDamaged(ValueError):
     """No checkpoint of the run can be read; the message names the newest and what to do."""
 
 
-class _MISMATCH(ValueError):
+class _ModelMismatch(ValueError):
     """A checkpoint of another model (raised as is: it is intact, only not this run's)."""
 
 
