@@ -278,7 +278,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         if export_saved_model:
             results["model"] = export.export_model(model, config.output_dir, run.image_shape)
         else:
-            model.save(run_files.path(config.output_dir, run_files.MODEL))
+            export.save_keras(model, run_files.path(config.output_dir, run_files.MODEL))
             results["model"] = {"keras": run_files.path(config.output_dir, run_files.MODEL)}
         log(f"wrote {run_files.write_metrics(config.output_dir, results)}")
     return results
