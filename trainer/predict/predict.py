@@ -299,7 +299,8 @@ def write_image(image: sitk.Image, path: str) -> None:
     temporary = output_guard.partial_path(path)
     try:
         sitk.WriteImage(image, temporary, useCompression=True)
-        if not np.array_equal(sitk.GetArrayViewFromImage(sitk.ReadImage(temporary)), sitk.GetArrayViewFromImage(image)):
+        written = sitk.ReadImage(temporary)  # held: an array view does not keep its image alive
+        if not np.array_equal(sitk.GetArrayViewFromImage(written), sitk.GetArrayViewFromImage(image)):
             raise RuntimeError(f"{temporary} reads back other voxels than were written (cut short)")
         os.replace(temporary, path)
     except BaseException as error:
