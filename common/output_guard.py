@@ -130,8 +130,10 @@ def _files_below(directory: str) -> list[str]:
     return sorted(found)
 
 
-def _read_marker(directory: str) -> dict | None:
-    return _read_json(directory, MARKER)
+def read_marker(directory: str) -> dict | None:
+    """The content of `directory`'s marker (`.fullres-output`), or None when it has none or it is not JSON."""
+    content = _read_json(directory, MARKER)
+    return content if isinstance(content, dict) else None
 
 
 def _read_json(directory: str, name: str):
@@ -171,7 +173,7 @@ def conversion_files(output: str, option: str = "--output") -> list[str]:
     if not names:
         return []
     fix = f"pass a new or empty directory as {option}, or move those files away"
-    marker = _read_marker(output)
+    marker = read_marker(output)
     if isinstance(marker, dict) and marker.get("kind") == "tfrecords":
         listed = set(marker.get("files", [])) | {MARKER}
     elif any(CONVERSION_NAMES.match(n) and n.startswith("data-") for n in names):
@@ -195,13 +197,36 @@ def write_marker(directory: str, kind: str, files: list[str] | None = None) -> N
     """Marks `directory` as written by fullres (`kind`: tfrecords, demo, pipeline-root), listing its files."""
     content = json.dumps({"written_by": "fullres", "kind": kind, "files": sorted(files or [])}, indent=2).encode()
     if _is_local(directory):
-        with open(os.path.join(directory, MARKER), "wb") as file:
-            file.write(content)
+        write_whole(os.path.join(directory, MARKER), content)
         return
     from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.create(directory.rstrip("/") + "/" + MARKER) as file:
         file.write(content)
+
+
+PARTIAL_PREFIX = ".fullres-partial."  # a file being written: `.fullres-partial.a.nii.gz`, renamed to `a.nii.gz` when whole
+
+
+def write_whole(path: str, content: bytes) -> None:
+    """Writes `content` to `path` whole or not at all: into `.fullres-partial.NAME` beside it, then renamed over it.
+
+    A failed write (a full disk) removes the partial file and raises; `path` keeps what it held before.
+    """
+    temporary = partial_path(path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(content)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
+
+
+def partial_path(path: str) -> str:
+    """The name `path` has while it is written (`write_whole`): same folder and ending, so readers of it still know it."""
+    return os.path.join(os.path.dirname(path), PARTIAL_PREFIX + os.path.basename(path))
 
 
 def check_run_directory(output: str, inputs: dict[str, str | None], option: str = "--output") -> None:
@@ -232,7 +257,7 @@ def check_owned_directory(output: str, kind: str, inputs: dict[str, str | None],
     names = [n for n in _entries(output) if n != MARKER]
     if not names:
         return
-    marker = _read_marker(output)
+    marker = read_marker(output)
     if marker is not None and marker.get("kind") == kind:
         return
     if kind == "demo" and {"summary.json", "pipeline-root"} <= set(names):
@@ -258,7 +283,7 @@ def demo_data_files(output: str, kind: str, planned: list[str] = (), option: str
     """
     _check_not_a_file(output, option)
     names = [n for n in _files_below(output) if n != MARKER]
-    marker = _read_marker(output)
+    marker = read_marker(output)
     listed = set(marker.get("files", [])) if isinstance(marker, dict) and marker.get("kind") == kind else set()
     unknown = sorted((n for n in names if n not in listed), key=lambda n: n not in set(planned))
     if unknown:
@@ -300,7 +325,7 @@ def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], o
     check_outside_inputs(output, inputs, option)
     _check_not_a_file(output, option)
     names = [n for n in _entries(output) if n != MARKER]
-    marker = _read_marker(output) or {}
+    marker = read_marker(output) or {}
     listed = set(marker.get("files", [])) if marker.get("kind") == kind else set()
     unknown = [n for n in names if n not in listed]
     if unknown:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 
 import keras
 
+from common import output_guard
 from trainer.tasks import registry
 from trainer.engine import run_files
 
@@ -21,7 +24,7 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
     """
     keras_path = os.path.join(output_dir, "model.keras")
     saved_model_path = os.path.join(output_dir, "saved_model")
-    model.save(keras_path)
+    save_keras(model, keras_path)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
@@ -29,8 +32,36 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
         fn=lambda image: model(image, training=False),
         input_signature=[keras.InputSpec(shape=(None, *image_shape[1:]), dtype="float32")],
     )
-    archive.write_out(saved_model_path, verbose=False)
+    partial = output_guard.partial_path(saved_model_path)
+    try:
+        archive.write_out(partial, verbose=False)
+        if os.path.isdir(saved_model_path):  # an earlier export of this run (fullres's own): swapped out, then removed
+            previous = output_guard.partial_path(saved_model_path + ".previous")
+            os.rename(saved_model_path, previous)
+            os.rename(partial, saved_model_path)
+            shutil.rmtree(previous)
+        else:
+            os.rename(partial, saved_model_path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return {"keras": keras_path, "saved_model": saved_model_path}
+
+
+def save_keras(model: keras.Model, path: str) -> None:
+    """`model.save(path)` whole or not at all: saved as `.fullres-partial.model.keras` beside it, then renamed.
+
+    A save the disk cuts short (a full disk) removes its partial file and raises; Keras itself would leave
+    a cut-short `model.keras` that predict and evaluate then fail to read.
+    """
+    temporary = output_guard.partial_path(path)
+    try:
+        model.save(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
 
 
 def export_trained(model_dir: str, output_dir: str) -> dict:

@@ -63,6 +63,8 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
             data sets that differ).
         output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
         ValueError: the run's newest checkpoint was written by another configuration.
+        checkpoints.CheckpointDamaged: no checkpoint of the run can be read (a damaged one is otherwise passed
+            over for the one before it, and moved aside).
         distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
     """
     import jax
@@ -165,7 +167,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     checkpointer = checkpoints.Checkpointer(run_files.path(config.output_dir, run_files.CHECKPOINTS),
                                             keep=config.keep_checkpoints)
     # Checked before anything is written: a rerun refused here leaves the finished run as it was.
-    restored = checkpointer.restore_latest(state)
+    restored = checkpointer.restore_latest(state, log)
     if restored is not None:
         state, start_step = restored
         log(f"resuming from checkpoint at step {start_step}")
@@ -284,7 +286,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         if export_saved_model:
             results["model"] = export.export_model(model, config.output_dir, run.image_shape)
         else:
-            model.save(run_files.path(config.output_dir, run_files.MODEL))
+            export.save_keras(model, run_files.path(config.output_dir, run_files.MODEL))
             results["model"] = {"keras": run_files.path(config.output_dir, run_files.MODEL)}
         log(f"wrote {run_files.write_metrics(config.output_dir, results)}")
     return results

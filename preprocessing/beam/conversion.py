@@ -47,6 +47,33 @@ from common import output_guard
 from preprocessing.beam import counting, local_workers, publishing
 
 
+STAGING_KIND = "staging"  # the marker's kind in a staging directory (`OUTPUT.staging-1a2b3c4d`) being written
+
+
+def remove_stale_staging(output: str, log: Callable[[str], None] = print) -> list[str]:
+    """Removes the staging directories an interrupted run into `output` left beside it; returns their paths.
+
+    Called under the output's lock, so no live run is writing one. Only what fullres's own marker proves its
+    own is removed (a staging directory marked as such, or an empty one of that name); anything else is left.
+    """
+    parent, base = os.path.split(output.rstrip(os.sep))
+    pattern = re.compile(re.escape(base) + r"\.staging-[0-9a-f]{8}")
+    removed = []
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        path = os.path.join(parent, name)
+        if not pattern.fullmatch(name) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if not os.listdir(path):
+            os.rmdir(path)  # empty: rmdir could never take a file
+        elif (output_guard.read_marker(path) or {}).get("kind") == STAGING_KIND:
+            shutil.rmtree(path)
+        else:
+            continue
+        removed.append(path)
+        log(f"removed {path}, left by an interrupted run")
+    return removed
+
+
 class PreprocessingFailed(RuntimeError):
     """Too many inputs failed; the good ones were still written."""
 
@@ -77,11 +104,12 @@ def build(pipeline: beam.Pipeline, items: Sequence, early_dead_letters: Sequence
 def _convert(items, early_dead_letters, convert, staging, output, pipeline_args, num_shards, compress, extra_files,
              notes, summary_fields, log) -> tuple[dict, list]:
     """Runs the Beam pipeline into `staging` and writes the summary (and `extra_files`, `notes.json`) there."""
-    options = PipelineOptions(list(pipeline_args) if pipeline_args is not None else local_workers.default_pipeline_args())
-    pipeline = beam.Pipeline(options=options)
-    build(pipeline, items, early_dead_letters, convert, staging, num_shards, compress)
-    with counting.progress(len(items), log):
-        result = _run_watched(pipeline, output)
+    given = list(pipeline_args) if pipeline_args is not None else local_workers.default_pipeline_args()
+    with local_workers.without_worker_notices():
+        pipeline = beam.Pipeline(options=PipelineOptions(given))
+        build(pipeline, items, early_dead_letters, convert, staging, num_shards, compress)
+        with counting.progress(len(items), log):
+            result = _run_watched(pipeline, output)
     metrics = result.metrics().query(MetricsFilter().with_namespace(counting.METRICS_NAMESPACE))
     counters = {c.key.metric.name: c.committed for c in metrics["counters"]}
     counters.update({counting.RANGE + d.key.metric.name: (d.committed.min, d.committed.max)
@@ -231,7 +259,9 @@ def run(
             output_guard.conversion_files(output)  # again, under the lock: another run may have written it meanwhile
             try:
                 if publishing.is_local(staging):
+                    remove_stale_staging(output, log)
                     os.makedirs(staging)
+                    output_guard.write_marker(staging, STAGING_KIND)  # what proves it fullres's to a later run
                 with local_workers.quiet_local_workers(pipeline_args):
                     summary, shards = _convert(items, early_dead_letters, convert, staging, output, pipeline_args,
                                                num_shards, compress, extra_files, notes, summary_fields, log)

@@ -42,8 +42,7 @@ def quiet_local_workers(pipeline_args: Sequence[str] | None):
     failure, everything held back is shown. `fullres --verbose`
     (FULLRES_VERBOSE=1) and remote runners (Dataflow) are left alone.
     """
-    runner = next((a.split("=", 1)[1] for a in (pipeline_args or []) if a.startswith("--runner=")), LOCAL_RUNNER)
-    if os.environ.get("FULLRES_VERBOSE") == "1" or runner not in (LOCAL_RUNNER, "DirectRunner"):
+    if os.environ.get("FULLRES_VERBOSE") == "1" or not is_local(pipeline_args):
         yield
         return
     sys.stderr.flush()
@@ -67,6 +66,43 @@ def quiet_local_workers(pipeline_args: Sequence[str] | None):
 
 
 _WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
+
+
+def is_local(pipeline_args: Sequence[str] | None) -> bool:
+    """Whether `pipeline_args` run the pipeline with workers on this machine (the local runner, as fullres names it)."""
+    runner = next((a.split("=", 1)[1] for a in (pipeline_args or []) if a.startswith("--runner=")), LOCAL_RUNNER)
+    return runner in (LOCAL_RUNNER, "DirectRunner")
+
+
+class _DropWorkerNotice(logging.Filter):
+    """Beam workers' "No semi_persistent_directory found" warning (relayed by the runner) goes to debug logging.
+
+    Every local worker sends it as it starts; it concerns state kept between a Dataflow worker's restarts,
+    which a local worker does not have, so it tells the user nothing.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "No semi_persistent_directory found" not in record.getMessage():
+            return True
+        logging.getLogger(__name__).debug(record.getMessage())
+        return False
+
+
+_WORKER_NOTICES = _DropWorkerNotice()
+_RELAY_LOGGERS = ("apache_beam.runners.portability.local_job_service", "apache_beam.runners.worker.sdk_worker_main")
+
+
+@contextlib.contextmanager
+def without_worker_notices():
+    """While the pipeline runs: the workers' notices that concern no local run are not shown."""
+    loggers = [logging.getLogger(name) for name in _RELAY_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(_WORKER_NOTICES)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(_WORKER_NOTICES)
 
 
 def _worker_processes() -> list[int]:

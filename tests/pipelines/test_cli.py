@@ -168,10 +168,17 @@ def _without_dac_override():
         raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
 
 
-def _fullres_on_small_disk(mount_point, size, *args):
-    """`fullres ARGS` with a tmpfs of `size` mounted at `mount_point` (a private user and mount namespace)."""
+def _fullres_on_small_disk(mount_point, size, *args, listing=None):
+    """`fullres ARGS` with a tmpfs of `size` mounted at `mount_point` (a private user and mount namespace).
+
+    With `listing` (a path outside the mount), what the command left on the small disk is written there
+    before the namespace ends: one `SIZE PATH` line per file.
+    """
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     command = f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"'
+    if listing is not None:
+        command = (f'mount -t tmpfs -o size={size} tmpfs "$0" && {{ "$@"; status=$?; '
+                   f'find "$0" -type f -printf "%s %P\\n" > "{listing}"; exit $status; }}')
     return subprocess.run(["unshare", "-Urm", "sh", "-c", command, str(mount_point), sys.executable, "-m",
                            "pipelines.cli", *args], capture_output=True, text=True, env=environment, cwd=REPOSITORY)
 
@@ -252,6 +259,29 @@ def test_disk_full_while_training_is_one_sentence(demo_data, tmp_path):
     assert len(errors) == 1 and errors[0].startswith(f"fullres: error: the disk is full while writing {tmp_path}/disk/run")
 
 
+@pytest.mark.slow
+def test_disk_full_while_checkpointing_is_one_sentence_and_leaves_no_partial_files(demo_data, tmp_path):
+    """The issue: Orbax's writer threads printed a traceback each, then 1,000 characters of RESOURCE_EXHAUSTED.
+
+    100 kB hold the run's JSON files but not its first checkpoint (212 kB).
+    """
+    (tmp_path / "disk").mkdir()
+    result = _fullres_on_small_disk(
+        tmp_path / "disk", "100k", "train", "--train", demo_data["train"], "--output", str(tmp_path / "disk" / "run"),
+        "--preset", "smoke", "--steps", "2", "--checkpoint-every", "2", "--virtual-devices", "2",
+        "--input-partition-dims", "1,2,1,1,1", listing=tmp_path / "left.txt")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "step 2/2" in result.stdout  # it trained, and failed at the checkpoint
+    assert "Traceback" not in result.stderr and "RESOURCE_EXHAUSTED" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    assert errors == [f"fullres: error: the disk is full while writing {tmp_path}/disk/run/checkpoints/00000002; free "
+                      "space there or choose an --output on a disk with room, then run again."]
+    left = dict(line.split(" ", 1)[::-1] for line in (tmp_path / "left.txt").read_text().splitlines())
+    assert not any(".orbax-checkpoint-tmp" in name or name.endswith(".tmp") for name in left), left
+    assert not [name for name, size in left.items() if size == "0"], left
+    assert {"run/train_config.json", "run/model_info.json", "run/history.jsonl"} <= set(left)
+
+
 @pytest.mark.parametrize("command", [
     ["demo", "--output", "{folder}"],
     ["pipeline", "run", "--local", "--pipeline-root", "{folder}", "--param", "train_input_uri=/data/train",
@@ -285,3 +315,35 @@ def test_pipeline_root_inside_an_input_is_refused(tmp_path):
     assert (f"fullres: error: --pipeline-root {tmp_path / 'scans' / 'root'} lies inside the --param train_input_uri "
             f"{tmp_path / 'scans'};") in result.stderr
     assert os.listdir(tmp_path / "scans") == []
+
+
+def _pages(folder, keep=lambda name: True) -> int:
+    """Bytes the files under `folder` take on a tmpfs (whole 4 KiB pages each), those whose path `keep` accepts."""
+    return sum(-(-os.path.getsize(os.path.join(root, name)) // 4096) * 4096 for root, _, names in os.walk(folder)
+               for name in names if keep(os.path.relpath(os.path.join(root, name), folder)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unwritten", ["saved_model/"])
+def test_disk_full_while_exporting_leaves_no_cut_short_model(demo_data, tmp_path, unwritten):
+    """A disk with room for the run and half of model.keras, or for model.keras and half the SavedModel (sized by
+    the same run on a roomy disk first). Keras left a cut-short model.keras, TensorFlow a `saved_model.pb.tmp…`."""
+    arguments = ["train", "--train", demo_data["train"], "--preset", "smoke", "--steps", "2", "--checkpoint-every", "2",
+                 "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1"]
+    sized = _fullres(*arguments, "--output", str(tmp_path / "sized"))
+    assert sized.returncode == 0, sized.stderr[-3000:]
+    before = _pages(tmp_path / "sized", lambda name: not name.startswith(("model.keras", "saved_model", "metrics")))
+    keras_bytes = _pages(tmp_path / "sized", lambda name: name == "model.keras")
+    half = keras_bytes // 2 if unwritten == "model.keras" else keras_bytes + _pages(tmp_path / "sized" / "saved_model") // 2
+    (tmp_path / "disk").mkdir()
+    result = _fullres_on_small_disk(tmp_path / "disk", str(before + 8192 + half // 4096 * 4096), *arguments,
+                                    "--output", str(tmp_path / "disk" / "run"), listing=tmp_path / "left.txt")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    assert errors == [f"fullres: error: the disk is full while writing {tmp_path}/disk/run; free space there or "
+                      "choose an --output on a disk with room, then run again."]
+    left = dict(line.split(" ", 1)[::-1] for line in (tmp_path / "left.txt").read_text().splitlines())
+    assert "run/checkpoints/00000002/_CHECKPOINT_METADATA" in left  # the run can be resumed once there is room
+    assert not [name for name in left if name.startswith("run/" + unwritten)], left
+    assert not [name for name in left if ".tmp" in name or "fullres-partial" in name or left[name] == "0"], left

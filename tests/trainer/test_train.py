@@ -204,3 +204,57 @@ def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_pa
                                                          r"--output outside "):
         train.train(inside, log=lambda line: None)
     assert not os.path.exists(os.path.join(data_directory, "run"))
+
+
+def _cut_short(step_folder):
+    """What a disk failing under a save leaves: the checkpoint's array files cut to 10 bytes."""
+    data = step_folder / "default" / "d"
+    for name in os.listdir(data):
+        with open(data / name, "r+b") as file:
+            file.truncate(10)
+
+
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_falls_back_and_none_intact_is_one_sentence(segmentation_run, tmp_path):
+    """The shared run copied, its step-40 checkpoint cut short: the rerun resumes from step 30, saying why."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    config, _, _ = segmentation_run
+    run = tmp_path / "run"
+    shutil.copytree(config.output_dir, run)
+    folders = run / "checkpoints"
+    _cut_short(folders / "00000040")
+    newest = snapshot(folders / "00000040")
+    arguments = ["--train", config.train_data, "--output", str(run), "--preset", "smoke", "--steps", "40",
+                 "--learning-rate", "1e-2", "--checkpoint-every", "10", "--log-every", "5",
+                 "--input-partition-dims", "1,4,1,1,1"]
+    resumed = subprocess.run([sys.executable, "-m", "trainer.train", *arguments, "--virtual-devices", "8"],
+                             env=_environment(), capture_output=True, text=True, cwd=REPOSITORY)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr  # nor TensorStore's callbacks into the failed read's closed loop
+    lines = resumed.stdout.splitlines()
+    assert json.loads((run / "metrics.json").read_text())["resumed_from_step"] == 30
+    assert any(line.startswith(f"checkpoint {folders}/00000040 is damaged (Requested byte range") for line in lines)
+    assert (f"moved the damaged checkpoint {folders}/00000040 aside to {folders}/00000040.damaged (fullres keeps it; "
+            "delete it when done)") in lines
+    assert "resuming from checkpoint at step 30" in lines
+    assert snapshot(folders / "00000040.damaged") == newest
+    assert checkpoints.list_steps(str(folders)) == [20, 30, 40]
+
+    shutil.rmtree(folders / "00000040.damaged")
+    for step_folder in ("00000020", "00000030", "00000040"):  # now every one is damaged
+        _cut_short(folders / step_folder)
+    before = snapshot(run)
+    result = CliRunner().invoke(cli.app, ["train", *arguments])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"fullres: error: checkpoint {folders}/00000040 is damaged (Requested byte range")
+    assert result.stderr.strip().endswith(
+        ") and the 2 before it, and no intact checkpoint is left to resume from; move "
+        f"{folders} away to train from step 0 (fullres keeps it for you to inspect), or train into a new "
+        "--output directory.")
+    assert snapshot(run) == before

@@ -12,6 +12,7 @@ Every reader and writer of these files is here, so each has one rule.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -33,9 +34,19 @@ def path(run_dir: str, name: str) -> str:
 
 def _write_json(file_path: str, content, indent: int | None = 2) -> None:
     """Whole or not at all: written beside, then renamed over (a kill leaves the old file, never half a new one)."""
-    with open(file_path + ".tmp", "w") as file:
-        json.dump(content, file, indent=indent)
-    os.replace(file_path + ".tmp", file_path)
+    _write_whole(file_path, lambda file: json.dump(content, file, indent=indent))
+
+
+def _write_whole(file_path: str, write) -> None:
+    """`write(file)` into `FILE.tmp`, renamed over `file_path`; a failed write (a full disk) removes `FILE.tmp`."""
+    try:
+        with open(file_path + ".tmp", "w") as file:
+            write(file)
+        os.replace(file_path + ".tmp", file_path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(file_path + ".tmp")
+        raise
 
 
 def write_train_config(run_dir: str, config: config_lib.TrainConfig) -> None:
@@ -99,10 +110,7 @@ def loss_curve(run_dir: str) -> list[list[float]]:
 
 
 def write_history(run_dir: str, entries: list[dict]) -> None:
-    file_path = path(run_dir, HISTORY)
-    with open(file_path + ".tmp", "w") as file:
-        file.writelines(json.dumps(e) + "\n" for e in entries)
-    os.replace(file_path + ".tmp", file_path)
+    _write_whole(path(run_dir, HISTORY), lambda file: file.writelines(json.dumps(e) + "\n" for e in entries))
 
 
 def write_metrics(run_dir: str, results: dict) -> str:

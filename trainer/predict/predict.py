@@ -7,9 +7,12 @@ each new scan, so the user passes no preprocessing flags; a run trained before
 this was recorded is refused with one sentence naming what is missing.
 """
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 
@@ -229,7 +232,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
-    written |= {SUMMARY, "dead_letter.jsonl"}
+    written |= {name for own in (SUMMARY, "dead_letter.jsonl") for name in (own, output_guard.PARTIAL_PREFIX + own)}
     found = volume_discovery.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     if not scans and not found.dead:
@@ -295,6 +298,13 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             dead.append(dead_letters.dead_letter(source.name, error.stage, error.reason, scrub(error.detail)))
             log(f"[{number}/{len(scans)}] {case_id}: skipped ({error.reason}: {scrub(error.detail)})")
             continue
+        except OSError as error:
+            if error.errno in output_guard.WRITE_ERRORS:  # a full or read-only disk fails every case alike: stop
+                raise
+            reason, detail = _failure(error, predictor)
+            dead.append(dead_letters.dead_letter(source.path, "predict", reason, detail))
+            log(f"[{number}/{len(scans)}] {case_id}: skipped ({reason}: {detail})")
+            continue
         except Exception as error:  # one scan's failure (e.g. out of device memory) never stops the others
             reason, detail = _failure(error, predictor)
             dead.append(dead_letters.dead_letter(source.name, "predict", reason, scrub(detail)))
@@ -313,8 +323,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
                "class_names": names, "cases": cases, "dead_letters": dead}
     summary_path = write_summary(output_dir, summary)
-    with open(os.path.join(output_dir, "dead_letter.jsonl"), "w") as file:
-        file.writelines(json.dumps(letter) + "\n" for letter in dead)
+    output_guard.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
+                             "".join(json.dumps(letter) + "\n" for letter in dead).encode())
     log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {summary_path}")
     total = len(cases) + len(dead)
     if total and len(dead) / total > max_failed_fraction:
@@ -327,9 +337,42 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
 def write_summary(output_dir: str, summary: dict) -> str:
     """Writes predict's `summary.json` into `output_dir` (the masks' folder); returns its path."""
     path = os.path.join(output_dir, SUMMARY)
-    with open(path, "w") as file:
-        json.dump(summary, file, indent=2)
+    output_guard.write_whole(path, json.dumps(summary, indent=2).encode())
     return path
+
+
+def write_image(image: sitk.Image, path: str) -> None:
+    """Writes a mask or probability map whole or not at all (compressed; the format from `path`'s ending).
+
+    Written as `.fullres-partial.NAME`, read back and compared, then renamed: ITK's NIfTI writer reports no
+    error when the disk fills up, and its reader reads the cut-short file it leaves without one either (the
+    missing voxels come back as zeros); its other writers leave a 0-byte file.
+
+    Raises:
+        OSError: ENOSPC when the disk is full (the partial file removed); RuntimeError for other ITK failures.
+    """
+    temporary = output_guard.partial_path(path)
+    try:
+        sitk.WriteImage(image, temporary, useCompression=True)
+        written = sitk.ReadImage(temporary)  # held: an array view does not keep its image alive
+        if not np.array_equal(sitk.GetArrayViewFromImage(written), sitk.GetArrayViewFromImage(image)):
+            raise RuntimeError(f"{temporary} reads back other voxels than were written (cut short)")
+        os.replace(temporary, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(error, RuntimeError) and _disk_too_full(path, image):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) from error
+        raise
+
+
+def _disk_too_full(path: str, image: sitk.Image) -> bool:
+    """Whether the disk of `path` lacks room for `image` uncompressed (what ITK's failed write left unsaid)."""
+    needed = image.GetNumberOfPixels() * image.GetNumberOfComponentsPerPixel() * image.GetSizeOfPixelComponent()
+    try:
+        return shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < needed
+    except OSError:
+        return False
 
 
 def read_summary(output_dir: str) -> dict:
@@ -354,11 +397,11 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
     mask, on_original = to_original_grid(probs, prepared.grid, prepared.original)
     suffix = FORMATS[output_format(source, format_name)]
     outputs = [os.path.join(output_dir, case_id + suffix)]
-    sitk.WriteImage(mask, outputs[0], useCompression=True)
+    write_image(mask, outputs[0])
     if probabilities:
         for index, name in enumerate(names):
             path = os.path.join(output_dir, f"{case_id}_probability_{name}{suffix}")
-            sitk.WriteImage(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path, useCompression=True)
+            write_image(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path)
             outputs.append(path)
     problems = list(mismatched)
     if source.is_dicom and dicom_seg is not False:
@@ -396,7 +439,8 @@ def _planned_outputs(case_id, source, format_name, probabilities, dicom_seg, nam
         planned |= {f"{case_id}_probability_{name}{suffix}" for name in names}
     if source.is_dicom and dicom_seg is not False:
         planned.add(case_id + ".seg.dcm")
-    return planned
+    # The names they have while written (`write_image`): one a killed run left is fullres's, not the user's.
+    return planned | {output_guard.PARTIAL_PREFIX + name for name in planned}
 
 
 

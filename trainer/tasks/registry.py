@@ -11,6 +11,8 @@ report). No other module branches on the task's name:
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 
 from trainer import config as config_lib
 from trainer.engine import run_files
@@ -45,7 +47,22 @@ def load_weights(task, model_dir: str):
     Rebuilt rather than loaded whole: KerasHub's backbones inside the detector do
     not survive `keras.saving.load_model`, and a rebuilt model is the one the
     trainer compiled. Build it inside a distribution's scope to place it.
+
+    Raises:
+        ModelFileDamaged: `model.keras` is cut short or its contents do not decompress (a copy or a save that
+            did not finish).
     """
     model = task.build_model()
-    model.load_weights(run_files.path(model_dir, run_files.MODEL))
+    path = run_files.path(model_dir, run_files.MODEL)
+    try:
+        model.load_weights(path)
+    except (zipfile.BadZipFile, EOFError, zlib.error) as error:
+        why = "not a complete Keras archive" if isinstance(error, zipfile.BadZipFile) else f"{error}".strip()
+        raise ModelFileDamaged(
+            f"{path} is damaged ({why}, {os.path.getsize(path)} bytes); copy model.keras again from the run "
+            "that trained it, or retrain with `fullres train`.") from None
     return model
+
+
+class ModelFileDamaged(ValueError):
+    """A run's `model.keras` cannot be read; the message names it and what to do."""

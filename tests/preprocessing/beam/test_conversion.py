@@ -145,3 +145,89 @@ def test_a_killed_worker_fails_the_run_within_a_minute_and_keeps_the_previous_ou
     assert sorted(os.listdir(tmp_path)) == ["out", "slow.py", "started"]  # no staging directory left behind
     assert not any(b"sdk_worker_main" in open(f"/proc/{pid}/cmdline", "rb").read()
                    for pid in workers[1:] if os.path.exists(f"/proc/{pid}"))  # no worker left running
+
+
+# A scan that takes minutes to convert: a worker busy with it hears of nothing else until it is done.
+LONG_CONVERSION = SLOW_CONVERSION.replace("time.sleep(0.5)", "time.sleep(180)")
+
+
+@pytest.mark.slow
+def test_after_kill_9_no_worker_outlives_the_command_and_a_rerun_removes_its_staging_folder(tmp_path):
+    """The issue: the workers of a killed `fullres preprocess` ran on for 2-3 minutes, and its empty staging
+    folder survived the rerun. Here the workers, each busy with a case that takes minutes, end within seconds of
+    the command (the runner's connection to them breaks); the rerun removes what the command left beside its
+    output, when fullres's own marker (or emptiness) proves it fullres's."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    output = tmp_path / "out"
+    (tmp_path / "long.py").write_text(LONG_CONVERSION)
+    started = tmp_path / "started"
+    run = subprocess.Popen([sys.executable, str(tmp_path / "long.py"), str(output), str(started)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=os.getcwd())
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert started.exists(), "the conversion never started"
+        workers = [pid for pid in _descendants(run.pid) if b"sdk_worker_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(workers) >= 2
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        killed_at = time.monotonic()
+        while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() - killed_at < 10:
+            time.sleep(0.1)
+        survivors = [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
+        lifetime = time.monotonic() - killed_at
+    finally:
+        for pid in _descendants(run.pid) if run.poll() is None else []:
+            os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    for pid in survivors:  # the old code's workers: not left running for minutes after the test
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == [], f"{len(survivors)} worker process(es) still ran {lifetime:.1f} s after the command died"
+
+    staging = [name for name in os.listdir(tmp_path) if name.startswith("out.staging-")]
+    assert len(staging) == 1
+    (tmp_path / "out.staging-0123abcd").mkdir()  # what a kill before the marker leaves: empty
+    (tmp_path / "out.staging-89abcdef").mkdir()  # not provably fullres's: kept
+    (tmp_path / "out.staging-89abcdef" / "mine.txt").write_text("a file fullres did not write")
+    lines = []
+    conversion.run([1, 2], [], _Crash(), str(output), pipeline_args=IN_PROCESS, log=lines.append)
+    assert sorted(name for name in os.listdir(tmp_path) if ".staging-" in name) == ["out.staging-89abcdef"]
+    assert (tmp_path / "out.staging-89abcdef" / "mine.txt").read_text() == "a file fullres did not write"
+    assert sorted(line for line in lines if line.startswith("removed ")) == sorted(
+        f"removed {tmp_path / name}, left by an interrupted run" for name in [*staging, "out.staging-0123abcd"])
+    assert json.loads((output / "summary.json").read_text())["ok"] == 2
+
+
+QUICK_CONVERSION = '''
+import sys
+import apache_beam as beam
+from preprocessing.beam import conversion, counting, local_workers
+
+class Quick(beam.DoFn):
+    def process(self, item):
+        yield counting.accept(b"record %d" % item)
+
+args = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+conversion.run(list(range(4)), [], Quick(), sys.argv[1], pipeline_args=args)
+'''
+
+
+@pytest.mark.slow
+def test_beam_workers_notices_about_semi_persistent_directories_are_not_shown(tmp_path):
+    """The issue: each local worker's "No semi_persistent_directory found" warning reached the terminal."""
+    import subprocess
+    import sys
+
+    (tmp_path / "quick.py").write_text(QUICK_CONVERSION)
+    result = subprocess.run([sys.executable, str(tmp_path / "quick.py"), str(tmp_path / "out")], capture_output=True,
+                            text=True, cwd=os.getcwd(), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "wrote 4 records" in result.stdout
+    assert "semi_persistent_directory" not in result.stderr, result.stderr[-3000:]

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import sys
 
 import jax
 import numpy as np
@@ -76,3 +77,67 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_sentence(distribution, 
     message = str(error.value)
     assert "00000010 does not match this model (optimizer/00001: stored shape (3, 4), expected (3, 5))" in message
     assert message.endswith("resume with the configuration that wrote it, or train into a new --output directory.")
+
+
+def _truncate_arrays(step_folder):
+    """What a disk failing under a save, or a copy cut short, leaves: the array files cut to 10 bytes."""
+    data = step_folder / "default" / "d"
+    for name in os.listdir(data):
+        with open(data / name, "r+b") as file:
+            file.truncate(10)
+
+
+def test_a_damaged_newest_checkpoint_is_named_set_aside_and_the_one_before_restored(distribution, tmp_path,
+                                                                                    monkeypatch):
+    """The issue: 1,500 characters of TensorStore text, and no way back to the checkpoint before it."""
+    directory = tmp_path / "checkpoints"
+    checkpointer = checkpoints.Checkpointer(str(directory))
+    for step_number in (4, 8):
+        checkpointer.save(step_number, _state(distribution, value=float(step_number)))
+    checkpointer.close()
+    _truncate_arrays(directory / "00000008")
+    damaged_files = sorted(os.listdir(directory / "00000008" / "default" / "d"))
+
+    lines, unraisable = [], []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)  # where Python prints what a callback raised
+    checkpointer = checkpoints.Checkpointer(str(directory))
+    restored, step_number = checkpointer.restore_latest(_state(distribution), lines.append)
+    assert step_number == 4
+    np.testing.assert_array_equal(np.asarray(restored.trainable[0]), np.full((3, 4), 4.0))
+    assert len(lines) == 2
+    assert lines[0].startswith(f"checkpoint {directory}/00000008 is damaged (Requested byte range [0, ")
+    assert lines[0].endswith(") is not valid for value of size 10); trying the one before it")
+    assert lines[1] == (f"moved the damaged checkpoint {directory}/00000008 aside to {directory}/00000008.damaged "
+                        "(fullres keeps it; delete it when done)")
+    # Kept, not deleted; and out of Orbax's way, so the resumed run writes its own step 8.
+    assert sorted(os.listdir(directory)) == ["00000004", "00000008.damaged"]
+    assert sorted(os.listdir(directory / "00000008.damaged" / "default" / "d")) == damaged_files
+    checkpointer.save(8, _state(distribution, value=80.0))
+    checkpointer.close()
+    assert checkpoints.list_steps(str(directory)) == [4, 8]
+    assert checkpoints.load_arrays(str(directory), 8)["trainable/00000"][0, 0] == 80.0
+    # TensorStore's callbacks into the failed read's closed event loop (four tracebacks) are not shown either.
+    assert [str(u.exc_value) for u in unraisable] == []
+
+
+def test_no_intact_checkpoint_is_one_sentence_and_nothing_is_moved(distribution, tmp_path):
+    directory = tmp_path / "checkpoints"
+    checkpointer = checkpoints.Checkpointer(str(directory))
+    for step_number in (4, 8):
+        checkpointer.save(step_number, _state(distribution))
+    checkpointer.close()
+    _truncate_arrays(directory / "00000008")
+    with open(directory / "00000004" / "default" / "_METADATA", "r+b") as file:
+        file.truncate(100)
+    lines = []
+    with pytest.raises(checkpoints.CheckpointDamaged) as error:
+        checkpoints.Checkpointer(str(directory)).restore_latest(_state(distribution), lines.append)
+    message = str(error.value)
+    assert message.startswith(f"checkpoint {directory}/00000008 is damaged (Requested byte range [0, ")
+    assert message.endswith(
+        ") is not valid for value of size 10) and the 1 before it, and no intact checkpoint is left to resume from; "
+        f"move {directory} away to train from step 0 (fullres keeps it for you to inspect), or train into a new "
+        "--output directory.")
+    assert lines[1] == (f"checkpoint {directory}/00000004 is damaged (unreadable metadata: Expecting value at "
+                        "character 100); trying the one before it")
+    assert sorted(os.listdir(directory)) == ["00000004", "00000008"]

@@ -44,3 +44,19 @@ def test_metrics_round_trip(tmp_path):
     path = run_files.write_metrics(str(tmp_path), results)
     assert path == run_files.path(str(tmp_path), run_files.METRICS)
     assert run_files.read_metrics(str(tmp_path)) == results
+
+
+def test_a_write_the_disk_refuses_leaves_no_partial_file(tmp_path):
+    """A full disk (here /dev/full, behind the temporary name) fails the write and leaves no 0-byte `.tmp` behind."""
+    import errno
+    import os
+
+    import pytest
+
+    (tmp_path / "history.jsonl").write_text('{"step": 1, "loss": 1.0, "learning_rate": 0.1}\n')
+    os.symlink("/dev/full", tmp_path / "history.jsonl.tmp")
+    with pytest.raises(OSError) as error:
+        run_files.write_history(str(tmp_path), [{"step": 2, "loss": 0.5, "learning_rate": 0.1}])
+    assert error.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(tmp_path)) == ["history.jsonl"]
+    assert run_files.read_history(str(tmp_path)) == [{"step": 1, "loss": 1.0, "learning_rate": 0.1}]
