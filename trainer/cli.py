@@ -66,7 +66,7 @@ def _set_host_device_count(count: int) -> None:
 
 @app.command()
 def train(
-    train_data: Annotated[str, typer.Option("--train", help="The training data set: its folder (the --output of fullres preprocess) or a pattern of its records, e.g. 'data/ct' or 'out/*/data-*'.")],
+    train_data: Annotated[str, typer.Option("--train", help="The training data set: its folder (the --output of fullres preprocess) or a pattern of its records, e.g. 'data/ct' or 'out/*/data-*'; several separated by commas, e.g. data/a,data/b.")],
     output: Annotated[Path, typer.Option(help="Output directory; a rerun into it resumes from the newest checkpoint.")],
     eval_data: Annotated[str | None, typer.Option("--eval", help="Held-out data set (a folder or a pattern of records, as --train), scored at the end (Dice, or COCO mAP).")] = None,
     task: Annotated[str, typer.Option(help="segmentation (3D/2D UNet on CT records) or detection (RetinaNet on image records).")] = "segmentation",

@@ -13,7 +13,8 @@ here, with one rule each:
   set is complete); its `label_values` and `preprocessing` are read here.
 * A data set is named (`--train`, `--eval`, the pipeline's datasets) by its
   folder, or by a pattern of its records, whose folder part may hold wildcards
-  too (`out/*/data-*`: several data sets). `folders` and `record_files` are that
+  too (`out/*/data-*`: several data sets), or by several of either separated
+  by commas (`data/a,data/b`). `folders` and `record_files` are that
   rule for every reader; `resolve` is it with every check training makes: each
   matched folder has its `summary.json`, and the data sets a pattern spans agree.
 
@@ -104,23 +105,36 @@ def read_label_map_file(path: str, flag: str = "--label-map") -> dict[str, int]:
         raise ValueError(f"{flag} {path} {error}") from None
 
 
+def _parts(value: str) -> list[str]:
+    """`value` as the data sets it names one by one: split at commas, unless `value` itself exists (a path may
+    hold a comma)."""
+    import tensorflow as tf
+
+    if "," not in value or tf.io.gfile.exists(value) or tf.io.gfile.glob(value):
+        return [value]
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 def folders(value: str) -> list[str]:
     """The data set folders `value` names, in order: itself when it is a folder; else the folders of the files
     (or the folders themselves) its pattern matches; when it matches nothing, the folder its pattern names.
+    Several, separated by commas: the folders of each, in order.
 
     A wildcard in the folder part (`out/ts4[1]/data-*`, `out/*/data-*`) finds the folders it matches, not a
     folder of that literal name.
     """
     import tensorflow as tf
 
-    if tf.io.gfile.isdir(value):
-        return [value]
     found: list[str] = []
-    for match in sorted(tf.io.gfile.glob(value)):
-        folder = match if tf.io.gfile.isdir(match) else os.path.dirname(match)
-        if folder not in found:
-            found.append(folder)
-    return found or [os.path.dirname(value)]
+    for part in _parts(value):
+        if tf.io.gfile.isdir(part):
+            matches = [part]
+        else:
+            matches = [m if tf.io.gfile.isdir(m) else os.path.dirname(m) for m in sorted(tf.io.gfile.glob(part))]
+        for folder in matches or [os.path.dirname(part)]:
+            if folder not in found:
+                found.append(folder)
+    return found
 
 
 def _shards(folder: str) -> list[str]:
@@ -136,14 +150,19 @@ def _shards(folder: str) -> list[str]:
 
 def record_files(value: str) -> list[str]:
     """The record files `value` names: a data set folder's shards, or the files its pattern matches (a matched
-    folder stands for its shards); [] when it names none."""
+    folder stands for its shards); several, separated by commas: each one's, in order, each file once; [] when
+    it names none."""
     import tensorflow as tf
 
-    if tf.io.gfile.isdir(value):
-        return _shards(value)
     files: list[str] = []
-    for match in sorted(tf.io.gfile.glob(value)):
-        files.extend(_shards(match) if tf.io.gfile.isdir(match) else [match])
+    for part in _parts(value):
+        if tf.io.gfile.isdir(part):
+            found = _shards(part)
+        else:
+            found = []
+            for match in sorted(tf.io.gfile.glob(part)):
+                found.extend(_shards(match) if tf.io.gfile.isdir(match) else [match])
+        files.extend(path for path in found if path not in files)
     return files
 
 

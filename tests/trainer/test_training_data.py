@@ -133,6 +133,26 @@ def test_data_sets_that_agree_train_together(tmp_path):
     assert ct_input.count_examples(str(tmp_path / "out" / "*" / "data-*")) == 5
 
 
+def test_several_data_sets_separated_by_commas_train_together(tmp_path):
+    from trainer.data import ct_input
+
+    _ct_data_set(tmp_path / "out" / "ts41")
+    _ct_data_set(tmp_path / "out" / "ts42", shapes=[SHAPE, SHAPE, SHAPE])
+    several = f"{tmp_path / 'out' / 'ts42'},{tmp_path / 'out' / 'ts41' / 'data-*'}"  # a folder and a pattern
+    data = dataset_files.resolve(several)
+    assert data.folders == (str(tmp_path / "out" / "ts42"), str(tmp_path / "out" / "ts41"))
+    assert ct_input.count_examples(several) == 5
+    assert dataset_files.folders(several) == [str(tmp_path / "out" / "ts42"), str(tmp_path / "out" / "ts41")]
+
+
+def test_several_data_sets_that_differ_are_refused_naming_both(tmp_path):
+    first = _ct_data_set(tmp_path / "a", spacing=[1.5, 1.5, 2.5])
+    second = _ct_data_set(tmp_path / "b", spacing=[1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match=rf"spans data sets that differ in preprocessing \(spacing\): "
+                                         rf"{tmp_path / 'a'} has spacing \[1.5, 1.5, 2.5\] but {tmp_path / 'b'} "):
+        dataset_files.resolve(f"{first},{second}")
+
+
 def test_a_pattern_that_matches_nothing_names_the_pattern(tmp_path):
     train = str(tmp_path / "out" / "ts4" / "data-*")
     assert _refused(tmp_path, train) == (
