@@ -108,7 +108,7 @@ def _add_seed_rows(results: dict) -> None:
             cell = (row["size"][0], row["partitions"] if "partitions" in row else None, kind)
             if row["model"] != "unet3d" or "total_bytes" not in row or cell in have:
                 continue
-            results["rows"].append({"size": cell[0], "kind": kind, **row, "source": "benchmarks/seed_configs.py"})
+            results["rows"].append({**row, "size": cell[0], "kind": kind, "source": "benchmarks/seed_configs.py"})
 
 
 COLOURS = {"cpu": (120, 120, 120), "h100": (44, 160, 44), "v5e": (31, 119, 180), "v4": (214, 39, 40)}
