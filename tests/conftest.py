@@ -29,8 +29,12 @@ LONGEST_FIRST = (
     "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
     "tests/pipelines/test_detection_pipeline.py",  # ~165 s
     "tests/trainer/test_detection_train.py",  # ~85 s: the 8-step golden run, the border test
-    "tests/trainer/test_train.py",  # ~80 s: kill -9 and resume
-    "tests/pipelines/test_cli.py",
+    "tests/trainer/test_train.py",  # ~100 s: kill -9 and resume, a damaged checkpoint
+    "tests/pipelines/test_no_patient_names.py",  # ~70 s: a whole pseudonymized pipeline run
+    "tests/pipelines/test_cli.py",  # ~65 s with the disk-full runs
+    "tests/trainer/predict/test_predict_outputs.py",  # ~35 s: disk-full predicts
+    "tests/trainer/predict/test_predict_limits.py",  # predict under a memory limit
+    "tests/trainer/predict/test_predict_checks.py",
     "tests/components/test_components.py",
     "tests/test_layers.py",
     "tests/preprocessing/beam/test_images_pipeline.py",

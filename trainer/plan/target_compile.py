@@ -31,6 +31,7 @@ class Refusal:
     needed_bytes: int
     available_bytes: int
     compile_seconds: float = 0.0
+    cached: bool = False  # read from the plan cache (`PlanCache`), not compiled now
 
     def describe(self) -> str:
         """'needs 17.25 GiB of 15.75 GiB per device', for the plan's table."""

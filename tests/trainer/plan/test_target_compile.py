@@ -57,7 +57,8 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.
 TINY = ["--preset", "smoke", "--partitions", "4"]  # smoke: the 2-level, 4-filter UNet
 
 
-def _fullres(*arguments: str, hide_libtpu: bool = False, hide_cuda_plugin: bool = False) -> subprocess.CompletedProcess:
+def _fullres(*arguments: str, hide_libtpu: bool = False, hide_cuda_plugin: bool = False,
+             cache: str | None = None) -> subprocess.CompletedProcess:
     """`fullres ARGUMENTS` in a fresh process (the plan command chooses the JAX platform before JAX starts)."""
     code = ("import runpy, sys\n"
             + ("sys.modules['libtpu'] = None  # `import libtpu` fails, as where the wheel is not installed\n"
@@ -67,12 +68,14 @@ def _fullres(*arguments: str, hide_libtpu: bool = False, hide_cuda_plugin: bool 
             + f"sys.argv = ['fullres', *{list(arguments)!r}]\n"
             + "runpy.run_module('pipelines.cli', run_name='__main__')\n")
     environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "TPU_LIBRARY_PATH")}
+    if cache is not None:
+        environment["FULLRES_PLAN_CACHE"] = cache  # the test's own: figures from no earlier run
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
                           cwd=REPOSITORY, timeout=900)
 
 
-def test_plan_command_turns_a_layout_over_the_tpus_memory_into_a_needs_x_of_y_row():
-    result = _fullres("plan", *TINY, "--image-size", "256,256,256", "--target", "v5e:2x2")
+def test_plan_command_turns_a_layout_over_the_tpus_memory_into_a_needs_x_of_y_row(tmp_path):
+    result = _fullres("plan", *TINY, "--image-size", "256,256,256", "--target", "v5e:2x2", cache=str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "on v5e:2x2 (TPU v5 lite, 15.75 GiB per device), that compiler's figures" in result.stdout
     row = [line for line in result.stdout.splitlines() if "N=4: 1,4,1,1,1 needs" in line]

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.pipelines.test_vertex import vertex  # noqa: F401  (the local Vertex AI endpoint, a fixture)
-from trainer.plan import compiled_step, layout_search, target_search, targets
+from trainer.plan import compiled_step, layout_search, target_compile, target_search, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.target]
 
@@ -61,6 +61,17 @@ def test_max_minutes_starts_no_target_compile_after_the_bound():
     assert result.rows == [] and len(result.not_compiled) == 6
     assert not any("compiling" in line for line in lines)
     assert lines[-1].startswith("--max-minutes 1e-09 reached: 6 layout(s) not compiled for h100x8: ")
+
+
+def test_a_refusal_is_cached_as_a_refusal(tmp_path):
+    config, shape = _tiny(256)  # the TPU compiler refuses it within seconds (needs 17.25 GiB of 15.75 GiB)
+    builder = compiled_step.StepBuilder(config, shape)
+    devices = targets.devices(targets.parse("v5e:2x2"))[:4]
+    cache = target_compile.PlanCache(str(tmp_path))
+    first = layout_search.measure(builder, (1, 4, 1, 1, 1), devices, None, compile_only=True, cache=cache)
+    again = layout_search.measure(builder, (1, 4, 1, 1, 1), devices, None, compile_only=True, cache=cache)
+    assert isinstance(first, target_compile.Refusal) and isinstance(again, target_compile.Refusal)
+    assert not first.cached and again.cached and again.needed_bytes == first.needed_bytes
 
 
 def _plan(cache: str, *arguments: str) -> subprocess.CompletedProcess:
