@@ -208,20 +208,25 @@ def write_marker(directory: str, kind: str, files: list[str] | None = None) -> N
 PARTIAL_PREFIX = ".fullres-partial."  # a file being written: `.fullres-partial.a.nii.gz`, renamed to `a.nii.gz` when whole
 
 
-def write_whole(path: str, content: bytes) -> None:
-    """Writes `content` to `path` whole or not at all: into `.fullres-partial.NAME` beside it, then renamed over it.
-
-    A failed write (a full disk) removes the partial file and raises; `path` keeps what it held before.
-    """
-    temporary = partial_path(path)
+@contextlib.contextmanager
+def whole(path: str, temporary: str | None = None):
+    """Yields the name to write `path` under (`.fullres-partial.NAME` beside it, or `temporary`); when the block
+    ends it is renamed over `path`, and when the block raises (a full disk) it is removed and `path` keeps what
+    it held before."""
+    temporary = temporary or partial_path(path)
     try:
-        with open(temporary, "wb") as file:
-            file.write(content)
+        yield temporary
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(temporary)
         raise
+
+
+def write_whole(path: str, content: bytes) -> None:
+    """Writes `content` to `path` whole or not at all (`whole`)."""
+    with whole(path) as temporary, open(temporary, "wb") as file:
+        file.write(content)
 
 
 def partial_path(path: str) -> str:

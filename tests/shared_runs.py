@@ -11,6 +11,7 @@ one that must change it copies it first.
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -73,6 +74,19 @@ def make_segmentation_run(folder: pathlib.Path) -> dict:
     lines = []
     results = train.train(config, log=lines.append)
     return {"results": results, "lines": lines}
+
+
+def copied_run(source: str, folder: pathlib.Path, **info) -> str:
+    """A copy of the run in `source` under `folder`, its model_info.json updated with `info` (e.g. the
+    preprocessing training would have recorded from real scans): for tests that must change a shared run."""
+    output = str(folder / "run")
+    shutil.copytree(source, output)
+    info_path = os.path.join(output, "model_info.json")
+    with open(info_path) as file:
+        recorded = json.load(file)
+    with open(info_path, "w") as file:
+        json.dump({**recorded, **info}, file)
+    return output
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 
@@ -54,14 +53,8 @@ def save_keras(model: keras.Model, path: str) -> None:
     A save the disk cuts short (a full disk) removes its partial file and raises; Keras itself would leave
     a cut-short `model.keras` that predict and evaluate then fail to read.
     """
-    temporary = output_guard.partial_path(path)
-    try:
+    with output_guard.whole(path) as temporary:
         model.save(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
 
 
 def export_trained(model_dir: str, output_dir: str) -> dict:

@@ -12,11 +12,11 @@ Every reader and writer of these files is here, so each has one rule.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 
+from common import output_guard
 from trainer import config as config_lib
 
 TRAIN_CONFIG = "train_config.json"
@@ -39,14 +39,8 @@ def _write_json(file_path: str, content, indent: int | None = 2) -> None:
 
 def _write_whole(file_path: str, write) -> None:
     """`write(file)` into `FILE.tmp`, renamed over `file_path`; a failed write (a full disk) removes `FILE.tmp`."""
-    try:
-        with open(file_path + ".tmp", "w") as file:
-            write(file)
-        os.replace(file_path + ".tmp", file_path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(file_path + ".tmp")
-        raise
+    with output_guard.whole(file_path, file_path + ".tmp") as temporary, open(temporary, "w") as file:
+        write(file)
 
 
 def write_train_config(run_dir: str, config: config_lib.TrainConfig) -> None:

@@ -125,16 +125,14 @@ class Plan:
 
     def to_json(self) -> dict:
         """The plan's JSON (`fullres plan --json`): rows, refusals, what was left out, and the launch."""
-        def dims(d):
-            return list(d)
         return {"header": self.header, "target": self.target, "device_memory_bytes": self.device_memory,
                 "rows": [r.to_json() for result in self.results for r in result.rows],
                 "refused": [r.to_json() for result in self.results for r in result.refused],
-                "pruned": [{"input_partition_dims": dims(d), "why": why} for result in self.results
+                "pruned": [{"input_partition_dims": list(d), "why": why} for result in self.results
                            for d, why in result.pruned],
-                "over_cpu_estimate": [{"input_partition_dims": dims(d), "cpu_total_bytes": b}
+                "over_cpu_estimate": [{"input_partition_dims": list(d), "cpu_total_bytes": b}
                                       for result in self.results for d, b in result.over_estimate],
-                "not_compiled": [dims(d) for result in self.results for d in result.not_compiled],
+                "not_compiled": [list(d) for result in self.results for d in result.not_compiled],
                 "launch": self.launch}
 
 

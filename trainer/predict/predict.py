@@ -7,7 +7,6 @@ each new scan, so the user passes no preprocessing flags; a run trained before
 this was recorded is refused with one sentence naming what is missing.
 """
 
-import contextlib
 import dataclasses
 import errno
 import json
@@ -351,17 +350,14 @@ def write_image(image: sitk.Image, path: str) -> None:
     Raises:
         OSError: ENOSPC when the disk is full (the partial file removed); RuntimeError for other ITK failures.
     """
-    temporary = output_guard.partial_path(path)
     try:
-        sitk.WriteImage(image, temporary, useCompression=True)
-        written = sitk.ReadImage(temporary)  # held: an array view does not keep its image alive
-        if not np.array_equal(sitk.GetArrayViewFromImage(written), sitk.GetArrayViewFromImage(image)):
-            raise RuntimeError(f"{temporary} reads back other voxels than were written (cut short)")
-        os.replace(temporary, path)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        if isinstance(error, RuntimeError) and _disk_too_full(path, image):
+        with output_guard.whole(path) as temporary:
+            sitk.WriteImage(image, temporary, useCompression=True)
+            written = sitk.ReadImage(temporary)  # held: an array view does not keep its image alive
+            if not np.array_equal(sitk.GetArrayViewFromImage(written), sitk.GetArrayViewFromImage(image)):
+                raise RuntimeError(f"{temporary} reads back other voxels than were written (cut short)")
+    except RuntimeError as error:
+        if _disk_too_full(path, image):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) from error
         raise
 

@@ -10,6 +10,7 @@ import pytest
 import SimpleITK as sitk
 
 from preprocessing.ct import ct_io, ct_transforms
+from tests import shared_runs
 from trainer import config as config_lib
 from trainer.tasks import registry
 from trainer.predict import predict
@@ -183,18 +184,8 @@ def test_a_volume_too_large_for_the_devices_names_the_cores_it_needs():
 def trained_run(segmentation_run, tmp_path_factory):
     """A copy of the session's tiny segmentation run (smoke preset, split 4-way along depth), with the preprocessing
     of the scans below recorded as if training had recorded it (the synthetic records carry none)."""
-    import shutil
-
     config, _, _ = segmentation_run
-    output = str(tmp_path_factory.mktemp("run") / "run")
-    shutil.copytree(config.output_dir, output)
-    info_path = os.path.join(output, "model_info.json")
-    with open(info_path) as file:
-        info = json.load(file)
-    info["preprocessing"] = PREPROCESSING
-    with open(info_path, "w") as file:
-        json.dump(info, file)
-    return output
+    return shared_runs.copied_run(config.output_dir, tmp_path_factory.mktemp("run"), preprocessing=PREPROCESSING)
 
 
 @pytest.mark.slow  # predicts with the session's trained smoke model in a fresh process

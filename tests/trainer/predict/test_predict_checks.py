@@ -8,7 +8,6 @@ they were CT (`data_modality`).
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ import pytest
 import SimpleITK as sitk
 
 from preprocessing.ct import demo_ct
+from tests import files, shared_runs
 from trainer import config as config_lib
 from trainer.predict import predict, scan_check
 from trainer.tasks import registry
@@ -103,15 +103,8 @@ def test_training_copies_what_its_scans_were_into_the_model(tmp_path):
 def ct_model(segmentation_run, tmp_path_factory):
     """A copy of the session's tiny segmentation run, its model_info.json as training writes it from CT data."""
     config, _, _ = segmentation_run
-    output = str(tmp_path_factory.mktemp("ct-model") / "run")
-    shutil.copytree(config.output_dir, output)
-    info_path = os.path.join(output, "model_info.json")
-    with open(info_path) as file:
-        info = json.load(file)
-    info["preprocessing"], info["data_modality"] = PREPROCESSING, CT_TRAINED
-    with open(info_path, "w") as file:
-        json.dump(info, file)
-    return output
+    return shared_runs.copied_run(config.output_dir, tmp_path_factory.mktemp("ct-model"),
+                                  preprocessing=PREPROCESSING, data_modality=CT_TRAINED)
 
 
 def _scans(tmp_path):
@@ -205,16 +198,6 @@ def test_strict_needs_a_model_that_records_what_it_was_trained_on(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # No patient names: a patient-named folder, patient tags, and every byte predict writes searched.
 
-def _output_bytes(folder) -> dict[str, bytes]:
-    found = {}
-    for directory, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as file:
-                found[os.path.relpath(path, folder)] = file.read()
-    return found
-
-
 @pytest.mark.slow  # predicts two scans with the session's model
 def test_pseudonymized_predict_writes_no_patient_name_anywhere(ct_model, tmp_path):
     scans = tmp_path / f"{ROOT}_exports" / "scans"
@@ -225,7 +208,7 @@ def test_pseudonymized_predict_writes_no_patient_name_anywhere(ct_model, tmp_pat
     summary = predict.predict(ct_model, str(scans), str(output), input_partition_dims=(1, 2, 1, 1, 1),
                               pseudonymize=True, max_failed_fraction=1.0, log=lines.append)
     assert summary["ok"] == 1 and summary["failed"] == 1 and summary["pseudonymized"] is True
-    contents = _output_bytes(output)
+    contents = files.snapshot(output)
     assert sorted(name.split(".")[0] for name in contents) == sorted(
         ["", "dead_letter", "summary", summary["cases"][0]["case_id"]])  # the marker, no DICOM SEG
     for marker in (PATIENT, "DOE", "JANE", "7731", "ROE", "19230517", ROOT, str(scans)):

@@ -13,6 +13,7 @@ import pytest
 
 from common import dead_letters
 from preprocessing.ct import ct_io
+from tests import shared_runs
 from tests.preprocessing.ct import test_volume_header as headers
 from trainer.predict import predict
 
@@ -83,18 +84,8 @@ def test_predict_s_size_caps_are_checked_in_one_sentence(tmp_path, option, value
 @pytest.fixture(scope="module")
 def trained_run(segmentation_run, tmp_path_factory):
     """A copy of the session's tiny segmentation run with a recorded preprocessing (as test_predict.py makes it)."""
-    import shutil
-
     config, _, _ = segmentation_run
-    output = str(tmp_path_factory.mktemp("run") / "run")
-    shutil.copytree(config.output_dir, output)
-    info_path = os.path.join(output, "model_info.json")
-    with open(info_path) as file:
-        info = json.load(file)
-    info["preprocessing"] = PREPROCESSING
-    with open(info_path, "w") as file:
-        json.dump(info, file)
-    return output
+    return shared_runs.copied_run(config.output_dir, tmp_path_factory.mktemp("run"), preprocessing=PREPROCESSING)
 
 
 @pytest.mark.slow  # `fullres predict` with the session's trained smoke model, in a fresh process under the limit
