@@ -1,6 +1,7 @@
 """Per-device memory scaling of the partitioned training step (the table behind `fullres plan`).
 
-For the 3D UNet at 256³ (batch 1, default model config) it compiles the step
+For the 3D UNet at 256³ (batch 1; the plain UNet, 4 levels of 16-128 filters and no stem, the default model when
+these results were recorded: `unet.PLAIN_SETTINGS`) it compiles the step
 ahead of time for N = 1, 2, 4, 8, 16 cores, N-way along depth, in float32,
 bfloat16 and bfloat16 with rematerialization; for RetinaNet (ResNet-18 + FPN)
 at 2560² for N = 1, 4, 8 along height, in float32; batch 1 throughout. On virtual CPU devices;
@@ -43,7 +44,13 @@ def _device_count(argv: list[str]) -> int:
 
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_device_count(sys.argv)}"  # before JAX starts
 
+from trainer.models import unet  # noqa: E402
 from trainer.plan import compiled_step, layout_search, memory_plan  # noqa: E402
+
+
+def _unet(model: str) -> dict:
+    """The UNet these results were measured with: the default before the space-to-depth stem (`unet.PLAIN_SETTINGS`)."""
+    return dict(unet.PLAIN_SETTINGS) if model.startswith("unet") else {}
 
 
 def run_layout_search(cases: list[str], output: str | None) -> None:
@@ -53,7 +60,7 @@ def run_layout_search(cases: list[str], output: str | None) -> None:
         model, size_text, counts_text = case.split(":")
         size = parsing.parse_list(size_text, int, "size")
         overrides = {"batch_size": 1, **({"image_size": size_text} if len(size) == 2 else {})}  # batch 1, as above
-        config = compiled_step.plan_config(model, overrides=overrides)
+        config = compiled_step.plan_config(model, overrides={**_unet(model), **overrides})
         shape = compiled_step.example_shape(config, size)
         for count in parsing.parse_list(counts_text, int, "partitions"):
             started = time.perf_counter()
@@ -96,7 +103,8 @@ def main() -> None:
         size = parsing.parse_list(size_text, int, "size")
         counts = list(parsing.parse_list(counts_text, int, "--partitions"))
         started = time.perf_counter()
-        config = compiled_step.plan_config(model, overrides={"precision": precision, "remat": remat, "batch_size": 1,
+        config = compiled_step.plan_config(model, overrides={**_unet(model), "precision": precision, "remat": remat,
+                                                            "batch_size": 1,
                                                             **({"image_size": size_text} if len(size) == 2 else {})})
         rows = layout_search.plan(config, compiled_step.example_shape(config, size), counts, device_memory=limit)
         label = precision + (" + remat" if remat else "")

@@ -1,4 +1,8 @@
-"""Per-device memory of the default 3D UNet's training step, by compiler: this CPU, TPU v5e and v4, H100.
+"""Per-device memory of the plain 3D UNet's training step, by compiler: this CPU, TPU v5e and v4, H100.
+
+The plain UNet (4 levels of 16-128 filters, no stem: `unet.PLAIN_SETTINGS`) was the default model when these
+were measured; the TPU's several-fold figures here are why the default is now TPU-shaped (space-to-depth stem,
+128+ filters), whose figures are in benchmarks/seed_configs.py's results.
 
 For each volume and core count N (split N-way along depth, `1,N,1,1,1`) the
 step `fullres train` compiles is compiled for each target with that target's
@@ -30,9 +34,11 @@ import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")
 
+from trainer.models import unet  # noqa: E402
 from trainer.plan import compiled_step, layout_search, target_compile, targets  # noqa: E402
 
 TOPOLOGY = {"v5e": {4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8"}, "v4": {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4"}}
+PLAIN_UNET = unet.PLAIN_SETTINGS  # the model these results were measured with (the default before the stem)
 CASES = [(128, 4), (128, 8), (128, 16), (256, 8), (256, 16), (256, 32)]
 TARGETS = ("cpu", "h100", "v5e", "v4")
 
@@ -68,7 +74,7 @@ def main() -> None:
                 continue
             dims = compiled_step.default_partition_dims(partitions, 5)
             config = compiled_step.plan_config("unet3d", "default",
-                                               {"partition.input_partition_dims": ",".join(map(str, dims))})
+                                               {**PLAIN_UNET, "partition.input_partition_dims": ",".join(map(str, dims))})
             shape = compiled_step.example_shape(config, (size,) * 3)
             target = target_for(kind, partitions)
             builder = compiled_step.StepBuilder(config, shape)

@@ -29,6 +29,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+STEM_HELP = ("UNet stem: space_to_depth (the default model's: 2x2x2 voxels folded into channels, so TPU lanes are "
+             "full) or none (the first level at full resolution; cheaper on CPUs and GPUs).")
 PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "detection", "detection_2560", "detection_demo")
 
 
@@ -89,6 +91,7 @@ def train(
     num_classes: Annotated[int | None, typer.Option(help="Segmentation: classes including background. Detection: object classes (default: from label_map.json beside the data).")] = None,
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (depth of the UNet).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="Filters at the first UNet level.")] = None,
+    stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
     normalization: Annotated[str | None, typer.Option(help="instance, group, batch or none.")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps.")] = None,
     log_every: Annotated[int | None, typer.Option(help="Log the loss every N steps.")] = None,
@@ -152,7 +155,8 @@ def train(
         if preset != "default" and config_lib.PRESETS[preset]().task != task:
             console.fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
                   f"--task {config_lib.PRESETS[preset]().task} or another preset.")
-        unet_only = {"num_levels": num_levels, "base_filters": base_filters, "normalization": normalization}
+        unet_only = {"num_levels": num_levels, "base_filters": base_filters, "stem": stem,
+                     "normalization": normalization}
         given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
                       if v is not None and f"model.{k}" not in config_lib.setting_types(task)]
         if given_unet:
@@ -190,6 +194,7 @@ def plan(
     batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
+    stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
     target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`.")] = "cpu",
@@ -233,7 +238,7 @@ def plan(
     from trainer.plan import memory_plan, targets
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
-             "model.base_filters": base_filters}
+             "model.base_filters": base_filters, "model.stem": stem}
     try:
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},

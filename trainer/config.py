@@ -124,9 +124,9 @@ class TrainConfig:
 
 
 def ct_256(**overrides) -> TrainConfig:
-    """Full-resolution 256³ CT: 4-level UNet, 16-way split over depth × height."""
+    """Full-resolution 256³ CT: the default (TPU-shaped) UNet, 16-way split over depth × height."""
     defaults = dict(
-        model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=4, base_filters=16),
+        model=unet.UNetConfig(spatial_dims=3, num_classes=3),  # TPU-shaped: 2×2×2 stem, 128, 256, 512 filters
         partition=partitioning.PartitionConfig((1, 4, 4, 1, 1)),
         steps=20000,
         learning_rate=1e-3,
@@ -138,7 +138,8 @@ def ct_256(**overrides) -> TrainConfig:
 def demo(**overrides) -> TrainConfig:
     """The built-in demo: small synthetic volumes, trains to a useful Dice on 2 CPU cores."""
     defaults = dict(
-        model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8),
+        # Shaped for 2 CPU cores, not for TPU lanes: no stem, 8 filters at the scan's own resolution.
+        model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8, stem="none"),
         partition=partitioning.PartitionConfig((1, 1, 1, 1, 1)),
         steps=500,
         batch_size=2,
@@ -153,7 +154,7 @@ def demo(**overrides) -> TrainConfig:
 def smoke(**overrides) -> TrainConfig:
     """A tiny run for smoke tests: seconds on a CPU."""
     defaults = dict(
-        model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=2, base_filters=4),
+        model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=2, base_filters=4, stem="none"),
         steps=6,
         batch_size=2,
         learning_rate=1e-2,

@@ -38,7 +38,7 @@ def test_train_help_documents_partitioning():
     [
         (["--input-partition-dims", "1,3,1,1,1"], "asks for 3 cores per replica, which does not divide the 8 devices present"),
         (["--input-partition-dims", "1,4,1,1"], "input_partition_dims [1, 4, 1, 1] has 4 entries but a 3D model takes 5-D inputs"),
-        (["--input-partition-dims", "1,4,1,1,1", "--num-levels", "4", "--batch-size", "2"],
+        (["--input-partition-dims", "1,4,1,1,1", "--num-levels", "3", "--batch-size", "2"],
          "depth 16 (input_partition_dims[1] = 4) does not fit a model with 3 downsamplings"),
         (["--input-partition-dims", "1,4,1,1,1", "--batch-size", "3"], "global batch size 3 does not divide over 2 replicas"),
         (["--preset", "huge"], "--preset 'huge' is not known"),

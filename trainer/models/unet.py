@@ -14,36 +14,62 @@ import jax
 import keras
 
 NORMALIZATIONS = ("instance", "group", "batch", "none")
+STEMS = ("none", "space_to_depth")
+# The default model until 2026-11-25, as `--set` settings: 4 levels of 16-128 filters, no stem. The CPU, H100 and
+# layout-search benchmarks recorded before then measured it, and pin it so that their results stay reproducible.
+PLAIN_SETTINGS = {"model.stem": "none", "model.num_levels": 4, "model.base_filters": 16}
 
 
 @dataclasses.dataclass(frozen=True)
 class UNetConfig:
-    """Architecture of the UNet.
+    """Architecture of the UNet. The defaults are fullres's default model, shaped for TPUs.
+
+    The default folds 2×2×2 voxels into channels (`stem="space_to_depth"`) and
+    runs 3 levels of 128, 256 and 512 filters at 1/2, 1/4 and 1/8 of the
+    input's resolution: the same bottleneck resolution as a 4-level UNet
+    without the stem, and every activation at least 128 channels wide, so a
+    TPU's 128-lane tiles are full (docs/partitioning-and-planning.md: 1.76 GiB
+    per v5e core at 256³ split 16 ways, against 8.52 GiB for 4 levels of
+    16-128 filters without the stem). It has 21.7 M parameters and costs about
+    8× the flops of that plain UNet, which TPUs spend anyway on padded lanes; on
+    CPUs and GPUs `stem="none", num_levels=4, base_filters=16` is cheaper.
 
     Args:
         spatial_dims: 2 for images (NHWC), 3 for volumes (NDHWC).
         num_classes: output classes including background (class 0).
         in_channels: input channels (1 for CT).
         num_levels: resolution levels (the "depth" of the UNet); the model
-            downsamples `num_levels - 1` times, so every spatial size must divide
-            by `2 ** (num_levels - 1)` times its partition count.
+            downsamples `num_levels - 1` times (once more with the stem), so every
+            spatial size must divide by `2 ** downsampling_levels` times its
+            partition count.
         base_filters: filters at the first level, doubled at each level below.
         normalization: "instance" (default; right for the per-core batch of 1
             that large volumes force), "group" (8 groups), "batch" or "none".
+        stem: "none" (the first level works at the input's resolution) or
+            "space_to_depth": 2×2(×2) blocks of voxels are folded into channels
+            before the first level and the logits unfolded after the last, so
+            every level works at half resolution with 2^d times the channels
+            per position. TPUs tile an array's channel axis to 128 lanes: a
+            16-channel full-resolution activation takes 8× its size there, a
+            128-channel half-resolution one (the same bytes) 1×. Spatial
+            sizes must then divide by one more factor of 2.
 
     Example:
         >>> config = UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8)
         >>> model = build_unet(config)
         >>> model.output_shape
         (None, None, None, None, 3)
+        >>> config.downsampling_levels, UNetConfig(stem="none").downsampling_levels
+        (3, 2)
     """
 
     spatial_dims: int = 3
     num_classes: int = 3
     in_channels: int = 1
-    num_levels: int = 4
-    base_filters: int = 16
+    num_levels: int = 3
+    base_filters: int = 128
     normalization: str = "instance"
+    stem: str = "space_to_depth"
 
     def __post_init__(self):
         if self.spatial_dims not in (2, 3):
@@ -58,6 +84,8 @@ class UNetConfig:
             raise ValueError(f"UNetConfig.base_filters must be >= 1, got {self.base_filters}.")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"UNetConfig.normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}.")
+        if self.stem not in STEMS:
+            raise ValueError(f"UNetConfig.stem must be one of {STEMS}, got {self.stem!r}.")
         if self.normalization == "group" and self.base_filters % 8 != 0:
             raise ValueError(
                 f"UNetConfig.normalization='group' uses 8 groups, so base_filters must be a multiple of 8, "
@@ -66,7 +94,8 @@ class UNetConfig:
 
     @property
     def downsampling_levels(self) -> int:
-        return self.num_levels - 1
+        """How many times each spatial size is halved on the way down (the stem's fold counts as one)."""
+        return self.num_levels - 1 + (self.stem == "space_to_depth")
 
 
 def _normalization(normalization: str, name: str, dtype):
@@ -181,6 +210,46 @@ class SubpixelUpsampling(keras.layers.Layer):
         return {**super().get_config(), "filters": self.filters, "spatial_dims": self.spatial_dims}
 
 
+@keras.saving.register_keras_serializable(package="fullres")
+class SpaceToDepth(keras.layers.Layer):
+    """Halves every spatial size by folding each 2×2(×2) block of voxels into channels.
+
+    The inverse of `SubpixelUpsampling`'s reshape: (B, D, H, W, C) ->
+    (B, D/2, H/2, W/2, 8C), the block's voxels in (d, h, w) order. Each
+    device's block of a spatially split input is folded in place, so the layer
+    needs no communication.
+
+    Example:
+        >>> import numpy as np
+        >>> tuple(SpaceToDepth(spatial_dims=3)(np.zeros((1, 4, 6, 8, 1), "float32")).shape)
+        (1, 2, 3, 4, 8)
+    """
+
+    def __init__(self, spatial_dims: int, **kwargs):
+        super().__init__(**kwargs)
+        if spatial_dims not in (2, 3):
+            raise ValueError(f"SpaceToDepth.spatial_dims must be 2 or 3, got {spatial_dims}.")
+        self.spatial_dims = spatial_dims
+
+    def call(self, x):
+        shape = keras.ops.shape(x)
+        d = self.spatial_dims
+        batch, spatial, channels = shape[0], shape[1 : 1 + d], shape[-1]
+        halves = [n // 2 for n in spatial]
+        x = keras.ops.reshape(x, (batch, *(v for n in halves for v in (n, 2)), channels))  # (B, D/2, 2, H/2, 2, ...)
+        order = [0] + [1 + 2 * i for i in range(d)] + [2 + 2 * i for i in range(d)] + [1 + 2 * d]
+        x = keras.ops.transpose(x, order)  # (B, D/2, H/2, W/2, 2, 2, 2, C)
+        return keras.ops.reshape(x, (batch, *halves, channels * 2**d))
+
+    def compute_output_shape(self, input_shape):
+        spatial = tuple(None if n is None else n // 2 for n in input_shape[1:-1])
+        channels = None if input_shape[-1] is None else input_shape[-1] * 2**self.spatial_dims
+        return (input_shape[0], *spatial, channels)
+
+    def get_config(self):
+        return {**super().get_config(), "spatial_dims": self.spatial_dims}
+
+
 def build_unet(config: UNetConfig, dtype: str | None = None, remat: bool = False) -> keras.Model:
     """Builds the UNet as a Keras functional model with unknown spatial sizes.
 
@@ -205,6 +274,8 @@ def build_unet(config: UNetConfig, dtype: str | None = None, remat: bool = False
 
     inputs = keras.Input(shape=(*spatial, config.in_channels), name="image")
     x = inputs
+    if config.stem == "space_to_depth":
+        x = SpaceToDepth(config.spatial_dims, name="space_to_depth", dtype=dtype)(x)
     skips = []
     for level in range(config.num_levels):
         x = block(x, config.base_filters * 2**level, f"down{level}")
@@ -216,6 +287,9 @@ def build_unet(config: UNetConfig, dtype: str | None = None, remat: bool = False
         x = SubpixelUpsampling(filters, config.spatial_dims, name=f"up{level}", dtype=dtype)(x)
         x = keras.layers.Concatenate(axis=-1, name=f"skip{level}", dtype=dtype)([x, skips[level]])
         x = block(x, filters, f"decode{level}")
-    logits = conv(config.num_classes, 1, name="logits", dtype=dtype)(x)
+    if config.stem == "space_to_depth":  # each half-resolution position predicts its 2^d voxels
+        logits = SubpixelUpsampling(config.num_classes, config.spatial_dims, name="logits", dtype=dtype)(x)
+    else:
+        logits = conv(config.num_classes, 1, name="logits", dtype=dtype)(x)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(logits)
     return keras.Model(inputs, logits, name=f"unet{config.spatial_dims}d")

@@ -7,19 +7,22 @@ from trainer.models import unet
 
 
 @pytest.mark.parametrize(
-    "spatial_dims, levels, normalization, input_shape",
+    "spatial_dims, levels, normalization, input_shape, stem",
     [
-        pytest.param(3, 3, "instance", (2, 16, 32, 8, 1), marks=pytest.mark.slow),
-        (3, 2, "batch", (1, 8, 8, 8, 2)),
-        (3, 1, "none", (1, 5, 7, 3, 1)),
-        pytest.param(2, 4, "group", (2, 32, 16, 1), marks=pytest.mark.slow),
-        (2, 3, "instance", (1, 64, 64, 3)),
+        pytest.param(3, 3, "instance", (2, 16, 32, 8, 1), "none", marks=pytest.mark.slow),
+        (3, 2, "batch", (1, 8, 8, 8, 2), "none"),
+        (3, 1, "none", (1, 5, 7, 3, 1), "none"),
+        pytest.param(2, 4, "group", (2, 32, 16, 1), "none", marks=pytest.mark.slow),
+        (2, 3, "instance", (1, 64, 64, 3), "none"),
+        (3, 2, "instance", (1, 8, 12, 16, 1), "space_to_depth"),
+        (3, 1, "batch", (2, 2, 4, 6, 2), "space_to_depth"),
+        (2, 2, "group", (1, 16, 8, 3), "space_to_depth"),
     ],
 )
-def test_output_shape(spatial_dims, levels, normalization, input_shape):
+def test_output_shape(spatial_dims, levels, normalization, input_shape, stem):
     config = unet.UNetConfig(
         spatial_dims=spatial_dims, num_classes=4, in_channels=input_shape[-1], num_levels=levels,
-        base_filters=8, normalization=normalization,
+        base_filters=8, normalization=normalization, stem=stem,
     )
     model = unet.build_unet(config)
     logits = model(np.zeros(input_shape, np.float32))
@@ -95,3 +98,28 @@ def test_remat_checkpoints_every_conv_block():
         lowered = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy)).lower(state, images, labels)
         counts.append(lowered.as_text().count("optimization_barrier"))
     assert counts == [0, 5]  # 3 down blocks + 2 decode blocks
+
+
+def test_the_default_model_is_tpu_shaped():
+    """Every activation of the default model is at least 128 channels wide (a TPU's lane count), at half resolution."""
+    config = unet.UNetConfig()
+    assert (config.stem, config.num_levels, config.base_filters, config.downsampling_levels) == (
+        "space_to_depth", 3, 128, 3)
+    model = unet.build_unet(config)
+    widths = {layer.name: layer.output.shape[-1] for layer in model.layers if layer.name.startswith(("down", "decode"))}
+    assert min(widths.values()) == 128 and widths["down2"] == 512
+    assert tuple(model(np.zeros((1, 16, 16, 16, 1), np.float32)).shape) == (1, 16, 16, 16, 3)
+
+
+def test_space_to_depth_folds_blocks_that_subpixel_upsampling_unfolds():
+    """The stem's fold is the exact inverse of the logits' unfold (SubpixelUpsampling with an identity projection)."""
+    images = np.random.default_rng(0).normal(size=(2, 4, 6, 8, 3)).astype(np.float32)
+    folded = unet.SpaceToDepth(3)(images)
+    assert tuple(folded.shape) == (2, 2, 3, 4, 24)
+    # Voxel (d, h, w) of block (0, 0, 0), channel c, lands at channel ((d·2 + h)·2 + w)·3 + c.
+    np.testing.assert_array_equal(np.asarray(folded)[0, 0, 0, 0].reshape(2, 2, 2, 3), images[0, :2, :2, :2])
+    unfold = unet.SubpixelUpsampling(3, 3)
+    unfold.build(folded.shape)
+    unfold.projection.kernel.assign(np.eye(24, dtype=np.float32)[None, None, None])
+    unfold.projection.bias.assign(np.zeros(24, np.float32))
+    np.testing.assert_array_equal(np.asarray(unfold(folded)), images)

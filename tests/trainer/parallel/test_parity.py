@@ -158,3 +158,27 @@ def test_bfloat16_partitioned_step_runs_and_stays_close():
     assert "bf16" in compiled.as_text()
     # bfloat16 keeps 8 bits of mantissa: the partitioned loss agrees to bfloat16 rounding.
     assert abs(loss - reference_loss) / reference_loss <= 1e-2
+
+
+@pytest.mark.parametrize("dims", [(1, 8, 1, 1, 1), (1, 2, 2, 1, 1), (1, 1, 2, 2, 1)])
+def test_space_to_depth_unet_partitioned_step_matches_unpartitioned(dims):
+    """The TPU-shaped stem (2×2×2 voxels folded into channels, logits unfolded) partitions like every other layer.
+
+    32 voxels of depth over 8 devices leave 4 per device, 2 after the fold and 1
+    after the pooling: the smallest blocks the stem allows, so a fold that
+    crossed a device boundary would change the gradients.
+    """
+    keras.utils.set_random_seed(0)
+    config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=2, base_filters=16, stem="space_to_depth")
+    model = unet.build_unet(config)
+    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    images, labels = _batch((1, 32, 16, 16))
+    reference_loss, reference_grads, _, _ = _loss_and_grads(model, state, (1, 1, 1, 1, 1), jax.devices()[:1],
+                                                            images, labels)
+    cores = int(np.prod(dims))
+    loss, grads, placed_images, compiled = _loss_and_grads(model, state, dims, jax.devices()[:cores], images, labels)
+    _assert_parity(loss, grads, reference_loss, reference_grads)
+    expected_block = tuple(size // parts for size, parts in zip(images.shape, dims))
+    assert all(shard.data.shape == expected_block for shard in placed_images.addressable_shards)
+    assert "collective-permute" in compiled.as_text()
+    assert " all-gather(" not in compiled.as_text()
