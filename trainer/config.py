@@ -304,11 +304,15 @@ def _flatten(overrides: Mapping[str, object], prefix: str = "") -> dict[str, obj
 
 
 def _convert(value, hint, name: str):
-    """`value` (text, or a number as KFP passes it) as the type `hint` declares; None, "none" -> None if allowed."""
+    """`value` (text, or a number as KFP passes it) as the type `hint` declares; None, "none" -> None if allowed.
+
+    A text setting that cannot be None (`model.stem`, `model.normalization`) keeps "none" as its value.
+    """
     is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
     options = [o for o in (typing.get_args(hint) if is_union else (hint,)) if o is not type(None)]
     optional = is_union and type(None) in typing.get_args(hint)
-    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+    literal_none = options == [str] and not optional  # e.g. model.stem=none, model.normalization=none
+    if isinstance(value, str) and value.strip().lower() in ("", "none") and not (literal_none and value.strip()):
         if optional:
             return None
         raise ValueError(f"train override {name} needs a value.")

@@ -23,6 +23,17 @@ def test_none_keeps_the_preset_value_and_none_as_text_clears_an_optional_setting
     assert resolved.partition.label_partition_dims is None
 
 
+def test_none_is_a_value_of_a_text_setting_that_cannot_be_cleared():
+    """`--stem none` / `--set model.normalization=none` name a choice; they are not an empty setting."""
+    resolved = config.resolve(overrides={"model.stem": "none", "model.normalization": "none"})
+    assert (resolved.model.stem, resolved.model.normalization) == ("none", "none")
+    assert resolved.model.downsampling_levels == resolved.model.num_levels - 1
+    with pytest.raises(ValueError, match="train override model.stem needs a value"):
+        config.resolve(overrides={"model.stem": " "})
+    with pytest.raises(ValueError, match="train override steps needs a value"):
+        config.resolve(overrides={"steps": "none"})
+
+
 def test_kfp_numbers_and_nested_dicts_are_read_as_dotted_keys():
     # KFP hands a dict parameter over as a protobuf Struct: every number a double.
     resolved = config.resolve(preset="smoke", overrides={"model": {"num_classes": 2.0}, "batch_size": 4.0})
