@@ -40,7 +40,7 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     from trainer.parallel import partitioning
 
     keras.utils.set_random_seed(0)
-    model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4))
+    model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, stem="none"))
     optimizer = keras.optimizers.Adam(1e-2) if optimizer_name == "adam" else keras.optimizers.SGD(1e-2)
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(DIMS))
     state = placement.place_state(placement.initial_state(model, optimizer), distribution)

@@ -240,6 +240,16 @@ def validate(
         size, parts = feature_shape[axis], dims[axis]
         multiple = parts * 2**downsampling_levels
         if size % multiple == 0:
+            if parts == 2 and size // 2**downsampling_levels == 2:
+                # Measured (XLA in jax 0.10.2, CPU): a 3-wide convolution over a 2-voxel axis cut in 2 gathers the
+                # whole activation onto every device, and with a second split axis the gradients of that level's
+                # weights come out 4-8x too large (the forward pass and the loss are right).
+                level = f"resolution level {downsampling_levels + 1}" if downsampling_levels else "the input"
+                raise PartitionError(
+                    f"{names[axis]} {size} (input_partition_dims[{axis}] = 2) is 2 voxels at {level}, 1 on each "
+                    f"of its 2 devices, where XLA gathers whole activations and can compute wrong gradients; use "
+                    f"{names[axis]} {2 * size} or more, or do not split {names[axis]}."
+                )
             continue
         # Find the first resolution level at which the dimension stops working.
         level_size = size

@@ -25,7 +25,7 @@ def model_and_state():
     from trainer.models import unet
 
     keras.utils.set_random_seed(0)
-    model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4))
+    model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, stem="none"))
     return model, placement.initial_state(model, keras.optimizers.Adam(1e-3))
 
 

@@ -21,7 +21,7 @@ TOLERANCE = 1e-5
 
 def _model_and_state(spatial_dims):
     keras.utils.set_random_seed(0)
-    config = unet.UNetConfig(spatial_dims=spatial_dims, num_classes=3, num_levels=3, base_filters=4)
+    config = unet.UNetConfig(spatial_dims=spatial_dims, num_classes=3, num_levels=3, base_filters=4, stem="none")
     model = unet.build_unet(config)
     return model, placement.initial_state(model, keras.optimizers.Adam(1e-3))
 
@@ -148,7 +148,7 @@ def test_train_step_updates_identically_when_partitioned(unet3d):
 
 def test_bfloat16_partitioned_step_runs_and_stays_close():
     keras.utils.set_random_seed(0)
-    config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4)
+    config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, stem="none")
     model = unet.build_unet(config, dtype="mixed_bfloat16")
     state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
     assert all(np.asarray(w).dtype == np.float32 for w in state.trainable)  # weights stay float32

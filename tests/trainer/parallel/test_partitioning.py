@@ -38,6 +38,13 @@ from trainer.parallel.partitioning import PartitionConfig, PartitionError
          r"or 40 \(multiples of 8\)"),
         # 2D: width split
         ((1, 1, 4, 1), (1, 64, 50, 3), 8, 1, None, r"width 50 .* use width 48 or 56 \(multiples of 8\)"),
+        # a 2-voxel axis cut in 2 at the coarsest level (XLA gathers there, and with a second split axis the
+        # gradients came out 4x: see the parity tests' note)
+        ((1, 2, 2, 1, 1), (1, 32, 16, 16, 1), 4, 3, None,
+         r"height 16 \(input_partition_dims\[2\] = 2\) is 2 voxels at resolution level 4, 1 on each of its 2 "
+         r"devices, where XLA gathers whole activations and can compute wrong gradients; use height 32 or more, or do "
+         r"not split height"),
+        ((1, 2, 1, 1), (1, 4, 64, 3), 2, 1, None, r"height 4 \(input_partition_dims\[1\] = 2\) is 2 voxels"),
         # global batch vs replicas
         ((1, 4, 1, 1, 1), (3, 64, 64, 64, 1), 8, 0, 3,
          r"global batch size 3 does not divide over 2 replicas \(8 devices / 4 cores per replica\); use a multiple of 2"),
@@ -68,6 +75,7 @@ def test_validate_refuses_unsupported_rank():
         ((1, 16, 1, 1, 1), (1, 256, 256, 256, 1), 16, 3, 1),
         ((1, 4, 1, 1), (8, 2560, 2560, 3), 8, 7, 8),
         ((1, 1, 1, 1, 1), (8, 32, 32, 32, 1), 8, 2, 8),
+        ((1, 4, 2, 1, 1), (1, 32, 32, 16, 1), 8, 3, 1),  # 1 voxel per device on 4 devices: exact, measured
     ],
 )
 def test_validate_accepts_working_configs(dims, shape, devices, levels, batch):

@@ -69,7 +69,7 @@ def _loss_and_grads(model, state, dims, images, labels):
 def test_train_auto_picks_a_layout_records_it_and_reuses_it(demo_data, tmp_path):
     output = str(tmp_path / "run")
     # 3 levels: 16 is 4 at the coarsest, so the 3 layouts that split one side 8-way are pruned (7 compiled).
-    model = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4)
+    model = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, stem="none")
     config = _auto(train_data=demo_data["train"], output_dir=output, steps=2, checkpoint_every=2, model=model)
     lines = []
     metrics = train.train(config, log=lines.append, export_saved_model=False)

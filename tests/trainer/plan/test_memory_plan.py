@@ -26,7 +26,8 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.
 
 def _unet_config(spatial_dims=3, **settings):
     return compiled_step.plan_config("unet3d" if spatial_dims == 3 else "unet2d",
-                                   overrides={"model.num_levels": 3, "model.base_filters": 8, **settings})
+                                   overrides={"model.num_levels": 3, "model.base_filters": 8, "model.stem": "none",
+                                             **settings})
 
 
 @pytest.fixture(scope="module")

@@ -130,7 +130,8 @@ def _tiny_model(num_levels=2):
     from trainer.models import unet
 
     keras.utils.set_random_seed(3)
-    model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=num_levels, base_filters=4))
+    model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=num_levels, base_filters=4,
+                                            stem="none"))
     state = placement.TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
                                  [])
     return model, state
