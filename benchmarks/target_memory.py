@@ -38,7 +38,6 @@ from trainer.models import unet  # noqa: E402
 from trainer.plan import compiled_step, layout_search, target_compile, targets  # noqa: E402
 
 TOPOLOGY = {"v5e": {4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8"}, "v4": {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4"}}
-PLAIN_UNET = unet.PLAIN_SETTINGS  # the model these results were measured with (the default before the stem)
 CASES = [(128, 4), (128, 8), (128, 16), (256, 8), (256, 16), (256, 32)]
 TARGETS = ("cpu", "h100", "v5e", "v4")
 
@@ -74,7 +73,7 @@ def main() -> None:
                 continue
             dims = compiled_step.default_partition_dims(partitions, 5)
             config = compiled_step.plan_config("unet3d", "default",
-                                               {**PLAIN_UNET, "partition.input_partition_dims": ",".join(map(str, dims))})
+                                               {**unet.PLAIN_SETTINGS, "partition.input_partition_dims": ",".join(map(str, dims))})
             shape = compiled_step.example_shape(config, (size,) * 3)
             target = target_for(kind, partitions)
             builder = compiled_step.StepBuilder(config, shape)

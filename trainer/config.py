@@ -311,11 +311,11 @@ def _convert(value, hint, name: str):
     is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
     options = [o for o in (typing.get_args(hint) if is_union else (hint,)) if o is not type(None)]
     optional = is_union and type(None) in typing.get_args(hint)
-    literal_none = options == [str] and not optional  # e.g. model.stem=none, model.normalization=none
-    if isinstance(value, str) and value.strip().lower() in ("", "none") and not (literal_none and value.strip()):
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
         if optional:
             return None
-        raise ValueError(f"train override {name} needs a value.")
+        if not (value.strip() and options == [str]):  # a text setting's "none" is a choice: model.stem=none
+            raise ValueError(f"train override {name} needs a value.")
     if name == "partition.input_partition_dims" and isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"  # resolved once the devices are known
     kind = options[0] if options else str

@@ -293,8 +293,8 @@ class _OrbaxUnretrievedTask(logging.Filter):
         if "exception was never retrieved" not in message:
             return True
         # Orbax's own tasks; and TensorStore's futures, whose tracebacks (set in C++) pass through no Orbax frame,
-        # when they failed for the full disk or denied write the sentence already names (seen 1 run in ~10).
-        written = record.exc_info and record.exc_info[1] is not None and _write_error(record.exc_info[1]) is not None
+        # when they failed for the full disk or denied write the sentence already names (seen once in CI).
+        written = bool(record.exc_info) and _write_error(record.exc_info[1]) is not None
         if not (_raised_in_orbax(record.exc_info) or written):
             return True
         logging.getLogger(__name__).debug(message, exc_info=record.exc_info)

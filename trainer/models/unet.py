@@ -163,6 +163,32 @@ class ConvBlock(keras.layers.Layer):
                 "normalization": self.normalization, "remat": self.remat}
 
 
+def space_to_depth(x, spatial_dims: int):
+    """(B, D, H, W, C) -> (B, D/2, H/2, W/2, 8C): each 2×2(×2) block's voxels, in (d, h, w) order, become channels.
+
+    Only reshapes within a block and a transpose, so a spatially split array is folded on each device in place.
+    """
+    d = spatial_dims
+    shape = keras.ops.shape(x)
+    batch, halves, channels = shape[0], [n // 2 for n in shape[1 : 1 + d]], shape[-1]
+    x = keras.ops.reshape(x, (batch, *(v for n in halves for v in (n, 2)), channels))  # (B, D/2, 2, H/2, 2, ..., C)
+    order = [0] + [1 + 2 * i for i in range(d)] + [2 + 2 * i for i in range(d)] + [1 + 2 * d]
+    x = keras.ops.transpose(x, order)  # (B, D/2, H/2, W/2, 2, 2, 2, C)
+    return keras.ops.reshape(x, (batch, *halves, channels * 2**d))
+
+
+def depth_to_space(x, spatial_dims: int):
+    """The inverse of `space_to_depth`: (B, D, H, W, 8F) -> (B, 2D, 2H, 2W, F)."""
+    d = spatial_dims
+    shape = keras.ops.shape(x)
+    batch, spatial, filters = shape[0], shape[1 : 1 + d], shape[-1] // 2**d
+    x = keras.ops.reshape(x, (batch, *spatial, *([2] * d), filters))  # (B, D, H, W, 2, 2, 2, F)
+    # Interleave each spatial axis with its factor 2: (B, D, 2, H, 2, W, 2, F).
+    order = [0] + [axis for i in range(d) for axis in (1 + i, 1 + d + i)] + [1 + 2 * d]
+    x = keras.ops.transpose(x, order)
+    return keras.ops.reshape(x, (batch, *(2 * n for n in spatial), filters))
+
+
 @keras.saving.register_keras_serializable(package="fullres")
 class SubpixelUpsampling(keras.layers.Layer):
     """Doubles every spatial size: a 1×1 convolution to 2^d × filters channels, then depth-to-space.
@@ -192,15 +218,7 @@ class SubpixelUpsampling(keras.layers.Layer):
         self.projection.build(input_shape)
 
     def call(self, x):
-        x = self.projection(x)
-        shape = keras.ops.shape(x)
-        batch, spatial = shape[0], shape[1 : 1 + self.spatial_dims]
-        d = self.spatial_dims
-        x = keras.ops.reshape(x, (batch, *spatial, *([2] * d), self.filters))  # (B, D, H, W, 2, 2, 2, F)
-        # Interleave each spatial axis with its factor 2: (B, D, 2, H, 2, W, 2, F).
-        order = [0] + [axis for i in range(d) for axis in (1 + i, 1 + d + i)] + [1 + 2 * d]
-        x = keras.ops.transpose(x, order)
-        return keras.ops.reshape(x, (batch, *(2 * n for n in spatial), self.filters))  # (B, 2D, 2H, 2W, F)
+        return depth_to_space(self.projection(x), self.spatial_dims)
 
     def compute_output_shape(self, input_shape):
         spatial = tuple(None if n is None else 2 * n for n in input_shape[1:-1])
@@ -214,10 +232,9 @@ class SubpixelUpsampling(keras.layers.Layer):
 class SpaceToDepth(keras.layers.Layer):
     """Halves every spatial size by folding each 2×2(×2) block of voxels into channels.
 
-    The inverse of `SubpixelUpsampling`'s reshape: (B, D, H, W, C) ->
-    (B, D/2, H/2, W/2, 8C), the block's voxels in (d, h, w) order. Each
-    device's block of a spatially split input is folded in place, so the layer
-    needs no communication.
+    `space_to_depth` as a layer, the inverse of `SubpixelUpsampling`'s reshape.
+    Each device's block of a spatially split input is folded in place, so the
+    layer needs no communication.
 
     Example:
         >>> import numpy as np
@@ -232,14 +249,7 @@ class SpaceToDepth(keras.layers.Layer):
         self.spatial_dims = spatial_dims
 
     def call(self, x):
-        shape = keras.ops.shape(x)
-        d = self.spatial_dims
-        batch, spatial, channels = shape[0], shape[1 : 1 + d], shape[-1]
-        halves = [n // 2 for n in spatial]
-        x = keras.ops.reshape(x, (batch, *(v for n in halves for v in (n, 2)), channels))  # (B, D/2, 2, H/2, 2, ...)
-        order = [0] + [1 + 2 * i for i in range(d)] + [2 + 2 * i for i in range(d)] + [1 + 2 * d]
-        x = keras.ops.transpose(x, order)  # (B, D/2, H/2, W/2, 2, 2, 2, C)
-        return keras.ops.reshape(x, (batch, *halves, channels * 2**d))
+        return space_to_depth(x, self.spatial_dims)
 
     def compute_output_shape(self, input_shape):
         spatial = tuple(None if n is None else n // 2 for n in input_shape[1:-1])

@@ -146,7 +146,6 @@ def test_no_intact_checkpoint_is_one_sentence_and_nothing_is_moved(distribution,
 def test_a_never_retrieved_disk_full_future_is_kept_off_the_terminal_and_other_errors_are_not():
     """TensorStore's futures fail with the full disk without an Orbax frame in their traceback (CI saw one leak)."""
     import logging
-    import sys
 
     def record(error):
         try:
