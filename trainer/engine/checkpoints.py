@@ -292,10 +292,12 @@ class _OrbaxUnretrievedTask(logging.Filter):
         message = record.getMessage()
         if "exception was never retrieved" not in message:
             return True
-        # Orbax's own tasks; and TensorStore's futures, whose tracebacks (set in C++) pass through no Orbax frame,
-        # when they failed for the full disk or denied write the sentence already names (seen once in CI).
-        written = bool(record.exc_info) and _write_error(record.exc_info[1]) is not None
-        if not (_raised_in_orbax(record.exc_info) or written):
+        # Orbax's own tasks; and the futures of TensorStore's reads and writes, whose tracebacks pass through no
+        # Orbax frame, when they failed as fullres reports in its own words: a damaged checkpoint or a full disk
+        # or denied write (CI saw each leak once, depending on which array's future failed first).
+        error = record.exc_info[1] if record.exc_info else None
+        reported = error is not None and (_damage(error) is not None or _write_error(error) is not None)
+        if not (_raised_in_orbax(record.exc_info) or reported):
             return True
         logging.getLogger(__name__).debug(message, exc_info=record.exc_info)
         return False

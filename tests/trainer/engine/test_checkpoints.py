@@ -143,8 +143,8 @@ def test_no_intact_checkpoint_is_one_sentence_and_nothing_is_moved(distribution,
     assert sorted(os.listdir(directory)) == ["00000004", "00000008"]
 
 
-def test_a_never_retrieved_disk_full_future_is_kept_off_the_terminal_and_other_errors_are_not():
-    """TensorStore's futures fail with the full disk without an Orbax frame in their traceback (CI saw one leak)."""
+def test_a_never_retrieved_disk_full_or_damage_future_is_kept_off_the_terminal_and_other_errors_are_not():
+    """TensorStore's futures fail (full disk, damaged checkpoint) without an Orbax frame in their traceback."""
     import logging
 
     def record(error):
@@ -158,4 +158,7 @@ def test_a_never_retrieved_disk_full_future_is_kept_off_the_terminal_and_other_e
     disk_full = ValueError('RESOURCE_EXHAUSTED: Error writing "trainable.17/0.0.0.0.0": Failed to write 37305 bytes '
                            "to file 16: No space left on device [os_error_code='28']")
     assert checkpoints._UNRETRIEVED_TASKS.filter(record(disk_full)) is False
+    damaged = ValueError('OUT_OF_RANGE: Error opening "zarr" driver: Error reading "trainable.19/.zarray" in OCDBT '
+                         "database: Error reading Byte range [0, 47453) of local file")
+    assert checkpoints._UNRETRIEVED_TASKS.filter(record(damaged)) is False
     assert checkpoints._UNRETRIEVED_TASKS.filter(record(ValueError("something else went wrong"))) is True
