@@ -7,7 +7,7 @@ difference is how the volume meets the network:
   training shape, 0.5 overlap, Gaussian weighting), the patches run through
   the same jitted model on one device, `--patch-batch` at a time.
 Both probability maps go back onto the scan's own grid the same way
-(`predict.to_original_grid`) and are scored there against the original label
+(`scan_grid.to_original_grid`) and are scored there against the original label
 maps: mean foreground Dice, and Dice in a band of `--band` voxels around the
 patch seams (where sliding windows stitch). Timing excludes reading and
 compilation (one warm-up scan first; the whole pass compiles once per new
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     from trainer.engine import inference
     from trainer.parallel import partitioning
     from trainer.plan import compiled_step
-    from trainer.predict import predict
+    from trainer.predict import predict, scan_grid
 
     info = predict.read_model_info(args.model)
     config, _ = registry.restore(args.model)
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     rows = []
     warmed = False
     for case_id, source in scans:
-        prepared = predict.prepare(source, info["preprocessing"])
+        prepared = scan_grid.prepare(source, info["preprocessing"])
         label_path = os.path.join(args.labels, os.path.basename(source.path))
         truth = sitk.GetArrayFromImage(sitk.ReadImage(label_path))
         if not warmed:  # compile the patch model once, outside the timing
@@ -124,8 +124,8 @@ def main(argv=None) -> None:
         seam_image.CopyInformation(prepared.grid)
         seam_on_original = sitk.GetArrayFromImage(sitk.Resample(seam_image, prepared.original, sitk.Transform(),
                                                                 sitk.sitkNearestNeighbor, 0)).astype(bool)
-        whole_mask, _ = predict.to_original_grid(whole_probabilities, prepared.grid, prepared.original)
-        sliding_mask, _ = predict.to_original_grid(sliding_probabilities, prepared.grid, prepared.original)
+        whole_mask, _ = scan_grid.to_original_grid(whole_probabilities, prepared.grid, prepared.original)
+        sliding_mask, _ = scan_grid.to_original_grid(sliding_probabilities, prepared.grid, prepared.original)
         whole_ids, sliding_ids = sitk.GetArrayFromImage(whole_mask), sitk.GetArrayFromImage(sliding_mask)
         row = {"case_id": case_id, "shape": list(truth.shape), "model_grid": list(prepared.volume.shape[:3]),
                "patches": patches, "whole_first_seconds": whole_first_seconds, "whole_seconds": whole_seconds, "sliding_seconds": sliding_seconds,

@@ -19,9 +19,9 @@ def fail(message: str) -> None:
 
 def fail_if_write_error(error: Exception, output) -> None:
     """Disk full or permission denied while writing `output` becomes one sentence; other errors propagate."""
-    from common import output_guard
+    from common import file_writes
 
-    sentence = output_guard.write_failure(error, str(output))
+    sentence = file_writes.write_failure(error, str(output))
     if sentence is None:
         raise error
     fail(sentence)

@@ -93,12 +93,12 @@ def _worker_wheel() -> str:
 
 
 def _run_conversion(function, **kwargs):
-    from common import output_guard
+    from common import file_writes
     from preprocessing.beam import conversion
 
     try:
         function(**kwargs, log=console.say)
-    except (conversion.PreprocessingFailed, output_guard.OutputWriteFailed) as error:
+    except (conversion.PreprocessingFailed, file_writes.OutputWriteFailed) as error:
         console.fail(str(error))
     except (ValueError, FileNotFoundError) as error:  # OutputRefused is a ValueError
         console.fail(str(error))

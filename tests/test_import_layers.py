@@ -2,8 +2,9 @@
 
 The layers, lowest first. A module may import its own layer and the layers below it, never one above; and
 no set of modules may import each other in a circle, whatever their layers. Imports inside an
-`if __name__ == "__main__":` block are left out: that block runs only when the file is the program, after
-the module has loaded (`python -m trainer.train` hands its arguments to the CLI above it).
+`if __name__ == "__main__":` block count like any other: an entry point that imports the command line
+which imports it back is a circle too (a program's entry point is a module of its own, `trainer/__main__.py`,
+above everything it calls).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ LAYERS = (
     "trainer.train",
     "trainer.predict",
     "trainer.cli",
+    "trainer.__main__",
     "components",
     "pipelines",
 )
@@ -52,22 +54,13 @@ def module_files() -> dict[str, str]:
     return found
 
 
-def _is_main_block(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__")
-
-
 def imported_modules(name: str, path: str, modules: dict[str, str]) -> set[str]:
     """The fullres modules `name` imports anywhere in its file (package `__init__`s of each included)."""
     with open(path) as file:
         tree = ast.parse(file.read(), path)
-    skipped = {id(inner) for node in ast.walk(tree) if _is_main_block(node) for inner in ast.walk(node)}
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     targets = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -163,6 +156,13 @@ def test_the_check_sees_function_local_imports_and_cycles(tmp_path):
     assert imports == {"trainer", "trainer.train"}
     assert layer_of("trainer.train") > layer_of("trainer.engine.a")
     assert cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
+    # An entry point's `__main__` block imports too: `train` run as a program, calling the CLI that imports
+    # `train`, is a circle (it was, until trainer/__main__.py took the entry point).
     main_block = tmp_path / "b.py"
     main_block.write_text("if __name__ == '__main__':\n    from trainer import cli\n")
-    assert imported_modules("trainer.train", str(main_block), {"trainer.cli": "", "trainer": ""}) == set()
+    cli_module = tmp_path / "cli.py"
+    cli_module.write_text("def train():\n    from trainer import train\n")
+    modules = {"trainer.cli": str(cli_module), "trainer.train": str(main_block), "trainer": ""}
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items() if path}
+    assert graph["trainer.train"] == {"trainer", "trainer.cli"}
+    assert cycles(graph) == [["trainer.cli", "trainer.train"]]

@@ -13,13 +13,13 @@ for package in ("common", "preprocessing", "trainer"):
         upward = sorted(name for name in sys.modules if name.split(".")[0] in ("pipelines", "components"))
         assert not upward, f"importing {info.name} imported {upward}"
 import runpy
-sys.argv = ["trainer.train", "--help"]  # `python -m trainer.train --help`: the train command, from the trainer
+sys.argv = ["trainer", "train", "--help"]  # `python -m trainer train --help`: the train command, from the trainer
 try:
-    runpy.run_module("trainer.train", run_name="__main__")
+    runpy.run_module("trainer", run_name="__main__")
 except SystemExit as done:
     assert done.code in (0, None), done.code
 upward = sorted(name for name in sys.modules if name.split(".")[0] in ("pipelines", "components"))
-assert not upward, f"python -m trainer.train imported {upward}"
+assert not upward, f"python -m trainer train imported {upward}"
 print("ok")
 """
 

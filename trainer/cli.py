@@ -331,5 +331,6 @@ def _options_without(context: typer.Context, *left_out: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m trainer.train ...`: the train command without the rest of the `fullres` command line."""
+    """`python -m trainer train ...` (`trainer/__main__.py`): the trainer's commands without the rest of the `fullres`
+    command line."""
     app(args=argv, prog_name="fullres")

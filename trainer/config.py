@@ -28,7 +28,7 @@ class TrainConfig:
             records, wildcards in the folder part allowed (CT schema for
             segmentation, TF Object Detection API keys for detection), e.g.
             `data/ct`, `out/*/data-*` or `gs://bucket/ct/data-*.tfrecord.gz`;
-            `preprocessing.records.dataset_files.resolve` is the rule.
+            `preprocessing.records.data_set.resolve` is the rule.
         output_dir: where checkpoints, TensorBoard logs, the exported model and
             `metrics.json` go. A rerun into the same directory resumes.
         eval_data: the held-out data set (named as `train_data`); evaluated at the end.

@@ -7,7 +7,7 @@ import shutil
 
 import keras
 
-from common import output_guard
+from common import file_writes
 from trainer.tasks import registry
 from trainer.engine import run_files
 
@@ -31,11 +31,11 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
         fn=lambda image: model(image, training=False),
         input_signature=[keras.InputSpec(shape=(None, *image_shape[1:]), dtype="float32")],
     )
-    partial = output_guard.partial_path(saved_model_path)
+    partial = file_writes.partial_path(saved_model_path)
     try:
         archive.write_out(partial, verbose=False)
         if os.path.isdir(saved_model_path):  # an earlier export of this run (fullres's own): swapped out, then removed
-            previous = output_guard.partial_path(saved_model_path + ".previous")
+            previous = file_writes.partial_path(saved_model_path + ".previous")
             os.rename(saved_model_path, previous)
             os.rename(partial, saved_model_path)
             shutil.rmtree(previous)
@@ -53,7 +53,7 @@ def save_keras(model: keras.Model, path: str) -> None:
     A save the disk cuts short (a full disk) removes its partial file and raises; Keras itself would leave
     a cut-short `model.keras` that predict and evaluate then fail to read.
     """
-    with output_guard.whole(path) as temporary:
+    with file_writes.whole(path) as temporary:
         model.save(temporary)
 
 

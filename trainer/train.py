@@ -1,6 +1,6 @@
 """The training run, segmentation or detection: data, partitioned steps, checkpoints, export.
 
-`train(config)` is the library entry point; `python -m trainer.train` and
+`train(config)` is the library entry point; `python -m trainer train` and
 `fullres train` parse arguments into a `TrainConfig` and call it.
 
 Output directory (each file has one owning module: `engine.run_files`, `engine.checkpoints`,
@@ -291,10 +291,3 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         log(f"wrote {run_files.write_metrics(config.output_dir, results)}")
     return results
 
-
-if __name__ == "__main__":
-    import sys
-
-    from trainer import cli
-
-    cli.main(["train", *sys.argv[1:]])

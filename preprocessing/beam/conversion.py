@@ -43,7 +43,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from common import output_guard
+from common import file_writes, output_guard
 from preprocessing.beam import counting, local_workers, publishing
 
 
@@ -248,7 +248,7 @@ def run(
     Raises:
         output_guard.OutputRefused: `output` holds files fullres did not write, or
             another run is writing it; nothing was written.
-        output_guard.OutputWriteFailed: the disk filled up or refused a write;
+        file_writes.OutputWriteFailed: the disk filled up or refused a write;
             the previous output is untouched.
     """
     if publishing.is_local(output):
@@ -271,9 +271,9 @@ def run(
                     shutil.rmtree(staging, ignore_errors=True)
                 raise
     except Exception as error:
-        sentence = output_guard.write_failure(error, output)
+        sentence = file_writes.write_failure(error, output)
         if sentence is not None:
-            raise output_guard.OutputWriteFailed(sentence) from error
+            raise file_writes.OutputWriteFailed(sentence) from error
         raise
     log(f"wrote {summary['ok']} records in {len(shards)} shards ({summary['bytes'] / 2**20:.1f} MiB), "
         f"{summary['failed']} dead letters {summary['reasons'] or ''}".rstrip())

@@ -16,7 +16,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
-from common import output_guard
+from common import file_writes
 
 # The local runner, named exactly: Beam's "DirectRunner" first tries the Prism runner, which downloads its
 # binary from GitHub at run time, and falls back to this FnApiRunner only when that fails.
@@ -53,7 +53,7 @@ def quiet_local_workers(pipeline_args: Sequence[str] | None):
         try:
             yield
         except Exception as error:
-            show = output_guard.write_failure(error, "") is None
+            show = file_writes.write_failure(error, "") is None
             raise
         finally:
             sys.stderr.flush()

@@ -15,19 +15,17 @@ here, with one rule each:
   folder, or by a pattern of its records, whose folder part may hold wildcards
   too (`out/*/data-*`: several data sets), or by several of either separated
   by commas (`data/a,data/b`). `folders` and `record_files` are that
-  rule for every reader; `resolve` is it with every check training makes: each
-  matched folder has its `summary.json`, and the data sets a pattern spans agree.
+  rule for every reader; `data_set.resolve` is it with every check training
+  makes: each matched folder has its `summary.json`, and the data sets a
+  pattern spans agree.
 
 Paths may be local or `gs://` (TensorFlow's file system).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-
-from preprocessing.records import tfrecord_schema
 
 SUMMARY = "summary.json"
 LABEL_MAP = "label_map.json"
@@ -142,7 +140,7 @@ def _shards(folder: str) -> list[str]:
     the `data-*` files in it when it has no summary."""
     import tensorflow as tf
 
-    summary = _read_json(os.path.join(folder, SUMMARY))
+    summary = read_json(os.path.join(folder, SUMMARY))
     if summary and summary.get("shards"):
         return [os.path.join(folder, name) for name in summary["shards"]]
     return sorted(match for match in tf.io.gfile.glob(os.path.join(folder, "data-*")) if not tf.io.gfile.isdir(match))
@@ -253,7 +251,7 @@ def segmentation_class_names(num_classes: int) -> list[str]:
     return [BACKGROUND, *(f"class_{number}" for number in range(1, num_classes))]
 
 
-def _read_json(path: str):
+def read_json(path: str):
     """The JSON in `path`; None when there is no such file."""
     import tensorflow as tf
 
@@ -265,7 +263,7 @@ def _read_json(path: str):
 
 def read_summary(pattern: str) -> dict | None:
     """The conversion's `summary.json` beside the records; None when there is none."""
-    return _read_json(beside(pattern, SUMMARY))
+    return read_json(beside(pattern, SUMMARY))
 
 
 def read_preprocessing(pattern: str) -> dict | None:
@@ -294,167 +292,3 @@ def write_summary(directory: str, summary: dict) -> str:
         json.dump(summary, file, indent=2)
     os.replace(path + ".tmp", path)
     return path
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSet:
-    """What a `--train` or `--eval` value names, checked by `resolve`: one data set, or several that agree.
-
-    Attributes:
-        value, flag: as given (`--train 'out/*/data-*'`), for messages.
-        files: the record files, in order.
-        folders: the data set folder of each group of files, in order.
-        kind: `tfrecord_schema.CT_RECORDS` or `tfrecord_schema.DETECTION_RECORDS`.
-        summaries: each folder's summary.json.
-        label_map: the (shared) label_map.json, or None where the data sets have none.
-    """
-
-    value: str
-    flag: str
-    files: tuple[str, ...]
-    folders: tuple[str, ...]
-    kind: str
-    summaries: tuple[dict, ...]
-    label_map: dict[str, int] | None
-
-    @property
-    def preprocessing(self) -> dict | None:
-        """The (shared) `preprocessing` of the summaries; None where a conversion recorded none."""
-        return self.summaries[0].get("preprocessing")
-
-    @property
-    def label_values(self) -> list[int]:
-        """Every class id any of the data sets' summaries lists."""
-        return sorted({int(value) for summary in self.summaries for value in summary.get("label_values", {})})
-
-    @property
-    def summary_path(self) -> str:
-        return os.path.join(self.folders[0], SUMMARY)
-
-
-def _first_record_kind(files: list[str]) -> str | None:
-    """The kind of the first record in `files` (`tfrecord_schema.record_kind`); None when they hold no record."""
-    import tensorflow as tf
-    from google.protobuf import message
-
-    for path in files:
-        try:
-            for serialized in tf.data.TFRecordDataset(path, compression_type=compression([path])).take(1):
-                keys = tf.train.Example.FromString(serialized.numpy()).features.feature.keys()
-                return tfrecord_schema.record_kind(keys) or "unknown"
-        except (tf.errors.DataLossError, message.DecodeError):  # not TFRecords of Examples (other errors say their own)
-            raise ValueError(f"{path} is not a TFRecord file; name only the records a fullres conversion "
-                             "wrote (its data-* files).") from None
-    return None
-
-
-def _difference(first: dict | None, other: dict | None) -> str:
-    """The keys in which two preprocessing records differ, as `shape` or `spacing, window`."""
-    first, other = first or {}, other or {}
-    return ", ".join(key for key in sorted(set(first) | set(other)) if first.get(key) != other.get(key))
-
-
-def resolve(value: str, flag: str = "--train") -> DataSet:
-    """The records `value` (a data set folder, or a pattern of records) names, refused unless they can be used.
-
-    A folder stands for its data set's shards (what its summary.json lists); a
-    pattern may match records of several data sets (`out/*/data-*`). Every
-    matched folder must hold a finished conversion's summary.json, and the data
-    sets must agree in kind of record, preprocessing (shape included) and
-    label map.
-
-    Raises:
-        FileNotFoundError: nothing is matched, a folder has no summary.json, or lacks a shard it lists.
-        ValueError: a matched file is not a record of its data set, or two data
-            sets differ (the message names both).
-    """
-    import tensorflow as tf
-
-    files = record_files(value)
-    if not files:
-        if tf.io.gfile.isdir(value) and _read_json(os.path.join(value, SUMMARY)) is not None:
-            raise FileNotFoundError(f"{flag} {value} holds no records (its {SUMMARY} lists no shards: every case "
-                                    "failed); see its dead_letter.jsonl, and convert the data again.")
-        if tf.io.gfile.isdir(value):
-            raise FileNotFoundError(f"{flag} {value} is a folder without records or {SUMMARY}; pass the --output "
-                                    "folder of fullres preprocess (or a pattern of its data-* records).")
-        raise FileNotFoundError(f"no TFRecord files match {flag} {value!r}; pass a data set folder (the --output of "
-                                "fullres preprocess) or a pattern of its records, e.g. 'data/ct/data-*'.")
-    groups: dict[str, list[str]] = {}
-    for path in files:
-        groups.setdefault(os.path.dirname(path), []).append(path)
-    summaries, kinds, label_maps = [], [], []
-    for folder, paths in groups.items():
-        summary = _read_json(os.path.join(folder, SUMMARY))
-        names = ", ".join(os.path.basename(p) for p in paths[:3]) + (", ..." if len(paths) > 3 else "")
-        if summary is None:
-            raise FileNotFoundError(
-                f"{flag} {value} matches {len(paths)} file(s) in {folder} ({names}), but {folder} has no "
-                f"{SUMMARY}, which a finished fullres conversion writes last; pass the --output folder of fullres "
-                "preprocess ct or images, or convert the data again.")
-        listed = set(summary.get("shards") or ())
-        missing = sorted(listed - {name.rstrip("/") for name in tf.io.gfile.listdir(folder)})
-        if missing:  # a copy cut short: training on the rest would be silently partial
-            raise FileNotFoundError(
-                f"{flag} {value}: {os.path.join(folder, SUMMARY)} lists {missing[0]}"
-                f"{f' and {len(missing) - 1} more shard(s)' if len(missing) > 1 else ''}, which {folder} lacks; copy "
-                "the data set whole (every shard its summary lists), or convert it again.")
-        strays = [os.path.basename(p) for p in paths if listed and os.path.basename(p) not in listed]
-        if strays:
-            raise ValueError(
-                f"{flag} {value} matches {strays[0]} in {folder}, which is not one of the records its {SUMMARY} "
-                f"lists ({', '.join(sorted(listed)[:2])}{', ...' if len(listed) > 2 else ''}); pass the folder "
-                f"{folder} itself, or narrow the pattern to its records, e.g. {os.path.join(folder, 'data-*')!r}.")
-        kind = _first_record_kind(paths)
-        if kind == "unknown":
-            raise ValueError(f"{flag} {value} matches {paths[0]}, which holds neither CT volumes nor images with "
-                             "boxes; pass records written by fullres preprocess ct or images.")
-        summaries.append(summary)
-        kinds.append(kind)
-        label_maps.append(read_label_map(folder))
-    folder_list = list(groups)
-    for index in range(1, len(folder_list)):
-        this, first = folder_list[index], folder_list[0]
-        if kinds[index] != kinds[0] and None not in (kinds[index], kinds[0]):
-            difference = ("kind of records", kinds[0], kinds[index])
-        elif summaries[index].get("preprocessing") != summaries[0].get("preprocessing"):
-            keys = _difference(summaries[0].get("preprocessing"), summaries[index].get("preprocessing"))
-            before, after = summaries[0].get("preprocessing") or {}, summaries[index].get("preprocessing") or {}
-            key = keys.split(", ")[0]
-            difference = (f"preprocessing ({keys})", f"{key} {before.get(key)}", f"{key} {after.get(key)}")
-        elif label_maps[index] != label_maps[0]:
-            difference = (LABEL_MAP, json.dumps(label_maps[0]), json.dumps(label_maps[index]))
-        else:
-            continue
-        what, mine, theirs = difference
-        raise ValueError(
-            f"{flag} {value} spans data sets that differ in {what}: {first} has {mine} but {this} has {theirs}; "
-            "train on data sets converted with the same settings, or narrow the pattern to one of them.")
-    kind = next((k for k in kinds if k is not None), None)
-    if kind is None:
-        raise ValueError(f"{flag} {value} names {len(files)} record file(s), all of them empty; convert data "
-                         "with at least one case.")
-    return DataSet(value, flag, tuple(files), tuple(folder_list), kind, tuple(summaries), label_maps[0])
-
-
-def ct_shapes(data: DataSet, enough: int = 2) -> list[tuple[int, ...]]:
-    """The (D, H, W) shapes of a CT data set's volumes, up to `enough` different ones.
-
-    The recorded `--shape` answers without reading; otherwise the shape field of
-    each record is read (the voxels are skipped), stopping at `enough` shapes.
-    """
-    import tensorflow as tf
-
-    recorded = (data.preprocessing or {}).get("shape")
-    if recorded:
-        return [tuple(int(s) for s in recorded)]
-    features = {tfrecord_schema.IMAGE_SHAPE: tf.io.FixedLenFeature([3], tf.int64)}
-    records = tf.data.TFRecordDataset(list(data.files), compression_type=compression(list(data.files)))
-    shapes: list[tuple[int, ...]] = []
-    for shape in records.map(lambda s: tf.io.parse_single_example(s, features)[tfrecord_schema.IMAGE_SHAPE]):
-        shape = tuple(int(s) for s in shape.numpy())
-        if shape not in shapes:
-            shapes.append(shape)
-            if len(shapes) >= enough:
-                break
-    return shapes

@@ -14,7 +14,7 @@ import pytest
 import SimpleITK as sitk
 from apache_beam.io import filesystem
 
-from common import output_guard
+from common import file_writes, output_guard
 from preprocessing.beam import conversion, counting, ct_pipeline, images_pipeline, local_workers
 from preprocessing.ct import ct_transforms
 from preprocessing.images import demo_images
@@ -186,18 +186,18 @@ def test_write_failures_become_one_sentence(tmp_path):
         file.write(b"x")
         file.flush()
     assert full.value.errno == errno.ENOSPC
-    assert output_guard.write_failure(full.value, "/data/out") == (
+    assert file_writes.write_failure(full.value, "/data/out") == (
         "the disk is full while writing /data/out; free space there or choose an --output on a disk with room, "
         "then run again.")
-    assert output_guard.write_failure(denied.value, "/sys/out") == (
+    assert file_writes.write_failure(denied.value, "/sys/out") == (
         "permission denied while writing /sys/fullres-output; choose an --output you may write to, or fix the "
         "permissions of /sys.")
     # A Beam worker's failure comes back as text around the same error.
     wrapped = RuntimeError(f"Error in bundle: {full.value!r} ... OSError: [Errno 28] No space left on device: "
                            "'/mnt/out.staging-1/data-00000-of-00001.tfrecord'")
-    assert output_guard.write_failure(wrapped, "/mnt/out").startswith(
+    assert file_writes.write_failure(wrapped, "/mnt/out").startswith(
         "the disk is full while writing /mnt/out.staging-1/data-00000-of-00001.tfrecord;")
-    assert output_guard.write_failure(ValueError("bad spacing"), "/mnt/out") is None
+    assert file_writes.write_failure(ValueError("bad spacing"), "/mnt/out") is None
 
 
 def test_object_store_outputs_keep_the_manifest_rule():

@@ -103,7 +103,7 @@ def test_random_flips_are_a_function_of_seed_and_step():
 
 def _train_command(train_pattern, output, steps):
     return [
-        sys.executable, "-m", "trainer.train",
+        sys.executable, "-m", "trainer", "train",
         "--train", train_pattern, "--output", str(output), "--preset", "smoke",
         "--steps", str(steps), "--checkpoint-every", "4", "--log-every", "1",
         "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1",
@@ -232,7 +232,7 @@ def test_a_damaged_newest_checkpoint_falls_back_and_none_intact_is_one_sentence(
     arguments = ["--train", config.train_data, "--output", str(run), "--preset", "smoke", "--steps", "40",
                  "--learning-rate", "1e-2", "--checkpoint-every", "10", "--log-every", "5",
                  "--input-partition-dims", "1,4,1,1,1"]
-    resumed = subprocess.run([sys.executable, "-m", "trainer.train", *arguments, "--virtual-devices", "8"],
+    resumed = subprocess.run([sys.executable, "-m", "trainer", "train", *arguments, "--virtual-devices", "8"],
                              env=_environment(), capture_output=True, text=True, cwd=REPOSITORY)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Traceback" not in resumed.stderr  # nor TensorStore's callbacks into the failed read's closed loop

@@ -16,7 +16,7 @@ import pytest
 
 from preprocessing.ct import ct_transforms, demo_ct
 from preprocessing.images import demo_images
-from preprocessing.records import dataset_files, tfrecord_schema
+from preprocessing.records import data_set, dataset_files, tfrecord_schema
 
 SHAPE = (8, 8, 8)
 SHARD = "data-00000-of-00001.tfrecord"
@@ -128,7 +128,7 @@ def test_data_sets_that_agree_train_together(tmp_path):
 
     _ct_data_set(tmp_path / "out" / "ts41")
     _ct_data_set(tmp_path / "out" / "ts42", shapes=[SHAPE, SHAPE, SHAPE])
-    data = dataset_files.resolve(str(tmp_path / "out" / "*" / "data-*"))
+    data = data_set.resolve(str(tmp_path / "out" / "*" / "data-*"))
     assert data.folders == (str(tmp_path / "out" / "ts41"), str(tmp_path / "out" / "ts42"))
     assert ct_input.count_examples(str(tmp_path / "out" / "*" / "data-*")) == 5
 
@@ -139,7 +139,7 @@ def test_several_data_sets_separated_by_commas_train_together(tmp_path):
     _ct_data_set(tmp_path / "out" / "ts41")
     _ct_data_set(tmp_path / "out" / "ts42", shapes=[SHAPE, SHAPE, SHAPE])
     several = f"{tmp_path / 'out' / 'ts42'},{tmp_path / 'out' / 'ts41' / 'data-*'}"  # a folder and a pattern
-    data = dataset_files.resolve(several)
+    data = data_set.resolve(several)
     assert data.folders == (str(tmp_path / "out" / "ts42"), str(tmp_path / "out" / "ts41"))
     assert ct_input.count_examples(several) == 5
     assert dataset_files.folders(several) == [str(tmp_path / "out" / "ts42"), str(tmp_path / "out" / "ts41")]
@@ -150,7 +150,7 @@ def test_several_data_sets_that_differ_are_refused_naming_both(tmp_path):
     second = _ct_data_set(tmp_path / "b", spacing=[1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match=rf"spans data sets that differ in preprocessing \(spacing\): "
                                          rf"{tmp_path / 'a'} has spacing \[1.5, 1.5, 2.5\] but {tmp_path / 'b'} "):
-        dataset_files.resolve(f"{first},{second}")
+        data_set.resolve(f"{first},{second}")
 
 
 def test_a_pattern_that_matches_nothing_names_the_pattern(tmp_path):

@@ -23,7 +23,7 @@ def hide_accelerators_from_tensorflow() -> None:
 
 def list_files(pattern: str) -> list[str]:
     """The TFRecord files `pattern` names (local paths or gs://): a data set folder's shards, or the files a
-    pattern matches (`dataset_files.record_files`; `dataset_files.resolve` checks them before training).
+    pattern matches (`dataset_files.record_files`; `data_set.resolve` checks them before training).
 
     Raises:
         FileNotFoundError: when nothing matches, naming the pattern.

@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from common import output_guard
+from common import file_writes
 from trainer import config as config_lib
 
 TRAIN_CONFIG = "train_config.json"
@@ -39,7 +39,7 @@ def _write_json(file_path: str, content, indent: int | None = 2) -> None:
 
 def _write_whole(file_path: str, write) -> None:
     """`write(file)` into `FILE.tmp`, renamed over `file_path`; a failed write (a full disk) removes `FILE.tmp`."""
-    with output_guard.whole(file_path, file_path + ".tmp") as temporary, open(temporary, "w") as file:
+    with file_writes.whole(file_path, file_path + ".tmp") as temporary, open(temporary, "w") as file:
         write(file)
 
 

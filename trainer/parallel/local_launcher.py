@@ -1,6 +1,6 @@
 """`fullres train --local-processes N`: one training run in N processes on this machine.
 
-Each process is `python -m trainer.train` with the same arguments plus its
+Each process is `python -m trainer train` with the same arguments plus its
 coordinates (`--coordinator-address localhost:PORT --num-processes N
 --process-id I`), so it forms one global mesh with the others exactly as hosts
 of a cluster do. Their output is forwarded line by line with a `[pI]` prefix.
@@ -60,7 +60,7 @@ def launch(train_arguments: Sequence[str], num_processes: int, log: Callable[[st
     environment = dict(os.environ, PYTHONUNBUFFERED="1")
     processes = []
     for process_id in range(num_processes):
-        command = [sys.executable, "-m", "trainer.train", *train_arguments, "--coordinator-address", coordinator,
+        command = [sys.executable, "-m", "trainer", "train", *train_arguments, "--coordinator-address", coordinator,
                    "--num-processes", str(num_processes), "--process-id", str(process_id)]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env=environment)

@@ -7,25 +7,20 @@ each new scan, so the user passes no preprocessing flags; a run trained before
 this was recorded is refused with one sentence naming what is missing.
 """
 
-import dataclasses
-import errno
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import SimpleITK as sitk
 
-from common import dead_letters, identifiers
-from common import output_guard
-from preprocessing.ct import ct_io, ct_transforms, dicom_series, geometry, intensity, volume_discovery
+from common import dead_letters, file_writes, identifiers, output_guard
+from preprocessing.ct import ct_io, ct_transforms, intensity, volume_discovery
 from preprocessing.records import dataset_files
 from trainer.engine import inference, run_files
 from trainer.parallel import partitioning
+from trainer.predict import outputs, scan_grid
 
-SUMMARY = "summary.json"  # what predict writes beside the masks (its own; not a data set's summary.json)
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
 PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
 
@@ -74,101 +69,6 @@ def read_model_info(model_dir: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Predicting a scan: the recorded preprocessing, one partitioned forward pass, back onto the scan's own grid.
-
-FORMATS = {"nifti": ".nii.gz", "nrrd": ".nrrd", "mha": ".mha"}
-_FORMAT_OF_SUFFIX = {".nii.gz": "nifti", ".nii": "nifti", ".nrrd": "nrrd", ".nhdr": "nrrd", ".mha": "mha", ".mhd": "mha"}
-
-
-@dataclasses.dataclass
-class Prepared:
-    """One scan made ready for the model.
-
-    `original` is the scan as read (its grid is the one the mask is written on);
-    `grid` is the model's grid (reoriented and resampled as in training, an
-    empty image carrying the geometry); `volume` (D, H, W, 1) the normalized
-    voxels on it; `fill` the value padding gets (air, or the z-score's minimum).
-    """
-
-    original: sitk.Image
-    grid: sitk.Image
-    volume: np.ndarray
-    fill: float
-
-
-def output_format(source: ct_io.VolumeSource, requested: str | None) -> str:
-    """`requested`, or the input's own format (NIfTI for a DICOM series)."""
-    if requested is not None:
-        if requested not in FORMATS:
-            raise ValueError(f"--format {requested!r} is not known; use one of {', '.join(FORMATS)}.")
-        return requested
-    lower = source.path.lower()
-    return next((name for suffix, name in _FORMAT_OF_SUFFIX.items() if lower.endswith(suffix)), "nifti")
-
-
-def prepare(source: ct_io.VolumeSource, preprocessing: dict,
-            spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE,
-            max_voxels: int = ct_transforms.DEFAULT_MAX_VOXELS,
-            max_decoded_bytes: int = ct_transforms.DEFAULT_MAX_DECODED_BYTES) -> Prepared:
-    """Reads `source` and applies the model's recorded preprocessing (`model_info.json`'s `preprocessing`).
-
-    The same functions as `fullres preprocess ct` (`ct_transforms`): the header
-    checked before any voxel is decoded (geometry, 4-D, the size limits, on the
-    scan and on the model's grid), orientation, resampling to the recorded
-    spacing (linear, air outside), CT window or z-score. No crop: the whole
-    volume goes through the model.
-
-    Raises:
-        dead_letters.CaseError: unreadable, empty, non-finite, too small or too large scans, or ones whose
-            geometry would have to be guessed.
-    """
-    spacing = preprocessing["spacing"]
-    ct_transforms.check_volume(
-        source, max_voxels, max_decoded_bytes, tuple(spacing) if spacing else None,
-        f" resampled to the model's spacing {','.join(f'{t:g}' for t in spacing)}" if spacing else "", "this machine")
-    original, normalization, _, background = ct_transforms.read_scan(source, preprocessing["modality"],
-                                                                     spacing_tolerance)
-    oriented = sitk.DICOMOrient(original, preprocessing["orientation"])
-    grid = geometry.resample(oriented, tuple(spacing) if spacing else None, sitk.sitkLinear, background,
-                                  sitk.sitkFloat32)
-    scaled, _, fill = intensity.normalize(sitk.GetArrayFromImage(grid), normalization,
-                                              tuple(preprocessing["window"]))
-    return Prepared(original, grid, scaled[..., None].astype(np.float32), float(fill))
-
-
-def to_original_grid(probabilities: np.ndarray, grid: sitk.Image, original: sitk.Image
-                     ) -> tuple[sitk.Image, sitk.Image]:
-    """Class probabilities on the model's grid -> (class ids, probabilities) on the scan's own grid.
-
-    The probabilities are resampled (linear interpolation, by physical position:
-    reorientation and spacing are undone together) and the argmax is taken on
-    the original grid. Resampling class ids with nearest neighbour instead
-    would put every boundary on the coarser grid's voxel edges; interpolated
-    probabilities place it between them. Original voxels past the last model
-    voxel centre (up to half a model voxel at the far edges) take the nearest
-    model voxel's probabilities rather than none.
-
-    Args:
-        probabilities: (D, H, W, K) on `grid` (numpy order: z, y, x).
-        grid: an image with the model grid's geometry.
-        original: the scan as read.
-
-    Returns:
-        (uint8 class ids, float32 K-component probabilities), both with `original`'s size, spacing, origin and direction.
-    """
-    vector = sitk.GetImageFromArray(np.ascontiguousarray(probabilities, np.float32), isVector=True)
-    vector.SetSpacing(grid.GetSpacing())
-    vector.SetOrigin(grid.GetOrigin())
-    vector.SetDirection(grid.GetDirection())
-    resampler = sitk.ResampleImageFilter()
-    resampler.SetReferenceImage(original)
-    resampler.SetInterpolator(sitk.sitkLinear)
-    resampler.SetUseNearestNeighborExtrapolator(True)
-    resampled = resampler.Execute(vector)
-    on_original = sitk.GetArrayFromImage(resampled)  # (D, H, W, K)
-    mask = sitk.GetImageFromArray(np.argmax(on_original, axis=-1).astype(np.uint8))
-    mask.CopyInformation(original)
-    return mask, resampled
-
 
 def _class_names(info: dict, num_classes: int) -> list[str]:
     names = list(info.get("class_names") or [])
@@ -228,10 +128,10 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                            f"{run_files.path(model_dir, run_files.MODEL_INFO)} does not record it; retrain the model "
                            "with this fullres on data from `fullres preprocess ct`, or leave --strict out.")
     if output_format_name is not None:
-        output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
+        scan_grid.output_format(ct_io.VolumeSource(path=""), output_format_name)  # an unknown format fails before any work
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
-    written |= {name for own in (SUMMARY, "dead_letter.jsonl") for name in (own, output_guard.PARTIAL_PREFIX + own)}
+    written |= {name for own in (outputs.SUMMARY, "dead_letter.jsonl") for name in (own, file_writes.PARTIAL_PREFIX + own)}
     found = volume_discovery.find_volumes(input_path)
     scans = dict(sorted(found.images.items()))
     if not scans and not found.dead:
@@ -284,7 +184,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         scrub = identifiers.case_scrubber(named.scrubber, named_case, pseudonymize, roots)
         started = time.perf_counter()
         # Listed before they are written: a case that fails halfway leaves nothing a rerun would call foreign.
-        written.update(_planned_outputs(case_id, source, output_format_name, probabilities, dicom_seg, names))
+        written.update(outputs.planned_outputs(case_id, source, output_format_name, probabilities, dicom_seg, names))
         output_guard.write_marker(output_dir, "predict", sorted(written))
         try:
             case = _predict_case(case_id, source, info, predictor, names, output_dir, output_format_name,
@@ -298,7 +198,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             log(f"[{number}/{len(scans)}] {case_id}: skipped ({error.reason}: {scrub(error.detail)})")
             continue
         except OSError as error:
-            if error.errno in output_guard.WRITE_ERRORS:  # a full or read-only disk fails every case alike: stop
+            if error.errno in file_writes.WRITE_ERRORS:  # a full or read-only disk fails every case alike: stop
                 raise
             reason, detail = _failure(error, predictor)
             dead.append(dead_letters.dead_letter(source.path, "predict", reason, detail))
@@ -321,8 +221,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
                "class_names": names, "cases": cases, "dead_letters": dead}
-    summary_path = write_summary(output_dir, summary)
-    output_guard.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
+    summary_path = outputs.write_summary(output_dir, summary)
+    file_writes.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
                              "".join(json.dumps(letter) + "\n" for letter in dead).encode())
     log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {summary_path}")
     total = len(cases) + len(dead)
@@ -333,78 +233,26 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     return summary
 
 
-def write_summary(output_dir: str, summary: dict) -> str:
-    """Writes predict's `summary.json` into `output_dir` (the masks' folder); returns its path."""
-    path = os.path.join(output_dir, SUMMARY)
-    output_guard.write_whole(path, json.dumps(summary, indent=2).encode())
-    return path
-
-
-def write_image(image: sitk.Image, path: str) -> None:
-    """Writes a mask or probability map whole or not at all (compressed; the format from `path`'s ending).
-
-    Written as `.fullres-partial.NAME`, read back and compared, then renamed: ITK's NIfTI writer reports no
-    error when the disk fills up, and its reader reads the cut-short file it leaves without one either (the
-    missing voxels come back as zeros); its other writers leave a 0-byte file.
-
-    Raises:
-        OSError: ENOSPC when the disk is full (the partial file removed); RuntimeError for other ITK failures.
-    """
-    try:
-        with output_guard.whole(path) as temporary:
-            sitk.WriteImage(image, temporary, useCompression=True)
-            written = sitk.ReadImage(temporary)  # held: an array view does not keep its image alive
-            if not np.array_equal(sitk.GetArrayViewFromImage(written), sitk.GetArrayViewFromImage(image)):
-                raise RuntimeError(f"{temporary} reads back other voxels than were written (cut short)")
-    except RuntimeError as error:
-        if _disk_too_full(path, image):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) from error
-        raise
-
-
-def _disk_too_full(path: str, image: sitk.Image) -> bool:
-    """Whether the disk of `path` lacks room for `image` uncompressed (what ITK's failed write left unsaid)."""
-    needed = image.GetNumberOfPixels() * image.GetNumberOfComponentsPerPixel() * image.GetSizeOfPixelComponent()
-    try:
-        return shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < needed
-    except OSError:
-        return False
-
-
-def read_summary(output_dir: str) -> dict:
-    """Predict's `summary.json` in `output_dir`: model, input, counts, class names, and per case its `outputs`.
-
-    Raises:
-        FileNotFoundError: `output_dir` holds no summary (not an output of `fullres predict`, or an unfinished one).
-    """
-    path = os.path.join(output_dir, SUMMARY)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{output_dir} has no {SUMMARY}; pass the output directory of a finished "
-                                "`fullres predict`.")
-    with open(path) as file:
-        return json.load(file)
-
-
 def _predict_case(case_id, source, info, predictor, names, output_dir, format_name, probabilities, dicom_seg,
                   model_dir, limits, strict=False) -> dict:
-    prepared = prepare(source, info["preprocessing"], max_voxels=limits[0], max_decoded_bytes=limits[1])
+    prepared = scan_grid.prepare(source, info["preprocessing"], max_voxels=limits[0], max_decoded_bytes=limits[1])
     mismatched = _check_against_training(prepared, source, info, strict)
     probs = predictor.probabilities(prepared.volume, prepared.fill)
-    mask, on_original = to_original_grid(probs, prepared.grid, prepared.original)
-    suffix = FORMATS[output_format(source, format_name)]
-    outputs = [os.path.join(output_dir, case_id + suffix)]
-    write_image(mask, outputs[0])
+    mask, on_original = scan_grid.to_original_grid(probs, prepared.grid, prepared.original)
+    suffix = scan_grid.FORMATS[scan_grid.output_format(source, format_name)]
+    files = [os.path.join(output_dir, case_id + suffix)]
+    outputs.write_image(mask, files[0])
     if probabilities:
         for index, name in enumerate(names):
             path = os.path.join(output_dir, f"{case_id}_probability_{name}{suffix}")
-            write_image(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path)
-            outputs.append(path)
+            outputs.write_image(sitk.VectorIndexSelectionCast(on_original, index, sitk.sitkFloat32), path)
+            files.append(path)
     problems = list(mismatched)
     if source.is_dicom and dicom_seg is not False:
         from trainer.predict import dicom_seg as dicom_seg_lib
 
         try:
-            outputs.append(dicom_seg_lib.write_dicom_seg(
+            files.append(dicom_seg_lib.write_dicom_seg(
                 mask, source.dicom_files, names[1:], os.path.join(output_dir, case_id + ".seg.dcm"),
                 algorithm_parameters={"model": os.path.abspath(model_dir)}))
         except dead_letters.CaseError as error:  # the mask is written; only its DICOM SEG is missing, and says why
@@ -412,10 +260,10 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
     return {"case_id": case_id, "problems": problems, "source": source.name, "shape": list(prepared.original.GetSize()[::-1]),
             "model_grid_shape": list(prepared.volume.shape[:3]),
             "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
-            "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": outputs}
+            "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": files}
 
 
-def _check_against_training(prepared: Prepared, source: ct_io.VolumeSource, info: dict, strict: bool) -> list[str]:
+def _check_against_training(prepared: scan_grid.Prepared, source: ct_io.VolumeSource, info: dict, strict: bool) -> list[str]:
     """The ways the scan differs from the model's training scans (`scan_check`), as warnings for the case's
     `problems`; under `strict` the first is a dead letter instead."""
     from trainer.predict import scan_check
@@ -425,19 +273,6 @@ def _check_against_training(prepared: Prepared, source: ct_io.VolumeSource, info
     if found and strict:
         raise dead_letters.CaseError("check", *found[0])
     return [f"warning: {sentence} (--strict sets such scans aside as dead letters)" for _, sentence in found]
-
-
-def _planned_outputs(case_id, source, format_name, probabilities, dicom_seg, names) -> set[str]:
-    """The file names `_predict_case` may write for a case."""
-    suffix = FORMATS[output_format(source, format_name)]
-    planned = {case_id + suffix}
-    if probabilities:
-        planned |= {f"{case_id}_probability_{name}{suffix}" for name in names}
-    if source.is_dicom and dicom_seg is not False:
-        planned.add(case_id + ".seg.dcm")
-    # The names they have while written (`write_image`): one a killed run left is fullres's, not the user's.
-    return planned | {output_guard.PARTIAL_PREFIX + name for name in planned}
-
 
 
 def _failure(error: Exception, predictor) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """How good `fullres predict`'s masks are: Dice against label maps, on each scan's own grid.
 
-The masks are found through predict's own `summary.json` (`predict.read_summary`);
+The masks are found through predict's own `summary.json` (`outputs.read_summary`);
 the label map of a case is the file of the same name under the labels folder.
 """
 
@@ -11,7 +11,7 @@ import os
 import numpy as np
 import SimpleITK as sitk
 
-from trainer.predict import predict
+from trainer.predict import outputs
 from trainer.tasks import metrics
 
 
@@ -25,7 +25,7 @@ def dice_in_own_geometry(masks_dir: str, labels_dir: str, num_classes: int) -> d
         RuntimeError: a mask is not on its label map's grid (size, spacing, origin or direction).
     """
     dice = metrics.DiceAccumulator(num_classes)
-    cases = predict.read_summary(masks_dir)["cases"]
+    cases = outputs.read_summary(masks_dir)["cases"]
     for case in cases:
         mask = sitk.ReadImage(case["outputs"][0])
         truth = sitk.ReadImage(os.path.join(labels_dir, os.path.basename(case["outputs"][0])))

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from preprocessing.records import dataset_files, tfrecord_schema
+from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.data import ct_input, detection_input
 from trainer.engine import inference, placement
@@ -43,8 +43,8 @@ class DetectionTask:
         self.eval_boxes_dropped = 0  # ground-truth boxes beyond EVAL_MAX_BOXES, in the last evaluation
 
     def check_data(self, value: str, flag: str, training: bool) -> None:
-        """Refuses records a RetinaNet cannot use: CT volumes, or data sets that differ (`dataset_files.resolve`)."""
-        data = dataset_files.resolve(value, flag)
+        """Refuses records a RetinaNet cannot use: CT volumes, or data sets that differ (`data_set.resolve`)."""
+        data = data_set.resolve(value, flag)
         if data.kind != tfrecord_schema.DETECTION_RECORDS:
             raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess ct), not images with boxes; train "
                              "them with --task segmentation, or pass the records of fullres preprocess images.")

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import jax
 import numpy as np
 
-from preprocessing.records import dataset_files, tfrecord_schema
+from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.data import augment, ct_input
 from trainer.engine import inference, placement
@@ -32,7 +32,7 @@ class SegmentationTask:
         """Refuses records a UNet cannot learn from or be scored on: detection records, unlabelled ones (training),
         labels beyond the model's classes (training), no recorded preprocessing (training), volumes of mixed shapes.
         """
-        data = dataset_files.resolve(value, flag)
+        data = data_set.resolve(value, flag)
         if data.kind != tfrecord_schema.CT_RECORDS:
             raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess images), not CT volumes; train "
                              "them with --task detection, or pass the records of fullres preprocess ct.")
@@ -54,7 +54,7 @@ class SegmentationTask:
                     f"{flag} {value} holds no labelled voxels ({data.summary_path} lists {listed}: an unlabelled "
                     "conversion), so the model would learn to predict background everywhere; convert the scans "
                     "again with --labels naming their label maps.")
-        shapes = dataset_files.ct_shapes(data)
+        shapes = data_set.ct_shapes(data)
         if len(shapes) > 1:
             first, other = ("x".join(map(str, shape)) for shape in shapes[:2])
             raise ValueError(

@@ -13,7 +13,7 @@ from preprocessing.ct import ct_io, ct_transforms
 from tests import shared_runs
 from trainer import config as config_lib
 from trainer.tasks import registry
-from trainer.predict import predict
+from trainer.predict import outputs, predict, scan_grid
 
 
 def _run_dir(tmp_path, info: dict | None):
@@ -98,12 +98,12 @@ def test_the_mask_comes_back_in_the_scans_own_geometry(tmp_path, suffix):
     source = ct_io.VolumeSource(path=path)
     original = sitk.ReadImage(path)
     for spacing in (None, PREPROCESSING["spacing"]):  # reoriented only; reoriented and resampled (1.7×1.7×2.25 mm)
-        prepared = predict.prepare(source, dict(PREPROCESSING, spacing=spacing))
+        prepared = scan_grid.prepare(source, dict(PREPROCESSING, spacing=spacing))
         # A model-independent "model": the soft-tissue probability is the windowed intensity (60 HU -> 0.52, air 0).
         foreground = np.clip(prepared.volume[..., 0] / 0.52, 0, 1)
-        mask, _ = predict.to_original_grid(np.stack([1 - foreground, foreground], axis=-1), prepared.grid,
+        mask, _ = scan_grid.to_original_grid(np.stack([1 - foreground, foreground], axis=-1), prepared.grid,
                                            prepared.original)
-        written = str(tmp_path / f"mask{predict.FORMATS[predict.output_format(source, None)]}")
+        written = str(tmp_path / f"mask{scan_grid.FORMATS[scan_grid.output_format(source, None)]}")
         assert written.endswith(suffix)
         sitk.WriteImage(mask, written)
         back = sitk.ReadImage(written)
@@ -270,7 +270,7 @@ def test_probabilities_are_resampled_then_argmaxed_on_the_original_grid():
     # midpoint 5.5); the interpolated probability crosses 0.5 at x = 4 + 3 * 0.05 / 0.55 = 4.27, so x = 5 is foreground.
     foreground = np.array([0.0, 0.45, 1.0], np.float32)
     probabilities = np.stack([1 - foreground, foreground], -1).reshape(1, 1, 3, 2)
-    mask, back = predict.to_original_grid(probabilities, grid, original)
+    mask, back = scan_grid.to_original_grid(probabilities, grid, original)
     assert sitk.GetArrayViewFromImage(mask).ravel().tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1]
     # Beyond the outermost model voxel centres (x = 0 and 8): the nearest one's value, not 0.
     np.testing.assert_allclose(sitk.GetArrayViewFromImage(back)[0, 0, :, 1],
@@ -301,7 +301,7 @@ def test_predict_never_overwrites_a_file_it_did_not_write(tmp_path):
 def test_predict_s_summary_is_read_back_by_its_one_reader(tmp_path):
     summary = {"ok": 1, "failed": 0, "class_names": ["background", "liver"],
                "cases": [{"case_id": "a", "outputs": [str(tmp_path / "a.nii.gz")]}]}
-    path = predict.write_summary(str(tmp_path), summary)
-    assert path == str(tmp_path / predict.SUMMARY) and predict.read_summary(str(tmp_path)) == summary
+    path = outputs.write_summary(str(tmp_path), summary)
+    assert path == str(tmp_path / outputs.SUMMARY) and outputs.read_summary(str(tmp_path)) == summary
     with pytest.raises(FileNotFoundError, match="has no summary.json; pass the output directory of a finished"):
-        predict.read_summary(str(tmp_path / "elsewhere"))
+        outputs.read_summary(str(tmp_path / "elsewhere"))

@@ -15,7 +15,7 @@ from common import dead_letters
 from preprocessing.ct import ct_io
 from tests import shared_runs
 from tests.preprocessing.ct import test_volume_header as headers
-from trainer.predict import predict
+from trainer.predict import scan_grid
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # Address space for `fullres predict` on 2 virtual CPU devices, measured here (2026-11-25): under 2 GiB XLA cannot
@@ -28,7 +28,7 @@ PREPROCESSING = {"spacing": [1.7, 1.7, 2.25], "orientation": "LPS", "window": [-
 
 def _refusal(path, name, preprocessing=PREPROCESSING, **limits):
     with pytest.raises(dead_letters.CaseError) as error:
-        predict.prepare(ct_io.VolumeSource(str(path), name=name), preprocessing, **limits)
+        scan_grid.prepare(ct_io.VolumeSource(str(path), name=name), preprocessing, **limits)
     return error.value.reason, error.value.detail
 
 

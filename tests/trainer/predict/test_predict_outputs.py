@@ -69,15 +69,15 @@ def test_a_write_the_disk_refuses_keeps_the_previous_summary_and_no_partial_file
     """summary.json (and the marker, dead_letter.jsonl) go through a temporary name; /dev/full stands for a full disk."""
     import errno
 
-    from trainer.predict import predict
+    from trainer.predict import outputs
 
-    predict.write_summary(str(tmp_path), {"ok": 1})
+    outputs.write_summary(str(tmp_path), {"ok": 1})
     os.symlink("/dev/full", tmp_path / ".fullres-partial.summary.json")
     with pytest.raises(OSError) as error:
-        predict.write_summary(str(tmp_path), {"ok": 2})
+        outputs.write_summary(str(tmp_path), {"ok": 2})
     assert error.value.errno == errno.ENOSPC
     assert sorted(os.listdir(tmp_path)) == ["summary.json"]
-    assert predict.read_summary(str(tmp_path)) == {"ok": 1}
+    assert outputs.read_summary(str(tmp_path)) == {"ok": 1}
 
 
 def test_a_truncated_model_keras_is_one_sentence(tmp_path):
