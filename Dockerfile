@@ -66,6 +66,7 @@ COPY preprocessing preprocessing
 COPY trainer trainer
 COPY components components
 COPY pipelines pipelines
+COPY fullres fullres
 # --inexact keeps the gpu/tpu plug-in installed above. The smoke check imports Keras before the
 # trainer, as any user code may: KERAS_BACKEND=jax (above) makes that order safe.
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/run/secrets/ca \

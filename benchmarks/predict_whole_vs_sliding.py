@@ -54,19 +54,15 @@ def main(argv=None) -> None:
 
     import sliding_window
     from preprocessing.ct import volume_discovery
-    from trainer import evaluate
-    from trainer.tasks import registry
+    from trainer import trained_run
     from trainer.engine import inference
     from trainer.parallel import partitioning
-    from trainer.plan import compiled_step
     from trainer.predict import predict, scan_grid
 
-    info = predict.read_model_info(args.model)
-    config, _ = registry.restore(args.model)
-    if args.input_partition_dims:
-        config = compiled_step.with_dims(config, partitioning.parse_dims(args.input_partition_dims))
+    info = predict.checked_model_info(args.model)
     devices = jax.devices()
-    _, _, model, state, _ = evaluate.load_trained(args.model, devices, partition=config.partition)
+    loaded = trained_run.load(args.model, devices, partitioning.parse_dims(args.input_partition_dims))
+    config, model, state = loaded.config, loaded.model, loaded.state
     whole = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels)
     one = partitioning.PartitionConfig((1, 1, 1, 1, 1))
     single = inference.VolumePredictor(model, state, one, devices[:1], config.model.downsampling_levels)

@@ -40,7 +40,8 @@ def describe_dataset(artifact, summary: dict, output: str) -> None:
 
 
 def train_config(*, task: str, preset: str, train_data: str, output_dir: str, steps: int, batch_size: int,
-                 learning_rate: float, input_partition_dims: str, precision: str, overrides: dict):
+                 learning_rate: float, input_partition_dims: str, precision: str, overrides: dict,
+                 model_source: str | None = None):
     """A `TrainConfig` from the train component's parameters, through `config.resolve` as the CLI's.
 
     0 and "" are the component's "keep the preset's value" (KFP parameters have no None).
@@ -50,7 +51,30 @@ def train_config(*, task: str, preset: str, train_data: str, output_dir: str, st
     named = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "precision": precision,
              "partition.input_partition_dims": input_partition_dims}
     return config_lib.resolve(task, preset, train_data, output_dir,
-                              overrides={**{k: v for k, v in named.items() if v}, **(overrides or {})})
+                              overrides={**{k: v for k, v in named.items() if v}, **(overrides or {})},
+                              model_source=model_source)
+
+
+def model_source(model_code: str, model_function: str) -> str | None:
+    """FILE.py:FUNCTION of a user's network passed as text (the train step's `model_code`), written to a file of its
+    own in a fresh temporary folder; None when there is no code (the task's own model).
+
+    Raises:
+        ValueError: one of the two is given without the other.
+    """
+    import os
+    import tempfile
+
+    if not model_code.strip() and not model_function:
+        return None
+    if not model_code.strip() or not model_function:
+        raise ValueError("model_code (the text of your network's Python file) and model_function (the function in it "
+                         "that returns the network) go together; pass both (fullres pipeline run --model "
+                         "FILE.py:FUNCTION sets them), or neither for the task's own model.")
+    path = os.path.join(tempfile.mkdtemp(prefix="fullres-network-"), "network.py")
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(model_code)
+    return f"{path}:{model_function}"
 
 
 def write_metrics(artifact, results: dict, scalars: tuple[str, ...]) -> None:

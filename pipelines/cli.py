@@ -149,11 +149,31 @@ PIPELINE_NAMES = ("ct-segmentation", "detection")
 ROOT = Path(__file__).resolve().parent.parent
 Params = Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable); lists and dicts as JSON.")]
 PipelineName = Annotated[str, typer.Option("--pipeline", help="ct-segmentation or detection.")]
+Network = Annotated[str | None, typer.Option("--model", help="ct-segmentation: train your own network, FILE.py:FUNCTION (as fullres train --model); the file's text is passed as the model_code parameter and FUNCTION as model_function, since the steps run where this path does not exist.")]
 
 
 def _check_pipeline_name(name: str) -> None:
     if name not in PIPELINE_NAMES:
         console.fail(f"--pipeline {name!r} is not known; use one of {', '.join(PIPELINE_NAMES)}.")
+
+
+def _network_parameters(name: str, model: str | None) -> dict:
+    """`--model FILE.py:FUNCTION` as the pipeline's parameters: the file's text (`model_code`) and `model_function`.
+
+    Raises:
+        ValueError: not the ct-segmentation pipeline, not FILE.py:FUNCTION, or no such file.
+    """
+    if model is None:
+        return {}
+    from trainer.models import user_model
+
+    if name != "ct-segmentation":
+        raise ValueError(f"--model {model} applies to the ct-segmentation pipeline; the {name} pipeline trains "
+                         "fullres's RetinaNet.")
+    file, function = user_model.parse_source(model)
+    if not os.path.isfile(file):
+        raise ValueError(f"--model {model}: {file} does not exist; pass the Python file that defines {function}.")
+    return {"model_code": Path(file).read_text(encoding="utf-8"), "model_function": function}
 
 
 @pipeline_app.command("compile")
@@ -197,6 +217,7 @@ def pipeline_run(
     pipeline_root: Annotated[Path, typer.Option(help="Where the run's artifacts go.")] = Path("fullres-pipeline-root"),
     runner: Annotated[str, typer.Option(help="subprocess (each step a process in this environment) or docker (each step in --image, as on Vertex AI).")] = "subprocess",
     image: Annotated[str | None, typer.Option(help="The container image for --runner docker, e.g. fullres:cpu (`fullres image build`).")] = None,
+    model: Network = None,
 ) -> None:
     """Run a pipeline end to end on this machine (kfp.local): every step a subprocess, or a container of the image."""
     if not local:
@@ -208,7 +229,7 @@ def pipeline_run(
     from common import output_guard
 
     try:
-        arguments = vertex.parse_parameters(name, param or [])
+        arguments = {**_network_parameters(name, model), **vertex.parse_parameters(name, param or [])}
         inputs = {f"--param {key}": value for key, value in arguments.items() if key.endswith("_uri") and value}
         output_guard.check_owned_directory(str(pipeline_root), "pipeline-root", inputs, option="--pipeline-root")
         pipeline_root.mkdir(parents=True, exist_ok=True)
@@ -242,6 +263,7 @@ def pipeline_submit(
     caching: Annotated[bool | None, typer.Option("--caching/--no-caching", help="Reuse results of unchanged steps (default: Vertex's).")] = None,
     api_endpoint: Annotated[str | None, typer.Option(help="Vertex AI API endpoint, for private endpoints (default: REGION-aiplatform.googleapis.com).")] = None,
     plan: Annotated[Path | None, typer.Option(help="The JSON of `fullres plan --target ... --json`: its launch parameters (layout, batch, machine, accelerators, topology, hosts) are passed; a --param of the same name wins.")] = None,
+    model: Network = None,
 ) -> None:
     """Submit a pipeline to Vertex AI Pipelines (training on TPUs/GPUs via --param accelerator_type=..., Beam on Dataflow via beam_args)."""
     _check_pipeline_name(name)
@@ -251,7 +273,7 @@ def pipeline_submit(
 
     try:
         planned = vertex.plan_parameters(name, str(plan)) if plan is not None else {}
-        arguments = {**planned, **vertex.parse_parameters(name, param or [])}
+        arguments = {**planned, **_network_parameters(name, model), **vertex.parse_parameters(name, param or [])}
         labels = vertex.parse_labels(label or [])
         template = ROOT / definitions.COMPILED_FILES[name]
         if image is not None or not template.exists():

@@ -149,6 +149,9 @@ PREPROCESS_IMAGES = tuple(_passed(steps.preprocess_images, name) for name in ("b
 TRAIN = (*(_passed(steps.train, name) for name in ("preset", "steps", "batch_size", "learning_rate",
                                                     "input_partition_dims", "precision")),
          _passed(steps.train, "overrides", "train_overrides"))
+# A user's own network (segmentation only): the text of its Python file and the function in it, so the train step
+# builds it wherever it runs (on Vertex the file's local path does not exist); the run keeps a copy.
+USER_NETWORK = (_passed(steps.train, "model_code"), _passed(steps.train, "model_function"))
 # Where and how training (and predict) run: see the module's docstring.
 PLACEMENT = (_own("accelerator_type", str, "CPU"), _own("accelerator_count", int, 1),
              _own("machine_type", str, "n1-standard-8"), _own("tpu_topology", str, ""), _own("replica_count", int, 1),
@@ -177,6 +180,7 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
         _passed(steps.preprocess_ct, "labels_uri", "eval_labels_uri"),
         *PREPROCESS_CT,
         *TRAIN,
+        *USER_NETWORK,
         _passed(steps.evaluate, "class_names"),
         *PLACEMENT,
         _own("predict_input_uri", str, ""),  # "" skips predict (the component needs one)
@@ -192,7 +196,8 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
             task.set_display_name(f"preprocess {split}")
             preprocessed[split] = task.outputs["dataset"]
         # pseudonymize reaches preprocess (case ids), evaluate (the report) and predict (mask names, summary).
-        _train_evaluate_export(components, preprocessed, dict(task="segmentation", **_arguments(values, TRAIN)),
+        _train_evaluate_export(components, preprocessed,
+                               dict(task="segmentation", **_arguments(values, TRAIN), **_arguments(values, USER_NETWORK)),
                                values["class_names"], values,
                                dict(input_uri=values["predict_input_uri"], output_format=values["predict_output_format"],
                                     pseudonymize=values["pseudonymize"]),

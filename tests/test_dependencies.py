@@ -8,7 +8,7 @@ import sys
 import tomllib
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines")
+PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines", "fullres")
 
 
 def _normalized(name: str) -> str:

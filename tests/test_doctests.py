@@ -10,7 +10,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines")
+PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines", "fullres")
 
 
 def _modules_with_examples() -> list[str]:

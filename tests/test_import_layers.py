@@ -14,7 +14,7 @@ import os
 import time
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines")
+PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines", "fullres")
 
 LAYERS = (
     "common",
@@ -30,12 +30,14 @@ LAYERS = (
     "trainer.engine",
     "trainer.tasks",
     "trainer.plan",
+    "trainer.trained_run",
     "trainer.export",
     "trainer.evaluate",
     "trainer.train",
     "trainer.predict",
     "trainer.cli",
     "trainer.__main__",
+    "fullres",
     "components",
     "pipelines",
 )

@@ -7,7 +7,7 @@ import os
 import pytest
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("trainer", "preprocessing", "components", "pipelines")
+PACKAGES = ("trainer", "preprocessing", "components", "pipelines", "fullres")
 
 
 @pytest.mark.parametrize("name", PACKAGES)

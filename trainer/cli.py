@@ -72,6 +72,8 @@ def train(
     output: Annotated[Path, typer.Option(help="Output directory; a rerun into it resumes from the newest checkpoint.")],
     eval_data: Annotated[str | None, typer.Option("--eval", help="Held-out data set (a folder or a pattern of records, as --train), scored at the end (Dice, or COCO mAP).")] = None,
     task: Annotated[str, typer.Option(help="segmentation (3D/2D UNet on CT records) or detection (RetinaNet on image records).")] = "segmentation",
+    model: Annotated[str | None, typer.Option(help="Your own network instead of fullres's UNet: FILE.py:FUNCTION, where FUNCTION(num_classes=..., in_channels=...) returns an uncompiled keras.Model (channels-last in, num_classes logits out at the input's resolution); the run keeps a copy of the file.")] = None,
+    allow_gathers: Annotated[bool | None, typer.Option("--allow-gathers/--no-allow-gathers", help="Train even when the compiled step all-gathers whole activations (the layers are named; without this, training refuses to start).")] = None,
     preset: Annotated[str, typer.Option(help=f"Starting configuration: one of {', '.join(PRESET_NAMES)}; 'default' is the task's default.")] = "default",
     steps: Annotated[int | None, typer.Option(help="Optimizer steps in total.")] = None,
     epochs: Annotated[int | None, typer.Option(help="Train this many passes over the data instead of --steps.")] = None,
@@ -117,7 +119,8 @@ def train(
     ] = None,
     context: typer.Context = None,
 ) -> None:
-    """Train a UNet (segmentation) or a RetinaNet (detection), spatially partitioned over all devices present.
+    """Train a UNet (segmentation), a RetinaNet (detection) or your own network (--model FILE.py:FUNCTION), spatially
+    partitioned over all devices present.
 
     Exits with status 75 ("preempted, resume me") after a SIGTERM made it checkpoint and stop.
     """
@@ -158,20 +161,22 @@ def train(
         unet_only = {"num_levels": num_levels, "base_filters": base_filters, "stem": stem,
                      "normalization": normalization}
         given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
-                      if v is not None and f"model.{k}" not in config_lib.setting_types(task)]
+                      if v is not None and f"model.{k}" not in config_lib.setting_types(task, model is not None)]
         if given_unet:
-            console.fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to --task {task}.")
+            console.fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to "
+                         f"{f'--model {model}' if model else f'--task {task}'}.")
         flags = {
             "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
             "warmup_steps": warmup_steps, "schedule": schedule, "precision": precision, "remat": remat,
             "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment, "seed": seed,
-            "image_size": size, "max_boxes": max_boxes, "model.num_classes": num_classes,
+            "image_size": size, "max_boxes": max_boxes, "model.num_classes": num_classes, "allow_gathers": allow_gathers,
             "partition.input_partition_dims": input_partition_dims,
             "partition.label_partition_dims": label_partition_dims,
             **{f"model.{k}": v for k, v in unet_only.items()},
         }
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
-                                    overrides={**flags, **config_lib.parse_settings(settings or [])})
+                                    overrides={**flags, **config_lib.parse_settings(settings or [])},
+                                    model_source=model)
         train_lib.train(config, log=console.say)
     except distributed.Preempted as preempted:
         console.say(f"fullres: {preempted}")
@@ -184,7 +189,7 @@ def train(
 
 @app.command()
 def plan(
-    model: Annotated[str | None, typer.Option(help="Shorthand: unet3d, unet2d (segmentation) or retinanet (detection); default: the preset's task.")] = None,
+    model: Annotated[str | None, typer.Option(help="Shorthand: unet3d, unet2d (segmentation) or retinanet (detection), or your own network as FILE.py:FUNCTION (as for fullres train; 2D or 3D from --image-size); default: the preset's task.")] = None,
     preset: Annotated[str, typer.Option(help="The training preset to size, as for fullres train (default: the task's default).")] = "default",
     image_size: Annotated[str | None, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W; the default) or 2560,2560 (the detection canvas).")] = None,
     partitions: Annotated[str, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64.")] = "1,2,4,8,16",

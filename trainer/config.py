@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from common import parsing
-from trainer.models import retinanet, unet
+from trainer.models import retinanet, unet, user_model
 from trainer.parallel import partitioning
 
 PRECISIONS = ("float32", "bfloat16")
@@ -22,8 +22,8 @@ class TrainConfig:
     """A training run: segmentation (UNet on CT records) or detection (RetinaNet on image records).
 
     Args:
-        task: "segmentation" or "detection"; `model` must be a `UNetConfig` or a
-            `RetinaNetConfig` to match.
+        task: "segmentation" or "detection"; `model` must be a `UNetConfig` (or a
+            user's network, `UserModelConfig`) or a `RetinaNetConfig` to match.
         train_data: the training data set: its folder or a pattern of its
             records, wildcards in the folder part allowed (CT schema for
             segmentation, TF Object Detection API keys for detection), e.g.
@@ -32,7 +32,8 @@ class TrainConfig:
         output_dir: where checkpoints, TensorBoard logs, the exported model and
             `metrics.json` go. A rerun into the same directory resumes.
         eval_data: the held-out data set (named as `train_data`); evaluated at the end.
-        model: the architecture, `UNetConfig` or `RetinaNetConfig`.
+        model: the architecture: `UNetConfig`, `RetinaNetConfig`, or a user's own network (`UserModelConfig`,
+            `--model FILE.py:FUNCTION`).
         partition: how every example is split across cores.
         steps: optimizer steps in total (ignored when `epochs` is set).
         epochs: if set, `steps = epochs × ceil(training cases / batch_size)`.
@@ -50,6 +51,8 @@ class TrainConfig:
         image_size: detection only: the (H, W) canvas every image is fitted to.
         max_boxes: detection only: boxes kept per training image.
         seed: seeds weights, data order and augmentation.
+        allow_gathers: train even when the compiled step all-gathers whole activations (a layer XLA could not
+            partition: every device then holds what the split was meant to divide); refused otherwise.
 
     Example:
         >>> config = smoke(train_data="/tmp/train-*.tfrecord", output_dir="/tmp/run")
@@ -61,7 +64,7 @@ class TrainConfig:
     train_data: str = ""
     output_dir: str = ""
     eval_data: str | None = None
-    model: unet.UNetConfig | retinanet.RetinaNetConfig = unet.UNetConfig()
+    model: unet.UNetConfig | retinanet.RetinaNetConfig | user_model.UserModelConfig = unet.UNetConfig()
     partition: partitioning.PartitionConfig = partitioning.PartitionConfig()
     steps: int = 1000
     epochs: int | None = None
@@ -78,11 +81,14 @@ class TrainConfig:
     seed: int = 0
     image_size: tuple[int, int] = (256, 256)
     max_boxes: int = 100
+    allow_gathers: bool = False
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"TrainConfig.task must be one of {TASKS}, got {self.task!r}.")
-        if not isinstance(self.model, MODEL_TYPES[self.task]):
+        if isinstance(self.model, user_model.UserModelConfig):
+            user_model.check_task(self.task, self.model.source)
+        if not isinstance(self.model, (MODEL_TYPES[self.task], user_model.UserModelConfig)):
             raise ValueError(f"the {self.task} task trains a {MODEL_TYPES[self.task].__name__}, but the model is a "
                              f"{type(self.model).__name__}; pick a {self.task} preset or pass a matching model.")
         object.__setattr__(self, "image_size", tuple(int(s) for s in self.image_size))
@@ -220,7 +226,8 @@ PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "detection": detectio
 
 
 def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",
-            eval_data: str | None = None, overrides: Mapping[str, object] | None = None) -> TrainConfig:
+            eval_data: str | None = None, overrides: Mapping[str, object] | None = None,
+            model_source: str | None = None) -> TrainConfig:
     """The one way to a `TrainConfig`: the command line, the KFP train component and `fullres plan` all call it.
 
     Args:
@@ -231,6 +238,8 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
             "1,4,1,1,1"}`. Values may be text (as `--set key=value` gives them) or numbers (integral floats,
             as KFP passes them, become ints where the setting is an int); None keeps the preset's value.
             Nested dicts (`{"model": {"num_levels": 5}}`) are read as dotted keys.
+        model_source: a user's network, `FILE.py:FUNCTION` (`--model`), in place of the preset's; it keeps the
+            preset's spatial_dims, num_classes and in_channels unless overrides set them.
 
     Detection's class count comes from `label_map.json` beside `train_data` unless
     `model.num_classes` is given.
@@ -254,12 +263,17 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         raise ValueError(f"preset {preset} is a {base.task} preset but the task is {task}; pick a {task} preset or "
                          f"set the task to {base.task}.")
     settings = {k: v for k, v in _flatten(overrides or {}).items() if v is not None}
-    hints = setting_types(task)
+    if model_source is not None:
+        user_model.check_task(task, model_source)
+    hints = setting_types(task, user_network=model_source is not None)
     unknown = sorted(set(settings) - set(hints))
     if unknown:
-        raise ValueError(f"unknown train override{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; valid ones: "
-                         f"{', '.join(sorted(hints))}.")
+        where = f" with --model {model_source}" if model_source is not None else ""
+        raise ValueError(f"unknown train override{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{where}; valid "
+                         f"ones: {', '.join(sorted(hints))}.")
     values = to_dict(base)
+    if model_source is not None:
+        values["model"] = user_model.settings(model_source, values["model"])
     values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
     if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings:
         from preprocessing.records import dataset_files  # reads label_map.json with TensorFlow's file system
@@ -284,11 +298,12 @@ def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
     return settings
 
 
-def setting_types(task: str) -> dict[str, object]:
-    """Every key `resolve` accepts for `task`, with its declared type."""
+def setting_types(task: str, user_network: bool = False) -> dict[str, object]:
+    """Every key `resolve` accepts for `task` (with a user's network: its model's keys), with its declared type."""
     fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition"}
     hints = {k: v for k, v in typing.get_type_hints(TrainConfig).items() if k not in fixed}
-    for section, cls in (("model", MODEL_TYPES[task]), ("partition", partitioning.PartitionConfig)):
+    model_type = user_model.UserModelConfig if user_network else MODEL_TYPES[task]
+    for section, cls in (("model", model_type), ("partition", partitioning.PartitionConfig)):
         hints.update({f"{section}.{k}": v for k, v in typing.get_type_hints(cls).items()})
     return hints
 
@@ -370,4 +385,12 @@ def from_dict(values: dict) -> TrainConfig:
         raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
     if "image_size" in values:
         values["image_size"] = tuple(values["image_size"])
-    return TrainConfig(model=MODEL_TYPES[task](**model_values), partition=partition, **values)
+    model_type = user_model.UserModelConfig if "function" in model_values else MODEL_TYPES[task]
+    return TrainConfig(model=model_type(**model_values), partition=partition, **values)
+
+
+def with_dims(config: TrainConfig, dims: Sequence[int]) -> TrainConfig:
+    """`config` split by `dims`; labels given as dims (split like the features) follow them."""
+    labels = config.partition.label_partition_dims  # None stays None; dims follow, with or without channels
+    labels = labels if labels is None else tuple(dims) if len(labels) == len(dims) else (1, *dims[1:-1])
+    return dataclasses.replace(config, partition=partitioning.PartitionConfig(tuple(dims), labels))

@@ -6,39 +6,8 @@ COCO AP), through the one forward pass (`engine.inference`).
 
 from __future__ import annotations
 
-from trainer.tasks import registry
-from trainer.engine import placement, run_files
-from trainer.parallel import partitioning
-
-def load_trained(model_dir: str, devices=None, partition: partitioning.PartitionConfig | None = None):
-    """A trained model back from `model_dir` (`train_config.json` + `model.keras`), placed for partitioned inference.
-
-    Args:
-        partition: split the inputs like this instead of as in training.
-
-    Returns:
-        (config, task, model, state, distribution) with the training partitioning (or `partition`),
-        or the largest one the present devices hold (replicas reduced first).
-    """
-    import dataclasses
-
-    import jax
-
-    config, task = registry.restore(model_dir)
-    if partition is not None:
-        config = dataclasses.replace(config, partition=partition)
-    devices = devices or jax.devices()
-    cores = config.partition.num_cores_per_replica
-    partitioning.require_devices(cores, len(devices),
-                                 f"the model's input_partition_dims {list(config.partition.input_partition_dims)}")
-    replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
-    distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
-    with distribution.scope():
-        model = registry.load_weights(task, model_dir)
-    state = placement.TrainState([v.value for v in model.trainable_variables],
-                                 [v.value for v in model.non_trainable_variables], [])
-    state = placement.place_state(state, distribution)
-    return config, task, model, state, distribution
+from trainer import trained_run
+from trainer.engine import run_files
 
 
 def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = None, class_names: list[str] | None = None,
@@ -46,7 +15,7 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     """Scores a trained model (the output directory of `fullres train`) on `pattern`; writes the HTML report.
 
     The model runs at full resolution under its training partitioning (see
-    `load_trained`). Segmentation scores per-class Dice, detection COCO AP.
+    `trained_run.load`). Segmentation scores per-class Dice, detection COCO AP.
     The report names each case by its record's id; with `pseudonymize`, an id
     that is not a pseudonym (data preprocessed without `--pseudonymize`: ids are
     folder and file names) is shown as "held-out case N" instead.
@@ -56,12 +25,14 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     """
     import os
 
-    _, checked = registry.restore(model_dir)
-    checked.check_data(pattern, "--eval", training=False)  # before the model is placed: one sentence, no traceback
-    config, task, model, state, distribution = load_trained(model_dir, None)
+    run = trained_run.open_run(model_dir)
+    run.task.check_data(pattern, "--eval", training=False)  # before the model is placed: one sentence, no traceback
+    task = run.task
     names = task.report_class_names(class_names)  # checked before the (long) evaluation
+    loaded = trained_run.load(run)
     samples: list = []
-    scores = task.evaluate(model, state, distribution, log, pattern=pattern, samples=samples, keep=report_examples)
+    scores = task.evaluate(loaded.model, loaded.state, loaded.distribution, log, pattern=pattern, samples=samples,
+                           keep=report_examples)
     scores["class_names"] = names
     if pseudonymize:
         samples = [_without_names(sample, number) for number, sample in enumerate(samples, 1)]

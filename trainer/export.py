@@ -8,8 +8,7 @@ import shutil
 import keras
 
 from common import file_writes
-from trainer.tasks import registry
-from trainer.engine import run_files
+from trainer import trained_run
 
 
 def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ...]) -> dict:
@@ -23,7 +22,7 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
     """
     keras_path = os.path.join(output_dir, "model.keras")
     saved_model_path = os.path.join(output_dir, "saved_model")
-    save_keras(model, keras_path)
+    trained_run.save_model(model, keras_path)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(
@@ -47,20 +46,8 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
     return {"keras": keras_path, "saved_model": saved_model_path}
 
 
-def save_keras(model: keras.Model, path: str) -> None:
-    """`model.save(path)` whole or not at all: saved as `.fullres-partial.model.keras` beside it, then renamed.
-
-    A save the disk cuts short (a full disk) removes its partial file and raises; Keras itself would leave
-    a cut-short `model.keras` that predict and evaluate then fail to read.
-    """
-    with file_writes.whole(path) as temporary:
-        model.save(temporary)
-
-
 def export_trained(model_dir: str, output_dir: str) -> dict:
-    """Exports the model `fullres train` left in `model_dir` (model.keras, train_config.json, model_info.json)."""
-    info = run_files.read_model_info(model_dir)
-    _, task = registry.restore(model_dir)
+    """Exports the model `fullres train` left in `model_dir` (loaded through `trained_run`, a user's network too)."""
+    run = trained_run.open_run(model_dir)
     os.makedirs(output_dir, exist_ok=True)
-    model = registry.load_weights(task, model_dir)
-    return export_model(model, output_dir, (None, *info["image_shape"]))
+    return export_model(trained_run.load_model(run), output_dir, (None, *run.info["image_shape"]))

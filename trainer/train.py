@@ -32,11 +32,11 @@ from collections.abc import Callable
 import numpy as np
 
 from common import output_guard
-from trainer import config as config_lib, export
+from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
 from trainer.engine import checkpoints, placement, program, run_files
 from trainer.parallel import distributed, partitioning
-from trainer.plan import compiled_step, layout_choice
+from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
 
 
@@ -63,6 +63,9 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
             data sets that differ).
         output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
         ValueError: the run's newest checkpoint was written by another configuration.
+        user_model.UserModelError: a user's network (`--model FILE.py:FUNCTION`) cannot be loaded or breaks the
+            contract (a ValueError).
+        gathers.GathersRefused: the compiled step all-gathers activations and `config.allow_gathers` is False.
         checkpoints.CheckpointDamaged: no checkpoint of the run can be read (a damaged one is otherwise passed
             over for the one before it, and moved aside).
         distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
@@ -78,6 +81,9 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     task.check_data(config.train_data, "--train", training=True)
     if config.eval_data:
         task.check_data(config.eval_data, "--eval", training=False)
+    # The network's own checks (a user's: its file, its function, its output; measured downsampling), before the
+    # output is touched.
+    partitioning.per_axis(config.model.downsampling_levels, config.model.spatial_dims)
     output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
                                                          "evaluation data": config.eval_data})
     chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
@@ -139,7 +145,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
         choice = layout_choice.choose_layout(config, image_shape[1:], devices, cache_dir=config.output_dir, log=log)
         log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
-        config = compiled_step.with_dims(config, choice.input_partition_dims)
+        config = config_lib.with_dims(config, choice.input_partition_dims)
         task = registry.make_task(config)
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
@@ -161,6 +167,13 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
+    # The step as the compiler compiles it, read for activation all-gathers before anything is written.
+    found = compiled_step.step_gathers(program.jit_step(task, model, optimizer, distribution, state, len(image_shape)),
+                                       task, state, distribution, image_shape)
+    if found and not config.allow_gathers:
+        gathers.refuse(found, config.partition.input_partition_dims)
+    if found:
+        log(f"warning: the training step all-gathers whole activations (--allow-gathers): {gathers.summary(found)}")
 
     start_step = 0
     state = placement.place_state(state, distribution)
@@ -174,9 +187,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     os.makedirs(config.output_dir, exist_ok=True)
     is_chief = jax.process_index() == 0
     if is_chief:
-        run_files.write_train_config(config.output_dir, config)
-        run_files.write_model_info(config.output_dir, task.name, image_shape[1:], task.class_names,
-                                   task.preprocessing(), data_modality=task.data_modality())
+        trained_run.save_description(config.output_dir, config, task, image_shape[1:])
         if choice is not None and not choice.cached:
             layout_choice.save_choice(choice, config.output_dir)
     return _Run(config, task, total_steps, num_examples, image_shape, choice, distribution, model, optimizer, schedule,
@@ -286,7 +297,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         if export_saved_model:
             results["model"] = export.export_model(model, config.output_dir, run.image_shape)
         else:
-            export.save_keras(model, run_files.path(config.output_dir, run_files.MODEL))
+            trained_run.save_model(model, run_files.path(config.output_dir, run_files.MODEL))
             results["model"] = {"keras": run_files.path(config.output_dir, run_files.MODEL)}
         log(f"wrote {run_files.write_metrics(config.output_dir, results)}")
     return results

@@ -6,7 +6,7 @@ it is 300 steps of the detection demo preset on 256 images, about 5.5 minutes
 on 2 cores: more than a third of the suite's budget for one fixture. So it is
 trained once, by fullres itself, with this script, and its run folder's
 `train_config.json`, `model_info.json` and `model.keras` are kept; the test
-loads them through `evaluate.load_trained`, as `fullres predict` loads a run.
+loads them through `trained_run.load`, as `fullres predict` loads a run.
 
 Train it again (and commit the folder, saying why) when the RetinaNet or the
 detection demo preset changes; the test refuses a stored model whose

@@ -151,9 +151,10 @@ def test_objects_on_partition_borders_are_found_like_the_others(border_detector)
 
 
 def check_borders(model_dir: str):
-    from trainer import evaluate
+    from trainer import trained_run
 
-    config, _, model, state, _ = evaluate.load_trained(model_dir)
+    loaded = trained_run.load(model_dir)
+    config, model, state = loaded.config, loaded.model, loaded.state
     images, truths = _border_images(np.random.default_rng(11), 64)
     distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 2, 1)), jax.devices()[:8])
     partitioned = _detect(model, state, config, distribution, images)

@@ -81,9 +81,16 @@ def padded_shape(shape: Sequence[int], multiples: Sequence[int]) -> tuple[int, .
     return tuple(int(math.ceil(s / m) * m) for s, m in zip(shape, multiples))
 
 
-def spatial_multiples(input_partition_dims: Sequence[int], downsampling_levels: int) -> tuple[int, ...]:
-    """What each spatial size must divide by: 2^levels (the UNet's poolings) times the parts it is split into."""
-    return tuple((2 ** downsampling_levels) * int(parts) for parts in input_partition_dims[1:-1])
+def spatial_multiples(input_partition_dims: Sequence[int], downsampling_levels: int | Sequence[int]
+                      ) -> tuple[int, ...]:
+    """What each spatial size must divide by: 2^levels (the model's downsamplings along it) times its parts.
+
+    >>> spatial_multiples((1, 4, 1, 1, 1), 3), spatial_multiples((1, 2, 2, 1, 1), (1, 2, 2))
+    ((32, 8, 8), (4, 8, 4))
+    """
+    spatial = input_partition_dims[1:-1]
+    levels = partitioning.per_axis(downsampling_levels, len(spatial))
+    return tuple((2**level) * int(parts) for level, parts in zip(levels, spatial))
 
 
 class VolumeTooLarge(ValueError):
@@ -103,16 +110,16 @@ class VolumePredictor:
     """Per-class probabilities of whole volumes, one partitioned forward pass each.
 
     Args:
-        model, state: the trained model and its weights (as `evaluate.load_trained` returns them).
+        model, state: the trained model and its weights (as `trained_run.load` returns them).
         partition: the partitioning to predict with (its replica count is 1: one volume at a time).
         devices: the devices to use (the first `partition.num_cores_per_replica` of them).
-        downsampling_levels: the model's poolings, for padding.
+        downsampling_levels: the model's downsamplings (one number, or one per spatial dimension), for padding.
         device_memory: bytes one device holds (None: as the accelerator's runtime says; no check on CPUs). Each
             padded shape is compiled ahead of time and its memory checked before anything runs.
     """
 
     def __init__(self, model, state: placement.TrainState, partition: partitioning.PartitionConfig, devices,
-                 downsampling_levels: int, device_memory: int | None = None):
+                 downsampling_levels: int | Sequence[int], device_memory: int | None = None):
         cores = partition.num_cores_per_replica
         partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(partition.input_partition_dims)}")
         self.partition = partition

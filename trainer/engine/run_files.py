@@ -6,24 +6,32 @@
     history.jsonl       one line per logged step (survives resumes)
     metrics.json        final loss, per-class Dice or COCO AP, timing, partitioning
     model.keras         the trained weights
+    model_source.py     a user's own network (`--model FILE.py:FUNCTION`): a copy of its file, which
+                        train_config.json names, so the run rebuilds it wherever it is read
 
-Every reader and writer of these files is here, so each has one rule.
+Every reader and writer of these files is here, so each has one rule; `trainer.trained_run` loads a run
+through them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import filecmp
 import json
 import math
 import os
+import shutil
 
 from common import file_writes
 from trainer import config as config_lib
+from trainer.models import user_model
 
 TRAIN_CONFIG = "train_config.json"
 MODEL_INFO = "model_info.json"
 HISTORY = "history.jsonl"
 METRICS = "metrics.json"
 MODEL = "model.keras"
+MODEL_SOURCE = "model_source.py"
 CHECKPOINTS = "checkpoints"
 
 
@@ -44,11 +52,18 @@ def _write_whole(file_path: str, write) -> None:
 
 
 def write_train_config(run_dir: str, config: config_lib.TrainConfig) -> None:
+    """Writes `train_config.json`; a user's network is copied in first (`MODEL_SOURCE`), and the config names the copy."""
+    if isinstance(config.model, user_model.UserModelConfig):
+        copy = path(run_dir, MODEL_SOURCE)
+        if not (os.path.exists(copy) and filecmp.cmp(config.model.file, copy, shallow=False)):
+            with file_writes.whole(copy, copy + ".tmp") as temporary:
+                shutil.copyfile(config.model.file, temporary)
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, file=MODEL_SOURCE))
     _write_json(path(run_dir, TRAIN_CONFIG), config_lib.to_dict(config))
 
 
 def read_train_config(run_dir: str) -> config_lib.TrainConfig:
-    """The `TrainConfig` a run was trained with.
+    """The `TrainConfig` a run was trained with; a user's network is read from the run's own copy of its file.
 
     Raises:
         FileNotFoundError: `run_dir` is not the output directory of `fullres train`.
@@ -57,7 +72,11 @@ def read_train_config(run_dir: str) -> config_lib.TrainConfig:
     if not os.path.exists(file_path):
         raise FileNotFoundError(f"{run_dir} has no {TRAIN_CONFIG}; pass the output directory of `fullres train`.")
     with open(file_path) as file:
-        return config_lib.from_dict(json.load(file))
+        config = config_lib.from_dict(json.load(file))
+    if isinstance(config.model, user_model.UserModelConfig):
+        copy = os.path.abspath(path(run_dir, MODEL_SOURCE))
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, file=copy))
+    return config
 
 
 def write_model_info(run_dir: str, task: str, image_shape, class_names: list[str] | None,

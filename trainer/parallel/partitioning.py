@@ -167,11 +167,51 @@ def validate_devices(config: PartitionConfig, num_devices: int) -> None:
         )
 
 
+def check_dims(config: PartitionConfig) -> None:
+    """The part of `validate` that needs no shapes: one entry per NHWC or NDHWC dimension, each at least 1, the batch
+    and channels whole, and labels (if split) split like the features.
+
+    Raises:
+        PartitionError: with a one-sentence message naming the problem and the fix.
+    """
+    if config.is_auto:
+        raise PartitionError("input_partition_dims is 'auto', which training resolves once the devices are known "
+                             "(memory_plan.choose_layout); pass the chosen dims here.")
+    dims = config.input_partition_dims
+    rank = len(dims)
+    names = DIMENSION_NAMES.get(rank)
+    if names is None:
+        raise PartitionError(
+            f"input_partition_dims {list(dims)} has {rank} entries; fullres partitions 4-D (batch, height, width, "
+            "channels) or 5-D (batch, depth, height, width, channels) inputs, e.g. [1, 4, 1, 1] or [1, 4, 1, 1, 1].")
+    if any(d < 1 for d in dims):
+        raise PartitionError(f"input_partition_dims {list(dims)} has an entry below 1; every entry must be >= 1.")
+    if dims[0] != 1:
+        raise PartitionError(
+            f"input_partition_dims[0] = {dims[0]} partitions the batch dimension; the batch is split over replicas "
+            "automatically, so set it to 1."
+        )
+    if dims[-1] != 1:
+        raise PartitionError(
+            f"input_partition_dims[{rank - 1}] = {dims[-1]} partitions the channels; only spatial dimensions can be "
+            "partitioned, so set it to 1."
+        )
+    if config.label_partition_dims is not None:
+        labels = config.label_partition_dims
+        spatial = dims[1:-1]
+        if tuple(labels[1 : 1 + len(spatial)]) != spatial or labels[0] != 1 or len(labels) not in (rank - 1, rank):
+            expected = [1, *spatial] if len(labels) == rank - 1 else list(dims)
+            raise PartitionError(
+                f"label_partition_dims {list(labels)} must split the labels like the features "
+                f"{list(dims)}; use {expected}, or None to keep labels whole within a replica."
+            )
+
+
 def validate(
     config: PartitionConfig,
     feature_shape: Sequence[int],
     num_devices: int,
-    downsampling_levels: int = 0,
+    downsampling_levels: int | Sequence[int] = 0,
     global_batch_size: int | None = None,
 ) -> None:
     """Refuses a configuration that cannot be partitioned, before anything compiles.
@@ -182,16 +222,17 @@ def validate(
             last, e.g. `(B, D, H, W, C)`; the batch entry is not used.
         num_devices: devices taking part (all replicas).
         downsampling_levels: how many times the model halves each spatial
-            dimension (a UNet with 4 resolution levels halves 3 times). Every
-            level's size must divide by that dimension's partition count.
+            dimension (a UNet with 4 resolution levels halves 3 times): one
+            number for every spatial dimension, or one per dimension (a user's
+            network, measured: `user_model.downsampling_levels`). Every level's
+            size must divide by that dimension's partition count.
         global_batch_size: if given, it must divide over the replicas.
 
     Raises:
         PartitionError: with a one-sentence message naming the problem and the fix.
     """
     if config.is_auto:
-        raise PartitionError("input_partition_dims is 'auto', which training resolves once the devices are known "
-                             "(memory_plan.choose_layout); pass the chosen dims here.")
+        check_dims(config)  # refuses "auto", which is no layout yet
     dims = config.input_partition_dims
     rank = len(feature_shape)
     names = DIMENSION_NAMES.get(rank)
@@ -207,18 +248,7 @@ def validate(
             f"input_partition_dims {list(dims)} has {len(dims)} entries but the features are {rank}-D "
             f"({', '.join(names)}); give one entry per dimension, e.g. {example}."
         )
-    if any(d < 1 for d in dims):
-        raise PartitionError(f"input_partition_dims {list(dims)} has an entry below 1; every entry must be >= 1.")
-    if dims[0] != 1:
-        raise PartitionError(
-            f"input_partition_dims[0] = {dims[0]} partitions the batch dimension; the batch is split over replicas "
-            "automatically, so set it to 1."
-        )
-    if dims[-1] != 1:
-        raise PartitionError(
-            f"input_partition_dims[{rank - 1}] = {dims[-1]} partitions the channels; only spatial dimensions can be "
-            "partitioned, so set it to 1."
-        )
+    check_dims(config)
     validate_devices(config, num_devices)
     cores = config.num_cores_per_replica
     replicas = num_devices // cores
@@ -227,24 +257,16 @@ def validate(
             f"global batch size {global_batch_size} does not divide over {replicas} replicas "
             f"({num_devices} devices / {cores} cores per replica); use a multiple of {replicas}."
         )
-    if config.label_partition_dims is not None:
-        labels = config.label_partition_dims
-        spatial = dims[1:-1]
-        if tuple(labels[1 : 1 + len(spatial)]) != spatial or labels[0] != 1 or len(labels) not in (rank - 1, rank):
-            expected = [1, *spatial] if len(labels) == rank - 1 else list(dims)
-            raise PartitionError(
-                f"label_partition_dims {list(labels)} must split the labels like the features "
-                f"{list(dims)}; use {expected}, or None to keep labels whole within a replica."
-            )
+    levels_per_axis = per_axis(downsampling_levels, rank - 2)
     for axis in range(1, rank - 1):
-        size, parts = feature_shape[axis], dims[axis]
-        multiple = parts * 2**downsampling_levels
+        size, parts, levels = feature_shape[axis], dims[axis], levels_per_axis[axis - 1]
+        multiple = parts * 2**levels
         if size % multiple == 0:
-            if parts == 2 and size // 2**downsampling_levels == 2:
+            if parts == 2 and size // 2**levels == 2:
                 # Measured (XLA in jax 0.10.2, CPU): a 3-wide convolution over a 2-voxel axis cut in 2 gathers the
                 # whole activation onto every device, and with a second split axis the gradients of that level's
                 # weights come out 4-8x too large (the forward pass and the loss are right).
-                level = f"resolution level {downsampling_levels + 1}" if downsampling_levels else "the input"
+                level = f"resolution level {levels + 1}" if levels else "the input"
                 raise PartitionError(
                     f"{names[axis]} {size} (input_partition_dims[{axis}] = 2) is 2 voxels at {level}, 1 on each "
                     f"of its 2 devices, where XLA gathers whole activations and can compute wrong gradients; use "
@@ -253,20 +275,35 @@ def validate(
             continue
         # Find the first resolution level at which the dimension stops working.
         level_size = size
-        for level in range(downsampling_levels + 1):
+        for level in range(levels + 1):
             if level_size % parts != 0:
                 reason = f"is {level_size}, which does not divide by {parts}"
                 break
-            if level < downsampling_levels and level_size % 2 != 0:
+            if level < levels and level_size % 2 != 0:
                 reason = f"is {level_size}, which cannot be halved"
                 break
             level_size //= 2
         where = "at the input" if level == 0 else f"at resolution level {level + 1} (after {level} downsampling{'s' if level > 1 else ''})"
         raise PartitionError(
             f"{names[axis]} {size} (input_partition_dims[{axis}] = {parts}) does not fit a model with "
-            f"{downsampling_levels} downsampling{'s' if downsampling_levels != 1 else ''}: {where} it {reason}; use {names[axis]} "
+            f"{levels} downsampling{'s' if levels != 1 else ''}: {where} it {reason}; use {names[axis]} "
             f"{_nearest_valid_sizes(size, multiple)}."
         )
+
+
+def per_axis(downsampling_levels: int | Sequence[int], spatial_dims: int) -> tuple[int, ...]:
+    """`downsampling_levels` as one number per spatial dimension (a single number holds for every one).
+
+    >>> per_axis(3, 3), per_axis((1, 2, 2), 3)
+    ((3, 3, 3), (1, 2, 2))
+    """
+    if isinstance(downsampling_levels, int):
+        return (downsampling_levels,) * spatial_dims
+    levels = tuple(int(n) for n in downsampling_levels)
+    if len(levels) != spatial_dims:
+        raise PartitionError(f"downsampling levels {list(levels)} name {len(levels)} dimensions, but the inputs have "
+                             f"{spatial_dims} spatial ones.")
+    return levels
 
 
 def build_mesh(config: PartitionConfig, devices: Sequence | None = None) -> keras.distribution.DeviceMesh:
@@ -295,21 +332,39 @@ def build_mesh(config: PartitionConfig, devices: Sequence | None = None) -> kera
 
 
 class SpatialParallel(keras.distribution.ModelParallel):
-    """A Keras distribution that replicates weights and splits data in space.
+    """A Keras distribution that replicates the weights and splits every input in space, as `input_partition_dims` says.
 
-    The batch dimension is split over the `replica` mesh axis and each
-    partitioned spatial dimension over its own mesh axis. Variables created in
-    `scope()` are replicated on the mesh (the layout map is empty).
+    Keras's own idiom: set it before the model is built, and `model.fit`,
+    `evaluate` and `predict` split each batch over the replicas and each example
+    over its replica's cores; XLA's SPMD partitioner then splits every layer and
+    inserts the halo exchange. fullres's own loop (`fullres train`) uses the same
+    distribution.
+
+    Args:
+        input_partition_dims: one integer per dimension of the feature tensor, channels last, e.g.
+            `[1, 4, 1, 1, 1]`: NDHWC split 4 ways along depth; their product is the cores per replica.
+        label_partition_dims: None keeps labels whole within a replica; dims split them like the features.
+        devices: the devices to use (all by default); devices / cores per replica is the number of replicas.
+
+    A batch of another rank than the features (sparse labels `(B, D, H, W)` in
+    `model.fit`) is laid out as labels (`get_label_layout`); anything else is
+    split over the replicas only.
 
     Example:
-        >>> config = PartitionConfig((1, 4, 1, 1, 1))
-        >>> distribution = make_distribution(config)  # with 8 devices: 2 replicas × 4 cores
+        >>> distribution = SpatialParallel([1, 4, 1, 1, 1])  # with 8 devices: 2 replicas × 4 cores
         >>> distribution.get_data_layout((2, 64, 32, 32, 1)).axes
         ('replica', 'depth', None, None, None)
+        >>> keras.distribution.set_distribution(distribution)  # model.fit now splits every volume 4 ways along depth
+        >>> keras.distribution.set_distribution(None)
     """
 
-    def __init__(self, config: PartitionConfig, device_mesh: keras.distribution.DeviceMesh):
-        super().__init__(layout_map=keras.distribution.LayoutMap(device_mesh), batch_dim_name=REPLICA_AXIS)
+    def __init__(self, input_partition_dims: Sequence[int], label_partition_dims: Sequence[int] | None = None,
+                 devices: Sequence | None = None):
+        config = PartitionConfig(tuple(input_partition_dims),
+                                 None if label_partition_dims is None else tuple(label_partition_dims))
+        check_dims(config)
+        super().__init__(layout_map=keras.distribution.LayoutMap(build_mesh(config, devices)),
+                         batch_dim_name=REPLICA_AXIS)
         self.config = config
 
     def _spatial_axes(self, dims: Sequence[int]) -> tuple:
@@ -322,12 +377,13 @@ class SpatialParallel(keras.distribution.ModelParallel):
         return tuple(axes)
 
     def get_data_layout(self, data_shape) -> keras.distribution.TensorLayout:
-        """Layout of a feature batch: batch over replicas, spatial dims over cores."""
-        if len(data_shape) != len(self.config.input_partition_dims):
-            raise PartitionError(
-                f"features of shape {tuple(data_shape)} do not match input_partition_dims "
-                f"{list(self.config.input_partition_dims)}."
-            )
+        """Layout of a feature batch: batch over replicas, spatial dims over cores (other ranks: see the class)."""
+        rank = len(self.config.input_partition_dims)
+        if len(data_shape) == rank - 1:
+            return self.get_label_layout(data_shape)
+        if len(data_shape) != rank:
+            return keras.distribution.TensorLayout((REPLICA_AXIS, *([None] * (len(data_shape) - 1))),
+                                                   self.device_mesh)
         return keras.distribution.TensorLayout(self._spatial_axes(self.config.input_partition_dims), self.device_mesh)
 
     def get_label_layout(self, label_shape) -> keras.distribution.TensorLayout:
@@ -349,4 +405,4 @@ class SpatialParallel(keras.distribution.ModelParallel):
 
 def make_distribution(config: PartitionConfig, devices: Sequence | None = None) -> SpatialParallel:
     """Builds the mesh and the distribution for `config` over `devices` (all by default)."""
-    return SpatialParallel(config, build_mesh(config, devices))
+    return SpatialParallel(config.input_partition_dims, config.label_partition_dims, devices)

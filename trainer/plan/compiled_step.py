@@ -7,12 +7,11 @@ shardings and compiled; `compiled.memory_analysis()` then gives the bytes each
 device needs, and the HLO text shows the communication (`communication`):
 `collective-permute` is halo exchange between neighbours, an `all-gather` of an
 activation is a layer the compiler could not partition (it costs a
-full-resolution copy on every device).
+full-resolution copy on every device; `gathers` names each by its layer).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -22,7 +21,9 @@ import numpy as np
 from common import parsing
 from trainer import config as config_lib
 from trainer.engine import placement, program
+from trainer.models import user_model
 from trainer.parallel import halo, partitioning
+from trainer.plan import gathers
 from trainer.tasks import registry
 
 
@@ -31,7 +32,7 @@ MODELS = ("unet3d", "unet2d", "retinanet")
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
 
 # `%name = f32[1,2,3]{...} collective-permute(` or the async `-start` form, whose result is a tuple.
-_INSTRUCTION = re.compile(r"=\s*\(?([a-z0-9]+)\[([0-9,]*)\][^ ]*\)?.*?\s(collective-permute|all-gather)(-start)?\(")
+_PERMUTE = re.compile(r"=\s*\(?([a-z0-9]+)\[([0-9,]*)\][^ ]*\)?.*?\scollective-permute(-start)?\(")
 
 def default_partition_dims(partitions: int, rank: int) -> tuple[int, ...]:
     """`[1, N, 1, 1(, 1)]`: the usual TPU convention, N-way along the first spatial dimension."""
@@ -39,49 +40,41 @@ def default_partition_dims(partitions: int, rank: int) -> tuple[int, ...]:
     dims[1] = partitions
     return tuple(dims)
 
-def communication(hlo_text: str, feature_rank: int, replica_batch: int) -> tuple[int, int]:
+def communication(hlo_text: str, replica_batch: int, weight_shapes=()) -> tuple[list[gathers.Gather], int]:
     """(activation all-gathers, halo bytes per device) in a compiled module's HLO text.
 
-    An all-gather counts as an activation's when its result has the feature
-    tensor's rank and the per-replica batch size in front (weights are
-    replicated and never gathered; gradients are all-reduced).
+    The gathers are `gathers.activation_gathers` (an all-gather whose result has the per-replica batch in front
+    and is no weight's shape), each with its Keras layer and bytes (`gathers.of_step` names them right where the
+    persistent cache served the program); the halo is every collective-permute's bytes.
     """
-    gathers, exchanged = 0, 0
-    for match in _INSTRUCTION.finditer(hlo_text):
-        dtype, dims, kind = match.group(1), match.group(2), match.group(3)
-        shape = parsing.parse_list(dims, int, "HLO shape") or ()
-        if kind == "collective-permute":
-            exchanged += math.prod(shape) * _DTYPE_BYTES.get(dtype, 4)
-        elif len(shape) == feature_rank and shape[0] == replica_batch:
-            gathers += 1
-    return gathers, exchanged
+    exchanged = 0
+    for match in _PERMUTE.finditer(hlo_text):
+        shape = parsing.parse_list(match.group(2), int, "HLO shape") or ()
+        exchanged += math.prod(shape) * _DTYPE_BYTES.get(match.group(1), 4)
+    return gathers.activation_gathers(hlo_text, replica_batch, weight_shapes), exchanged
 
 def plan_config(model: str | None = None, preset: str = "default", overrides: dict | None = None,
                 task: str | None = None) -> config_lib.TrainConfig:
     """The `TrainConfig` `fullres plan` sizes, through `config.resolve` like `fullres train`.
 
-    `model` is shorthand: "unet3d" / "unet2d" (segmentation, 3D or 2D UNet) or
-    "retinanet" (detection); None takes the task from `task`, else the preset's.
+    `model` is shorthand: "unet3d" / "unet2d" (segmentation, 3D or 2D UNet),
+    "retinanet" (detection), or a user's network as FILE.py:FUNCTION
+    (segmentation; `model.spatial_dims` says 2D or 3D); None takes the task
+    from `task`, else the preset's.
     """
-    if model is not None and model not in MODELS:
-        raise ValueError(f"--model {model!r} is not known; use one of {', '.join(MODELS)}.")
+    user = user_model.is_source(model)
+    if model is not None and model not in MODELS and not user:
+        raise ValueError(f"--model {model!r} is not known; use one of {', '.join(MODELS)}, or your own network as "
+                         f"{user_model.SOURCE_FORM} (e.g. --model nets/my_net.py:build).")
     if model is not None:
         task = "detection" if model == "retinanet" else "segmentation"
     elif task is None:
         task = config_lib.PRESETS[preset]().task if preset in config_lib.PRESETS else "segmentation"
     settings = dict(overrides or {})
-    if model in ("unet3d", "unet2d"):
-        spatial_dims = 3 if model == "unet3d" else 2
-        settings.setdefault("model.spatial_dims", spatial_dims)
+    if model in ("unet3d", "unet2d") or user:
+        spatial_dims = int(settings.setdefault("model.spatial_dims", 3 if model != "unet2d" else 2))
         settings.setdefault("partition.input_partition_dims", ",".join("1" * (spatial_dims + 2)))  # layouts replace it
-    return config_lib.resolve(task, preset, overrides=settings)
-
-def with_dims(config: config_lib.TrainConfig, dims: Sequence[int]) -> config_lib.TrainConfig:
-    """`config` split by `dims`; labels given as dims (split like the features) follow them."""
-    labels = config.partition.label_partition_dims
-    if labels is not None:
-        labels = tuple(dims) if len(labels) == len(dims) else (1, *dims[1:-1])
-    return dataclasses.replace(config, partition=partitioning.PartitionConfig(tuple(dims), labels))
+    return config_lib.resolve(task, preset, overrides=settings, model_source=model if user else None)
 
 def example_shape(config: config_lib.TrainConfig, spatial_size: Sequence[int] | None) -> tuple[int, ...]:
     """One example's shape, channels last, as the task trains on it: (D, H, W, 1) at `spatial_size`, or (H, W, 3)."""
@@ -109,25 +102,42 @@ class StepBuilder:
 
     def lower(self, dims: tuple[int, ...], devices):
         """Lowers the train step for `dims` on `devices`; returns (lowered, distribution)."""
-        import jax
-
-        config = with_dims(self.config, dims)
+        config = config_lib.with_dims(self.config, dims)
         partitioning.validate(config.partition, self.image_shape, len(devices), config.model.downsampling_levels,
                               config.batch_size)
         distribution = partitioning.make_distribution(config.partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape))
-        state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                                       self.state, placement.state_shardings(self.state, distribution))
-        images = jax.ShapeDtypeStruct(self.image_shape, np.float32,
-                                      sharding=distribution.get_data_layout(self.image_shape).backend_layout)
-        labels = self.task.label_spec(self.image_shape, distribution)
-        return train_step.lower(state, images, labels), distribution
+        return train_step.lower(*step_arguments(self.task, self.state, distribution, self.image_shape)), distribution
 
     def windows(self) -> list[halo.Window]:
         """The model's convolutions and pooling windows (traced once per config)."""
         if self._windows is None:
             self._windows = halo.windows(self.model, self.state, self.image_shape)
         return self._windows
+
+def step_arguments(task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
+    """What the train step is called with, as shapes laid out on the mesh (`jax.ShapeDtypeStruct`s): to lower it
+    ahead of time (`StepBuilder.lower`, and training's gather check) without any input."""
+    import jax
+
+    state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                                   state, placement.state_shardings(state, distribution))
+    images = jax.ShapeDtypeStruct(image_shape, np.float32,
+                                  sharding=distribution.get_data_layout(image_shape).backend_layout)
+    return state, images, task.label_spec(image_shape, distribution)
+
+
+def step_gathers(train_step, task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...]
+                 ) -> list[gathers.Gather]:
+    """The activation all-gathers of the jitted `train_step` (`program.jit_step`) as its compiler compiles it.
+
+    Training asks this before its first step; with JAX's persistent compilation cache (`trainer/__init__.py`) the
+    step's first call reads the program compiled here back instead of compiling it again.
+    """
+    lowered = train_step.lower(*step_arguments(task, state, distribution, image_shape))
+    replica_batch = image_shape[0] // distribution.num_replicas
+    return gathers.of_step(lowered, lowered.compile(), replica_batch, gathers.weight_shapes(state))
+
 
 def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
     """Lowers and compiles the training step `fullres train` runs for `config` on `devices`, without running it.

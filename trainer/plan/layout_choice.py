@@ -89,10 +89,12 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
         if kept:
             break
     else:
+        factors = [2**n for n in partitioning.per_axis(config.model.downsampling_levels, spatial)]
+        factor = str(factors[0]) if len(set(factors)) == 1 else f"({', '.join(map(str, factors))}, per axis)"
         raise partitioning.PartitionError(
             f"input_partition_dims auto: no split of {count} devices (nor of fewer cores per replica, with batch "
             f"{config.batch_size}) divides {list(shape[:-1])} at every resolution level; give the volume sides that "
-            f"divide by {2 ** config.model.downsampling_levels} × the parts, or set input_partition_dims explicitly.")
+            f"divide by {factor} × the parts, or set input_partition_dims explicitly.")
     log(f"input_partition_dims auto: compiling the {len(kept)} layout(s) of {cores} cores that divide "
         f"{list(shape[:-1])} ({len(pruned)} pruned) ...")
     result = layout_search.search(config, shape, [cores], devices=devices[:cores], efficiency=False, log=log)[0]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import halo, partitioning
-from trainer.plan import compiled_step, target_compile, targets
+from trainer.plan import compiled_step, gathers, target_compile, targets
 
 
 LAYOUT_CHOICES = ("default", "all")
@@ -51,6 +51,7 @@ class PlanRow:
     cpu_total_bytes: int | None = None  # on a target: the same layout's total on this machine's CPU
     estimate: dict | None = None  # on a target: `roofline.Estimate.to_json()`, an estimated step time
     cached: bool = False  # read from the plan cache (`target_compile.PlanCache`), not compiled now
+    gathered: tuple[tuple[str, int], ...] = ()  # (Keras layer, largest all-gathered activation, bytes per device)
 
     @property
     def halo_ratio(self) -> float | None:
@@ -68,7 +69,8 @@ class PlanRow:
         """A row back from `to_json` (e.g. from a benchmark's results)."""
         fields = {f.name for f in dataclasses.fields(cls)}
         row = {k: v for k, v in values.items() if k in fields}
-        return cls(**{**row, "input_partition_dims": tuple(row["input_partition_dims"])})
+        return cls(**{**row, "input_partition_dims": tuple(row["input_partition_dims"]),
+                      "gathered": tuple((layer, size) for layer, size in row.get("gathered", ()))})
 
 @dataclasses.dataclass(frozen=True)
 class Search:
@@ -146,17 +148,21 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
             return refused
     memory = compiled.memory_analysis()
     replica_batch = builder.config.batch_size // distribution.num_replicas
-    gathers, halo_bytes = compiled_step.communication(compiled.as_text(), len(dims), replica_batch)
+    found, halo_bytes = compiled_step.communication(compiled.as_text(), replica_batch,
+                                                    gathers.weight_shapes(builder.state))
+    if found and not compile_only:
+        found = gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(builder.state))
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
         - memory.alias_size_in_bytes
     bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
     costs = compiled.cost_analysis()
     costs = (costs[0] if isinstance(costs, (list, tuple)) and costs else costs) or {}
     row = PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
-                  None, gathers, halo_bytes, None if device_memory is None else total <= device_memory, bound,
+                  None, len(found), halo_bytes, None if device_memory is None else total <= device_memory, bound,
                   compile_seconds=round(time.perf_counter() - started, 2), flops=costs.get("flops"),
                   bytes_accessed=costs.get("bytes accessed"),
-                  compiler_seconds=costs.get("optimal_seconds") if compile_only else None)
+                  compiler_seconds=costs.get("optimal_seconds") if compile_only else None,
+                  gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)))
     if cache is not None:
         cache.store(key, row.to_json())
     return row

@@ -9,10 +9,13 @@ that into what the command prints.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 
 from common import sizes
+from trainer import config as config_lib
+from trainer.models import user_model
 from trainer.plan import compiled_step, launch, layout_search, target_compile, target_search, targets
 
 AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
@@ -75,6 +78,12 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
                          f"{sizes.human_bytes(r.temp_bytes):>12} {sizes.human_bytes(r.argument_bytes):>10} "
                          f"{sizes.human_bytes(r.total_bytes):>10}{more} "
                          f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8}  {fits}")
+        for r in result.rows:
+            if r.gathered:
+                layers = ", ".join(f"{layer or '(outside any layer)'} ({sizes.human_bytes(size)} per device)"
+                                   for layer, size in r.gathered)
+                lines.append(f"     N={result.partitions}: {','.join(map(str, r.input_partition_dims))} all-gathers "
+                             f"whole activations in {layers}; fullres train refuses it without --allow-gathers")
         for dims, cpu_bytes in result.over_estimate:
             lines.append(f"     N={result.partitions}: {','.join(map(str, dims))} not compiled for the target: its CPU "
                          f"figure, {sizes.human_bytes(cpu_bytes)} per device, already exceeds {device_memory}")
@@ -135,6 +144,11 @@ class Plan:
                 "not_compiled": [list(d) for result in self.results for d in result.not_compiled],
                 "launch": self.launch}
 
+    def __str__(self) -> str:
+        """The table `fullres plan` prints (`table`, then `launch_lines`)."""
+        budget = None if self.device_memory is None else sizes.human_bytes(self.device_memory)
+        return "\n".join([*table(self.results, self.header, budget), *launch_lines(self)])
+
 
 def launch_lines(plan: Plan) -> list[str]:
     """What the table ends with on a target: the layout to launch and the `fullres pipeline submit` parameters."""
@@ -146,7 +160,8 @@ def launch_lines(plan: Plan) -> list[str]:
              f"{found['hosts']} host(s), one process each"]
     if found["vertex"] is None:
         lines.append(found["not_on_vertex"])
-    lines.append("fullres pipeline submit ... " + " ".join(launch.param_lines(found["parameters"])))
+    model = [f"--model {found['model']}"] if found.get("model") else []
+    lines.append("fullres pipeline submit ... " + " ".join([*model, *launch.param_lines(found["parameters"])]))
     return lines
 
 
@@ -187,9 +202,11 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     settings = dict(settings or {})
     if image_size is not None and len(image_size) == 2:
         settings.setdefault("image_size", ",".join(map(str, image_size)))  # the detection canvas (2D UNets ignore it)
+    if image_size is not None and user_model.is_source(model):
+        settings.setdefault("model.spatial_dims", len(image_size))  # a user's network: 2D or 3D as the size says
     config = compiled_step.plan_config(model, preset, settings)
     if config.partition.is_auto:  # the layouts are what is being compared
-        config = compiled_step.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
+        config = config_lib.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
     shape = compiled_step.example_shape(config, image_size)
     if isinstance(layouts_to_try, tuple) and len(layouts_to_try) != len(shape) + 1:
         raise ValueError(f"--input-partition-dims {','.join(map(str, layouts_to_try))} has {len(layouts_to_try)} "
@@ -200,7 +217,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     started = time.perf_counter()
     if on.platform == "cpu":
         if isinstance(layouts_to_try, tuple):
-            config = compiled_step.with_dims(config, layouts_to_try)
+            config = config_lib.with_dims(config, layouts_to_try)
             row = layout_search.compile_layout(config, shape, on)
             results = [layout_search.Search(row.partitions, [dataclasses.replace(row, fits=None if limit is None
                                                                                  else row.total_bytes <= limit)],
@@ -221,7 +238,9 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         f" on {on.name} ({targets.hardware(on.kind)['device_kind']}, {sizes.human_bytes(limit)} per device), "
         f"that compiler's figures{', without cuDNN workspace' if on.platform == 'cuda' else ''}; step times are "
         f"roofline estimates;")
-    header = (f"{config.task} {type(config.model).__name__} {list(shape[:-1])}, batch {config.batch_size} per "
+    network = (os.path.basename(config.model.source) if isinstance(config.model, user_model.UserModelConfig)
+               else type(config.model).__name__)
+    header = (f"{config.task} {network} {list(shape[:-1])}, batch {config.batch_size} per "
               f"replica, {config.precision}{', remat' if config.remat else ''};{where} per device "
               f"({time.perf_counter() - started:.0f} s):")
     chosen = _chosen(results, limit) if on.platform != "cpu" else None
@@ -230,4 +249,6 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         found = launch.launch(on, chosen.input_partition_dims, config.batch_size, config.precision, preset,
                               {k: v for k, v in settings.items() if k not in ("precision", "batch_size",
                                                                              "partition.input_partition_dims")})
+        if isinstance(config.model, user_model.UserModelConfig):  # submit passes the network's file as it is
+            found["model"] = config.model.source
     return Plan(results, header, on.name, limit, found)

@@ -17,6 +17,7 @@ import SimpleITK as sitk
 from common import dead_letters, file_writes, identifiers, output_guard
 from preprocessing.ct import ct_io, ct_transforms, intensity, volume_discovery
 from preprocessing.records import dataset_files
+from trainer import config as config_lib, trained_run
 from trainer.engine import inference, run_files
 from trainer.parallel import partitioning
 from trainer.predict import outputs, scan_grid
@@ -33,7 +34,7 @@ class TooManyFailed(RuntimeError):
     """More than `--max-failed-fraction` of the scans failed; the others were still predicted and written."""
 
 
-def read_model_info(model_dir: str) -> dict:
+def checked_model_info(model_dir: str) -> dict:
     """The run's model_info.json, with its recorded preprocessing checked.
 
     Args:
@@ -50,7 +51,7 @@ def read_model_info(model_dir: str) -> dict:
         raise ModelRefused(f"--model {model_dir} is not a fullres run (it lacks model_info.json or model.keras); "
                            "pass the output directory of `fullres train`.")
     try:
-        info = run_files.read_model_info(model_dir)
+        info = trained_run.read_info(model_dir)
     except ValueError as error:  # "model_info.json cannot be read (...)"
         raise ModelRefused(f"--model {model_dir}: {error}; pass the output directory of a finished `fullres train`."
                            ) from None
@@ -122,7 +123,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs.
         TooManyFailed: more than `max_failed_fraction` of the scans are dead letters.
     """
-    info = read_model_info(model_dir)
+    info = checked_model_info(model_dir)
     if strict and not info.get("data_modality"):
         raise ModelRefused(f"--strict checks each scan against the modality the model was trained on, but "
                            f"{run_files.path(model_dir, run_files.MODEL_INFO)} does not record it; retrain the model "
@@ -148,20 +149,16 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
 
     import jax
 
-    from trainer import evaluate
-    from trainer.tasks import registry
-    from trainer.plan import compiled_step
-
-    config, _ = registry.restore(model_dir)
-    if input_partition_dims is not None:
-        config = compiled_step.with_dims(config, tuple(input_partition_dims))
+    run = trained_run.open_run(model_dir)
+    config = run.config if input_partition_dims is None else config_lib.with_dims(run.config, input_partition_dims)
     devices = jax.devices()
-    partitioning.require_devices(config.partition.num_cores_per_replica, len(devices),
+    cores = config.partition.num_cores_per_replica
+    partitioning.require_devices(cores, len(devices),
                                  f"input_partition_dims {list(config.partition.input_partition_dims)}",
                                  "pass --input-partition-dims with fewer parts")
-    _, task, model, state, _ = evaluate.load_trained(model_dir, devices, partition=config.partition)
-    predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels,
-                                          device_memory)
+    loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)  # one replica
+    predictor = inference.VolumePredictor(loaded.model, loaded.state, config.partition, devices,
+                                          config.model.downsampling_levels, device_memory)
     names = _class_names(info, config.model.num_classes)
     dims = ",".join(map(str, config.partition.input_partition_dims))
     if not info.get("data_modality"):

@@ -1,4 +1,5 @@
-"""Segmentation: a UNet on CT records; labels are class maps laid out like the images; scored with per-class Dice.
+"""Segmentation: a UNet (or the user's own network) on CT records; labels are class maps laid out like the images;
+scored with per-class Dice.
 
 Labels are split or whole within a replica, as `label_partition_dims` says.
 """
@@ -14,7 +15,7 @@ from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.data import augment, ct_input
 from trainer.engine import inference, placement
-from trainer.models import losses, unet
+from trainer.models import losses, unet, user_model
 from trainer.parallel import distributed, partitioning
 from trainer.tasks import metrics, report
 
@@ -82,6 +83,9 @@ class SegmentationTask:
         return dataset_files.read_data_modality(self.config.train_data)
 
     def build_model(self):
+        """fullres's UNet, or the user's network (`--model FILE.py:FUNCTION`: `user_model.build` checks it)."""
+        if isinstance(self.config.model, user_model.UserModelConfig):
+            return user_model.build(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
         return unet.build_unet(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
 
     def loss(self, logits, labels):
@@ -95,9 +99,12 @@ class SegmentationTask:
         spatial_size = spatial_size or (256,) * self.config.model.spatial_dims
         if len(spatial_size) != self.config.model.spatial_dims:
             dims = self.config.model.spatial_dims
-            raise ValueError(f"--image-size needs {dims} sizes for a {dims}D UNet, got {list(spatial_size)}; write it "
-                             f"like --image-size {','.join(['256'] * dims)} ({'D,H,W' if dims == 3 else 'H,W'}), or "
-                             f"size a {5 - dims}D UNet with --model unet{5 - dims}d.")
+            user = isinstance(self.config.model, user_model.UserModelConfig)
+            name, other = ("network", f"--set model.spatial_dims={5 - dims}") if user else ("UNet",
+                                                                                            f"--model unet{5 - dims}d")
+            raise ValueError(f"--image-size needs {dims} sizes for a {dims}D {name}, got {list(spatial_size)}; write "
+                             f"it like --image-size {','.join(['256'] * dims)} ({'D,H,W' if dims == 3 else 'H,W'}), "
+                             f"or size a {5 - dims}D {name} with {other}.")
         return (*spatial_size, self.config.model.in_channels)
 
     def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):

@@ -17,7 +17,7 @@ from trainer.engine import placement, step
 from trainer.models import losses
 from trainer.parallel import partitioning
 from common import sizes
-from trainer.plan import compiled_step, layout_search
+from trainer.plan import compiled_step, gathers, layout_search
 
 SMALL_RETINANET = {"model.stackwise_num_blocks": "1,1,1,1", "model.stackwise_num_filters": "64,32,32,32",
                    "model.head_filters": 32, "model.head_conv_layers": 2, "image_size": "256,256"}
@@ -61,14 +61,15 @@ def test_all_gather_of_an_activation_is_counted():
         return jax.lax.with_sharding_constraint(x * 2, NamedSharding(mesh, PartitionSpec())) + 1
 
     compiled = jax.jit(gather, in_shardings=split).lower(jnp.zeros((1, 16, 8, 8, 4))).compile()
-    assert compiled_step.communication(compiled.as_text(), feature_rank=5, replica_batch=1)[0] >= 1
+    found, _ = compiled_step.communication(compiled.as_text(), replica_batch=1)
+    assert [(g.shape, g.bytes, g.layer) for g in found] == [((1, 16, 8, 8, 4), 16 * 8 * 8 * 4 * 4, "")]
 
 
 def test_transposed_convolution_gradient_is_caught():
     """The layer the UNet no longer uses: its partitioned gradient gathers the activation."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((None, None, None, 4))
-    outputs = keras.layers.Conv3D(3, 1)(keras.layers.Conv3DTranspose(4, 2, strides=2)(inputs))
+    outputs = keras.layers.Conv3D(3, 1)(keras.layers.Conv3DTranspose(4, 2, strides=2, name="upsampling")(inputs))
     model = keras.Model(inputs, outputs)
     state = placement.initial_state(model, keras.optimizers.SGD(0.1))
     distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices()[:4])
@@ -76,8 +77,11 @@ def test_transposed_convolution_gradient_is_caught():
     images, labels = placement.place_batch(distribution, np.zeros((1, 16, 8, 8, 4), np.float32), np.zeros((1, 32, 16, 16), np.int32))
     function = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy),
                        in_shardings=(placement.state_shardings(placed, distribution), images.sharding, labels.sharding))
-    text = function.lower(placed, images, labels).compile().as_text()
-    assert compiled_step.communication(text, feature_rank=5, replica_batch=1)[0] >= 1
+    lowered = function.lower(placed, images, labels)
+    compiled = lowered.compile()
+    assert compiled_step.communication(compiled.as_text(), replica_batch=1)[0]
+    # Named by the layer whose gradient gathers (from a fresh compile: a cached program may carry another's names).
+    assert {g.layer for g in gathers.of_step(lowered, compiled, replica_batch=1)} == {"upsampling"}
 
 
 @pytest.mark.parametrize("text, expected", [("16GiB", 16 * 2**30), ("32 GB", 32 * 10**9), ("512MiB", 512 * 2**20),

@@ -40,7 +40,7 @@ def test_segmentation_task_records_the_preprocessing_of_its_training_data(tmp_pa
 def test_a_run_with_its_preprocessing_is_accepted(tmp_path):
     recorded = ct_transforms.preprocessing_record(ct_transforms.CtPreprocessConfig(spacing=(1.0, 1.0, 2.0)))
     run = _run_dir(tmp_path, {"task": "segmentation", "image_shape": [16, 16, 16, 1], "preprocessing": recorded})
-    assert predict.read_model_info(run)["preprocessing"]["spacing"] == [1.0, 1.0, 2.0]
+    assert predict.checked_model_info(run)["preprocessing"]["spacing"] == [1.0, 1.0, 2.0]
 
 
 @pytest.mark.parametrize("info, words", [
@@ -54,7 +54,7 @@ def test_a_run_with_its_preprocessing_is_accepted(tmp_path):
 def test_a_run_predict_cannot_use_is_refused_in_one_sentence(tmp_path, info, words):
     run = _run_dir(tmp_path, info)
     with pytest.raises(predict.ModelRefused) as refused:
-        predict.read_model_info(run)
+        predict.checked_model_info(run)
     message = str(refused.value)
     assert words in message and run in message
     assert message.count(". ") == 0 and message.endswith(".")

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from trainer import config as config_lib
+from trainer import config as config_lib, trained_run
 from trainer.tasks import registry
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -21,7 +21,7 @@ def test_segmentation_report_names_default_to_background_and_numbered_classes():
 
 def test_a_folder_without_a_trained_model_is_named():
     with pytest.raises(FileNotFoundError, match="has no train_config.json; pass the output directory of `fullres train`"):
-        registry.restore("/nowhere")
+        trained_run.open_run("/nowhere")
 
 
 # Where the config is resolved from a task name (its default preset, its label map, which flags apply): only

@@ -1,0 +1,73 @@
+"""Networks a user might write, none of them fullres's: what `--model FILE.py:FUNCTION` and `fullres.train` take.
+
+Each function takes `num_classes` and `in_channels` and returns an uncompiled Keras model with channels-last
+inputs and `num_classes` logits at the input's resolution. Self-contained on purpose (Keras and KerasHub only):
+the run keeps a copy of this one file.
+"""
+
+import keras
+from keras import layers
+
+
+def _residual_block(x, filters: int, stride: int):
+    """Two 3×3×3 convolutions with GroupNorm; the first strided (downsampling), the shortcut a strided 1×1×1."""
+    shortcut = x if stride == 1 and x.shape[-1] == filters else layers.Conv3D(filters, 1, strides=stride)(x)
+    y = layers.Conv3D(filters, 3, strides=stride, padding="same")(x)
+    y = layers.Activation("relu")(layers.GroupNormalization(groups=4)(y))
+    y = layers.GroupNormalization(groups=4)(layers.Conv3D(filters, 3, padding="same")(y))
+    return layers.Activation("relu")(layers.Add()([shortcut, y]))
+
+
+def residual_groupnorm(num_classes=3, in_channels=1):
+    """3D residual network: GroupNorm, strided-convolution downsampling (/4), nearest upsampling, a skip."""
+    inputs = keras.Input((None, None, None, in_channels))
+    full = _residual_block(layers.Conv3D(8, 3, padding="same")(inputs), 8, 1)
+    coarse = _residual_block(_residual_block(full, 8, 2), 16, 2)  # (D/4, H/4, W/4, 16)
+    x = layers.Concatenate()([full, layers.UpSampling3D(4)(coarse)])
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="residual_groupnorm")
+
+
+def transposed_upsampling(num_classes=3, in_channels=1):
+    """3D encoder-decoder that upsamples with `Conv3DTranspose` (whose gradient XLA all-gathers when split)."""
+    inputs = keras.Input((None, None, None, in_channels))
+    full = layers.Conv3D(8, 3, padding="same", activation="relu")(inputs)
+    half = layers.Conv3D(16, 3, strides=2, padding="same", activation="relu")(full)
+    up = layers.Conv3DTranspose(8, 2, strides=2, name="upsampling")(half)
+    x = layers.Conv3D(8, 3, padding="same", activation="relu")(layers.Concatenate()([full, up]))
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="transposed_upsampling")
+
+
+def hub_backbone(num_classes=3, in_channels=1):
+    """2D network on a KerasHub ResNet built from its config (no weights downloaded): /8, then upsampled back."""
+    import keras_hub
+
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[3], stackwise_num_filters=[64, 16],
+        stackwise_num_blocks=[1, 1], stackwise_num_strides=[1, 2], block_type="basic_block",
+        use_pre_activation=False, image_shape=(None, None, in_channels))
+    inputs = keras.Input((None, None, in_channels))
+    x = layers.UpSampling2D(8, interpolation="bilinear")(backbone(inputs))
+    x = layers.Conv2D(8, 3, padding="same", activation="relu")(layers.Concatenate()([inputs, x]))
+    return keras.Model(inputs, layers.Conv2D(num_classes, 1)(x), name="hub_backbone")
+
+
+def flattening(num_classes=3, in_channels=1):
+    """A 16³ network that mixes its whole (pooled) volume through a Dense layer over the flattened activation: split
+    in space, `global_mixing` all-gathers the flattened activation onto every device."""
+    inputs = keras.Input((16, 16, 16, in_channels))
+    x = layers.Conv3D(4, 3, padding="same", activation="relu")(inputs)
+    pooled = layers.Flatten(name="flatten")(layers.AveragePooling3D(4)(x))  # (B, 4·4·4·4)
+    mixed = layers.Reshape((4, 4, 4, 4))(layers.Dense(4 * 4 * 4 * 4, name="global_mixing")(pooled))
+    x = layers.Concatenate()([x, layers.UpSampling3D(4)(mixed)])
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="flattening")
+
+
+def not_a_model(num_classes=3, in_channels=1):
+    """Returns the layer, not a model."""
+    return layers.Conv3D(num_classes, 1)
+
+
+def wrong_resolution(num_classes=3, in_channels=1):
+    """Logits at half the input's resolution."""
+    inputs = keras.Input((None, None, None, in_channels))
+    return keras.Model(inputs, layers.Conv3D(num_classes, 2, strides=2)(inputs))
