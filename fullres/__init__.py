@@ -2,7 +2,7 @@
 
 Three names, in Keras's own idiom:
 
-* `SpatialParallel(input_partition_dims)`: a `keras.distribution.Distribution`. Set it with
+* `SpatialParallel(input_partition_dims)`: a Keras distribution (`keras.distribution.ModelParallel`). Set it with
   `keras.distribution.set_distribution(...)` before the model is built, and `model.fit` splits each batch over
   the replicas and each example over its replica's cores (`[1, 4, 1, 1, 1]`: every volume in 4 along depth, as
   Cloud TPU's `input_partition_dims`); XLA's SPMD partitioner exchanges the borders.

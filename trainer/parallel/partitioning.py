@@ -297,12 +297,9 @@ def per_axis(downsampling_levels: int | Sequence[int], spatial_dims: int) -> tup
     >>> per_axis(3, 3), per_axis((1, 2, 2), 3)
     ((3, 3, 3), (1, 2, 2))
     """
-    if isinstance(downsampling_levels, int):
-        return (downsampling_levels,) * spatial_dims
-    levels = tuple(int(n) for n in downsampling_levels)
+    levels = (downsampling_levels,) * spatial_dims if isinstance(downsampling_levels, int) else tuple(downsampling_levels)
     if len(levels) != spatial_dims:
-        raise PartitionError(f"downsampling levels {list(levels)} name {len(levels)} dimensions, but the inputs have "
-                             f"{spatial_dims} spatial ones.")
+        raise PartitionError(f"downsampling levels {list(levels)} name {len(levels)} axes; the inputs have {spatial_dims}.")
     return levels
 
 
@@ -319,14 +316,9 @@ def build_mesh(config: PartitionConfig, devices: Sequence | None = None) -> kera
     """
     if devices is None:
         devices = keras.distribution.list_devices()
-    cores = config.num_cores_per_replica
-    if len(devices) % cores != 0:
-        raise PartitionError(
-            f"input_partition_dims {list(config.input_partition_dims)} asks for {cores} cores per replica, which "
-            f"does not divide the {len(devices)} devices present."
-        )
+    validate_devices(config, len(devices))
     axes = config.partitioned_axes
-    shape = (len(devices) // cores, *(parts for _, parts in axes))
+    shape = (len(devices) // config.num_cores_per_replica, *(parts for _, parts in axes))
     names = (REPLICA_AXIS, *(name for name, _ in axes))
     return keras.distribution.DeviceMesh(shape=shape, axis_names=names, devices=list(devices))
 
@@ -334,11 +326,10 @@ def build_mesh(config: PartitionConfig, devices: Sequence | None = None) -> kera
 class SpatialParallel(keras.distribution.ModelParallel):
     """A Keras distribution that replicates the weights and splits every input in space, as `input_partition_dims` says.
 
-    Keras's own idiom: set it before the model is built, and `model.fit`,
-    `evaluate` and `predict` split each batch over the replicas and each example
-    over its replica's cores; XLA's SPMD partitioner then splits every layer and
-    inserts the halo exchange. fullres's own loop (`fullres train`) uses the same
-    distribution.
+    Keras's own idiom: set it before the model is built, and `model.fit` (and
+    `evaluate`, `predict`) split each batch over the replicas and each example
+    over its replica's cores; XLA splits every layer and exchanges the halos.
+    `fullres train` uses the same distribution.
 
     Args:
         input_partition_dims: one integer per dimension of the feature tensor, channels last, e.g.
@@ -346,9 +337,7 @@ class SpatialParallel(keras.distribution.ModelParallel):
         label_partition_dims: None keeps labels whole within a replica; dims split them like the features.
         devices: the devices to use (all by default); devices / cores per replica is the number of replicas.
 
-    A batch of another rank than the features (sparse labels `(B, D, H, W)` in
-    `model.fit`) is laid out as labels (`get_label_layout`); anything else is
-    split over the replicas only.
+    Sparse labels (a rank less, `(B, D, H, W)`) are laid out as labels; other ranks over the replicas only.
 
     Example:
         >>> distribution = SpatialParallel([1, 4, 1, 1, 1])  # with 8 devices: 2 replicas × 4 cores
