@@ -107,6 +107,24 @@ def test_train_component_accepts_auto_partitioning():
     assert config.partition.is_auto  # resolved by training once the devices are known
 
 
+def test_train_component_builds_the_users_network_from_its_text():
+    """`model_code` (the file's text, as `fullres pipeline run --model` passes it) becomes a file of the step's own."""
+    from components import runtime
+
+    code = "import keras\n\ndef build(num_classes, in_channels):\n    return None\n"
+    source = runtime.model_source(code, "build")
+    file, _, function = source.rpartition(":")
+    assert function == "build" and open(file).read() == code
+    config = runtime.train_config(task="segmentation", preset="smoke", train_data="data/data-*", output_dir="model",
+                                  steps=0, batch_size=0, learning_rate=0.0, input_partition_dims="", precision="",
+                                  overrides={"model.num_classes": 4}, model_source=source)
+    assert (config.model.file, config.model.function, config.model.num_classes) == (file, "build", 4)
+    assert runtime.model_source("", "") is None  # the task's own model
+    with pytest.raises(ValueError, match=r"^model_code \(the text of your network's Python file\) and "
+                                         r"model_function .* go together; pass both"):
+        runtime.model_source(code, "")
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_evaluate_scores_and_reports(runner, trained, ct_datasets):

@@ -347,3 +347,23 @@ def test_disk_full_while_exporting_leaves_no_cut_short_model(demo_data, tmp_path
     assert "run/checkpoints/00000002/_CHECKPOINT_METADATA" in left  # the run can be resumed once there is room
     assert not [name for name in left if name.startswith("run/" + unwritten)], left
     assert not [name for name in left if ".tmp" in name or "fullres-partial" in name or left[name] == "0"], left
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pipeline", "detection", "--model", "nets/net.py:build"],
+     "--model nets/net.py:build applies to the ct-segmentation pipeline; the detection pipeline trains fullres's "
+     "RetinaNet."),
+    (["--model", "nets/missing.py:build"], "--model nets/missing.py:build: nets/missing.py does not exist; pass the "
+                                          "Python file that defines build."),
+    (["--model", "nets/net.py"], "--model 'nets/net.py' is not FILE.py:FUNCTION"),
+])
+def test_pipeline_run_refuses_a_network_it_cannot_pass_in_one_sentence(tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(tmp_path / "root"),
+                                          *args])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert not (tmp_path / "root").exists()
