@@ -73,7 +73,7 @@ RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
     && export UV_DEFAULT_INDEX="$INDEX_URL" \
     && uv sync --locked --no-dev --no-editable --inexact \
-    && python -c "import keras, trainer, kfp, jax, apache_beam, components, pipelines; print('fullres image, JAX', jax.__version__, 'Keras backend', keras.backend.backend())"
+    && python -c "import keras, trainer, kfp, jax, apache_beam, components, pipelines, fullres; print('fullres image, JAX', jax.__version__, 'Keras backend', keras.backend.backend())"
 
 # KFP runs each component's own command (python3 -m kfp.dsl.executor_main ...) with this PATH;
 # as a plain container it is the fullres CLI.
