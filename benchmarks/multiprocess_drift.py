@@ -34,7 +34,7 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     import keras
     import numpy as np
 
-    from tests.trainer import multiprocess_parity_worker as worker
+    from tests.trainer.parallel import multiprocess_parity_worker as worker
     from trainer.engine import placement, step
     from trainer.models import losses, unet
     from trainer.parallel import partitioning
@@ -49,12 +49,13 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     placed = placement.place_batch(distribution, images[rows], labels[rows], batch_size=images.shape[0], rows=rows)
     shardings = (placement.state_shardings(state, distribution), placed[0].sharding, placed[1].sharding)
     grads_of = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy), in_shardings=shardings)
-    train_step = jax.jit(step.make_train_step(model, optimizer, losses.dice_cross_entropy), in_shardings=shardings)
+    train_step = jax.jit(step.make_train_step(model, optimizer, losses.dice_cross_entropy),
+                         in_shardings=(*shardings, None))  # the step number: unused without `prepare`
     saved = {}
     for number in range(steps):
         _, grads, _ = grads_of(state, *placed)
         saved.update({f"grad{number:03d}_{i:03d}": np.asarray(g) for i, g in enumerate(grads)})
-        state, _ = train_step(state, *placed)
+        state, _ = train_step(state, *placed, np.int32(number))
         saved.update({f"weight{number:03d}_{i:03d}": np.asarray(w) for i, w in enumerate(state.trainable)})
     if jax.process_index() == 0:
         np.savez(output, **saved)

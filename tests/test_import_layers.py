@@ -25,6 +25,7 @@ LAYERS = (
     "preprocessing.cli",
     "trainer.parallel",
     "trainer.models",
+    "trainer.augment",
     "trainer.config",
     "trainer.data",
     "trainer.engine",

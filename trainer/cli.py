@@ -97,7 +97,8 @@ def train(
     normalization: Annotated[str | None, typer.Option(help="instance, group, batch or none.")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps.")] = None,
     log_every: Annotated[int | None, typer.Option(help="Log the loss every N steps.")] = None,
-    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: random flips along every axis. Detection: scale jitter and left-right flips.")] = None,
+    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: random flips along every axis, on the accelerator. Detection: scale jitter and left-right flips.")] = None,
+    input_cache: Annotated[str | None, typer.Option(help="Segmentation: keep this process's share of the decoded training data in memory after its first read: auto (when it fits half the memory available; the log says which was chosen and why), on or off.")] = None,
     image_size: Annotated[str | None, typer.Option(help="Detection: the H,W canvas every image is fitted to, e.g. 2560,2560.")] = None,
     max_boxes: Annotated[int | None, typer.Option(help="Detection: boxes kept per training image.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for weights, data order and augmentation.")] = None,
@@ -169,6 +170,7 @@ def train(
             "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
             "warmup_steps": warmup_steps, "schedule": schedule, "precision": precision, "remat": remat,
             "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment, "seed": seed,
+            "input_cache": input_cache,
             "image_size": size, "max_boxes": max_boxes, "model.num_classes": num_classes, "allow_gathers": allow_gathers,
             "partition.input_partition_dims": input_partition_dims,
             "partition.label_partition_dims": label_partition_dims,
@@ -207,6 +209,7 @@ def plan(
     max_minutes: Annotated[float | None, typer.Option(help="On a TPU or GPU target: start no compile for it after this many minutes (the layouts left are listed).")] = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="On a target: reuse figures the same compiler gave for the same step before ($FULLRES_PLAN_CACHE, default ~/.cache/fullres/target-plans).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print the plan as JSON: rows (input_partition_dims, rank, halo bound, estimated step time), refusals, and on a target what to launch (`launch.parameters`, which `fullres pipeline submit --plan` reads).")] = False,
+    data: Annotated[str | None, typer.Option("--data", help="Your training records (a data set folder or a pattern of its records): measure how fast this host reads one process's share of them for the chosen layout, beside the step's estimate on a --target, and say whether the input keeps up.")] = None,
 ) -> None:
     """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles.
 
@@ -248,10 +251,11 @@ def plan(
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
             image_size=size, partitions=counts, layouts_to_try=dims or layouts, device_memory=device_memory,
-            target=target, max_minutes=max_minutes, use_cache=cache, log=lambda line: typer.echo(line, err=True))
+            target=target, max_minutes=max_minutes, use_cache=cache, data=data,
+            log=lambda line: typer.echo(line, err=True))
         memory = targets.memory_per_device(targets.parse(target))  # a target's own, unless --device-memory says
         budget = device_memory or (sizes.human_bytes(memory) if memory else None)
-    except (ValueError, targets.MissingCompiler) as error:
+    except (ValueError, FileNotFoundError, targets.MissingCompiler) as error:
         console.fail(str(error))
     if json_output:
         typer.echo(json.dumps(plan.to_json(), indent=2))

@@ -14,6 +14,7 @@ from trainer.parallel import partitioning
 PRECISIONS = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "constant")
 TASKS = ("segmentation", "detection")
+INPUT_CACHE = ("auto", "on", "off")  # trainer.data.ct_input.choose_cache
 MODEL_TYPES = {"segmentation": unet.UNetConfig, "detection": retinanet.RetinaNetConfig}
 
 
@@ -46,8 +47,10 @@ class TrainConfig:
         checkpoint_every: save a checkpoint every this many steps (and at the end).
         keep_checkpoints: how many recent checkpoints to keep.
         log_every: log the loss every this many steps.
-        augment: segmentation: random flips along every spatial axis; detection:
-            scale jitter, random placement and left-right flips.
+        augment: segmentation: random flips along every spatial axis, on the accelerator inside the step;
+            detection: scale jitter, random placement and left-right flips, in the input pipeline.
+        input_cache: segmentation: keep this process's share of the decoded training data in host memory after
+            its first read: "auto" (when it fits half the memory available), "on" or "off".
         image_size: detection only: the (H, W) canvas every image is fitted to.
         max_boxes: detection only: boxes kept per training image.
         seed: seeds weights, data order and augmentation.
@@ -78,6 +81,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every: int = 10
     augment: bool = True
+    input_cache: str = "auto"
     seed: int = 0
     image_size: tuple[int, int] = (256, 256)
     max_boxes: int = 100
@@ -114,6 +118,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.checkpoint_every must be >= 1, got {self.checkpoint_every}.")
         if self.keep_checkpoints < 1:
             raise ValueError(f"TrainConfig.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
+        if self.input_cache not in INPUT_CACHE:
+            raise ValueError(f"TrainConfig.input_cache must be one of {INPUT_CACHE}, got {self.input_cache!r}.")
         if self.log_every < 1:
             raise ValueError(f"TrainConfig.log_every must be >= 1, got {self.log_every}.")
         expected_rank = self.model.spatial_dims + 2

@@ -22,6 +22,7 @@ resumed state), `_loop` (the steps, logging, checkpoints, preemption) and
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -110,6 +111,9 @@ class _Run:
     checkpointer: checkpoints.Checkpointer
     history: list[dict]
     is_chief: bool
+    input_wait_seconds: float = 0.0  # the loop's time waiting for its next batch, after the first step (the compile)
+    input_wait_fraction: float = 0.0  # of the run's time after the first step
+    input_cache: str | None = None  # the input cache's decision, in words
 
 
 def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool) -> dict:
@@ -134,7 +138,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     import keras
 
     task = registry.make_task(config)
-    num_examples = ct_input.count_examples(config.train_data)
+    num_examples = task.num_examples()
     total_steps = config.steps
     if config.epochs is not None:
         total_steps = config.epochs * math.ceil(num_examples / config.batch_size)
@@ -209,19 +213,34 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
     log(f"each device holds a {tuple(image_sharding.shard_shape(tuple(image_shape)))} shard of every {tuple(image_shape)} "
         f"batch (input_partition_dims {','.join(map(str, config.partition.input_partition_dims))})")
-    rows = placement.process_rows(image_sharding, image_shape) if jax.process_count() > 1 else None
-    batches = task.batches(run.start_step, rows, log)
+    share = placement.process_share(image_sharding, image_shape) if jax.process_count() > 1 else None
+    if share is not None and share.depth is not None:
+        log(f"process {jax.process_index()} reads depths {share.depth[0]}-{share.depth[1] - 1} of rows "
+            f"{','.join(map(str, share.rows))} of every batch")
+    batches = task.batches(run.start_step, share, log)
     state, history = run.state, run.history
+    in_flight = collections.deque()  # (host batch, its step's metrics): its buffer is reused once the step is done
 
     started = time.perf_counter()
-    window_start, window_steps = started, 0
+    window, compiled_at = _Window(started), None
     for step_number in range(run.start_step, run.total_steps):
-        images, labels = next(batches)
-        placed_images = placement.place_batch(distribution, images, batch_size=config.batch_size, rows=rows)
-        state, step_metrics = train_step(state, placed_images, task.place_labels(distribution, labels, rows))
+        waiting = time.perf_counter()
+        batch = next(batches)
+        waited_now = time.perf_counter() - waiting
+        window.input_wait += waited_now
+        if compiled_at is not None:
+            run.input_wait_seconds += waited_now
+        inputs, labels = task.place(distribution, batch, share)
+        state, step_metrics = train_step(state, inputs, labels, np.int32(step_number))
+        compiled_at = compiled_at or time.perf_counter()  # the run's input wait is judged after the compile
+        in_flight.append((batch, step_metrics))
+        while len(in_flight) > 1:  # at most this step and the next in flight; the one before is done with its input
+            done_batch, done_metrics = in_flight.popleft()
+            jax.block_until_ready(done_metrics)
+            done_batch.release()
         done = step_number + 1
         preempted = distributed.preemption_reached(done)  # the same step on every process
-        window_steps += 1
+        window.steps += 1
         if done % config.log_every == 0 or done == run.total_steps:
             loss = float(step_metrics["loss"])
             if not math.isfinite(loss):
@@ -229,17 +248,18 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
                     f"the loss became {loss} at step {done}; lower the learning rate (now {config.learning_rate}) "
                     "or use precision float32."
                 )
-            now = time.perf_counter()
-            rate = window_steps / (now - window_start)
-            window_start, window_steps = now, 0
+            rate, waited = window.close(time.perf_counter())
             learning_rate = float(run.schedule(step_number))
-            history.append({"step": done, "loss": loss, "learning_rate": learning_rate})
-            log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s")
+            history.append({"step": done, "loss": loss, "learning_rate": learning_rate,
+                            "input_wait": round(waited, 4)})
+            log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
+                f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
             if writer is not None:
                 with writer.as_default(step=done):
                     tf.summary.scalar("loss", loss)
                     tf.summary.scalar("learning_rate", learning_rate)
                     tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
+                    tf.summary.scalar("input_wait_fraction", waited)
         if preempted or done % config.checkpoint_every == 0 or done == run.total_steps:
             if run.is_chief:
                 # History first: a run killed between the two resumes from the older checkpoint and drops the
@@ -250,9 +270,48 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
             run.checkpointer.close()
             log(f"preemption notice: stopped after step {done}, checkpoint written")
             raise distributed.Preempted(done)
+    for done_batch, done_metrics in in_flight:
+        jax.block_until_ready(done_metrics)
+        done_batch.release()
     run.checkpointer.close()
+    run.input_cache = getattr(batches, "cache_reason", None)
+    if hasattr(batches, "close"):
+        batches.close()
     run.state = state
-    return time.perf_counter() - started
+    finished = time.perf_counter()
+    run.input_wait_fraction = run.input_wait_seconds / (finished - compiled_at) if compiled_at else 0.0
+    return finished - started
+
+
+INPUT_BOUND = 0.5  # a logging window that waited for input this much of its time is input-bound
+
+
+def _input_bound_note(waited: float, batches) -> str:
+    """', input-bound: ...' with what would help, when the window waited for input `INPUT_BOUND` of its time."""
+    if waited < INPUT_BOUND:
+        return ""
+    helps = ["more host cores"]
+    if getattr(batches, "cached", True) is False:
+        helps.append("the input cache (--input-cache on, if the data set fits in memory)")
+    if getattr(getattr(batches, "records", None), "compressed", False):
+        helps.append("uncompressed records (fullres preprocess without --compress)")
+    return f" (input-bound: the accelerators waited for input; {', or '.join(helps)} would help)"
+
+
+@dataclasses.dataclass
+class _Window:
+    """One logging window: its start, steps, and the seconds the loop waited for input in it."""
+
+    start: float
+    steps: int = 0
+    input_wait: float = 0.0
+
+    def close(self, now: float) -> tuple[float, float]:
+        """(steps per second, fraction of the window spent waiting for input); starts the next window."""
+        seconds = max(now - self.start, 1e-9)
+        result = (self.steps / seconds, min(1.0, self.input_wait / seconds))
+        self.start, self.steps, self.input_wait = now, 0, 0.0
+        return result
 
 
 def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, log: Callable[[str], None]) -> dict:
@@ -270,6 +329,9 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         "loss_history": [[e["step"], e["loss"]] for e in history],
         "train_seconds": round(train_seconds, 3),
         "steps_per_second": round((run.total_steps - run.start_step) / train_seconds, 4) if train_seconds > 0 else None,
+        "input_wait_fraction": round(run.input_wait_fraction, 4),
+        "input_bound": run.input_wait_fraction >= INPUT_BOUND,
+        **({"input_cache": run.input_cache} if run.input_cache else {}),
         "training_examples": run.num_examples,
         "image_shape": list(run.image_shape[1:]),
         "input_partition_dims": list(config.partition.input_partition_dims),

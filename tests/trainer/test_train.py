@@ -8,6 +8,7 @@ the predict tests use as well; it is trained once per test session.
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,6 @@ import pytest
 import tensorflow as tf
 
 from trainer import config as config_lib, train
-from trainer.data import augment
 from trainer.engine import checkpoints
 from trainer.parallel import partitioning
 from tests.files import snapshot
@@ -44,6 +44,50 @@ def test_partitioned_training_writes_every_output(segmentation_run):
     events = os.listdir(os.path.join(output, "tensorboard"))
     assert any(name.startswith("events.out.tfevents") for name in events)
     assert any("step 40/40" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_every_logging_window_records_its_input_wait(segmentation_run):
+    """The log line, history.jsonl, TensorBoard and metrics.json say how much of the time went to waiting for input."""
+    config, results, lines = segmentation_run
+    with open(os.path.join(config.output_dir, "history.jsonl")) as file:
+        history = [json.loads(line) for line in file]
+    assert len(history) == 8 and all(0.0 <= entry["input_wait"] <= 1.0 for entry in history)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 8 and all(re.search(r"  input wait \d+%$", line) for line in steps), steps
+    # The decoded cache holds 6 tiny volumes: the steps never wait for them.
+    assert results["input_bound"] is False and 0.0 <= results["input_wait_fraction"] < train.INPUT_BOUND
+    assert results["input_cache"].startswith("on: this process's share of the data set")
+    from tensorboard.backend.event_processing import event_accumulator
+
+    events = event_accumulator.EventAccumulator(os.path.join(config.output_dir, "tensorboard")).Reload()
+    assert [event.step for event in events.Tensors("input_wait_fraction")] == list(range(5, 41, 5))
+
+
+@pytest.mark.slow
+def test_a_run_whose_reader_is_slow_says_it_is_input_bound(demo_data, tmp_path, monkeypatch):
+    """The test hook: every read of a record takes 0.5 s more (4 reads a step on the 2 threads of 2 cores), without
+    the cache; the accelerators then wait for input most of the time, and the run says so where users look."""
+    from trainer.data import ct_input
+
+    read = ct_input.CtRecords.read
+
+    def slow_read(self, *arguments):
+        time.sleep(0.5)
+        return read(self, *arguments)
+
+    monkeypatch.setattr(ct_input.CtRecords, "read", slow_read)
+    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(tmp_path / "run"), steps=6, batch_size=4,
+                              input_cache="off", checkpoint_every=100, log_every=2,
+                              partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)))
+    lines = []
+    results = train.train(config, log=lines.append)
+    assert results["input_bound"] is True and results["input_wait_fraction"] >= train.INPUT_BOUND, results
+    assert results["input_cache"] == "off (--input-cache off): records are read every step"
+    bound = [line for line in lines if line.startswith("step ") and "input-bound" in line]
+    assert bound and bound[-1].startswith("step 6/6") and "the input cache (--input-cache on" in bound[-1], lines
+    with open(tmp_path / "run" / "history.jsonl") as file:
+        assert json.loads(file.readlines()[-1])["input_wait"] >= train.INPUT_BOUND
 
 
 @pytest.mark.slow
@@ -87,18 +131,6 @@ def test_evaluation_report_and_export_go_through_the_task(segmentation_run, demo
     paths = export.export_trained(config.output_dir, str(tmp_path / "exported"))
     assert sorted(os.listdir(tmp_path / "exported")) == ["model.keras", "saved_model"]
     assert paths["saved_model"] == str(tmp_path / "exported" / "saved_model")
-
-
-def test_random_flips_are_a_function_of_seed_and_step():
-    images = np.arange(2 * 4 * 4 * 4, dtype=np.float32).reshape(2, 4, 4, 4, 1)
-    labels = (images[..., 0] % 3).astype(np.int32)
-    a = augment.random_flips(images, labels, seed=0, step_number=7)
-    b = augment.random_flips(images, labels, seed=0, step_number=7)
-    c = augment.random_flips(images, labels, seed=0, step_number=8)
-    np.testing.assert_array_equal(a[0], b[0])
-    assert not np.array_equal(a[0], c[0])
-    # Image and label are flipped together.
-    np.testing.assert_array_equal((a[0][..., 0] % 3).astype(np.int32), a[1])
 
 
 def _train_command(train_pattern, output, steps):

@@ -1,1 +1,1 @@
-"""tf.data input: CT records, detection records, augmentation."""
+"""The input: CT records (read by fullres itself, each process its share) and detection records (tf.data)."""

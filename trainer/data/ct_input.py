@@ -1,23 +1,45 @@
-"""`tf.data` input of CT TFRecords (schema in `preprocessing.records.tfrecord_schema`).
+"""CT records into batches: each process reads its share, in parallel, into reused buffers, from a cache where it fits.
 
-TensorFlow only reads and parses here; it must never claim an accelerator that
-JAX needs, so GPUs are hidden from it before the first dataset is built.
+The order is a pure function of the seed: the example at stream position p
+(p = step × batch size + row) is `permutation(seed, epoch)[p mod N]`, epoch =
+p div N. So a resumed run starts at its step without reading what came before,
+a process reading some rows of each batch reads exactly those rows of what one
+process would, and the decoded cache changes nothing but the speed.
+
+What one process reads (`batches.Share`): the rows of every global batch its
+devices hold and, when depth is split across processes, only the depth slabs
+they hold (`ct_slabs.read_depths`: nothing else of a record is read or parsed).
+Images stay int16 as stored and labels uint8 all the way to the device, where
+the training step makes them float32 (`SegmentationTask.prepare`).
+
+The decoded cache (MLPerf's approach: the data set decoded in host memory) holds
+this process's share of every example once it has been read; `cache` "auto"
+turns it on when that fits `CACHE_SHARE_OF_MEMORY` of the memory available,
+and the log says which was chosen and why.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
-import tensorflow as tf
 
-from preprocessing.records import dataset_files, tfrecord_schema
+from common import sizes
+from preprocessing.records import ct_slabs, dataset_files, tfrecord_files, tfrecord_schema
+from trainer import config as config_lib
+from trainer.data import batches
+
+CACHE_SHARE_OF_MEMORY = 0.5  # "auto" caches when this process's share of the data set fits this part of MemAvailable
 
 
 @functools.cache
 def hide_accelerators_from_tensorflow() -> None:
     """Keeps TensorFlow on the CPU (once per process; later calls do nothing)."""
+    import tensorflow as tf
+
     tf.config.set_visible_devices([], "GPU")
 
 
@@ -37,64 +59,277 @@ def list_files(pattern: str) -> list[str]:
     return files
 
 
+class CtRecords:
+    """The CT records of a data set, addressable by number: the files in order, then each file's records.
+
+    Opening indexes every file (in parallel): a header walk for uncompressed
+    files, one inflation for GZIP ones. A record's layout (where its slabs lie)
+    is read when it is first needed.
+    """
+
+    def __init__(self, pattern: str, workers: int | None = None):
+        self.pattern = pattern
+        paths = list_files(pattern)
+        with concurrent.futures.ThreadPoolExecutor(min(len(paths), workers or batches.usable_cores())) as pool:
+            self.files = list(pool.map(tfrecord_files.RecordFile, paths))
+        self._where = [(file, number) for file in self.files for number in range(len(file))]
+        self._layouts: list[ct_slabs.CtLayout | None] = [None] * len(self._where)
+        self.compressed = any(file.compressed for file in self.files)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def layout(self, index: int) -> ct_slabs.CtLayout:
+        """Record `index`'s layout (read once); every record must have the first one's shape.
+
+        Raises:
+            ValueError: a record of another shape (the message names its file and case).
+        """
+        layout = self._layouts[index]
+        if layout is None:
+            file, number = self._where[index]
+            layout = self._layouts[index] = ct_slabs.read_layout(file, number)
+            first = self._layouts[0] or self.layout(0)
+            if layout.shape != first.shape:
+                raise ValueError(
+                    f"{file.path}: case {layout.case_id} is {'x'.join(map(str, layout.shape))} voxels but the data set's "
+                    f"first is {'x'.join(map(str, first.shape))}; preprocess with --shape D,H,W so that every volume "
+                    "has one shape.")
+        return layout
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(D, H, W) of every volume."""
+        return self.layout(0).shape
+
+    def read(self, index: int, start: int, stop: int, image: np.ndarray, label: np.ndarray) -> None:
+        """Depths [start, stop) of record `index` into `image` (int16) and `label` (uint8), (stop - start, H, W)."""
+        file, number = self._where[index]
+        ct_slabs.read_depths(file, number, self.layout(index), start, stop, image, label)
+
+    def share_bytes(self, depth: int | None = None) -> int:
+        """Bytes of `depth` depth voxels (default: all) of every record: what the cache of that share holds."""
+        shape = self.shape
+        return len(self) * self.layout(0).share_bytes(depth or shape[0])
+
+    def close(self) -> None:
+        for file in self.files:
+            file.close()
+
+
+def read_examples(pattern: str) -> Iterator[dict]:
+    """Every record of `pattern`, whole and in order, as numpy: `{"case_id", "image" (D, H, W, 1) float32,
+    "label" (D, H, W) uint8}` (for looking at a data set; training reads through `CtBatches`).
+
+    Raises:
+        tfrecord_files.RecordFileDamaged: a damaged or cut-short file, or records of an earlier fullres.
+    """
+    records = CtRecords(pattern, workers=1)
+    try:
+        for index in range(len(records)):
+            layout = records.layout(index)
+            image, label = np.empty(layout.shape, np.int16), np.empty(layout.shape, np.uint8)
+            records.read(index, 0, layout.shape[0], image, label)
+            yield {"case_id": layout.case_id, "image": tfrecord_schema.dequantize(image, layout.scale)[..., None],
+                   "label": label}
+    finally:
+        records.close()
+
+
 def count_examples(pattern: str) -> int:
-    """Counts the records matching `pattern` (reads every file once)."""
-    files = list_files(pattern)
-    dataset = tf.data.TFRecordDataset(files, compression_type=dataset_files.compression(files))
-    return int(dataset.reduce(np.int64(0), lambda count, _: count + 1))
+    """The records matching `pattern` (indexes every file)."""
+    records = CtRecords(pattern)
+    try:
+        return len(records)
+    finally:
+        records.close()
 
 
-def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, seed: int = 0) -> tf.data.Dataset:
-    """Serialized records of every file matching `pattern`, optionally shuffled (seeded) and repeated.
+def memory_available() -> int | None:
+    """Bytes the host can give without swapping (Linux's MemAvailable); None where it does not say."""
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
-    With `shuffle` and `repeat`, epoch k is always the same permutation for a
-    given `seed`, so a resumed run can skip back to exactly where it was.
+
+def choose_cache(mode: str, needed: int, available: int | None) -> tuple[bool, str]:
+    """(cache or not, why, in words) for `mode` ("auto", "on", "off") and a share of `needed` bytes.
+
+    >>> print(*choose_cache("auto", 2 * 2**30, 16 * 2**30))
+    True on: this process's share of the data set, 2.00 GiB, fits in 50% of the 16.00 GiB of memory available
+    >>> print(choose_cache("auto", 12 * 2**30, 16 * 2**30)[1])
+    off: this process's share of the data set, 12.00 GiB, is more than 50% of the 16.00 GiB of memory available; records are read every step (--input-cache on forces it)
     """
-    hide_accelerators_from_tensorflow()
-    files = list_files(pattern)
-    dataset = tf.data.TFRecordDataset(files, compression_type=dataset_files.compression(files))
-    if shuffle:
-        dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
-    return dataset
+    if mode not in config_lib.INPUT_CACHE:
+        raise ValueError(f"input cache {mode!r} is not known; use one of {', '.join(config_lib.INPUT_CACHE)}.")
+    share = f"this process's share of the data set, {sizes.human_bytes(needed)},"
+    if mode == "on":
+        return True, f"on (--input-cache on): {share} held in memory"
+    if mode == "off":
+        return False, "off (--input-cache off): records are read every step"
+    limit = f"{CACHE_SHARE_OF_MEMORY:.0%} of the {sizes.human_bytes(available)} of memory available" if available else ""
+    if available is None:
+        return False, "off: this host does not say how much memory is available (--input-cache on forces it)"
+    if needed <= CACHE_SHARE_OF_MEMORY * available:
+        return True, f"on: {share} fits in {limit}"
+    return False, f"off: {share} is more than {limit}; records are read every step (--input-cache on forces it)"
 
 
-def rows_of_each_batch(positions: tf.Tensor, batch_size: int, rows: Sequence[int]) -> tf.Tensor:
-    """True where a stream position falls on one of `rows` of its global batch of `batch_size`.
+class _Cache:
+    """This process's share of each example, decoded, kept once read: int16 image, uint8 label per index."""
 
-    A process of a multi-process run keeps only the records its own devices
-    need and parses nothing else; the global batches stay those of one process.
+    def __init__(self, depth: int, plane: tuple[int, int]):
+        self._shape = (depth, *plane)
+        self._entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def entry(self, index: int):
+        """(image, label, filled) of `index`, made empty on first use; `filled[d]` once depth d is in."""
+        entry = self._entries.get(index)
+        if entry is None:
+            with self._lock:
+                entry = self._entries.get(index)
+                if entry is None:
+                    entry = self._entries[index] = (np.empty(self._shape, np.int16), np.empty(self._shape, np.uint8),
+                                                    np.zeros(self._shape[0], bool))
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
+    """The example indices of `epoch`, in order: a permutation drawn from (seed, epoch) alone."""
+    return np.random.default_rng([seed, epoch]).permutation(count)
+
+
+class _Order:
+    """Stream position -> example index (`epoch_order`), remembering the epochs in use."""
+
+    def __init__(self, seed: int, count: int, shuffle: bool):
+        self._seed, self._count, self._shuffle = seed, count, shuffle
+        self._epochs: dict[int, np.ndarray] = {}
+
+    def __call__(self, position: int) -> int:
+        epoch, offset = divmod(position, self._count)
+        if not self._shuffle:
+            return offset
+        if epoch not in self._epochs:
+            if len(self._epochs) > 2:
+                self._epochs.pop(min(self._epochs))
+            self._epochs[epoch] = epoch_order(self._seed, epoch, self._count)
+        return int(self._epochs[epoch][offset])
+
+
+class CtBatches:
+    """The batches one process reads: its share of every global batch, in the run's order.
+
+    Args:
+        records: the data set.
+        batch_size: the global batch size.
+        share: this process's rows and depth range (`batches.Share`); None: all of every batch.
+        seed: the order's seed (see the module docstring).
+        start_step: the first step's number: position start_step × batch_size on.
+        steps: how many steps (None: for ever, repeating the data set).
+        shuffle: the seeded order; False: the records in order, each once (with `steps` None, the last
+            batch may be short).
+        cache: "auto", "on" or "off".
+        workers: reading threads (default: the usable cores).
+        log: where the cache decision is said.
     """
-    return tf.reduce_any(tf.equal(positions % batch_size, tf.constant(list(rows), tf.int64)))
+
+    def __init__(self, records: CtRecords, batch_size: int, share: batches.Share | None = None, *, seed: int = 0,
+                 start_step: int = 0, steps: int | None = None, shuffle: bool = True, cache: str = "off",
+                 workers: int | None = None, log: Callable[[str], None] | None = None):
+        self.records, self.batch_size = records, batch_size
+        self.share = share or batches.Share(tuple(range(batch_size)))
+        depth, height, width = records.shape
+        self.start, self.stop = self.share.depth_of(depth)
+        use, self.cache_reason = choose_cache(cache, records.share_bytes(self.stop - self.start), memory_available())
+        self._cache = _Cache(self.stop - self.start, (height, width)) if use else None
+        if log is not None:
+            log(f"input cache {self.cache_reason}")
+        order = _Order(seed, len(records), shuffle)
+        rows = self.share.rows
+        self._plane = (height, width)
+        if shuffle:
+            plans = _step_plans(order, batch_size, rows, start_step, steps)
+        else:
+            plans = _in_order_plans(len(records), batch_size, rows)
+        self.workers = workers or batches.usable_cores()
+        # Pieces per step: enough that every worker decodes, never thinner than one slab.
+        slabs = max(1, (self.stop - self.start) // records.layout(0).slab_depth)
+        self._cuts = max(1, min(slabs, -(-self.workers // len(rows))))
+        self._prefetcher = batches.Prefetcher(plans, self._new_buffer, self._pieces, self._fill, self._finish,
+                                              workers=self.workers)
+
+    @property
+    def cached(self) -> bool:
+        return self._cache is not None
+
+    def _new_buffer(self):
+        shape = (len(self.share.rows), self.stop - self.start, *self._plane)
+        return np.empty(shape, np.int16), np.empty(shape, np.uint8), np.empty(len(self.share.rows), np.float32)
+
+    def _pieces(self, plan: list[int]):
+        depth, slab = self.stop - self.start, self.records.layout(0).slab_depth
+        cuts = (round(depth * k / self._cuts) for k in range(1, self._cuts))
+        edges = {min(self.stop, -(-(self.start + cut) // slab) * slab) - self.start for cut in cuts}  # on slab edges
+        bounds = sorted({0, depth} | {edge for edge in edges if 0 < edge < depth})
+        return [(slot, low, high) for slot in range(len(plan)) for low, high in zip(bounds, bounds[1:])]
+
+    def _fill(self, buffer, plan: list[int], piece) -> None:
+        images, labels, scales = buffer
+        slot, low, high = piece
+        index = plan[slot]
+        image, label = images[slot, low:high], labels[slot, low:high]
+        if low == 0:
+            scales[slot] = self.records.layout(index).scale
+        if self._cache is None:
+            self.records.read(index, self.start + low, self.start + high, image, label)
+            return
+        cached_image, cached_label, filled = self._cache.entry(index)
+        if filled[low:high].all():
+            image[...] = cached_image[low:high]
+            label[...] = cached_label[low:high]
+            return
+        self.records.read(index, self.start + low, self.start + high, cached_image[low:high], cached_label[low:high])
+        filled[low:high] = True
+        image[...] = cached_image[low:high]
+        label[...] = cached_label[low:high]
+
+    def _finish(self, buffer, plan: list[int], release) -> batches.HostBatch:
+        images, labels, scales = buffer
+        count = len(plan)
+        ids = [self.records.layout(index).case_id for index in plan]
+        return batches.HostBatch({"image": images[:count, ..., None], "scale": scales[:count]}, labels[:count], ids,
+                                 release)  # image (R, d, H, W, 1) int16, scale (R,), label (R, d, H, W) uint8
+
+    def __iter__(self) -> Iterator[batches.HostBatch]:
+        return self._prefetcher
+
+    def __next__(self) -> batches.HostBatch:
+        return next(self._prefetcher)
+
+    def close(self) -> None:
+        self._prefetcher.close()
 
 
-def ct_dataset(
-    pattern: str,
-    batch_size: int,
-    *,
-    shuffle: bool = False,
-    repeat: bool = False,
-    seed: int = 0,
-    skip_examples: int = 0,
-    drop_remainder: bool = False,
-    rows: Sequence[int] | None = None,
-) -> tf.data.Dataset:
-    """Batches of `{"image": (B, D, H, W, 1) float32, "label": (B, D, H, W) int32, "case_id": (B,)}`.
+def _step_plans(order: _Order, batch_size: int, rows, start_step: int, steps: int | None):
+    step = start_step
+    while steps is None or step < start_step + steps:
+        yield [order(step * batch_size + row) for row in rows]
+        step += 1
 
-    The order is a pure function of `seed`: with `shuffle` and `repeat`, epoch k
-    is always the same permutation, so `skip_examples` (a multiple of
-    `batch_size`) puts a resumed run back at exactly the record an
-    uninterrupted run would read next. With `rows`, only those rows of every
-    global batch of `batch_size` are read (B = len(rows)): one process's share.
-    """
-    dataset = record_stream(pattern, shuffle=shuffle, repeat=repeat, seed=seed)
-    if skip_examples:
-        dataset = dataset.skip(skip_examples)  # skipped before parsing: cheap
-    if rows is not None:
-        dataset = dataset.enumerate().filter(lambda position, _: rows_of_each_batch(position, batch_size, rows))
-        dataset = dataset.map(lambda _, serialized: serialized)
-        batch_size = len(rows)
-    dataset = dataset.map(tfrecord_schema.parse_ct_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    dataset = dataset.map(lambda e: {"image": e["image"], "label": e["label"], "case_id": e["case_id"]})
-    return dataset.batch(batch_size, drop_remainder=drop_remainder).prefetch(2)
+
+def _in_order_plans(count: int, batch_size: int, rows):
+    """Each record once, in order, `batch_size` at a time (the last batch may be short); `rows` of each."""
+    for first in range(0, count, batch_size):
+        plan = [first + row for row in rows if first + row < count]
+        if plan:
+            yield plan

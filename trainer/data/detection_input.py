@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from preprocessing.records import tfrecord_schema
+from preprocessing.records import dataset_files, tfrecord_schema
 from trainer.data import ct_input
 
 
@@ -65,6 +65,31 @@ def _transform(example: dict, canvas: tuple[int, int], max_boxes: int, augment: 
             "classes": tf.ensure_shape(classes, [max_boxes]), "source_id": example["source_id"], "boxes_dropped": dropped}
 
 
+def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, seed: int = 0) -> tf.data.Dataset:
+    """Serialized records of every file matching `pattern`, optionally shuffled (seeded) and repeated.
+
+    With `shuffle` and `repeat`, epoch k is always the same permutation for a
+    given `seed`, so a resumed run can skip back to exactly where it was.
+    """
+    ct_input.hide_accelerators_from_tensorflow()
+    files = ct_input.list_files(pattern)
+    dataset = tf.data.TFRecordDataset(files, compression_type=dataset_files.compression(files))
+    if shuffle:
+        dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
+    return dataset
+
+
+def rows_of_each_batch(positions: tf.Tensor, batch_size: int, rows) -> tf.Tensor:
+    """True where a stream position falls on one of `rows` of its global batch of `batch_size`.
+
+    A process of a multi-process run keeps only the records its own devices
+    need and parses nothing else; the global batches stay those of one process.
+    """
+    return tf.reduce_any(tf.equal(positions % batch_size, tf.constant(list(rows), tf.int64)))
+
+
 def detection_dataset(
     pattern: str,
     batch_size: int,
@@ -87,10 +112,10 @@ def detection_dataset(
     With `rows`, only those rows of every global batch of `batch_size` are read
     and decoded (B = len(rows)): one process's share of a multi-process run.
     """
-    dataset = ct_input.record_stream(pattern, shuffle=shuffle, repeat=repeat, seed=seed)
+    dataset = record_stream(pattern, shuffle=shuffle, repeat=repeat, seed=seed)
     dataset = dataset.enumerate().skip(skip_examples)
     if rows is not None:
-        dataset = dataset.filter(lambda index, _: ct_input.rows_of_each_batch(index, batch_size, rows))
+        dataset = dataset.filter(lambda index, _: rows_of_each_batch(index, batch_size, rows))
         batch_size = len(rows)
     dataset = dataset.map(
         lambda index, serialized: _transform(tfrecord_schema.parse_detection_example(serialized), canvas, max_boxes,

@@ -16,6 +16,7 @@ import jax
 import keras
 import numpy as np
 
+from trainer.data import batches
 from trainer.parallel import distributed, partitioning
 
 
@@ -72,15 +73,39 @@ def process_rows(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> lis
     rows. A partitioned dimension crossing processes: every process that holds
     a part of an example needs that example's row.
     """
-    rows = set()
-    for index in sharding.addressable_devices_indices_map(tuple(shape)).values():
+    return list(process_share(sharding, shape).rows)
+
+
+def process_share(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> batches.Share:
+    """What of a global batch of `shape` this process's devices hold under `sharding`: rows, and the depth range.
+
+    The depth range (axis 1) spans every block of this process's devices; with depth split across processes it
+    is this process's part (1,16,1,1,1 on 4 processes: a quarter), else the whole axis (None).
+    """
+    return share_of_blocks(sharding.addressable_devices_indices_map(tuple(shape)).values(), shape)
+
+
+def share_of_blocks(blocks, shape: tuple[int, ...]) -> batches.Share:
+    """The `batches.Share` that covers `blocks` (one slice per dimension each) of a global batch of `shape`.
+
+    >>> share_of_blocks([(slice(0, 2), slice(64, 80)), (slice(0, 2), slice(80, 96))], (2, 256))
+    Share(rows=(0, 1), depth=(64, 96))
+    """
+    rows, starts, stops = set(), [], []
+    for index in blocks:
         rows.update(range(*index[0].indices(shape[0])))
-    return sorted(rows)
+        if len(index) > 1:
+            start, stop, _ = index[1].indices(shape[1])
+            starts.append(start)
+            stops.append(stop)
+    depth = (min(starts), max(stops)) if starts and (min(starts), max(stops)) != (0, shape[1]) else None
+    return batches.Share(tuple(sorted(rows)), depth)
 
 
 def global_array(sharding: jax.sharding.Sharding, local: np.ndarray, batch_size: int,
-                 rows: list[int] | None = None) -> jax.Array:
-    """A global batch array laid out by `sharding`, from the rows of it this process holds.
+                 rows: list[int] | None = None, depth: tuple[int, int] | None = None,
+                 full_depth: int | None = None) -> jax.Array:
+    """A global batch array laid out by `sharding`, from the part of it this process holds.
 
     Args:
         sharding: the global batch's sharding (over every process's devices).
@@ -88,16 +113,24 @@ def global_array(sharding: jax.sharding.Sharding, local: np.ndarray, batch_size:
             with `rows=None`, the whole global batch (batch_size, ...).
         batch_size: the global batch size.
         rows: which global rows `local` holds (`process_rows`); None: all.
+        depth: [start, stop) of axis 1 that `local` holds (`process_share`); None: all of it.
+        full_depth: axis 1's global size, when `local` holds only `depth` of it.
     """
     positions = {row: i for i, row in enumerate(range(batch_size) if rows is None else rows)}
+    shape = (batch_size, *local.shape[1:])
+    if depth is not None:
+        shape = (batch_size, full_depth, *local.shape[2:])
 
     def device_block(index):  # index: one slice per dimension of the global array
+        if depth is not None:  # this process holds depths [start, stop): shift the block's depth slice into them
+            start, stop, _ = index[1].indices(full_depth)
+            index = (index[0], slice(start - depth[0], stop - depth[0]), *index[2:])
         wanted = [positions[row] for row in range(*index[0].indices(batch_size))]
         if wanted == list(range(wanted[0], wanted[-1] + 1)):  # contiguous (always, in practice): a view, no copy
             return local[(slice(wanted[0], wanted[-1] + 1), *index[1:])]
         return local[wanted][(slice(None), *index[1:])]
 
-    return jax.make_array_from_callback((batch_size, *local.shape[1:]), sharding, device_block)
+    return jax.make_array_from_callback(shape, sharding, device_block)
 
 
 def place_batch(distribution: partitioning.SpatialParallel, images: np.ndarray, labels: np.ndarray | None = None,

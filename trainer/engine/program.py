@@ -41,6 +41,8 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
 
 
 def jit_step(task, model, optimizer, distribution: partitioning.SpatialParallel, state, image_ndim: int):
-    """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time."""
-    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss), distribution, state,
-                               image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim))
+    """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
+    `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it."""
+    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss, task.prepare), distribution, state,
+                               image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
+                               input_sharding=task.input_sharding(distribution, image_ndim))

@@ -46,11 +46,18 @@ def make_loss_and_grads(model: keras.Model, loss_fn: LossFn):
     return loss_and_grads
 
 
-def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: LossFn):
-    """Returns `train_step(state, images, labels) -> (state, {"loss", "grad_norm"})`."""
+def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: LossFn, prepare=None):
+    """Returns `train_step(state, inputs, labels, step) -> (state, {"loss", "grad_norm"})`.
+
+    Args:
+        prepare: `prepare(inputs, labels, step) -> (images, labels)` on the device, before the forward pass: the
+            task's cast of compact inputs (int16 images, uint8 labels) to what the model takes, and its
+            augmentation, drawn from `step` (the global step number). None: the inputs are the images.
+    """
     loss_and_grads = make_loss_and_grads(model, loss_fn)
 
-    def train_step(state: placement.TrainState, images, labels):
+    def train_step(state: placement.TrainState, inputs, labels, step):
+        images, labels = prepare(inputs, labels, step) if prepare is not None else (inputs, labels)
         loss, grads, non_trainable = loss_and_grads(state, images, labels)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
         trainable, optimizer_variables = optimizer.stateless_apply(state.optimizer, grads, state.trainable)
@@ -60,21 +67,25 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
 
 
 def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state: placement.TrainState, image_ndim: int,
-                   label_ndim: int | None = None, label_sharding=None):
-    """Jits `train_step` with the distribution's shardings; the state is donated.
+                   label_ndim: int | None = None, label_sharding=None, input_sharding=None):
+    """Jits `train_step(state, inputs, labels, step)` with the distribution's shardings; the state is donated.
 
-    Labels are one array of rank `label_ndim` laid out by the distribution
-    (segmentation masks), or any pytree given its own `label_sharding`
-    (detection targets: one map per pyramid level).
+    Inputs are one image batch of rank `image_ndim` laid out by the distribution,
+    or any pytree given its own `input_sharding` (segmentation: the int16 image
+    and each row's scale). Labels are one array of rank `label_ndim` laid out by
+    the distribution, or any pytree given its own `label_sharding` (segmentation
+    masks split like the features; detection targets: one map per pyramid level).
+    The step number is a replicated scalar.
     """
-    image_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
+    if input_sharding is None:
+        input_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
     if label_sharding is None:
         label_sharding = distribution.get_label_layout((0,) * label_ndim).backend_layout
     state_sharding = placement.state_shardings(state, distribution)
     scalar = distribution.replicated_layout(0).backend_layout
     return jax.jit(
         train_step,
-        in_shardings=(state_sharding, image_sharding, label_sharding),
+        in_shardings=(state_sharding, input_sharding, label_sharding, scalar),
         out_shardings=(state_sharding, {"loss": scalar, "grad_norm": scalar}),
         donate_argnums=(0,),
     )

@@ -116,15 +116,15 @@ class StepBuilder:
         return self._windows
 
 def step_arguments(task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
-    """What the train step is called with, as shapes laid out on the mesh (`jax.ShapeDtypeStruct`s): to lower it
-    ahead of time (`StepBuilder.lower`, and training's gather check) without any input."""
+    """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
+    (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
+    (`StepBuilder.lower`, and training's gather check) without any input."""
     import jax
 
     state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                                    state, placement.state_shardings(state, distribution))
-    images = jax.ShapeDtypeStruct(image_shape, np.float32,
-                                  sharding=distribution.get_data_layout(image_shape).backend_layout)
-    return state, images, task.label_spec(image_shape, distribution)
+    step = jax.ShapeDtypeStruct((), np.int32, sharding=distribution.replicated_layout(0).backend_layout)
+    return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), step)
 
 
 def step_gathers(train_step, task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...]
@@ -149,7 +149,7 @@ def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices
 
     Returns:
         (the compiled step, its `partitioning.SpatialParallel`); it takes
-        `(TrainState, images, labels)` placed as `placement.place_state` / `place_batch` / the task place them.
+        `(TrainState, inputs, labels, step)` placed as `placement.place_state` and the task's `place` place them.
     """
     return StepBuilder(config, tuple(shape)).compile(config.partition.input_partition_dims, devices)
 

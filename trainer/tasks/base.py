@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 from trainer import config as config_lib
+from trainer.data import batches
 from trainer.parallel import partitioning
 
 
@@ -33,6 +34,9 @@ class Task(Protocol):
     def check_data(self, value: str, flag: str, training: bool) -> None:
         """Refuses, in one sentence, records this task cannot use (`value` as given to `flag`): called before a
         run writes anything. `training`: the data the model learns from (held-out data is checked less)."""
+
+    def num_examples(self) -> int:
+        """How many training examples the training data holds."""
 
     def example_shape(self) -> tuple[int, ...]:
         """The shape of one training example, read from the training data (checked against the model)."""
@@ -59,11 +63,23 @@ class Task(Protocol):
     def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
         """The labels of a batch of `image_shape`, shapes only, for compiling ahead of time."""
 
-    def place_labels(self, distribution: partitioning.SpatialParallel, labels, rows=None):
-        """Host labels of the global batch rows `rows` onto the mesh."""
+    def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+        """How the step's inputs lie on the mesh (a sharding, or a dict of them)."""
 
-    def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print) -> Iterator[tuple]:
-        """(images, labels) for every step from `start_step` on."""
+    def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+        """The step's inputs for a batch of `image_shape`, shapes and (compact) dtypes only, for compiling."""
+
+    def prepare(self, inputs, labels, step):
+        """On the device, inside the step: `(images, labels)` the model and loss take, from the compact inputs
+        and labels the host sent, augmented by draws of (seed, `step`, row)."""
+
+    def place(self, distribution: partitioning.SpatialParallel, batch: batches.HostBatch,
+              share: batches.Share | None = None):
+        """This process's share of a host batch onto the mesh: (inputs, labels)."""
+
+    def batches(self, start_step: int, share: batches.Share | None = None,
+                log: Callable[[str], None] = print) -> Iterator[batches.HostBatch]:
+        """This process's share of the batch of every step from `start_step` on; the loop releases each."""
 
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json."""

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
-from trainer.data import ct_input, detection_input
+from trainer.data import batches as batches_lib, ct_input, detection_input
 from trainer.engine import inference, placement
 from trainer.models import retinanet
 from trainer.parallel import distributed, partitioning
@@ -48,6 +48,9 @@ class DetectionTask:
         if data.kind != tfrecord_schema.DETECTION_RECORDS:
             raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess ct), not images with boxes; train "
                              "them with --task segmentation, or pass the records of fullres preprocess images.")
+
+    def num_examples(self) -> int:
+        return ct_input.count_examples(self.config.train_data)
 
     def example_shape(self) -> tuple[int, ...]:
         ct_input.list_files(self.config.train_data)  # a clear error when nothing matches
@@ -96,15 +99,37 @@ class DetectionTask:
         whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec(partitioning.REPLICA_AXIS))
         return {f"{kind}/{level}": whole for level in self.config.model.levels for kind in ("boxes", "classes")}
 
+    def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+        """Images split as the distribution says (float32: the input pipeline resizes and augments them)."""
+        return distribution.get_data_layout((0,) * image_ndim).backend_layout
+
+    def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+        """The images of a batch of `image_shape` as the train step receives them, shapes only."""
+        return jax.ShapeDtypeStruct(image_shape, np.float32, sharding=self.input_sharding(distribution, len(image_shape)))
+
+    @staticmethod
+    def prepare(inputs, labels, step):
+        """Nothing to do on the device: the images come as float32, augmented by the input pipeline."""
+        return inputs, labels
+
     def place_labels(self, distribution: partitioning.SpatialParallel, targets: dict, rows=None):
         """Anchor targets of the global batch rows `rows` (all by default) onto the mesh."""
         shardings = self.label_sharding(distribution, 4)
         return {key: placement.global_array(shardings[key], value, self.config.batch_size, rows)
                 for key, value in targets.items()}
 
-    def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print
-                ) -> Iterator[tuple[np.ndarray, dict]]:
-        """(images, anchor targets) for every step from `start_step` on; `rows` as in `SegmentationTask.batches`.
+    def place(self, distribution: partitioning.SpatialParallel, batch: batches_lib.HostBatch,
+              share: batches_lib.Share | None = None):
+        """A batch (the rows `share` names, None: all) onto the mesh: (images, anchor targets). Images are read
+        whole: a process holding part of an image's height reads all of it."""
+        rows = None if share is None else list(share.rows)
+        images = placement.global_array(self.input_sharding(distribution, batch.inputs.ndim), batch.inputs,
+                                        self.config.batch_size, rows)
+        return images, self.place_labels(distribution, batch.labels, rows)
+
+    def batches(self, start_step: int, share: batches_lib.Share | None = None, log: Callable[[str], None] = print
+                ) -> Iterator[batches_lib.HostBatch]:
+        """(images, anchor targets) for every step from `start_step` on: the rows of `share` (None: all).
 
         Boxes beyond `max_boxes` are counted (`input_counts`; in this process's rows) and logged:
         on the first step that drops any, then once per `log_every` steps that drop more.
@@ -113,7 +138,8 @@ class DetectionTask:
         data = detection_input.detection_dataset(
             config.train_data, config.batch_size, config.image_size, max_boxes=config.max_boxes,
             augment=config.augment, shuffle=True, repeat=True, seed=config.seed,
-            skip_examples=start_step * config.batch_size, drop_remainder=True, rows=rows,
+            skip_examples=start_step * config.batch_size, drop_remainder=True,
+            rows=None if share is None else list(share.rows),
         )
         unreported = unreported_images = 0
         for step_number, batch in enumerate(data.as_numpy_iterator(), start_step):
@@ -128,7 +154,7 @@ class DetectionTask:
                     "max_boxes to train on them")
                 unreported = unreported_images = 0
             targets = retinanet.encode_targets(batch["boxes"], batch["classes"], config.image_size, config.model)
-            yield batch["image"], targets
+            yield batches_lib.HostBatch(batch["image"], targets, [i.decode() for i in batch["source_id"]])
 
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json."""

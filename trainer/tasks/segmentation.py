@@ -1,19 +1,23 @@
 """Segmentation: a UNet (or the user's own network) on CT records; labels are class maps laid out like the images;
 scored with per-class Dice.
 
-Labels are split or whole within a replica, as `label_partition_dims` says.
+Label maps are always split like the images (each device holds the labels of its own voxels), whatever
+`label_partition_dims` says: a mask whole on every device of a replica would cost N times its share.
+The host hands the step int16 images (with each row's scale) and uint8 labels; `prepare` makes them float32
+and int32 on the device and mirrors them there (`trainer.augment`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
-from trainer.data import augment, ct_input
+from trainer.augment import keys, mirror
+from trainer.data import batches as batches_lib, ct_input
 from trainer.engine import inference, placement
 from trainer.models import losses, unet, user_model
 from trainer.parallel import distributed, partitioning
@@ -28,12 +32,24 @@ class SegmentationTask:
 
     def __init__(self, config: config_lib.TrainConfig):
         self.config = config
+        self._records: dict[str, ct_input.CtRecords] = {}
+
+    def records(self, pattern: str | None = None) -> ct_input.CtRecords:
+        """The records of `pattern` (default: the training data), indexed once per task."""
+        pattern = pattern or self.config.train_data
+        if pattern not in self._records:
+            self._records[pattern] = ct_input.CtRecords(pattern)
+        return self._records[pattern]
 
     def check_data(self, value: str, flag: str, training: bool) -> None:
         """Refuses records a UNet cannot learn from or be scored on: detection records, unlabelled ones (training),
         labels beyond the model's classes (training), no recorded preprocessing (training), volumes of mixed shapes.
         """
         data = data_set.resolve(value, flag)
+        if data.kind == tfrecord_schema.OLD_CT_RECORDS:
+            raise ValueError(f"{flag} {value} holds CT records of an earlier fullres (whole float32 volumes), which "
+                             "this one does not read (it reads int16 depth slabs, a process only those its devices "
+                             "hold); convert the scans again with fullres preprocess ct.")
         if data.kind != tfrecord_schema.CT_RECORDS:
             raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess images), not CT volumes; train "
                              "them with --task detection, or pass the records of fullres preprocess ct.")
@@ -63,10 +79,12 @@ class SegmentationTask:
                 f"batched for one partitioned step; preprocess with --shape D,H,W (for example --shape "
                 f"{','.join(str(max(sizes)) for sizes in zip(*shapes))}) so that every volume has one shape.")
 
+    def num_examples(self) -> int:
+        return len(self.records())
+
     def example_shape(self) -> tuple[int, ...]:
-        """(D, H, W, 1) (or (H, W, 1)) of the training records."""
-        first = next(ct_input.ct_dataset(self.config.train_data, 1).as_numpy_iterator())
-        shape = first["image"].shape[1:]
+        """(D, H, W, 1) of the training records."""
+        shape = (*self.records().shape, 1)
         if len(shape) != self.config.model.spatial_dims + 1:
             raise ValueError(
                 f"{self.config.train_data} holds {len(shape) - 1}-D images but the model is "
@@ -92,7 +110,30 @@ class SegmentationTask:
         return losses.dice_cross_entropy(logits, labels)
 
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
-        return distribution.get_label_layout((0,) * (image_ndim - 1)).backend_layout
+        """Split like the images, without their channel axis (see the module docstring)."""
+        image_layout = distribution.get_data_layout((0,) * image_ndim)
+        return distribution.sharding(image_layout.axes[:-1])
+
+    def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int) -> dict:
+        """The int16 image split as the distribution says; each row's scale over the replicas."""
+        return {"image": distribution.get_data_layout((0,) * image_ndim).backend_layout,
+                "scale": distribution.sharding((partitioning.REPLICA_AXIS,))}
+
+    def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel) -> dict:
+        """The inputs of a batch of `image_shape` as the train step receives them, shapes only."""
+        shardings = self.input_sharding(distribution, len(image_shape))
+        return {"image": jax.ShapeDtypeStruct(image_shape, np.int16, sharding=shardings["image"]),
+                "scale": jax.ShapeDtypeStruct(image_shape[:1], np.float32, sharding=shardings["scale"])}
+
+    def prepare(self, inputs: dict, labels, step):
+        """On the device: int16 × scale -> float32 images, uint8 -> int32 labels, then the augmentation."""
+        image = inputs["image"]
+        scale = inputs["scale"].reshape((-1,) + (1,) * (image.ndim - 1))
+        images = image.astype(jax.numpy.float32) * scale  # (B, D, H, W, 1), as tfrecord_schema.dequantize
+        labels = labels.astype(jax.numpy.int32)
+        if self.config.augment:
+            images, labels = mirror.mirror(images, labels, keys.row_keys(self.config.seed, step, image.shape[0]))
+        return images, labels
 
     def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:
         """(D, H, W, C) of one example of `spatial_size` (default 256 a side), for `fullres plan` (no data read)."""
@@ -108,32 +149,35 @@ class SegmentationTask:
         return (*spatial_size, self.config.model.in_channels)
 
     def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
-        """The labels of a batch of `image_shape` as the train step receives them, shapes only: (B, D, H, W) int32."""
-        return jax.ShapeDtypeStruct(image_shape[:-1], np.int32,
+        """The labels of a batch of `image_shape` as the train step receives them, shapes only: (B, D, H, W) uint8."""
+        return jax.ShapeDtypeStruct(image_shape[:-1], np.uint8,
                                     sharding=self.label_sharding(distribution, len(image_shape)))
 
-    def place_labels(self, distribution: partitioning.SpatialParallel, labels: np.ndarray, rows=None):
-        """Labels of the global batch rows `rows` (all by default) onto the mesh."""
-        sharding = self.label_sharding(distribution, labels.ndim + 1)
-        return placement.global_array(sharding, labels, self.config.batch_size, rows)
+    def place(self, distribution: partitioning.SpatialParallel, batch: batches_lib.HostBatch,
+              share: batches_lib.Share | None = None):
+        """A batch (this process's share of it: `share`, None: all) onto the mesh: (inputs, labels)."""
+        image = batch.inputs["image"]
+        rows = None if share is None else list(share.rows)
+        depth = None if share is None else share.depth
+        full_depth = self.records().shape[0] if depth is not None else None
+        shardings = self.input_sharding(distribution, image.ndim)
+        size = self.config.batch_size
+        inputs = {"image": placement.global_array(shardings["image"], image, size, rows, depth, full_depth),
+                  "scale": placement.global_array(shardings["scale"], batch.inputs["scale"], size, rows)}
+        labels = placement.global_array(self.label_sharding(distribution, image.ndim), batch.labels, size, rows, depth,
+                                        full_depth)
+        return inputs, labels
 
-    def batches(self, start_step: int, rows=None, log: Callable[[str], None] = print
-                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(images, labels) for every step from `start_step` on, augmented as an uninterrupted run would be.
+    def batches(self, start_step: int, share: batches_lib.Share | None = None, log: Callable[[str], None] = print
+                ) -> ct_input.CtBatches:
+        """This process's share of every step's batch from `start_step` on, in the run's order (`ct_input`).
 
         Args:
-            rows: the rows of every global batch this process reads (`placement.process_rows`); None: all.
+            share: the rows and depths this process reads (`placement.process_share`); None: all.
         """
         config = self.config
-        data = ct_input.ct_dataset(
-            config.train_data, config.batch_size, shuffle=True, repeat=True, seed=config.seed,
-            skip_examples=start_step * config.batch_size, drop_remainder=True, rows=rows,
-        )
-        for step_number, batch in enumerate(data.as_numpy_iterator(), start_step):
-            images, labels = batch["image"], batch["label"]
-            if config.augment:
-                images, labels = augment.random_flips(images, labels, config.seed, step_number, rows)
-            yield images, labels
+        return ct_input.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
+                                  cache=config.input_cache, log=log)
 
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json: nothing (volumes are cropped at preprocessing, and say so)."""
@@ -201,8 +245,12 @@ def evaluate_segmentation(
     dice = metrics.DiceAccumulator(num_classes)
     predict = None
     cases = 0
-    for batch in ct_input.ct_dataset(pattern, batch_size).as_numpy_iterator():
-        images, labels = batch["image"], batch["label"]
+    records = ct_input.CtRecords(pattern)
+    stream = ct_input.CtBatches(records, batch_size, shuffle=False)
+    for batch in stream:
+        images = tfrecord_schema.dequantize(batch.inputs["image"], batch.inputs["scale"][:, None, None, None, None])
+        labels = batch.labels.astype(np.int32)
+        batch.release()  # both copied out above
         real = images.shape[0]
         images = inference.pad_batch(images, batch_size)  # (B, D, H, W, 1)
         if predict is None:
@@ -212,7 +260,9 @@ def evaluate_segmentation(
         dice.update(predictions, labels)
         if samples is not None:
             for index in range(min(real, keep - len(samples))):
-                samples.append({"case_id": batch["case_id"][index].decode(), "image": batch["image"][index],
-                                "label": labels[index], "prediction": predictions[index]})
+                samples.append({"case_id": batch.ids[index], "image": images[index], "label": labels[index],
+                                "prediction": predictions[index]})
         cases += real
+    stream.close()
+    records.close()
     return {"dice_per_class": dice.per_class(), "dice_mean": dice.foreground_mean(), "cases": cases}

@@ -12,6 +12,7 @@ import SimpleITK as sitk
 from common import dead_letters
 from preprocessing.beam import conversion, counting, ct_pipeline, local_workers
 from preprocessing.ct import ct_transforms, demo_ct, intensity
+from preprocessing.records import tfrecord_schema
 from trainer.data import ct_input
 
 IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
@@ -42,8 +43,11 @@ def test_compressed_shards_read_back_through_the_trainer(tmp_path):
     summary = ct_pipeline.run(str(tmp_path / "case1.nii.gz"), str(tmp_path / "out"), config=config, compress=True,
                               num_shards=1, pipeline_args=IN_PROCESS, log=lambda line: None)
     assert summary["shards"] == ["data-00000-of-00001.tfrecord.gz"]
-    batch = next(ct_input.ct_dataset(str(tmp_path / "out" / "data-*.tfrecord.gz"), 1).as_numpy_iterator())
-    np.testing.assert_allclose(batch["image"][0, ..., 0], intensity.window_and_scale(volume, (-200, 300)), atol=1e-6)
+    (example,) = ct_input.read_examples(str(tmp_path / "out" / "data-*.tfrecord.gz"))
+    windowed = intensity.window_and_scale(volume, (-200, 300))
+    # Stored as int16 steps of 1/32767 of the largest value: exactly the quantized window, within half a step of it.
+    np.testing.assert_array_equal(example["image"][..., 0], tfrecord_schema.dequantize(*tfrecord_schema.quantize(windowed)))
+    assert np.abs(example["image"][..., 0] - windowed).max() <= 0.5 / 32767 * np.abs(windowed).max() * (1 + 1e-6)
 
 
 def test_progress_lines_are_counted_and_hidden():

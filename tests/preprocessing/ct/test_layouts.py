@@ -151,8 +151,8 @@ def test_each_layout_converts_with_the_right_label_in_each_record(layout, reques
     summary = ct_pipeline.run(str(root), str(tmp_path / "out"), config=CONFIG, pipeline_args=IN_PROCESS,
                               log=lambda line: None)
     assert summary["layout"] == layout and summary["ok"] == len(truth) and summary["failed"] == 0
-    records = {batch["case_id"][0].decode(): batch["label"][0]
-               for batch in ct_input.ct_dataset(str(tmp_path / "out" / "data-*.tfrecord"), 1).as_numpy_iterator()}
+    records = {example["case_id"]: example["label"]
+               for example in ct_input.read_examples(str(tmp_path / "out" / "data-*.tfrecord"))}
     assert sorted(records) == sorted(truth)
     for case_id, label in truth.items():
         np.testing.assert_array_equal(records[case_id], label, err_msg=case_id)
@@ -213,10 +213,9 @@ def test_cli_pairs_image_and_label_side_by_side_as_a_user_would(side_by_side, tm
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["ok"] == 3 and summary["layout"] == "side_by_side"
     assert summary["normalization"] == {"ct_window": 3, "zscore": 0}
-    for batch in ct_input.ct_dataset(str(tmp_path / "out" / "data-*.tfrecord"), 1).as_numpy_iterator():
-        case_id = batch["case_id"][0].decode()
-        np.testing.assert_array_equal(batch["label"][0], truth[case_id])  # the label map, not the CT cast to uint8
-        assert batch["image"].min() >= 0 and batch["image"].max() <= 1
+    for example in ct_input.read_examples(str(tmp_path / "out" / "data-*.tfrecord")):
+        np.testing.assert_array_equal(example["label"], truth[example["case_id"]])  # the label map, not the CT cast
+        assert example["image"].min() >= 0 and example["image"].max() <= 1
     # No --spacing: each case keeps its own (1, 1, 2) mm instead of being resampled to 1 mm.
     import tensorflow as tf
 

@@ -23,7 +23,10 @@ def test_ct_record_round_trip():
         window=(-160.0, 240.0),
     )
     parsed = tfrecord_schema.parse_ct_example(tf.constant(tfrecord_schema.encode_ct_example(record)))
-    np.testing.assert_array_equal(parsed["image"].numpy()[..., 0], record.image)
+    # int16 steps of the largest value / 32767: exactly the quantized image, within half a step of the float32 one.
+    np.testing.assert_array_equal(parsed["image"].numpy()[..., 0],
+                                  tfrecord_schema.dequantize(*tfrecord_schema.quantize(record.image)))
+    assert np.abs(parsed["image"].numpy()[..., 0] - record.image).max() <= 0.5 * record.image.max() / 32767 * 1.000001
     np.testing.assert_array_equal(parsed["label"].numpy(), record.label)
     assert parsed["case_id"].numpy() == b"case7"
     assert parsed["source_path"].numpy() == b"/data/images/case7.nii.gz"
@@ -61,10 +64,10 @@ def test_demo_case_is_ct_like():
 def test_demo_tfrecords_read_back_through_the_trainer_input(tmp_path):
     written = demo_ct.write_demo_tfrecords(str(tmp_path), num_train=3, num_eval=1, shape=(8, 16, 16), seed=5)
     assert ct_input.count_examples(written["train"]) == 3
-    batch = next(ct_input.ct_dataset(written["train"], batch_size=3).as_numpy_iterator())
-    assert batch["image"].shape == (3, 8, 16, 16, 1) and batch["label"].shape == (3, 8, 16, 16)
-    assert 0.0 <= batch["image"].min() and batch["image"].max() <= 1.0
-    assert list(batch["case_id"]) == [b"demo-train-0000", b"demo-train-0001", b"demo-train-0002"]
+    examples = list(ct_input.read_examples(written["train"]))
+    assert [e["image"].shape for e in examples] == [(8, 16, 16, 1)] * 3 and examples[0]["label"].shape == (8, 16, 16)
+    assert all(0.0 <= e["image"].min() and e["image"].max() <= 1.0 for e in examples)
+    assert [e["case_id"] for e in examples] == ["demo-train-0000", "demo-train-0001", "demo-train-0002"]
 
 
 def test_missing_data_names_the_pattern(tmp_path):

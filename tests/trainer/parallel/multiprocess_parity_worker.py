@@ -2,8 +2,8 @@
 
 Joins the run (`distributed.initialize`, 4 CPU devices here), then for each
 layout computes one step's loss and gradients on the global mesh, each process
-placing only the batch rows its devices hold (`placement.process_rows`), and
-process 0 writes them to OUT/<dims>.npz. The batch and the model are the ones
+placing only its share of the batch, the rows and depths its devices hold
+(`placement.process_share`), as the input path reads them, and process 0 writes them to OUT/<dims>.npz. The batch and the model are the ones
 `test_multiprocess.py` builds in one process.
 """
 
@@ -38,8 +38,9 @@ def batch():
     return images, labels
 
 
-def loss_and_grads(model, state, dims, images, labels, rows=None):
-    """One step's loss and gradients (host arrays) with `dims`, from the global batch rows `rows` (None: all)."""
+def loss_and_grads(model, state, dims, images, labels, share=None):
+    """One step's loss and gradients (host arrays) with `dims`, from this process's `share` of the global batch
+    (`batches.Share`: rows and depths; None: all of it), placed as training places its input."""
     import jax
     import numpy as np
 
@@ -49,7 +50,12 @@ def loss_and_grads(model, state, dims, images, labels, rows=None):
 
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims))
     placed_state = placement.place_state(state, distribution)
-    placed_images, placed_labels = placement.place_batch(distribution, images, labels, batch_size=BATCH_SHAPE[0], rows=rows)
+    rows = None if share is None else list(share.rows)
+    depth = None if share is None else share.depth
+    image_sharding = distribution.get_data_layout(images.shape).backend_layout
+    label_sharding = distribution.sharding(distribution.get_data_layout(images.shape).axes[:-1])  # like the images
+    placed_images = placement.global_array(image_sharding, images, BATCH_SHAPE[0], rows, depth, BATCH_SHAPE[1])
+    placed_labels = placement.global_array(label_sharding, labels, BATCH_SHAPE[0], rows, depth, BATCH_SHAPE[1])
     function = distributed.RunTogether(jax.jit(
         step.make_loss_and_grads(model, losses.dice_cross_entropy),
         in_shardings=(placement.state_shardings(placed_state, distribution), placed_images.sharding, placed_labels.sharding),
@@ -70,11 +76,15 @@ def main(address: str, num_processes: int, process_id: int, output: str) -> None
     images, labels = batch()
     for dims in LAYOUTS:
         distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims))
-        rows = placement.process_rows(distribution.get_data_layout(images.shape).backend_layout, images.shape)
-        loss, grads, placed = loss_and_grads(model, state, dims, images[rows], labels[rows], rows)
+        share = placement.process_share(distribution.get_data_layout(images.shape).backend_layout, images.shape)
+        rows, (start, stop) = list(share.rows), share.depth_of(BATCH_SHAPE[1])
+        # This process holds only its rows, and of them only its depths: what the input path reads.
+        loss, grads, placed = loss_and_grads(model, state, dims, images[rows, start:stop], labels[rows, start:stop],
+                                             share)
         # What this process's devices hold: (global row, depth start) of every block.
         blocks = sorted((s.index[0].start or 0, s.index[1].start or 0) for s in placed.addressable_shards)
-        print(f"process {process_id} dims {dims}: rows {rows}, blocks {blocks}, loss {loss:.6f}", flush=True)
+        print(f"process {process_id} dims {dims}: rows {rows}, depths {start}-{stop}, blocks {blocks}, "
+              f"loss {loss:.6f}", flush=True)
         if jax.process_index() == 0:
             name = "x".join(str(d) for d in dims)
             np.savez(os.path.join(output, f"{name}.npz"), loss=loss, rows=np.array(rows),

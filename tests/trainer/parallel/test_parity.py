@@ -139,7 +139,7 @@ def test_train_step_updates_identically_when_partitioned(unet3d):
         distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
         placed = placement.place_state(state, distribution)
         jitted = step.jit_train_step(train_step, distribution, placed, image_ndim=5, label_ndim=4)
-        new_state, metrics = jitted(placed, *placement.place_batch(distribution, images, labels))
+        new_state, metrics = jitted(placed, *placement.place_batch(distribution, images, labels), np.int32(0))
         results.append(([np.asarray(w) for w in new_state.trainable], float(metrics["loss"])))
     (reference, reference_loss), (partitioned, loss) = results
     assert abs(loss - reference_loss) / reference_loss <= TOLERANCE

@@ -1,0 +1,102 @@
+"""The CT input: the order is the seed's alone, a share is a slice of the whole, the cache changes nothing but speed."""
+
+import numpy as np
+import pytest
+
+from preprocessing.records import tfrecord_files, tfrecord_schema
+from trainer.data import batches, ct_input
+
+
+def _take(stream, steps):
+    """(ids, image, label, scale) of `steps` batches, copied out and released."""
+    taken = []
+    for _ in range(steps):
+        batch = next(stream)
+        taken.append((list(batch.ids), batch.inputs["image"].copy(), batch.labels.copy(), batch.inputs["scale"].copy()))
+        batch.release()
+    stream.close()
+    return taken
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """5 CT records of 16 x 6 x 4 in two files (16 deep: 16 slabs of 1)."""
+    folder = tmp_path_factory.mktemp("ct")
+    rng = np.random.default_rng(0)
+    examples = [tfrecord_schema.encode_ct_example(tfrecord_schema.CtRecord(
+        f"case{i}", "p", rng.normal(size=(16, 6, 4)).astype(np.float32),
+        rng.integers(0, 3, (16, 6, 4)).astype(np.uint8))) for i in range(5)]
+    tfrecord_files.write_records(str(folder / "data-00000-of-00002.tfrecord"), examples[:3])
+    tfrecord_files.write_records(str(folder / "data-00001-of-00002.tfrecord"), examples[3:])
+    return ct_input.CtRecords(str(folder / "data-*"))
+
+
+def test_the_order_is_a_function_of_seed_and_position(records):
+    whole = _take(ct_input.CtBatches(records, 2, seed=3), 6)  # 12 positions: 2 epochs and more of 5 examples
+    ids = [case for batch in whole for case in batch[0]]
+    for epoch in range(2):  # every epoch holds each example once, in its seed's own order
+        assert sorted(ids[5 * epoch:5 * epoch + 5]) == [f"case{i}" for i in range(5)]
+    assert ids[:5] != ids[5:10]
+    resumed = _take(ct_input.CtBatches(records, 2, seed=3, start_step=4), 2)  # a resumed run starts at its step
+    for (a_ids, a_image, a_label, _), (b_ids, b_image, b_label, _) in zip(whole[4:], resumed):
+        assert a_ids == b_ids
+        np.testing.assert_array_equal(a_image, b_image)
+        np.testing.assert_array_equal(a_label, b_label)
+    assert [b[0] for b in _take(ct_input.CtBatches(records, 2, seed=4), 3)] != [b[0] for b in whole[:3]]
+
+
+@pytest.mark.parametrize("share", [batches.Share((0, 2)), batches.Share((1,)), batches.Share((0, 1, 2), (4, 12)),
+                                   batches.Share((2,), (15, 16))])
+@pytest.mark.parametrize("cache", ["off", "on"])
+def test_a_share_is_exactly_its_rows_and_depths_of_the_whole_batch(records, share, cache):
+    whole = _take(ct_input.CtBatches(records, 3, seed=1, start_step=2), 4)
+    part = _take(ct_input.CtBatches(records, 3, share, seed=1, start_step=2, cache=cache), 4)
+    start, stop = share.depth_of(16)
+    rows = list(share.rows)
+    for full, mine in zip(whole, part):
+        assert mine[0] == [full[0][r] for r in rows]
+        np.testing.assert_array_equal(mine[1], full[1][rows, start:stop])
+        np.testing.assert_array_equal(mine[2], full[2][rows, start:stop])
+        np.testing.assert_array_equal(mine[3], full[3][rows])
+
+
+def test_the_cache_is_filled_once_and_then_read(records, monkeypatch):
+    stream = ct_input.CtBatches(records, 1, seed=0, cache="on")
+    reads = []
+    original = ct_input.CtRecords.read
+    monkeypatch.setattr(ct_input.CtRecords, "read", lambda self, index, *rest: (reads.append(index),
+                                                                                 original(self, index, *rest)))
+    taken = _take(stream, 15)  # 3 epochs of 5
+    assert stream.cached and sorted(set(reads)) == list(range(5))
+    assert len(reads) == 5 * stream._cuts  # each example's pieces read once, in the first epoch only
+    uncached = _take(ct_input.CtBatches(records, 1, seed=0, cache="off"), 15)
+    for a, b in zip(taken, uncached):
+        assert a[0] == b[0]
+        np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_released_buffers_are_reused_not_reallocated(records, monkeypatch):
+    made = []
+    stream = ct_input.CtBatches(records, 2, seed=0)
+    original = stream._new_buffer
+    monkeypatch.setattr(stream, "_new_buffer", lambda: made.append(1) or original())
+    stream._prefetcher._new_buffer = stream._new_buffer
+    for _ in range(20):
+        next(stream).release()
+    stream.close()
+    assert 1 <= len(made) <= 3  # the steps ahead and the one in hand, not one per step
+
+
+@pytest.mark.parametrize("mode, needed, available, expected", [
+    ("auto", 2**30, 8 * 2**30, True), ("auto", 5 * 2**30, 8 * 2**30, False), ("auto", 1, None, False),
+    ("on", 10 * 2**30, 2**30, True), ("off", 1, 8 * 2**30, False)])
+def test_the_cache_decision_and_its_reason(mode, needed, available, expected):
+    chosen, reason = ct_input.choose_cache(mode, needed, available)
+    assert chosen is expected and reason.startswith("on" if expected else "off")
+
+
+def test_reads_and_decodes_use_every_usable_core(records):
+    stream = ct_input.CtBatches(records, 1, seed=0, workers=2)
+    assert stream._cuts == 2  # one example a step is read as 2 depth ranges, one per worker
+    assert sorted(piece[1:] for piece in stream._pieces([0])) == [(0, 8), (8, 16)]
+    stream.close()
