@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.models import user_model
-from trainer.plan import compiled_step, launch, layout_search, target_compile, target_search, targets
+from trainer.plan import compiled_step, input_plan, launch, layout_search, target_compile, target_search, targets
 
 AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
 
@@ -131,6 +131,7 @@ class Plan:
     target: str
     device_memory: int | None
     launch: dict | None  # `launch.launch` for the best layout of the smallest N that fits (None on `cpu`)
+    input: dict | None = None  # with --data: this host's input rate beside the step's (`input_plan.plan_input`)
 
     def to_json(self) -> dict:
         """The plan's JSON (`fullres plan --json`): rows, refusals, what was left out, and the launch."""
@@ -142,7 +143,7 @@ class Plan:
                 "over_cpu_estimate": [{"input_partition_dims": list(d), "cpu_total_bytes": b}
                                       for result in self.results for d, b in result.over_estimate],
                 "not_compiled": [list(d) for result in self.results for d in result.not_compiled],
-                "launch": self.launch}
+                "launch": self.launch, "input": self.input}
 
     def __str__(self) -> str:
         """The table `fullres plan` prints (`table`, then `launch_lines`)."""
@@ -152,12 +153,19 @@ class Plan:
 
 def launch_lines(plan: Plan) -> list[str]:
     """What the table ends with on a target: the layout to launch and the `fullres pipeline submit` parameters."""
+    lines = [] if plan.input is None else [plan.input["line"]]
     if plan.launch is None:
-        return []
+        return lines
     found = plan.launch
-    lines = [f"launch on {found['target']}: input_partition_dims {','.join(map(str, found['input_partition_dims']))}, "
-             f"{found['replicas']} replica(s) of {found['cores_per_replica']} devices; "
-             f"{found['hosts']} host(s), one process each"]
+    lines.append(f"launch on {found['target']}: input_partition_dims {','.join(map(str, found['input_partition_dims']))}, "
+                 f"{found['replicas']} replica(s) of {found['cores_per_replica']} devices; "
+                 f"{found['hosts']} host(s), one process each")
+    host = found.get("host")
+    if host:
+        cores = (f"{host['cores_for_input']} cores to feed its devices (at this host's rate per core), "
+                 if host.get("cores_for_input") else "")
+        lines.append(f"each host: {cores}{sizes.human_bytes(host['cache_bytes_per_process'])} of memory for the "
+                     "decoded cache")
     if found["vertex"] is None:
         lines.append(found["not_on_vertex"])
     model = [f"--model {found['model']}"] if found.get("model") else []
@@ -176,7 +184,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         image_size: Sequence[int] | None = None, partitions: Sequence[int] = (1, 2, 4, 8, 16),
         layouts_to_try="default", device_memory: str | None = None, target: str = "cpu",
         max_minutes: float | None = None, cache_dir: str | None = None, use_cache: bool = True,
-        log: Callable[[str], None] = lambda line: None) -> Plan:
+        data: str | None = None, log: Callable[[str], None] = lambda line: None) -> Plan:
     """`fullres plan`: resolves the config as `fullres train` would, compiles, ranks; returns the `Plan`.
 
     Args:
@@ -193,6 +201,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
             step is compiled by that target's compiler, whose figures the rows then are (`target_search`).
         max_minutes: on a target, start no compile after this long.
         cache_dir, use_cache: on a target, where compiled figures are kept (`target_compile.PlanCache`).
+        data: the training records: this host's input rate for one process of the chosen layout is measured
+            and set beside the step (`input_plan`).
 
     Raises:
         ValueError: a bad name, layout or size (one sentence).
@@ -251,4 +261,14 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
                                                                              "partition.input_partition_dims")})
         if isinstance(config.model, user_model.UserModelConfig):  # submit passes the network's file as it is
             found["model"] = config.model.source
-    return Plan(results, header, on.name, limit, found)
+    planned_input = None
+    row = _chosen(results, limit)
+    if data is not None and row is not None:
+        processes = found["processes"] if found else 1
+        devices = found["devices"] if found else row.partitions
+        step_seconds = (row.estimate or {}).get("seconds")
+        planned_input = input_plan.plan_input(data, row.input_partition_dims, (devices // row.partitions
+                                              * config.batch_size, *shape), devices, processes, step_seconds, log)
+        if found is not None:
+            found = {**found, "host": planned_input["host"]}
+    return Plan(results, header, on.name, limit, found, planned_input)
