@@ -47,10 +47,8 @@ class TrainConfig:
         checkpoint_every: save a checkpoint every this many steps (and at the end).
         keep_checkpoints: how many recent checkpoints to keep.
         log_every: log the loss every this many steps.
-        augment: segmentation: random flips along every spatial axis, on the accelerator inside the step;
-            detection: scale jitter, random placement and left-right flips, in the input pipeline.
-        input_cache: segmentation: keep this process's share of the decoded training data in host memory after
-            its first read: "auto" (when it fits half the memory available), "on" or "off".
+        augment: segmentation: random flips along every axis, on the device; detection: scale jitter, placement, flips.
+        input_cache: segmentation: keep this process's decoded share of the data in memory: "auto", "on", "off".
         image_size: detection only: the (H, W) canvas every image is fitted to.
         max_boxes: detection only: boxes kept per training image.
         seed: seeds weights, data order and augmentation.

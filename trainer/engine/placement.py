@@ -49,6 +49,11 @@ def write_state_to_model(state: TrainState, model: keras.Model, optimizer: keras
         variable.assign(np.asarray(value))
 
 
+def sharding(distribution: partitioning.SpatialParallel, axes) -> jax.sharding.Sharding:
+    """The sharding of an array whose dimensions lie along `axes` of the distribution's mesh (None: whole)."""
+    return keras.distribution.TensorLayout(tuple(axes), distribution.device_mesh).backend_layout
+
+
 def state_shardings(state: TrainState, distribution: partitioning.SpatialParallel):
     """Replicated shardings for every array of the state (weights are never split)."""
     return jax.tree_util.tree_map(lambda x: distribution.replicated_layout(np.ndim(x)).backend_layout, state)

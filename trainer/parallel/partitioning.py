@@ -383,10 +383,6 @@ class SpatialParallel(keras.distribution.ModelParallel):
             axes = self._spatial_axes(self.config.label_partition_dims)[: len(label_shape)]
         return keras.distribution.TensorLayout(axes, self.device_mesh)
 
-    def sharding(self, axes: Sequence[str | None]):
-        """The JAX sharding of an array whose dimensions lie along `axes` (mesh axis names, None: whole)."""
-        return keras.distribution.TensorLayout(tuple(axes), self.device_mesh).backend_layout
-
     def replicated_layout(self, rank: int) -> keras.distribution.TensorLayout:
         """Layout of a fully replicated tensor (weights, scalars)."""
         return keras.distribution.TensorLayout((None,) * rank, self.device_mesh)

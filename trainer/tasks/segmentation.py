@@ -112,12 +112,12 @@ class SegmentationTask:
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         """Split like the images, without their channel axis (see the module docstring)."""
         image_layout = distribution.get_data_layout((0,) * image_ndim)
-        return distribution.sharding(image_layout.axes[:-1])
+        return placement.sharding(distribution, image_layout.axes[:-1])
 
     def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int) -> dict:
         """The int16 image split as the distribution says; each row's scale over the replicas."""
         return {"image": distribution.get_data_layout((0,) * image_ndim).backend_layout,
-                "scale": distribution.sharding((partitioning.REPLICA_AXIS,))}
+                "scale": placement.sharding(distribution, (partitioning.REPLICA_AXIS,))}
 
     def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel) -> dict:
         """The inputs of a batch of `image_shape` as the train step receives them, shapes only."""
