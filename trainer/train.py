@@ -223,60 +223,61 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
 
     started = time.perf_counter()
     window, compiled_at = _Window(started), None
-    for step_number in range(run.start_step, run.total_steps):
-        waiting = time.perf_counter()
-        batch = next(batches)
-        waited_now = time.perf_counter() - waiting
-        window.input_wait += waited_now
-        if compiled_at is not None:
-            run.input_wait_seconds += waited_now
-        inputs, labels = task.place(distribution, batch, share)
-        state, step_metrics = train_step(state, inputs, labels, np.int32(step_number))
-        compiled_at = compiled_at or time.perf_counter()  # the run's input wait is judged after the compile
-        in_flight.append((batch, step_metrics))
-        while len(in_flight) > 1:  # at most this step and the next in flight; the one before is done with its input
-            done_batch, done_metrics = in_flight.popleft()
+    try:
+        for step_number in range(run.start_step, run.total_steps):
+            waiting = time.perf_counter()
+            batch = next(batches)
+            waited_now = time.perf_counter() - waiting
+            window.input_wait += waited_now
+            if compiled_at is not None:
+                run.input_wait_seconds += waited_now
+            inputs, labels = task.place(distribution, batch, share)
+            state, step_metrics = train_step(state, inputs, labels, np.int32(step_number))
+            compiled_at = compiled_at or time.perf_counter()  # the run's input wait is judged after the compile
+            in_flight.append((batch, step_metrics))
+            while len(in_flight) > 1:  # at most this step and the next in flight; the one before is done with its input
+                done_batch, done_metrics = in_flight.popleft()
+                jax.block_until_ready(done_metrics)
+                done_batch.release()
+            done = step_number + 1
+            preempted = distributed.preemption_reached(done)  # the same step on every process
+            window.steps += 1
+            if done % config.log_every == 0 or done == run.total_steps:
+                loss = float(step_metrics["loss"])
+                if not math.isfinite(loss):
+                    raise FloatingPointError(
+                        f"the loss became {loss} at step {done}; lower the learning rate (now {config.learning_rate}) "
+                        "or use precision float32."
+                    )
+                rate, waited = window.close(time.perf_counter())
+                learning_rate = float(run.schedule(step_number))
+                history.append({"step": done, "loss": loss, "learning_rate": learning_rate,
+                                "input_wait": round(waited, 4)})
+                log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
+                    f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
+                if writer is not None:
+                    with writer.as_default(step=done):
+                        tf.summary.scalar("loss", loss)
+                        tf.summary.scalar("learning_rate", learning_rate)
+                        tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
+                        tf.summary.scalar("input_wait_fraction", waited)
+            if preempted or done % config.checkpoint_every == 0 or done == run.total_steps:
+                if run.is_chief:
+                    # History first: a run killed between the two resumes from the older checkpoint and drops the
+                    # newer lines, whereas the other order would resume past lines that were never written.
+                    run_files.write_history(config.output_dir, history)
+                run.checkpointer.save(done, state)  # every process writes its part
+            if preempted and done < run.total_steps:
+                run.checkpointer.close()
+                log(f"preemption notice: stopped after step {done}, checkpoint written")
+                raise distributed.Preempted(done)
+        for done_batch, done_metrics in in_flight:
             jax.block_until_ready(done_metrics)
             done_batch.release()
-        done = step_number + 1
-        preempted = distributed.preemption_reached(done)  # the same step on every process
-        window.steps += 1
-        if done % config.log_every == 0 or done == run.total_steps:
-            loss = float(step_metrics["loss"])
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"the loss became {loss} at step {done}; lower the learning rate (now {config.learning_rate}) "
-                    "or use precision float32."
-                )
-            rate, waited = window.close(time.perf_counter())
-            learning_rate = float(run.schedule(step_number))
-            history.append({"step": done, "loss": loss, "learning_rate": learning_rate,
-                            "input_wait": round(waited, 4)})
-            log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
-                f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
-            if writer is not None:
-                with writer.as_default(step=done):
-                    tf.summary.scalar("loss", loss)
-                    tf.summary.scalar("learning_rate", learning_rate)
-                    tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
-                    tf.summary.scalar("input_wait_fraction", waited)
-        if preempted or done % config.checkpoint_every == 0 or done == run.total_steps:
-            if run.is_chief:
-                # History first: a run killed between the two resumes from the older checkpoint and drops the
-                # newer lines, whereas the other order would resume past lines that were never written.
-                run_files.write_history(config.output_dir, history)
-            run.checkpointer.save(done, state)  # every process writes its part
-        if preempted and done < run.total_steps:
-            run.checkpointer.close()
-            log(f"preemption notice: stopped after step {done}, checkpoint written")
-            raise distributed.Preempted(done)
-    for done_batch, done_metrics in in_flight:
-        jax.block_until_ready(done_metrics)
-        done_batch.release()
-    run.checkpointer.close()
-    run.input_cache = getattr(batches, "cache_reason", None)
-    if hasattr(batches, "close"):
-        batches.close()
+        run.checkpointer.close()
+        run.input_cache = getattr(batches, "cache_reason", None)  # the CT input says whether it caches, and why
+    finally:
+        batches.close()  # the reading threads stop (a generator's close, for detection)
     run.state = state
     finished = time.perf_counter()
     run.input_wait_fraction = run.input_wait_seconds / (finished - compiled_at) if compiled_at else 0.0

@@ -52,7 +52,8 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     placed_images = placement.place_batch(distribution, images)
     assert {s.data.shape for s in placed_images.addressable_shards} == {(1, SIZE[0] // 8, SIZE[1], 3)}
 
-    new_state, metrics = compiled(state, placed_images, placed_targets)
+    step = jax.device_put(np.int32(0), NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec()))
+    new_state, metrics = compiled(state, placed_images, placed_targets, step)
     loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
     assert np.isfinite(loss) and loss > 0
     assert np.isfinite(grad_norm) and grad_norm > 0

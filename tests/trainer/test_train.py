@@ -66,14 +66,15 @@ def test_every_logging_window_records_its_input_wait(segmentation_run):
 
 @pytest.mark.slow
 def test_a_run_whose_reader_is_slow_says_it_is_input_bound(demo_data, tmp_path, monkeypatch):
-    """The test hook: every read of a record takes 0.5 s more (4 reads a step on the 2 threads of 2 cores), without
-    the cache; the accelerators then wait for input most of the time, and the run says so where users look."""
+    """The test hook: every read of a record takes 1.5 s more (4 reads a step on the 2 threads of 2 cores), without
+    the cache; the accelerators then wait for input most of the time, and the run says so where users look. (0.5 s
+    was not enough on a loaded machine: slower steps hid the reads of the two steps filled during the compile.)"""
     from trainer.data import ct_input
 
     read = ct_input.CtRecords.read
 
     def slow_read(self, *arguments):
-        time.sleep(0.5)
+        time.sleep(1.5)
         return read(self, *arguments)
 
     monkeypatch.setattr(ct_input.CtRecords, "read", slow_read)

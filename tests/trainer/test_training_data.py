@@ -227,6 +227,22 @@ def test_detection_records_are_refused_for_segmentation(tmp_path):
         "with --task detection, or pass the records of fullres preprocess ct.")
 
 
+def test_records_of_an_earlier_fullres_are_refused_with_the_command_that_converts_them_again(tmp_path):
+    """Records written before the depth slabs (a whole float32 volume in image/encoded): one sentence, the fix."""
+    from preprocessing.records import example_proto, tfrecord_files
+
+    train = _ct_data_set(tmp_path / "ts41")
+    volume = np.zeros(SHAPE, np.float32)
+    old = example_proto.serialize_example({  # the keys fullres wrote until 2026-11-25
+        "case_id": example_proto.BytesValues(b"case000"), "image/encoded": example_proto.BytesValues(volume.tobytes()),
+        "image/shape": example_proto.IntValues(SHAPE), "label/encoded": example_proto.BytesValues(bytes(volume.size))})
+    tfrecord_files.write_records(str(tmp_path / "ts41" / SHARD), [old])
+    assert _refused(tmp_path, train) == (
+        f"--train {train} holds CT records of an earlier fullres (whole float32 volumes), which this one does not "
+        "read (it reads int16 depth slabs, a process only those its devices hold); convert the scans again with "
+        "fullres preprocess ct.")
+
+
 def test_ct_records_are_refused_for_detection(tmp_path):
     train = _ct_data_set(tmp_path / "ts41")
     assert _refused(tmp_path, train, "--task", "detection", "--preset", "detection_demo") == (

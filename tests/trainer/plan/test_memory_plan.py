@@ -137,6 +137,7 @@ def test_plan_refuses_an_image_the_pyramid_cannot_split():
 
 def _train_lowering(config, shape, devices):
     """The step exactly as `train._train` builds, places and jits it, lowered on real (random) arrays."""
+    from trainer.data import batches as batches_lib
     from trainer.engine import program
     from trainer.tasks import registry
 
@@ -149,9 +150,12 @@ def _train_lowering(config, shape, devices):
     state = placement.place_state(state, distribution)
     train_step = program.jit_step(task, model, optimizer, distribution, state, len(image_shape))
     rng = np.random.default_rng(0)
-    images, labels = placement.place_batch(distribution, rng.normal(size=image_shape).astype(np.float32),
-                                      rng.integers(0, 3, image_shape[:-1]).astype(np.int32))
-    return train_step.lower(state, images, labels), state
+    batch = batches_lib.HostBatch(
+        {"image": rng.integers(-100, 100, image_shape).astype(np.int16), "scale": np.ones(image_shape[:1], np.float32)},
+        rng.integers(0, 3, image_shape[:-1]).astype(np.uint8), ids=[])
+    inputs, labels = task.place(distribution, batch)
+    step = jax.device_put(np.int32(0), distribution.replicated_layout(0).backend_layout)
+    return train_step.lower(state, inputs, labels, step), state
 
 
 @pytest.mark.slow
