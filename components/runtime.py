@@ -26,6 +26,13 @@ def beam_arguments(beam_args: list) -> list[str]:
     return args
 
 
+def readable(uri: str) -> str:
+    """An input location as the step reads it: `gs://BUCKET/PATH` as Vertex AI mounts Cloud Storage into every step
+    (`/gcs/BUCKET/PATH`, where KFP's own artifact paths lie), anything else as it is. fullres reads inputs
+    through a file system (SimpleITK, pydicom, PIL), not through Cloud Storage's API."""
+    return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
+
+
 def output_location(artifact, beam_args: list) -> str:
     """gs:// for a Beam runner that writes to Cloud Storage itself (Dataflow); the artifact's path otherwise."""
     on_dataflow = any(str(a).replace(" ", "") in ("--runner=DataflowRunner", "--runner=dataflow") for a in beam_args)

@@ -88,6 +88,20 @@ def test_train_refuses_fewer_classes_than_the_data_has(demo_data, tmp_path):
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+def test_train_names_a_damaged_train_config_instead_of_calling_the_run_foreign(demo_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+    from tests.trainer.engine.test_run_files import _cut_short_run
+
+    run = _cut_short_run(tmp_path)
+    result = CliRunner().invoke(cli.app, ["train", "--train", demo_data["train"], "--output", run, "--preset", "smoke"])
+    assert result.exit_code == 2
+    (error,) = result.stderr.splitlines()
+    assert error.startswith(f"fullres: error: {run}/train_config.json is damaged (not valid JSON, ")
+    assert "did not write" not in error and error.endswith("or train again into a new --output.")
+
+
 @pytest.mark.slow
 def test_train_names_missing_data(tmp_path):
     result = _fullres("train", "--train", str(tmp_path / "none-*.tfrecord"), "--output", str(tmp_path / "out"))
@@ -284,17 +298,18 @@ def test_disk_full_while_checkpointing_is_one_sentence_and_leaves_no_partial_fil
 
 @pytest.mark.parametrize("command", [
     ["demo", "--output", "{folder}"],
-    ["pipeline", "run", "--local", "--pipeline-root", "{folder}", "--param", "train_input_uri=/data/train",
-     "--param", "eval_input_uri=/data/eval"],
+    ["pipeline", "run", "--local", "--pipeline-root", "{folder}", "--param", "train_input_uri={scans}",
+     "--param", "eval_input_uri={scans}"],
 ])
-def test_demo_and_pipeline_root_refuse_a_folder_of_other_files(tmp_path, command):
+def test_demo_and_pipeline_root_refuse_a_folder_of_other_files(tmp_path, tmp_path_factory, command):
     from typer.testing import CliRunner
 
     from pipelines import cli
 
     (tmp_path / "thesis.tex").write_text("mine")
+    scans = tmp_path_factory.mktemp("scans")  # the inputs exist (the parameters are checked first)
     option = "--output" if command[0] == "demo" else "--pipeline-root"
-    result = CliRunner().invoke(cli.app, [part.format(folder=tmp_path) for part in command])
+    result = CliRunner().invoke(cli.app, [part.format(folder=tmp_path, scans=scans) for part in command])
     assert result.exit_code == 2
     assert result.stderr.strip() == (f"fullres: error: {option} {tmp_path} holds files fullres did not write "
                                      f"(thesis.tex); fullres never deletes or overwrites them, so pass a new or empty "
@@ -308,6 +323,7 @@ def test_pipeline_root_inside_an_input_is_refused(tmp_path):
     from pipelines import cli
 
     (tmp_path / "scans").mkdir()
+    (tmp_path / "eval").mkdir()
     result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(tmp_path / "scans" / "root"),
                                           "--param", f"train_input_uri={tmp_path / 'scans'}", "--param",
                                           f"eval_input_uri={tmp_path / 'eval'}"])

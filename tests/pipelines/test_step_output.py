@@ -68,10 +68,6 @@ step preprocess-ct
     wrote 2 records in 2 shards (0.3 MiB), 0 dead letters
 step preprocess-ct: SUCCESS
 step train
-    Traceback (most recent call last):
-      File "/work/main/trainer/train.py", line 172, in _train
-        partitioning.validate(
-    trainer.parallel.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
 step train: FAILURE
 pipeline ct-segmentation: FAILURE
 """
@@ -88,10 +84,29 @@ def _write_in_pieces(stream, text):
 
 
 def test_the_terminal_shows_steps_progress_and_errors_and_the_log_keeps_every_line():
+    """A failing step's traceback stays in the log; its exception's sentence is kept for the run's one error."""
     terminal, log = io.StringIO(), io.StringIO()
-    _write_in_pieces(step_output.StepOutput(terminal, log), TRANSCRIPT)
+    stream = step_output.StepOutput(terminal, log)
+    _write_in_pieces(stream, TRANSCRIPT)
     assert terminal.getvalue() == SHOWN
     assert log.getvalue() == TRANSCRIPT
+    assert stream.failures == [("train", "input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica")]
+
+
+def test_a_chained_traceback_gives_the_last_exceptions_sentence():
+    """`raise ... from error` and an error while handling one: the sentence is the last exception's, whose message
+    may go on over several lines (those stay in the log)."""
+    lines = ["18:03:44.110 - INFO - Executing task 'preprocess-ct'", "18:03:44.110 - INFO - Streamed logs:",
+             "    Traceback (most recent call last):", '      File "a.py", line 1, in f', "        g()",
+             "        ^^^", "    KeyError: 'x'", "    ", "    During handling of the above exception, another "
+             "exception occurred:", "    ", "    Traceback (most recent call last):", '      File "b.py", line 2',
+             "    preprocessing.beam.conversion.PreprocessingFailed: 3 of 3 inputs failed (100%).",
+             "    see dead_letter.jsonl", "18:03:45.177 - ERROR - Task 'preprocess-ct' finished with status FAILURE"]
+    terminal, log = io.StringIO(), io.StringIO()
+    stream = step_output.StepOutput(terminal, log)
+    stream.write("\n".join(lines) + "\n")
+    assert terminal.getvalue() == "step preprocess-ct\nstep preprocess-ct: FAILURE\n"
+    assert stream.failures == [("preprocess-ct", "3 of 3 inputs failed (100%).")]
 
 
 def test_verbose_shows_every_line():
