@@ -63,12 +63,11 @@ class StepOutput:
         self._log.write(text)
         if self._verbose:
             self._terminal.write(text)
-            return len(text)
         self._pending += text
         *lines, self._pending = self._pending.split("\n")
         for line in lines:
-            kept = self.keep(line)
-            if kept is not None:
+            kept = self.keep(line)  # also under --verbose: `failures` is read from what passes
+            if kept is not None and not self._verbose:
                 self._terminal.write(kept + "\n")
                 self._terminal.flush()  # progress shows as it happens, also when piped
         return len(text)

@@ -290,14 +290,17 @@ def predict(
     _use_virtual_devices(virtual_devices)
     if not os.path.exists(input_path):
         console.fail(f"--input {input_path!r} does not exist.")
+    from common import dead_letters
+
+    try:  # before the heavy imports: a typo fails at once
+        dead_letters.check_failed_fraction(max_failed_fraction)
+    except ValueError as error:
+        console.fail(str(error))
     from common import output_guard
     from trainer.parallel import partitioning
     from trainer.predict import predict as predict_lib
 
-    from common import dead_letters
-
     try:  # PartitionError is a ValueError
-        dead_letters.check_failed_fraction(max_failed_fraction)
         dims = partitioning.parse_dims(input_partition_dims)
         budget = None if device_memory is None else sizes.parse_bytes(device_memory)
         limits = {**({} if max_voxels is None else {"max_voxels": max_voxels}),

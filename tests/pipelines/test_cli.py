@@ -152,6 +152,24 @@ def test_preprocess_refuses_bad_arguments_in_one_line(args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", [["preprocess", "ct", "--input", "{here}", "--output", "{out}"],
+                                     ["preprocess", "images", "--annotations", "{here}", "--images", "{here}",
+                                      "--output", "{out}"],
+                                     ["predict", "--model", "{here}", "--input", "{here}", "--output", "{out}"]])
+def test_a_failed_fraction_outside_0_to_1_is_refused_by_every_command(tmp_path, command):
+    """-3 was taken as it came (a pipeline's max_failed_fraction=-3 reached preprocess so): one rule, checked first."""
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    arguments = [part.format(here=tmp_path, out=tmp_path / "out") for part in command]
+    result = CliRunner().invoke(cli.app, [*arguments, "--max-failed-fraction", "-3"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("fullres: error: --max-failed-fraction -3 must be a fraction from 0 to 1 (the share "
+                                     "of inputs that may fail before the run counts as failed), e.g. 0.1.")
+    assert not (tmp_path / "out").exists()
+
+
 def test_dataflow_workers_get_a_wheel_of_this_checkout():
     import zipfile
 

@@ -131,6 +131,7 @@ CREDENTIALS = ("no Google Cloud credentials to submit with (Your default credent
     ([*GOOD, "--param", "max_failed_fraction=-3"], "--param max_failed_fraction -3 must be a fraction from 0 to 1"),
     ([*GOOD, "--param", "steps=-5"], "TrainConfig.steps must be >= 1, got -5."),
     ([*GOOD, "--param", "shape=64,x,64"], "--param shape '64,x,64' is not valid; write it like 128,256,256."),
+    ([*GOOD, "--param", "spacing=1.5;1.5;2"], "--param spacing '1.5;1.5;2' is not valid; write it like 1.0,1.0,2.5."),
     ([*GOOD, "--param", "accelerator_type=TPU_V9_QUANTUM"],
      "--param accelerator_type 'TPU_V9_QUANTUM' is not an accelerator Vertex AI offers; use CPU, one of NVIDIA_"),
     ([*GOOD, "--param", "accelerator_type=TPU_V9_QUANTUM", "--param", "accelerator_count=-2"],
