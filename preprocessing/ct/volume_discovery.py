@@ -173,10 +173,11 @@ def _files_under(root: str, follow_links: bool = False) -> _Listing:
 
 
 def _link_notes(outside: list[str], root: str) -> tuple[str, ...]:
-    """The sentence naming the links that were left alone (relative to `root`: no absolute path in a note)."""
+    """The sentence naming the links that were left alone, relative to `root`; not where they lead: a path outside
+    the input may name a patient, and notes reach summary.json and the log."""
     if not outside:
         return ()
-    shown = ", ".join(f"{os.path.relpath(path, root)} -> {os.readlink(path)}" for path in outside[:3])
+    shown = ", ".join(os.path.relpath(path, root) for path in outside[:3])
     more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
     return (f"{len(outside)} link(s) lead outside the input and were not followed ({shown}{more}); pass "
             "--follow-links to read what they point to",)

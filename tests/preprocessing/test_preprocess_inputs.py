@@ -45,7 +45,7 @@ def test_cut_short_files_a_pipe_and_a_link_out_leave_the_good_scan_converted(tmp
     assert letters["nifti_gz.nii.gz"][1].startswith("nifti_gz.nii.gz decompresses to ")
     assert letters["pipe.nii.gz"][1] == ("pipe.nii.gz is a named pipe (FIFO), not a file; fullres reads only regular "
                                          "files (reading this one could block for ever), so it was skipped")
-    assert summary["layout_notes"] == ["1 link(s) lead outside the input and were not followed (up -> ..); pass "
+    assert summary["layout_notes"] == ["1 link(s) lead outside the input and were not followed (up); pass "
                                        "--follow-links to read what they point to"]
     assert "1 link(s) lead outside the input and were not followed" in result.stdout
     assert "outside" not in (output / "dead_letter.jsonl").read_text()  # nothing from above --input was read

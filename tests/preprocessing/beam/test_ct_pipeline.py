@@ -489,8 +489,7 @@ def test_series_folders_reached_through_symlinks_are_found_once_with_follow_link
     # Without --follow-links, links out of the input are left alone and named; the one inside it is followed.
     found = volume_discovery.find_volumes(str(scans))
     assert found.images == {} and found.dead == []
-    assert found.notes == (f"2 link(s) lead outside the input and were not followed (case000 -> "
-                           f"{written['dicom']}/images/case000, more -> {written['dicom']}/images); pass "
+    assert found.notes == ("2 link(s) lead outside the input and were not followed (case000, more); pass "
                            "--follow-links to read what they point to",)
 
 
@@ -505,7 +504,7 @@ def test_a_link_up_out_of_the_input_is_not_followed(tmp_path):
     os.symlink("..", scans / "up")
     found = volume_discovery.find_volumes(str(scans))
     assert sorted(found.images) == ["again", "good"]
-    assert found.notes[-1].startswith("1 link(s) lead outside the input and were not followed (up -> ..)")
+    assert found.notes[-1].startswith("1 link(s) lead outside the input and were not followed (up)")
     assert sorted(volume_discovery.find_volumes(str(scans), follow_links=True).images) == [
         "PATIENT_JANE", "again", "good"]
 

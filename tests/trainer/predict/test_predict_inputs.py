@@ -48,7 +48,7 @@ def test_predict_sets_aside_what_it_cannot_read_whole_and_says_what_it_interpola
     assert {(letter["source"], letter["reason"]) for letter in summary["dead_letters"]} == {
         *((os.path.basename(path), "cut_short") for path in cut.values()), ("series_cut", "cut_short"),
         ("pipe.nii.gz", "not_a_file")}
-    assert summary["notes"] == ["1 link(s) lead outside the input and were not followed (up -> ..); pass "
+    assert summary["notes"] == ["1 link(s) lead outside the input and were not followed (up); pass "
                                 "--follow-links to read what they point to"]
     # The missing slice: 11 files, interpolated onto 12 slices, noted in the summary and on the terminal.
     (gappy,) = [case for case in summary["cases"] if case["case_id"] == "gappy"]
