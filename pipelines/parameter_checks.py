@@ -5,8 +5,10 @@ first: a parameter a step would refuse is refused here, in the sentence that
 step's command prints, before kfp starts a step or a request leaves for Vertex
 AI. The rules are not written twice: the CT grid is `ct_settings`'s, the
 training settings are resolved by `runtime.train_config` (the train component's
-own `config.resolve`), the failed fraction is `dead_letters`'s, a TPU slice is
-`targets`'s, accelerators and scheduling are the Vertex AI client's own enums.
+own `config.resolve`, with a user's network if `model_code` holds one: both or
+neither, `runtime.user_network_given`), the failed fraction is
+`dead_letters`'s, a TPU slice is `targets`'s, accelerators and scheduling are
+the Vertex AI client's own enums.
 
 `RULES` holds the rule of each parameter, by name (a parameter of a new
 pipeline takes its rule with one line there); `TOGETHER` the rules that judge
@@ -156,13 +158,41 @@ def ct_grid(values: dict, where: Where) -> None:
 
 
 def train_configuration(values: dict, where: Where = Where()):
-    """The training settings resolved exactly as the train component resolves them (`config.resolve`)."""
+    """The training settings resolved exactly as the train component resolves them (`config.resolve`), with the
+    user's network in place of the preset's when one is given (its settings are not the UNet's)."""
     from components import runtime
 
+    network = user_network(values, where)
     return runtime.train_config(task=values["task"], preset=values["preset"], train_data="", output_dir="",
                                 steps=values["steps"], batch_size=values["batch_size"],
                                 learning_rate=values["learning_rate"], input_partition_dims=values["input_partition_dims"],
-                                precision=values["precision"], overrides=values["train_overrides"])
+                                precision=values["precision"], overrides=values["train_overrides"],
+                                model_source=network)
+
+
+def user_network(values: dict, where: Where = Where()) -> str | None:
+    """A network of the user's as `fullres pipeline run --model FILE.py:FUNCTION` passes it: the file's text
+    (`model_code`) and the function's name (`model_function`), both or neither (the train step's own rule,
+    `runtime.user_network_given`); a name a function can have, and text that parses as Python, as the train step
+    imports it. Returns FILE.py:FUNCTION for `config.resolve` (the step writes the text to its own `network.py`), or
+    None. The train step still checks what only running the file tells (the function, the network it returns)."""
+    from components import runtime
+
+    code, function = values.get("model_code", ""), values.get("model_function", "")
+    if not runtime.user_network_given(code, function):
+        return None
+    if not function.isidentifier():
+        raise ValueError(f"{parameter('model_function')} {function!r} is not a function name; pass the name of the "
+                         "function in model_code that returns the network, e.g. build (fullres pipeline run --model "
+                         "FILE.py:FUNCTION sets both).")
+    try:
+        compile(code, "model_code", "exec")  # parsed only: nothing of the user's runs here
+    except (SyntaxError, ValueError) as error:  # ValueError: a null byte
+        where_in = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        raise ValueError(f"{parameter('model_code')} is not Python the train step can import{where_in}: "
+                         f"{getattr(error, 'msg', error)}; fix the file and pass it again (fullres pipeline run "
+                         "--model FILE.py:FUNCTION passes its text).") from None
+    return f"network.py:{function}"
 
 
 def placement(values: dict, where: Where) -> None:
@@ -227,7 +257,8 @@ def classes_against_labels(values: dict, where: Where) -> None:
             f"{max(found) + 1}}}' or more.")
 
 
-TRAIN = ("preset", "steps", "batch_size", "learning_rate", "input_partition_dims", "precision", "train_overrides")
+TRAIN = ("preset", "steps", "batch_size", "learning_rate", "input_partition_dims", "precision", "train_overrides",
+         "model_code", "model_function")
 # Each rule over several parameters, with the parameters it judges.
 TOGETHER: dict[Callable[[dict, Where], None], tuple[str, ...]] = {
     ct_grid: ("spacing", "window", "shape"),

@@ -88,20 +88,6 @@ def test_train_refuses_fewer_classes_than_the_data_has(demo_data, tmp_path):
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-def test_train_names_a_damaged_train_config_instead_of_calling_the_run_foreign(demo_data, tmp_path):
-    from typer.testing import CliRunner
-
-    from pipelines import cli
-    from tests.trainer.engine.test_run_files import _cut_short_run
-
-    run = _cut_short_run(tmp_path)
-    result = CliRunner().invoke(cli.app, ["train", "--train", demo_data["train"], "--output", run, "--preset", "smoke"])
-    assert result.exit_code == 2
-    (error,) = result.stderr.splitlines()
-    assert error.startswith(f"fullres: error: {run}/train_config.json is damaged (not valid JSON, ")
-    assert "did not write" not in error and error.endswith("or train again into a new --output.")
-
-
 @pytest.mark.slow
 def test_train_names_missing_data(tmp_path):
     result = _fullres("train", "--train", str(tmp_path / "none-*.tfrecord"), "--output", str(tmp_path / "out"))

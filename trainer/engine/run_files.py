@@ -92,7 +92,8 @@ def check_resumable(run_dir: str) -> None:
     file_path = path(run_dir, TRAIN_CONFIG)
     if "://" in run_dir or not os.path.isfile(file_path):
         return
-    if not any(os.path.exists(path(run_dir, name)) for name in (MODEL_INFO, HISTORY, METRICS, MODEL, CHECKPOINTS)):
+    own_files = (MODEL_INFO, HISTORY, METRICS, MODEL, MODEL_SOURCE, CHECKPOINTS)  # a user's network: its copy too
+    if not any(os.path.exists(path(run_dir, name)) for name in own_files):
         return  # a lone file of that name: the output guard judges the folder
     _, problem = _read_config(file_path)
     if problem is not None:

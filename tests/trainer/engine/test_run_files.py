@@ -47,6 +47,34 @@ def test_a_damaged_train_config_is_named_with_the_fix(tmp_path):
     run_files.check_resumable(str(tmp_path))  # no run files: nothing to say (the output guard judges the folder)
 
 
+def test_a_users_network_run_with_a_damaged_train_config_is_named_too(tmp_path):
+    """A run of a user's network holds its copy of the network (model_source.py), a file of fullres's own: with a
+    damaged train_config.json beside it, the damage is named, not the copy called foreign."""
+    import pytest
+
+    from common import output_guard
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model_source.py").write_text("def build(num_classes, in_channels):\n    return None\n")
+    (run / "train_config.json").write_text('{"task": "segmentation", "model": {"file": "model_sou')
+    with pytest.raises(output_guard.OutputRefused, match=r"train_config.json is damaged \(not valid JSON, "):
+        run_files.check_resumable(str(run))
+
+
+def test_train_names_a_damaged_train_config_instead_of_calling_the_run_foreign(demo_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    run = _cut_short_run(tmp_path)
+    result = CliRunner().invoke(cli.app, ["train", "--train", demo_data["train"], "--output", run, "--preset", "smoke"])
+    assert result.exit_code == 2
+    (error,) = result.stderr.splitlines()
+    assert error.startswith(f"fullres: error: {run}/train_config.json is damaged (not valid JSON, ")
+    assert "did not write" not in error and error.endswith("or train again into a new --output.")
+
+
 def test_model_info_round_trip(tmp_path):
     preprocessing = {"spacing": [1.0, 1.0, 2.5], "orientation": "LPS", "window": [-160, 240], "modality": "ct",
                      "shape": None}
