@@ -24,3 +24,18 @@ class CaseError(Exception):
 def dead_letter(source: str, stage: str, reason: str, detail: str) -> dict:
     """One dead-letter record, as written to `dead_letter.jsonl`."""
     return {"source": source, "stage": stage, "reason": reason, "detail": detail}
+
+
+def check_failed_fraction(value: float, name: str = "--max-failed-fraction") -> None:
+    """The rule for the share of inputs that may fail before a run counts as failed: a fraction from 0 to 1.
+
+    `preprocess ct|images`, `predict`, their components and the pipelines' parameter check all apply it.
+
+    Example:
+        >>> check_failed_fraction(-3, "--param max_failed_fraction")
+        Traceback (most recent call last):
+        ValueError: --param max_failed_fraction -3 must be a fraction from 0 to 1 (the share of inputs that may fail before the run counts as failed), e.g. 0.1.
+    """
+    if not 0 <= value <= 1:  # NaN too
+        raise ValueError(f"{name} {value:g} must be a fraction from 0 to 1 (the share of inputs that may fail before "
+                         "the run counts as failed), e.g. 0.1.")

@@ -26,6 +26,13 @@ def beam_arguments(beam_args: list) -> list[str]:
     return args
 
 
+def readable(uri: str) -> str:
+    """An input location as the step reads it: `gs://BUCKET/PATH` as Vertex AI mounts Cloud Storage into every step
+    (`/gcs/BUCKET/PATH`, where KFP's own artifact paths lie), anything else as it is. fullres reads inputs
+    through a file system (SimpleITK, pydicom, PIL), not through Cloud Storage's API."""
+    return "/gcs/" + uri[len("gs://"):] if uri.startswith("gs://") else uri
+
+
 def output_location(artifact, beam_args: list) -> str:
     """gs:// for a Beam runner that writes to Cloud Storage itself (Dataflow); the artifact's path otherwise."""
     on_dataflow = any(str(a).replace(" ", "") in ("--runner=DataflowRunner", "--runner=dataflow") for a in beam_args)
@@ -55,6 +62,21 @@ def train_config(*, task: str, preset: str, train_data: str, output_dir: str, st
                               model_source=model_source)
 
 
+def user_network_given(model_code: str, model_function: str) -> bool:
+    """Whether the train step's parameters name a user's network (the pipelines' parameter check asks the same).
+
+    Raises:
+        ValueError: one of the two is given without the other.
+    """
+    if not model_code.strip() and not model_function:
+        return False
+    if not model_code.strip() or not model_function:
+        raise ValueError("model_code (the text of your network's Python file) and model_function (the function in it "
+                         "that returns the network) go together; pass both (fullres pipeline run --model "
+                         "FILE.py:FUNCTION sets them), or neither for the task's own model.")
+    return True
+
+
 def model_source(model_code: str, model_function: str) -> str | None:
     """FILE.py:FUNCTION of a user's network passed as text (the train step's `model_code`), written to a file of its
     own in a fresh temporary folder; None when there is no code (the task's own model).
@@ -65,12 +87,8 @@ def model_source(model_code: str, model_function: str) -> str | None:
     import os
     import tempfile
 
-    if not model_code.strip() and not model_function:
+    if not user_network_given(model_code, model_function):
         return None
-    if not model_code.strip() or not model_function:
-        raise ValueError("model_code (the text of your network's Python file) and model_function (the function in it "
-                         "that returns the network) go together; pass both (fullres pipeline run --model "
-                         "FILE.py:FUNCTION sets them), or neither for the task's own model.")
     path = os.path.join(tempfile.mkdtemp(prefix="fullres-network-"), "network.py")
     with open(path, "w", encoding="utf-8") as file:
         file.write(model_code)

@@ -38,16 +38,16 @@ def preprocess_ct(
     With `pseudonymize`, case ids are keyed hashes; the key and the mapping back lie beside the dataset artifact
     (`DATASET.pseudonym-key`, `DATASET.pseudonyms.json`), never inside it.
     """
-    from common import identifiers, parsing
+    from common import identifiers
     from components import runtime
     from preprocessing.beam import ct_pipeline
-    from preprocessing.ct import ct_transforms
+    from preprocessing.ct import ct_settings, ct_transforms
 
     output = runtime.output_location(dataset, beam_args)
-    config = ct_transforms.CtPreprocessConfig(
-        spacing=parsing.parse_list(spacing, float, "spacing"), window=parsing.parse_list(window, float, "window"),
-        shape=parsing.parse_list(shape, int, "shape"))
-    summary = ct_pipeline.run(input_path=input_uri, output=output, labels=labels_uri or None, config=config,
+    config = ct_transforms.CtPreprocessConfig(**ct_settings.grid_from_text(spacing, window, shape,
+                                                                           ct_settings.parameter_name))
+    summary = ct_pipeline.run(input_path=runtime.readable(input_uri), output=output,
+                              labels=runtime.readable(labels_uri) or None, config=config,
                               pipeline_args=runtime.beam_arguments(beam_args), max_failed_fraction=max_failed_fraction,
                               pseudonymize=pseudonymize,
                               pseudonym_key_file=identifiers.key_path(dataset.path) if pseudonymize else None,
@@ -67,7 +67,8 @@ def preprocess_images(
     from preprocessing.beam import images_pipeline
 
     output = runtime.output_location(dataset, beam_args)
-    summary = images_pipeline.run(annotations=annotations_uri, images=images_uri, output=output,
+    summary = images_pipeline.run(annotations=runtime.readable(annotations_uri), images=runtime.readable(images_uri),
+                                  output=output,
                                   pipeline_args=runtime.beam_arguments(beam_args),
                                   max_failed_fraction=max_failed_fraction, log=runtime.log)
     runtime.describe_dataset(dataset, summary, output)
@@ -169,7 +170,8 @@ def predict(
     from trainer.parallel import partitioning
     from trainer.predict import predict as predict_lib
 
-    summary = predict_lib.predict(model.path, input_uri, masks.path, output_format_name=output_format or None,
+    summary = predict_lib.predict(model.path, runtime.readable(input_uri), masks.path,
+                                  output_format_name=output_format or None,
                                   probabilities=probabilities, dicom_seg=dicom_seg,
                                   input_partition_dims=partitioning.parse_dims(input_partition_dims),
                                   pseudonymize=pseudonymize, log=runtime.log)

@@ -104,7 +104,7 @@ def _run_demo(output: Path, steps: int | None, cases: int, eval_cases: int, inpu
         arguments["steps"] = steps
     try:
         run = local_run.run_local(definitions.CT_PIPELINE, arguments, str(output / "pipeline-root"), log=console.say)
-    except local_run.PipelineRunFailed as error:
+    except (local_run.PipelineRunFailed, ValueError) as error:
         console.fail(str(error))
     outputs = run["outputs"]
     metrics_path = local_run.find_output(outputs, "evaluate", "metrics")
@@ -203,8 +203,7 @@ def pipeline_parameters(name: PipelineName = "ct-segmentation") -> None:
     _check_pipeline_name(name)
     from pipelines import definitions
 
-    inputs = definitions.PIPELINES[name]().component_spec.inputs
-    for key, spec in inputs.items():
+    for key, spec in definitions.parameters(name).items():
         default = "(required)" if spec.default is None and not spec.optional else json.dumps(spec.default)
         console.say(f"{key:<24} {spec.type:<8} {default}")
 
@@ -225,17 +224,20 @@ def pipeline_run(
     _check_pipeline_name(name)
     if image is not None and runner != "docker":
         console.fail("--image applies to --runner docker; add --runner docker, or leave --image out.")
-    from pipelines import image as image_lib, local_run, vertex
+    from pipelines import image as image_lib, local_run, parameter_checks, vertex
     from common import output_guard
 
     try:
         arguments = {**_network_parameters(name, model), **vertex.parse_parameters(name, param or [])}
+        # Before anything is created or started: a parameter a step would refuse is refused here, in its words.
+        parameter_checks.check(name, arguments, parameter_checks.Where(log=console.say))
         inputs = {f"--param {key}": value for key, value in arguments.items() if key.endswith("_uri") and value}
         output_guard.check_owned_directory(str(pipeline_root), "pipeline-root", inputs, option="--pipeline-root")
         pipeline_root.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(pipeline_root), "pipeline-root")
         with output_guard.lock(str(pipeline_root), option="--pipeline-root"):
-            run = local_run.run_local(name, arguments, str(pipeline_root), log=console.say, runner=runner, image=image)
+            run = local_run.run_local(name, arguments, str(pipeline_root), log=console.say, runner=runner, image=image,
+                                      checked=True)
     except (ValueError, image_lib.ImageError) as error:  # OutputRefused too
         console.fail(str(error))
     except OSError as error:
@@ -264,25 +266,37 @@ def pipeline_submit(
     api_endpoint: Annotated[str | None, typer.Option(help="Vertex AI API endpoint, for private endpoints (default: REGION-aiplatform.googleapis.com).")] = None,
     plan: Annotated[Path | None, typer.Option(help="The JSON of `fullres plan --target ... --json`: its launch parameters (layout, batch, machine, accelerators, topology, hosts) are passed; a --param of the same name wins.")] = None,
     model: Network = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check everything and print the PipelineJob that would be sent (JSON), without credentials and without sending it.")] = False,
 ) -> None:
-    """Submit a pipeline to Vertex AI Pipelines (training on TPUs/GPUs via --param accelerator_type=..., Beam on Dataflow via beam_args)."""
+    """Submit a pipeline to Vertex AI Pipelines (training on TPUs/GPUs via --param accelerator_type=..., Beam on Dataflow via beam_args).
+
+    The parameters are checked first, as the steps would check them (inputs in Cloud Storage, accelerators and
+    TPU slices Vertex AI offers); then the credentials (Application Default Credentials).
+    """
     _check_pipeline_name(name)
     import tempfile
 
-    from pipelines import definitions, vertex
+    from pipelines import definitions, parameter_checks, vertex
 
     try:
         planned = vertex.plan_parameters(name, str(plan)) if plan is not None else {}
         arguments = {**planned, **_network_parameters(name, model), **vertex.parse_parameters(name, param or [])}
+        parameter_checks.check(name, arguments, parameter_checks.Where(vertex=True))
         labels = vertex.parse_labels(label or [])
         template = ROOT / definitions.COMPILED_FILES[name]
         if image is not None or not template.exists():
             template = Path(tempfile.mkdtemp(prefix="fullres-")) / definitions.COMPILED_FILES[name]
             definitions.compile_pipeline(name, str(template), image=image or image_name.DEFAULT_IMAGE)
-        resource = vertex.submit(str(template), project=project, region=region, pipeline_root=pipeline_root,
-                                 parameter_values=arguments, service_account=service_account, network=network,
-                                 labels=labels, display_name=display_name, enable_caching=caching,
-                                 api_endpoint=api_endpoint)
+        settings = dict(project=project, region=region, pipeline_root=pipeline_root, parameter_values=arguments,
+                        service_account=service_account, network=network, labels=labels, display_name=display_name,
+                        enable_caching=caching, api_endpoint=api_endpoint)
+        if dry_run:
+            request = vertex.dry_run(str(template), **settings)
+            console.say(f"dry run: would send this PipelineJob to {request['endpoint']} under {request['parent']} "
+                        "(nothing was sent):")
+            console.say(json.dumps(request["pipeline_job"], indent=2))
+            return
+        resource = vertex.submit(str(template), **settings)
     except ValueError as error:
         console.fail(str(error))
     console.say(f"submitted {name}: {resource}")

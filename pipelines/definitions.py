@@ -29,6 +29,7 @@ to run it on Dataflow).
 
 
 import copy
+import functools
 import inspect
 
 from kfp import dsl
@@ -237,6 +238,12 @@ def detection_pipeline(image: str = image_name.DEFAULT_IMAGE):
 
 
 PIPELINES = {CT_PIPELINE: ct_segmentation_pipeline, DETECTION_PIPELINE: detection_pipeline}
+
+
+@functools.cache
+def parameters(name: str) -> dict:
+    """`{parameter: its InputSpec (type, default, optional)}` of pipeline `name`, built once per process."""
+    return dict(PIPELINES[name]().component_spec.inputs)
 # Where `fullres pipeline compile` writes each pipeline (relative to the repository root).
 COMPILED_FILES = {CT_PIPELINE: "pipeline.yaml", DETECTION_PIPELINE: "detection-pipeline.yaml"}
 

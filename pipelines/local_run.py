@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 
-from pipelines import definitions, step_output
+from pipelines import definitions, parameter_checks, step_output
 
 
 class PipelineRunFailed(RuntimeError):
@@ -26,7 +26,8 @@ RUNNERS = ("subprocess", "docker")
 
 
 def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str], None] = print,
-              runner: str = "subprocess", image: str | None = None, verbose: bool | None = None) -> dict:
+              runner: str = "subprocess", image: str | None = None, verbose: bool | None = None,
+              checked: bool = False) -> dict:
     """Runs pipeline `name` with `arguments` locally; returns `{"run_dir", "outputs": {task: {output: path}}}`.
 
     Args:
@@ -40,10 +41,13 @@ def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str
         verbose: show every line the runner prints (executor inputs, artifact listings, warnings); by default
             (None: unless FULLRES_VERBOSE=1) the terminal shows the steps and their progress lines, and every
             line goes to `pipeline_root/<name>-<time>.log`.
+        checked: the caller has passed `arguments` through `parameter_checks.check` already (otherwise it is done
+            here, before anything starts).
 
     Raises:
-        PipelineRunFailed: a step failed (its log is above, in the runner's output).
-        ValueError: an unknown pipeline or runner, or a docker run without an image.
+        PipelineRunFailed: a step failed; the sentence its exception says, and where its traceback is.
+        ValueError: an unknown pipeline or runner, a docker run without an image, or a parameter a step would
+            refuse (`parameter_checks`).
         pipelines.image.ImageError: no Docker engine, or the image is not there.
     """
     from kfp import local
@@ -54,6 +58,8 @@ def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str
         raise ValueError(f"runner {runner!r} is not known; use one of {', '.join(RUNNERS)}.")
     if runner == "docker" and not image:
         raise ValueError("the docker runner needs --image, e.g. fullres:cpu (build it with `fullres image build`).")
+    if not checked:
+        parameter_checks.check(name, arguments, parameter_checks.Where(log=log))
     pipeline_root = os.path.abspath(pipeline_root)
     os.makedirs(pipeline_root, exist_ok=True)
     before = set(os.listdir(pipeline_root))
@@ -72,9 +78,14 @@ def run_local(name: str, arguments: dict, pipeline_root: str, log: Callable[[str
     log(f"running pipeline {name} locally (kfp.local {type(kfp_runner).__name__}, {where}); artifacts under "
         f"{pipeline_root}, every line of its output in {log_path}")
     try:
-        with step_output.captured(log_path, verbose):
+        with step_output.captured(log_path, verbose) as output:
             pipeline(**arguments)
     except RuntimeError as error:
+        if output.failures:  # the sentence the failing step's command would print; its traceback is in the log
+            step, sentence = output.failures[-1]
+            raise PipelineRunFailed(f"pipeline {name} failed in step {step}: {sentence.rstrip('.')}; its output, the "
+                                    f"traceback included, is in {log_path} (and the artifacts in {pipeline_root})."
+                                    ) from None
         raise PipelineRunFailed(f"pipeline {name} failed ({error}); the step's output is in {log_path} "
                                 f"(and the artifacts in {pipeline_root}).") from None
     runs = sorted(entry for entry in set(os.listdir(pipeline_root)) - before

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from common import console, parsing
+from common import console
 
 preprocess_app = typer.Typer(
     rich_markup_mode=None, help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
@@ -35,19 +35,7 @@ Compress = Annotated[bool, typer.Option(help="Write .tfrecord.gz shards.")]
 MaxFailedFraction = Annotated[float, typer.Option(help="Exit non-zero when more than this fraction of inputs fails.")]
 Runner = Annotated[str, typer.Option(help=BEAM_HELP)]
 Workers = Annotated[int | None, typer.Option(help="DirectRunner worker processes (default: one per core).")]
-
-
-def _triple(text: str | None, name: str, kind=float):
-    if text is None:
-        return None
-    try:
-        values = parsing.parse_list(text, kind, name) or ()
-    except ValueError:
-        values = ()
-    if len(values) != (2 if name == "--window" else 3):
-        example = {"--spacing": "1.0,1.0,2.5", "--window": "-160,240", "--shape": "128,256,256"}[name]
-        console.fail(f"{name} {text!r} is not valid; write it like {example}.")
-    return values
+FollowLinks = Annotated[bool, typer.Option("--follow-links", help="Also read what symbolic links under --input lead to outside it (by default such links are left alone and named in a note; links inside --input are always followed).")]
 
 
 def _beam_args(runner: str, workers: int | None, extra: list[str]) -> list[str]:
@@ -127,6 +115,7 @@ def preprocess_ct(
     num_classes: Annotated[int | None, typer.Option(help="Classes including background: label values must be 0..N-1 (default: 0..255).")] = None,
     max_voxels: Annotated[int | None, typer.Option(help="Cases with more voxels (read from the header, and after resampling) are dead letters (default 2^29).")] = None,
     max_decoded_bytes: Annotated[str | None, typer.Option(help="Volumes that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB).")] = None,
+    follow_links: FollowLinks = False,
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -135,8 +124,14 @@ def preprocess_ct(
 ) -> None:
     """Convert CT volumes (+ label maps) into resampled, windowed TFRecords; bad cases go to dead_letter.jsonl."""
     # Cheap checks first: a typo should not wait for Beam and TensorFlow to load.
-    spacing_values = _triple(spacing, "--spacing") if spacing and spacing.lower() != "none" else None
-    window_values, shape_values = _triple(window, "--window"), _triple(shape, "--shape", int)
+    from common import dead_letters
+    from preprocessing.ct import ct_settings
+
+    try:
+        grid = ct_settings.grid_from_text(spacing, window, shape)
+        dead_letters.check_failed_fraction(max_failed_fraction)
+    except ValueError as error:
+        console.fail(str(error))
     for name, path in (("--input", input_path), ("--labels", labels)):
         if path is not None and "://" not in path and not os.path.exists(path):
             console.fail(f"{name} {path!r} does not exist.")
@@ -147,8 +142,7 @@ def preprocess_ct(
     try:
         decoded_bytes = {} if max_decoded_bytes is None else {
             "max_decoded_bytes": sizes.parse_bytes(max_decoded_bytes, "--max-decoded-bytes")}
-        config = ct_transforms.CtPreprocessConfig(spacing=spacing_values, window=window_values, shape=shape_values,
-                                                  spacing_tolerance=spacing_tolerance,
+        config = ct_transforms.CtPreprocessConfig(**grid, spacing_tolerance=spacing_tolerance,
                                                   classes=label_maps.class_names(classes) if classes else (),
                                                   modality=modality, crop=crop,
                                                   max_label=255 if num_classes is None else num_classes - 1,
@@ -160,6 +154,7 @@ def preprocess_ct(
         ct_pipeline.run, input_path=input_path, output=output, labels=labels, config=config,
         pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
         max_failed_fraction=max_failed_fraction, pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
+        follow_links=follow_links,
     )
 
 
@@ -179,6 +174,12 @@ def preprocess_images(
     workers: Workers = None,
 ) -> None:
     """Convert images with boxes into TF Object Detection API TFRecords; bad boxes and images go to dead_letter.jsonl."""
+    from common import dead_letters
+
+    try:
+        dead_letters.check_failed_fraction(max_failed_fraction)
+    except ValueError as error:
+        console.fail(str(error))
     for name, path in (("--annotations", annotations), ("--images", images), ("--label-map", label_map)):
         if path is not None and "://" not in path and not os.path.exists(path):
             console.fail(f"{name} {path!r} does not exist.")
@@ -236,7 +237,14 @@ def demo_data_ct(
     """Synthetic CT cases with label maps, as DICOM series and as NIfTI (the same cases in both)."""
     from preprocessing.ct import demo_ct
 
-    size = _triple(shape, "--shape", int)
+    from preprocessing.ct import ct_settings
+
+    try:
+        size = ct_settings.read("shape", shape)
+    except ValueError as error:
+        console.fail(str(error))
+    if size is None:  # "" or "none": the demo needs a size
+        console.fail(f"--shape {shape!r} is not valid; write it like {ct_settings.EXAMPLES['shape']}.")
     written = _write_demo_data(output, "demo-data-ct", demo_ct.demo_case_files(cases, size),
                                lambda: demo_ct.write_demo_cases(str(output), cases, size, seed))
     console.say(f"wrote {cases} cases: DICOM series in {written['dicom']}, NIfTI in {written['nifti']} "

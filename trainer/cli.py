@@ -194,7 +194,7 @@ def plan(
     model: Annotated[str | None, typer.Option(help="Shorthand: unet3d, unet2d (segmentation) or retinanet (detection), or your own network as FILE.py:FUNCTION (as for fullres train; 2D or 3D from --image-size); default: the preset's task.")] = None,
     preset: Annotated[str, typer.Option(help="The training preset to size, as for fullres train (default: the task's default).")] = "default",
     image_size: Annotated[str | None, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W; the default) or 2560,2560 (the detection canvas).")] = None,
-    partitions: Annotated[str, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64.")] = "1,2,4,8,16",
+    partitions: Annotated[str | None, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64 (default 1,2,4,8,16; on a --target, those that divide its devices).")] = None,
     layouts: Annotated[str, typer.Option(help="default: N-way along the first spatial dimension; all: every split of N over the spatial dimensions that divides, ranked.")] = "default",
     precision: Annotated[str | None, typer.Option(help="float32 or bfloat16.")] = None,
     remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass.")] = None,
@@ -218,9 +218,12 @@ def plan(
     the target's memory are not compiled for it, and the plan ends with what to launch.
     """
     from trainer import config as config_lib
+    from trainer.plan import targets
 
     try:
-        counts = parsing.parse_list(partitions, int, "--partitions") or ()
+        on = targets.parse(target)  # an unknown target or slice is named before anything is built
+        asked = (parsing.parse_list(partitions, int, "--partitions") or ()) if partitions is not None else None
+        counts = asked if asked is not None else targets.default_partitions(on)
         size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
         given = config_lib.parse_settings(settings or [])
         dims = tuple(parsing.parse_list(input_partition_dims, int, "--input-partition-dims")) \
@@ -229,7 +232,7 @@ def plan(
             if min(dims) < 1:
                 raise ValueError(f"--input-partition-dims {input_partition_dims} has an entry below 1; each is how "
                                  "many parts an axis is cut into, e.g. 1,4,1,1,1.")
-            counts = (math.prod(dims),)
+            counts = asked = (math.prod(dims),)
         if max_minutes is not None and max_minutes <= 0:
             raise ValueError(f"--max-minutes {max_minutes:g} must be more than 0, e.g. --max-minutes 30.")
     except ValueError as error:
@@ -243,17 +246,17 @@ def plan(
 
             jax.config.update("jax_platforms", "cpu")
     from common import sizes
-    from trainer.plan import memory_plan, targets
+    from trainer.plan import memory_plan
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters, "model.stem": stem}
     try:
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
-            image_size=size, partitions=counts, layouts_to_try=dims or layouts, device_memory=device_memory,
+            image_size=size, partitions=asked, layouts_to_try=dims or layouts, device_memory=device_memory,
             target=target, max_minutes=max_minutes, use_cache=cache, data=data,
             log=lambda line: typer.echo(line, err=True))
-        memory = targets.memory_per_device(targets.parse(target))  # a target's own, unless --device-memory says
+        memory = targets.memory_per_device(on)  # a target's own, unless --device-memory says
         budget = device_memory or (sizes.human_bytes(memory) if memory else None)
     except (ValueError, FileNotFoundError, targets.MissingCompiler) as error:
         console.fail(str(error))
@@ -279,6 +282,7 @@ def predict(
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB (default: what the accelerator reports; unchecked on CPUs): a scan whose pass needs more is skipped with the number of cores it needs.")] = None,
     max_voxels: Annotated[int | None, typer.Option(help="Scans with more voxels (read from the header, and on the model's grid) are dead letters (default 2^29, as in preprocess ct).")] = None,
     max_decoded_bytes: Annotated[str | None, typer.Option(help="Scans that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB, as in preprocess ct).")] = None,
+    follow_links: preprocessing_cli.FollowLinks = False,
 ) -> None:
     """Segment new scans with a trained model: whole volume, one partitioned pass, masks in each scan's own geometry.
 
@@ -290,6 +294,12 @@ def predict(
     _use_virtual_devices(virtual_devices)
     if not os.path.exists(input_path):
         console.fail(f"--input {input_path!r} does not exist.")
+    from common import dead_letters
+
+    try:  # before the heavy imports: a typo fails at once
+        dead_letters.check_failed_fraction(max_failed_fraction)
+    except ValueError as error:
+        console.fail(str(error))
     from common import output_guard
     from trainer.parallel import partitioning
     from trainer.predict import predict as predict_lib
@@ -313,7 +323,7 @@ def predict(
                                           strict=strict, max_failed_fraction=max_failed_fraction,
                                           pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
                                           probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
-                                          device_memory=budget, log=console.say, **limits)
+                                          device_memory=budget, follow_links=follow_links, log=console.say, **limits)
     except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
             ValueError, predict_lib.TooManyFailed) as error:
         console.fail(str(error))

@@ -89,6 +89,7 @@ def open_run(run_dir: str) -> TrainedRun:
 
     Raises:
         FileNotFoundError: `run_dir` is not the output directory of `fullres train`.
+        ValueError: its `train_config.json` is damaged (the sentence names it and the fix).
     """
     config = run_files.read_train_config(run_dir)
     task = registry.make_task(config)

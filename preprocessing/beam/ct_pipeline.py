@@ -110,6 +110,7 @@ def run(
     max_failed_fraction: float = 0.1,
     pseudonymize: bool = False,
     pseudonym_key_file: str | None = None,
+    follow_links: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Preprocesses every case under `input_path` into `output`; returns the summary.
@@ -118,6 +119,8 @@ def run(
         pseudonymize: replace case ids by keyed hashes; the mapping goes to
             `identifiers.mapping_path(output)`, beside the output, never inside it.
         pseudonym_key_file: the key; default `identifiers.key_path(output)`, created if missing.
+        follow_links: read what links that lead outside `input_path` (or `labels`) point to; by default they
+            are left alone and named in the summary's `layout_notes` (`volume_discovery`).
 
     Raises:
         FileNotFoundError: `input_path` does not exist.
@@ -127,10 +130,13 @@ def run(
         conversion.PreprocessingFailed: more than `max_failed_fraction` of the
             cases failed (raised after the output, good records included, is in place).
     """
+    dead_letters.check_failed_fraction(max_failed_fraction)
     output_guard.check_conversion_output(output, {"input": input_path, "labels": labels})
-    pairing = label_pairing.pair(input_path, labels, config.spacing_tolerance)
+    pairing = label_pairing.pair(input_path, labels, config.spacing_tolerance, follow_links)
     if not pairing.cases and not pairing.dead:
-        raise ValueError(f"no CT volumes (DICOM, {', '.join(volume_discovery.VOLUME_SUFFIXES)}) found under {input_path}.")
+        noted = "".join(f"; {note}" for note in pairing.notes)  # e.g. links left alone
+        raise ValueError(f"no CT volumes (DICOM, {', '.join(volume_discovery.VOLUME_SUFFIXES)}) found under "
+                         f"{input_path}{noted}.")
     key = None
     if pseudonymize:
         if "://" in output and pseudonym_key_file is None:

@@ -169,6 +169,7 @@ def run(
         conversion.PreprocessingFailed: too large a fraction of dead letters
             (raised after the output, good records included, is in place).
     """
+    dead_letters.check_failed_fraction(max_failed_fraction)
     output_guard.check_conversion_output(output, {"annotations": annotations, "images": images, "label map": label_map})
     if not os.path.isdir(images):
         raise FileNotFoundError(f"image directory {images!r} does not exist; pass the directory the annotations refer to.")

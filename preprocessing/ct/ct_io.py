@@ -20,7 +20,7 @@ import SimpleITK as sitk
 from nibabel import openers
 
 from common import dead_letters
-from preprocessing.ct import dicom_labels, dicom_series
+from preprocessing.ct import dicom_labels, dicom_series, volume_bytes
 
 
 # The NaN/Inf check reads a NIfTI file's stored values in slabs of this many bytes.
@@ -68,8 +68,8 @@ def read_volume(source: VolumeSource, pixel_type=sitk.sitkFloat32, *, reference:
         classes: segment/ROI names of DICOM labels; name i is class i + 1.
 
     Raises:
-        dead_letters.CaseError: unreadable file, a DICOM series with two different slices at
-            one position, or a SEG/RTSTRUCT naming a segment not in `classes`.
+        dead_letters.CaseError: unreadable file, a file cut short (`volume_bytes`), a DICOM series with two
+            different slices at one position, or a SEG/RTSTRUCT naming a segment not in `classes`.
     """
     if source.dicom_label:
         if reference is None:
@@ -78,6 +78,7 @@ def read_volume(source: VolumeSource, pixel_type=sitk.sitkFloat32, *, reference:
         return dicom_labels.read_label(source.path, source.dicom_label, reference, classes)
     if source.is_dicom:
         return dicom_series.read_series(source.dicom_files, spacing_tolerance)
+    volume_bytes.check_complete(source.path)  # ITK's NIfTI reader would fill a cut-short file with zeros
     try:
         image = sitk.ReadImage(source.path, pixel_type)
     except RuntimeError as error:

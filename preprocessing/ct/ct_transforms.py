@@ -21,7 +21,7 @@ import SimpleITK as sitk
 
 from common import dead_letters
 from common import sizes
-from preprocessing.ct import ct_io, dicom_series, geometry, intensity, label_maps, volume_header
+from preprocessing.ct import ct_io, ct_settings, dicom_series, geometry, intensity, label_maps, volume_header
 from preprocessing.records import tfrecord_schema
 
 AIR_HU = -1024.0
@@ -84,12 +84,7 @@ class CtPreprocessConfig:
             raise ValueError(f"--spacing-tolerance needs a fraction in [0, 1), e.g. 0.05, got {self.spacing_tolerance}.")
         if len({name.strip().lower() for name in self.classes}) != len(self.classes) or not all(n.strip() for n in self.classes):
             raise ValueError(f"--classes needs distinct, non-empty names, got {','.join(self.classes)!r}.")
-        if self.spacing is not None and (len(self.spacing) != 3 or min(self.spacing) <= 0):
-            raise ValueError(f"--spacing needs three positive values X,Y,Z in mm, got {self.spacing}.")
-        if len(self.window) != 2 or self.window[0] >= self.window[1]:
-            raise ValueError(f"--window needs LOW,HIGH with LOW < HIGH, got {self.window}.")
-        if self.shape is not None and (len(self.shape) != 3 or min(self.shape) < 1):
-            raise ValueError(f"--shape needs three positive sizes D,H,W, got {self.shape}.")
+        ct_settings.check_grid(self.spacing, self.window, self.shape)  # the one rule, as the text readers apply it
         if self.modality not in intensity.MODALITIES:
             raise ValueError(f"--modality {self.modality!r} is not known; use {', '.join(intensity.MODALITIES)}.")
         if not 0 <= self.max_label <= 255:

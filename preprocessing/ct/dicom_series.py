@@ -143,8 +143,27 @@ def _rescale(dataset: pydicom.Dataset, index: int | None) -> tuple[float, float]
     return float(getattr(dataset, "RescaleSlope", 1.0)), float(getattr(dataset, "RescaleIntercept", 0.0))
 
 
+def _check_complete(dataset: pydicom.Dataset, path: str) -> None:
+    """Refuses uncompressed pixel data shorter than rows × columns × frames × samples × bits promise (`cut_short`,
+    the reason `volume_bytes` gives volume files); compressed data are checked by their decoders."""
+    syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
+    if "PixelData" not in dataset or syntax is None or syntax.is_compressed:
+        return
+    try:
+        promised = (int(dataset.Rows) * int(dataset.Columns) * int(getattr(dataset, "NumberOfFrames", 1) or 1)
+                    * int(getattr(dataset, "SamplesPerPixel", 1) or 1) * int(dataset.BitsAllocated) + 7) // 8
+    except (AttributeError, TypeError, ValueError):
+        return  # a header without the sizes: decoding names what is missing
+    held = len(dataset.PixelData)
+    if held < promised:
+        raise dead_letters.CaseError("read", "cut_short", f"{path} holds {held:,} of the {promised:,} pixel data bytes "
+                                     "its header promises: the file was cut short (a copy or download that stopped), "
+                                     "so copy it again from its source")
+
+
 def _decode(dataset: pydicom.Dataset, path: str) -> np.ndarray:
     """A file's stored pixels as (frames, rows, columns), through pydicom's decoder plug-ins."""
+    _check_complete(dataset, path)
     try:
         pixels = dataset.pixel_array
     except Exception as error:  # pydicom and its decoder plug-ins raise many kinds

@@ -8,6 +8,7 @@ import numpy as np
 import SimpleITK as sitk
 
 from common import dead_letters
+from preprocessing.ct import ct_io
 from preprocessing.records import dataset_files
 
 
@@ -61,6 +62,25 @@ def check_label_values(label: sitk.Image, path: str, max_label: int) -> sitk.Ima
 def _listed(values) -> str:
     shown = ", ".join(f"{v:g}" for v in values[:8])
     return shown + (f" and {len(values) - 8} more" if len(values) > 8 else "")
+
+
+def values_in(paths: list[str]) -> list[int]:
+    """The class ids the label map files at `paths` hold, together (sorted); a file that cannot be read, or holds
+    values that are not class ids, adds none (preprocessing makes it a dead letter that says why).
+
+    Read one at a time, each as stored (no cast that would wrap 256 to 0).
+    """
+    found: set[int] = set()
+    for path in paths:
+        try:
+            image = ct_io.read_volume(ct_io.VolumeSource(path), sitk.sitkUnknown)  # held: a view does not keep it
+        except (dead_letters.CaseError, RuntimeError, OSError):
+            continue
+        values = np.unique(sitk.GetArrayViewFromImage(image))
+        if np.issubdtype(values.dtype, np.floating) and not np.array_equal(values, np.round(values)):
+            continue
+        found.update(int(v) for v in values if v >= 0)
+    return sorted(found)
 
 
 def class_counts(labels: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ class Pairing:
 
 
 def pair(input_path: str, labels: str | None = None,
-         spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> Pairing:
+         spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE, follow_links: bool = False) -> Pairing:
     """Finds the cases under `input_path` and pairs each with its label map.
 
     Label maps come from the names under `input_path` (the layouts of
@@ -44,7 +44,8 @@ def pair(input_path: str, labels: str | None = None,
     reference), from a `labels` folder (same case ids), or from a manifest CSV
     (`image,label` rows). A file is never paired with itself, and a label map
     is never a case. Once any case has a label map, a case without one is a
-    dead letter.
+    dead letter. Links that lead outside `input_path` (or `labels`) are followed only with `follow_links`
+    (`volume_discovery`).
 
     Raises:
         FileNotFoundError: `input_path` or `labels` does not exist.
@@ -57,7 +58,8 @@ def pair(input_path: str, labels: str | None = None,
         rows = _manifest_rows(labels)
         label_files = frozenset(os.path.realpath(label) for _, image, label in rows
                                 if os.path.realpath(label) != os.path.realpath(image))
-        found = volume_discovery.find_volumes(input_path, exclude=label_files, spacing_tolerance=spacing_tolerance)
+        found = volume_discovery.find_volumes(input_path, exclude=label_files, spacing_tolerance=spacing_tolerance,
+                                             follow_links=follow_links)
         dead = list(found.dead)
         by_manifest = _match_manifest(labels, rows, found.images, dead)
         by_case, ambiguous = _merge_labels([found.labels, by_manifest], found.images, dead)
@@ -66,7 +68,7 @@ def pair(input_path: str, labels: str | None = None,
     if labels is not None and not os.path.exists(labels):
         raise FileNotFoundError(f"--labels {labels!r} does not exist; pass a folder of label maps or a manifest CSV.")
     if labels is None or os.path.realpath(labels) == input_real:
-        found = volume_discovery.find_volumes(input_path, spacing_tolerance=spacing_tolerance)
+        found = volume_discovery.find_volumes(input_path, spacing_tolerance=spacing_tolerance, follow_links=follow_links)
         if labels is not None and found.images and not found.labels:
             raise ValueError(
                 f"--labels {labels} is the --input folder, and no file name there says which files are label maps; "
@@ -85,9 +87,9 @@ def pair(input_path: str, labels: str | None = None,
     # each side leaves the other's files out, so no file is both an image and a label map.
     input_inside_labels = volume_discovery.excluded(input_real, frozenset({labels_real}))
     found = volume_discovery.find_volumes(input_path, exclude=frozenset() if input_inside_labels else frozenset({labels_real}),
-                         spacing_tolerance=spacing_tolerance)
+                         spacing_tolerance=spacing_tolerance, follow_links=follow_links)
     label_found = volume_discovery.find_volumes(labels, ct_layouts.LABEL, exclude=frozenset({input_real}),
-                               spacing_tolerance=spacing_tolerance)
+                               spacing_tolerance=spacing_tolerance, follow_links=follow_links)
     dead = found.dead + label_found.dead
     # Label maps named as such beside the images count too; two for one case are refused.
     by_case, ambiguous = _merge_labels([label_found.labels, found.labels], found.images, dead)

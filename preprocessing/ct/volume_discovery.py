@@ -5,6 +5,12 @@ their role (image or label map) from the layouts of `ct_layouts`; DICOM files
 are grouped into series (`dicom_grouping`), and DICOM SEG and RTSTRUCT files
 are label maps of the series they reference. A file that cannot be used is a
 dead letter naming it; it never stops the others.
+
+Inputs stay inside the input: a symbolic link is followed only when it
+resolves inside the folder given (or when the user asks, `follow_links`); one
+that leads out is left alone and named in a note. A named pipe, socket or
+device is never opened (reading one would block): it is a dead letter
+(`not_a_file`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import dataclasses
 import os
 
 from common import dead_letters
-from preprocessing.ct import ct_io, ct_layouts, dicom_grouping, dicom_series
+from preprocessing.ct import ct_io, ct_layouts, dicom_grouping, dicom_series, volume_bytes
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
 # Files that sit next to images but are never images themselves.
@@ -29,7 +35,7 @@ def case_id_of(path: str) -> str:
     return name
 
 
-def discover(root: str, spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE
+def discover(root: str, spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE, follow_links: bool = False
              ) -> tuple[dict[str, ct_io.VolumeSource], list[dict]]:
     """Finds every image volume under `root` (a file or a directory tree).
 
@@ -38,7 +44,7 @@ def discover(root: str, spacing_tolerance: float = dicom_series.DEFAULT_SPACING_
         Label maps named as such (`ct_layouts`) are not images and are left
         out; DICOM SEG and RTSTRUCT files are returned, under `dicom_label`.
     """
-    found = find_volumes(root, spacing_tolerance=spacing_tolerance)
+    found = find_volumes(root, spacing_tolerance=spacing_tolerance, follow_links=follow_links)
     return {**found.images, **{key: source for key, source in found.labels.items() if source.dicom_label}}, found.dead
 
 
@@ -54,7 +60,7 @@ class Found:
 
 
 def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: frozenset[str] = frozenset(),
-                 spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE) -> Found:
+                 spacing_tolerance: float = dicom_series.DEFAULT_SPACING_TOLERANCE, follow_links: bool = False) -> Found:
     """Finds every volume under `root` and sorts it into images and label maps by its name (`ct_layouts`).
 
     A DICOM series takes the name of its directory as case id (`dicom_volumes`)
@@ -67,13 +73,21 @@ def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: froze
         neutral_role: the role of volumes whose names do not say (`ct_layouts.IMAGE` or `ct_layouts.LABEL`).
         exclude: absolute real paths of files or directories to leave out (the other side's files).
         spacing_tolerance: see `dicom_series.read_series`.
+        follow_links: follow symbolic links that lead outside `root` too (by default they are left alone, and
+            named in `notes`).
     """
     if not os.path.exists(root):
         raise FileNotFoundError(f"input {root!r} does not exist; pass a CT file or a directory of CT files.")
     root = os.path.abspath(root)
-    files = [root] if os.path.isfile(root) else _files_under(root)
-    files = [path for path in files if not excluded(path, exclude)]
+    listing = _Listing([root], []) if not os.path.isdir(root) else _files_under(root, follow_links)
+    files = [path for path in listing.files if not excluded(path, exclude)]
     dead: list[dict] = []
+    for path in list(files):
+        kind = volume_bytes.special_kind(path)
+        if kind is not None:  # never opened: the DICOM grouping below would block on a named pipe
+            files.remove(path)
+            error = volume_bytes.not_a_file(path, kind)
+            dead.append(dead_letters.dead_letter(path, error.stage, error.reason, error.detail))
     other_files: list[str] = []
     volume_files: list[tuple[str, str]] = []
     for path in files:
@@ -82,7 +96,7 @@ def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: froze
             volume_files.append((path, case_id_of(path)))
         elif not lower.endswith(IGNORED_SUFFIXES):
             other_files.append(path)
-    if os.path.isfile(root):
+    if not os.path.isdir(root):
         path, stem = volume_files[0] if volume_files else (None, None)
         named = ct_layouts.name_file(path, stem) if path else None
         classified = ct_layouts.Classified(
@@ -102,7 +116,7 @@ def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: froze
     dead.extend(dicom_dead)
     for key, source in dicom.items():
         _add(labels if source.dicom_label else neutral, dead, key, source)
-    return Found(images, labels, layouts, classified.notes, dead)
+    return Found(images, labels, layouts, classified.notes + _link_notes(listing.outside, root), dead)
 
 
 def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
@@ -119,17 +133,54 @@ def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
     return volumes, dead
 
 
-def _files_under(root: str) -> list[str]:
-    """Every file below `root`, sorted, hidden ones left out; directory symlinks are followed, each directory once."""
-    visited, files = set(), []
+@dataclasses.dataclass(frozen=True)
+class _Listing:
+    files: list[str]  # every file to look at, sorted
+    outside: list[str]  # links left alone: they lead outside the root
+
+
+def _files_under(root: str, follow_links: bool = False) -> _Listing:
+    """Every file below `root`, sorted, hidden ones left out; each directory once.
+
+    Links (to folders or files) that resolve inside `root` are followed; those that lead outside it only with
+    `follow_links`, and are listed in `outside` otherwise. A link back up the tree is read once.
+    """
+    inside_root = os.path.realpath(root)
+    visited, files, outside = set(), [], []
+
+    def leads_out(path: str) -> bool:
+        return (not follow_links and os.path.islink(path)
+                and not excluded(path, frozenset({inside_root})))  # `excluded`: resolves, then compares
+
     for directory, subdirectories, names in os.walk(root, followlinks=True):
         real = os.path.realpath(directory)
         if real in visited:  # a link back up the tree, or a second way to the same folder
             subdirectories[:] = []
             continue
         visited.add(real)
-        files.extend(os.path.join(directory, name) for name in names if not name.startswith("."))
-    return sorted(files)
+        for name in [n for n in subdirectories if leads_out(os.path.join(directory, n))]:
+            outside.append(os.path.join(directory, name))
+            subdirectories.remove(name)
+        for name in names:
+            path = os.path.join(directory, name)
+            if name.startswith("."):
+                continue
+            if leads_out(path) and os.path.exists(path):  # a broken link is a file the reader names
+                outside.append(path)
+                continue
+            files.append(path)
+    return _Listing(sorted(files), sorted(outside))
+
+
+def _link_notes(outside: list[str], root: str) -> tuple[str, ...]:
+    """The sentence naming the links that were left alone, relative to `root`; not where they lead: a path outside
+    the input may name a patient, and notes reach summary.json and the log."""
+    if not outside:
+        return ()
+    shown = ", ".join(os.path.relpath(path, root) for path in outside[:3])
+    more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
+    return (f"{len(outside)} link(s) lead outside the input and were not followed ({shown}{more}); pass "
+            "--follow-links to read what they point to",)
 
 
 def excluded(path: str, exclude: frozenset[str]) -> bool:

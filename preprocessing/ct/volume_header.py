@@ -16,16 +16,13 @@ stored type here as well (`VolumeHeader.decoded_bytes`).
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 
-import nibabel
 import numpy as np
 import SimpleITK as sitk
-from nibabel import openers
 
 from common import dead_letters
-from preprocessing.ct import ct_io, geometry
+from preprocessing.ct import ct_io, geometry, volume_bytes
 
 # Bytes a voxel takes once fullres works on it: every volume is read into a float32 copy. (A DICOM series is
 # decoded file by file into a float32 volume, and SimpleITK copies that once more as the read ends: for a moment
@@ -87,6 +84,7 @@ def read_header(source: ct_io.VolumeSource) -> VolumeHeader:
     """
     if source.is_dicom:
         return _dicom_header(source)
+    volume_bytes.check_regular(source.path)  # a named pipe would block the header reader for ever
     kind = format_of(source.path)
     if kind == "nifti":
         _check_nifti_fields(source)
@@ -195,22 +193,11 @@ def _dicom_header(source: ct_io.VolumeSource) -> VolumeHeader:
                         tuple(np.eye(3).reshape(-1).tolist()), stored.name, stored.itemsize, 1, samples, "dicom")
 
 
-def _raw_nifti_header(path: str):
-    """The NIfTI-1 or NIfTI-2 header as stored: nibabel's `load` would already have replaced zero pixdims by 1."""
-    with openers.ImageOpener(path) as file:
-        block = file.read(540)
-    for header_class in (nibabel.Nifti1Header, nibabel.Nifti2Header):
-        size = header_class.sizeof_hdr
-        if len(block) >= size and size in (int.from_bytes(block[:4], "little"), int.from_bytes(block[:4], "big")):
-            return header_class.from_fileobj(io.BytesIO(block[:size]), check=False)
-    return None
-
-
 def _check_nifti_fields(source: ct_io.VolumeSource) -> None:
     """Refuses zero or non-finite pixdims and qform/sform fields in a NIfTI header, naming the field."""
     name = name_of(source)
     try:
-        header = _raw_nifti_header(source.path)
+        header = volume_bytes.raw_nifti_header(source.path)
     except Exception:  # not gzip, truncated: SimpleITK's reader says it in its own words
         return
     if header is None:

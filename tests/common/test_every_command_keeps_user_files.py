@@ -98,6 +98,8 @@ def demo(tmp_path, demo_data):
 
 def pipeline_run(tmp_path, demo_data):
     output = tmp_path / "mine"
+    for inputs in ("scans", "eval"):  # they exist: the parameters are checked before the pipeline root
+        (tmp_path / inputs).mkdir()
     return (["pipeline", "run", "--local", "--pipeline-root", str(output), "--param",
              f"train_input_uri={tmp_path / 'scans'}", "--param", f"eval_input_uri={tmp_path / 'eval'}"], output,
             "results.csv", "pass a new or empty directory as {option}")

@@ -138,6 +138,24 @@ def test_preprocess_refuses_bad_arguments_in_one_line(args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", [["preprocess", "ct", "--input", "{here}", "--output", "{out}"],
+                                     ["preprocess", "images", "--annotations", "{here}", "--images", "{here}",
+                                      "--output", "{out}"],
+                                     ["predict", "--model", "{here}", "--input", "{here}", "--output", "{out}"]])
+def test_a_failed_fraction_outside_0_to_1_is_refused_by_every_command(tmp_path, command):
+    """-3 was taken as it came (a pipeline's max_failed_fraction=-3 reached preprocess so): one rule, checked first."""
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    arguments = [part.format(here=tmp_path, out=tmp_path / "out") for part in command]
+    result = CliRunner().invoke(cli.app, [*arguments, "--max-failed-fraction", "-3"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("fullres: error: --max-failed-fraction -3 must be a fraction from 0 to 1 (the share "
+                                     "of inputs that may fail before the run counts as failed), e.g. 0.1.")
+    assert not (tmp_path / "out").exists()
+
+
 def test_dataflow_workers_get_a_wheel_of_this_checkout():
     import zipfile
 
@@ -284,17 +302,18 @@ def test_disk_full_while_checkpointing_is_one_sentence_and_leaves_no_partial_fil
 
 @pytest.mark.parametrize("command", [
     ["demo", "--output", "{folder}"],
-    ["pipeline", "run", "--local", "--pipeline-root", "{folder}", "--param", "train_input_uri=/data/train",
-     "--param", "eval_input_uri=/data/eval"],
+    ["pipeline", "run", "--local", "--pipeline-root", "{folder}", "--param", "train_input_uri={scans}",
+     "--param", "eval_input_uri={scans}"],
 ])
-def test_demo_and_pipeline_root_refuse_a_folder_of_other_files(tmp_path, command):
+def test_demo_and_pipeline_root_refuse_a_folder_of_other_files(tmp_path, tmp_path_factory, command):
     from typer.testing import CliRunner
 
     from pipelines import cli
 
     (tmp_path / "thesis.tex").write_text("mine")
+    scans = tmp_path_factory.mktemp("scans")  # the inputs exist (the parameters are checked first)
     option = "--output" if command[0] == "demo" else "--pipeline-root"
-    result = CliRunner().invoke(cli.app, [part.format(folder=tmp_path) for part in command])
+    result = CliRunner().invoke(cli.app, [part.format(folder=tmp_path, scans=scans) for part in command])
     assert result.exit_code == 2
     assert result.stderr.strip() == (f"fullres: error: {option} {tmp_path} holds files fullres did not write "
                                      f"(thesis.tex); fullres never deletes or overwrites them, so pass a new or empty "
@@ -308,6 +327,7 @@ def test_pipeline_root_inside_an_input_is_refused(tmp_path):
     from pipelines import cli
 
     (tmp_path / "scans").mkdir()
+    (tmp_path / "eval").mkdir()
     result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(tmp_path / "scans" / "root"),
                                           "--param", f"train_input_uri={tmp_path / 'scans'}", "--param",
                                           f"eval_input_uri={tmp_path / 'eval'}"])

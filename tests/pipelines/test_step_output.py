@@ -6,10 +6,15 @@ traceback frames), written in the pieces kfp writes it in.
 """
 
 import io
+import os
 import sys
 import warnings
 
+import pytest
+
 from pipelines import step_output
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CYAN, RED, GREEN, RESET = "\x1b[96m", "\x1b[91m", "\x1b[92m", "\x1b[0m"
 INDENT = "    "  # kfp indents each step line, an empty one too
@@ -68,10 +73,6 @@ step preprocess-ct
     wrote 2 records in 2 shards (0.3 MiB), 0 dead letters
 step preprocess-ct: SUCCESS
 step train
-    Traceback (most recent call last):
-      File "/work/main/trainer/train.py", line 172, in _train
-        partitioning.validate(
-    trainer.parallel.partitioning.PartitionError: input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica
 step train: FAILURE
 pipeline ct-segmentation: FAILURE
 """
@@ -88,16 +89,37 @@ def _write_in_pieces(stream, text):
 
 
 def test_the_terminal_shows_steps_progress_and_errors_and_the_log_keeps_every_line():
+    """A failing step's traceback stays in the log; its exception's sentence is kept for the run's one error."""
     terminal, log = io.StringIO(), io.StringIO()
-    _write_in_pieces(step_output.StepOutput(terminal, log), TRANSCRIPT)
+    stream = step_output.StepOutput(terminal, log)
+    _write_in_pieces(stream, TRANSCRIPT)
     assert terminal.getvalue() == SHOWN
     assert log.getvalue() == TRANSCRIPT
+    assert stream.failures == [("train", "input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica")]
+
+
+def test_a_chained_traceback_gives_the_last_exceptions_sentence():
+    """`raise ... from error` and an error while handling one: the sentence is the last exception's, whose message
+    may go on over several lines (those stay in the log)."""
+    lines = ["18:03:44.110 - INFO - Executing task 'preprocess-ct'", "18:03:44.110 - INFO - Streamed logs:",
+             "    Traceback (most recent call last):", '      File "a.py", line 1, in f', "        g()",
+             "        ^^^", "    KeyError: 'x'", "    ", "    During handling of the above exception, another "
+             "exception occurred:", "    ", "    Traceback (most recent call last):", '      File "b.py", line 2',
+             "    preprocessing.beam.conversion.PreprocessingFailed: 3 of 3 inputs failed (100%).",
+             "    see dead_letter.jsonl", "18:03:45.177 - ERROR - Task 'preprocess-ct' finished with status FAILURE"]
+    terminal, log = io.StringIO(), io.StringIO()
+    stream = step_output.StepOutput(terminal, log)
+    stream.write("\n".join(lines) + "\n")
+    assert terminal.getvalue() == "step preprocess-ct\nstep preprocess-ct: FAILURE\n"
+    assert stream.failures == [("preprocess-ct", "3 of 3 inputs failed (100%).")]
 
 
 def test_verbose_shows_every_line():
     terminal, log = io.StringIO(), io.StringIO()
-    _write_in_pieces(step_output.StepOutput(terminal, log, verbose=True), TRANSCRIPT)
-    assert terminal.getvalue() == log.getvalue() == TRANSCRIPT
+    stream = step_output.StepOutput(terminal, log, verbose=True)
+    _write_in_pieces(stream, TRANSCRIPT)
+    assert terminal.getvalue() == log.getvalue() == TRANSCRIPT  # the traceback too
+    assert stream.failures == [("train", "input_partition_dims [1, 3, 1, 1, 1] asks for 3 cores per replica")]
 
 
 def test_captured_routes_stdout_and_warnings_into_the_log(tmp_path, capsys):
@@ -112,3 +134,29 @@ def test_captured_routes_stdout_and_warnings_into_the_log(tmp_path, capsys):
     logged = log_path.read_text()
     assert "Executing task 'train'" in logged and "have no effect in the current local runner" in logged
     assert sys.stdout is not None and not isinstance(sys.stdout, step_output.StepOutput)
+
+
+@pytest.mark.slow  # one real pipeline run whose first step fails (about 30 s)
+def test_a_failing_step_ends_the_run_with_its_commands_sentence_and_no_traceback(tmp_path):
+    """Every scan of the training split is unreadable: the preprocess step fails as `fullres preprocess ct` would,
+    and the run says that sentence, naming the step and the log that keeps the traceback."""
+    import subprocess
+
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    (scans / "case0.nii.gz").write_bytes(b"not a volume")
+    root = tmp_path / "root"
+    environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "FULLRES_VERBOSE")}
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", "pipeline", "run", "--local", "--pipeline-root",
+                             str(root), "--param", f"train_input_uri={scans}", "--param", f"eval_input_uri={scans}"],
+                            capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=600)
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
+    (run_dir,) = [path for path in root.iterdir() if path.is_dir()]
+    (log,) = root.glob("ct-segmentation-*.log")
+    dead_letters = next(run_dir.glob("preprocess-ct*/dataset")) / "dead_letter.jsonl"
+    assert error == (f"fullres: error: pipeline ct-segmentation failed in step {dead_letters.parent.parent.name}: 1 of "
+                     f"1 inputs failed (100%), more than --max-failed-fraction 0.1; see {dead_letters}; its output, "
+                     f"the traceback included, is in {log} (and the artifacts in {root}).")
+    assert "Traceback (most recent call last):" in log.read_text()

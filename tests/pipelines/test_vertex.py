@@ -144,7 +144,8 @@ def test_bad_submissions_are_refused_in_one_sentence(vertex, args, message):
     base = {"--project": "p", "--region": "us-central1", "--pipeline-root": "gs://b/r"}
     if "--pipeline-root" in args:
         base.pop("--pipeline-root")
-    result = CliRunner().invoke(cli.app, ["pipeline", "submit", *[x for kv in base.items() for x in kv], *args,
+    inputs = ["--param", "train_input_uri=gs://bkt/ct/train", "--param", "eval_input_uri=gs://bkt/ct/eval"]
+    result = CliRunner().invoke(cli.app, ["pipeline", "submit", *[x for kv in base.items() for x in kv], *inputs, *args,
                                           "--api-endpoint", endpoint])
     assert result.exit_code == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]

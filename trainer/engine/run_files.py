@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 
-from common import file_writes
+from common import file_writes, output_guard
 from trainer import config as config_lib
 from trainer.models import user_model
 
@@ -67,16 +67,59 @@ def read_train_config(run_dir: str) -> config_lib.TrainConfig:
 
     Raises:
         FileNotFoundError: `run_dir` is not the output directory of `fullres train`.
+        ValueError: `train_config.json` is damaged (`damage`: the sentence names it and the fix).
     """
     file_path = path(run_dir, TRAIN_CONFIG)
     if not os.path.exists(file_path):
         raise FileNotFoundError(f"{run_dir} has no {TRAIN_CONFIG}; pass the output directory of `fullres train`.")
-    with open(file_path) as file:
-        config = config_lib.from_dict(json.load(file))
+    content, problem = _read_config(file_path)
+    if problem is not None:
+        raise ValueError(_damaged(file_path, problem, "read this run"))
+    config = config_lib.from_dict(content)
     if isinstance(config.model, user_model.UserModelConfig):
         copy = os.path.abspath(path(run_dir, MODEL_SOURCE))
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, file=copy))
     return config
+
+
+def check_resumable(run_dir: str) -> None:
+    """Refuses to resume a run whose `train_config.json` is damaged, naming it (without this, the run's own files
+    would be called foreign: a directory is a run by its readable `train_config.json`).
+
+    Raises:
+        output_guard.OutputRefused: `run_dir` holds fullres's run files and a `train_config.json` that is not one.
+    """
+    file_path = path(run_dir, TRAIN_CONFIG)
+    if "://" in run_dir or not os.path.isfile(file_path):
+        return
+    own_files = (MODEL_INFO, HISTORY, METRICS, MODEL, MODEL_SOURCE, CHECKPOINTS)  # a user's network: its copy too
+    if not any(os.path.exists(path(run_dir, name)) for name in own_files):
+        return  # a lone file of that name: the output guard judges the folder
+    _, problem = _read_config(file_path)
+    if problem is not None:
+        raise output_guard.OutputRefused(_damaged(file_path, problem, "resume the run"))
+
+
+def _read_config(file_path: str) -> tuple[dict | None, str | None]:
+    """(the parsed TrainConfig dict, None), or (None, what is wrong with the file)."""
+    try:
+        with open(file_path, encoding="utf-8") as file:
+            content = json.load(file)
+    except UnicodeDecodeError:
+        return None, "it is not text"
+    except json.JSONDecodeError as error:
+        return None, f"not valid JSON, {error.msg.lower()} at line {error.lineno} column {error.colno}"
+    if not isinstance(content, dict) or not isinstance(content.get("model"), dict) \
+            or not isinstance(content.get("partition"), dict):
+        return None, "it holds no model and partition settings"
+    return content, None
+
+
+def _damaged(file_path: str, problem: str, to: str) -> str:
+    size = os.path.getsize(file_path)
+    return (f"{file_path} is damaged ({problem}; {size} bytes), so fullres cannot {to}; fullres writes it whole, "
+            "so a copy of the run was cut short or the file was changed since: copy train_config.json again from "
+            "where the run came from (or a backup), or train again into a new --output.")
 
 
 def write_model_info(run_dir: str, task: str, image_shape, class_names: list[str] | None,

@@ -117,8 +117,10 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
                          f"(input_partition_dims {list(smallest.input_partition_dims)}, {sizes.human_bytes(smallest.total_bytes)})")
         else:
             tried = sorted({r.partitions for result in results for r in [*result.rows, *result.refused]})
-            lines.append(f"none of {tried} fits {device_memory} per device; try more "
-                         "partitions, bfloat16 or --remat")
+            left = sum(len(result.not_compiled) for result in results)
+            lines.append(f"none of {tried} fits {device_memory} per device; "
+                         + (f"{left} layout(s) were not compiled within --max-minutes (give it more time), or "
+                            if left else "") + "try more partitions, bfloat16 or --remat")
     return lines
 
 
@@ -173,6 +175,19 @@ def launch_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def check_compiled(results, target: targets.Target, max_minutes: float | None, seconds: float) -> None:
+    """Refuses a plan in which `max_minutes` left every layout uncompiled for the target: there is nothing to rank,
+    and "none fits" would send the user after more partitions instead of more time."""
+    tried = [r for result in results for r in [*result.rows, *result.refused]]
+    left = [d for result in results for d in result.not_compiled]
+    if tried or not left:
+        return
+    raise ValueError(f"--max-minutes {max_minutes:g} ran out after the CPU estimates ({seconds:.0f} s), before any of "
+                     f"the {len(left)} layout(s) was compiled for {target.name}, so nothing was planned on it; give it "
+                     f"more time (a {target.name} compile takes about a minute here), e.g. --max-minutes 30, or leave "
+                     "--max-minutes out.")
+
+
 def _chosen(results, device_memory: int | None):
     """The best-ranked row of the smallest N that fits (that compiled at all, when none fits)."""
     rows = [r for result in results for r in result.rows]
@@ -181,7 +196,7 @@ def _chosen(results, device_memory: int | None):
 
 
 def run(*, model: str | None = None, preset: str = "default", settings: dict | None = None,
-        image_size: Sequence[int] | None = None, partitions: Sequence[int] = (1, 2, 4, 8, 16),
+        image_size: Sequence[int] | None = None, partitions: Sequence[int] | None = None,
         layouts_to_try="default", device_memory: str | None = None, target: str = "cpu",
         max_minutes: float | None = None, cache_dir: str | None = None, use_cache: bool = True,
         data: str | None = None, log: Callable[[str], None] = lambda line: None) -> Plan:
@@ -192,7 +207,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         preset, settings: as `fullres train --preset ... --set key=value` (dotted keys).
         image_size: the spatial size of one example (segmentation: D,H,W or H,W;
             detection: the canvas, `image_size`, which it sets).
-        partitions: core counts N to compare (with given dims: their product).
+        partitions: core counts N to compare (with given dims: their product); None: `targets.default_partitions`
+            (1, 2, 4, 8, 16, on a TPU slice or GPUs those that divide its devices).
         layouts_to_try: "default" (N-way along the first spatial dimension), "all" (every layout that
             divides) or one layout's input_partition_dims (a tuple).
         device_memory: e.g. "16GiB": rows say whether they fit, and ranking puts the fitting first
@@ -205,9 +221,17 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
             and set beside the step (`input_plan`).
 
     Raises:
-        ValueError: a bad name, layout or size (one sentence).
+        ValueError: a bad name, layout or size, or a `max_minutes` that ran out before anything was compiled for
+            the target (one sentence).
         targets.MissingCompiler: the target's compiler is not installed (one sentence: how to install it).
     """
+    on = targets.parse(target)
+    if partitions is None and on.device_count is not None:
+        partitions = targets.default_partitions(on)
+        log(f"planning {', '.join(map(str, partitions))} cores per replica: those of "
+            f"{', '.join(map(str, targets.DEFAULT_PARTITIONS))} that divide the {on.device_count} devices of "
+            f"{on.name} (--partitions chooses others)")
+    partitions = targets.DEFAULT_PARTITIONS if partitions is None else tuple(partitions)
     check_sizes(image_size, partitions)
     settings = dict(settings or {})
     if image_size is not None and len(image_size) == 2:
@@ -222,7 +246,6 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         raise ValueError(f"--input-partition-dims {','.join(map(str, layouts_to_try))} has {len(layouts_to_try)} "
                          f"entries; this model's inputs have {len(shape) + 1} (batch, {len(shape) - 1} spatial, "
                          f"channels), e.g. {','.join(map(str, compiled_step.default_partition_dims(4, len(shape) + 1)))}.")
-    on = targets.parse(target)
     limit = sizes.parse_bytes(device_memory) if device_memory else targets.memory_per_device(on)
     started = time.perf_counter()
     if on.platform == "cpu":
@@ -244,6 +267,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         cache = target_compile.PlanCache(cache_dir) if use_cache else None
         results = target_search.search(config, shape, list(partitions), on, layouts_to_try=layouts_to_try,
                                        device_memory=limit, max_minutes=max_minutes, cache=cache, log=log)
+        check_compiled(results, on, max_minutes, time.perf_counter() - started)
     where = "" if on.platform == "cpu" else (
         f" on {on.name} ({targets.hardware(on.kind)['device_kind']}, {sizes.human_bytes(limit)} per device), "
         f"that compiler's figures{', without cuDNN workspace' if on.platform == 'cuda' else ''}; step times are "

@@ -35,20 +35,29 @@ GPU_SPECS = HERE / "gpu_specs"
 
 @dataclasses.dataclass(frozen=True)
 class TpuGeneration:
-    """How libtpu names and lays out one TPU generation."""
+    """How libtpu names and lays out one TPU generation, and the slices Cloud TPU rents of it.
+
+    `slices` are the shapes Cloud TPU offers: every one for the 2-D generations (v5e, v6e: a 2-D torus of up
+    to 16x16); for the 3-D ones (v4, v5p, tpu7x) those below a 4x4x4 cube, above which a slice is AxBxC with
+    A <= B <= C, each a multiple of 4 (cloud.google.com/tpu/docs/v5e, /v6e, /v4, /v5p, /tpu7x "Configurations").
+    """
 
     topology_rank: int  # chips per dimension: 2 (v5e 4x4) or 3 (v5p 2x2x4)
     chip_config_name: str  # "megacore": one JAX device per chip of two TensorCores (v4, v5p)
     accelerator_type: str  # TPU_ACCELERATOR_TYPE for libtpu's start-up (a single-host slice of the generation)
+    slices: tuple[str, ...] = ()
 
 
+_SLICES_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+_SLICES_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")  # and the cubes' multiples from 4x4x4 (`has_slice`)
 TPU_GENERATIONS = {
-    "v4": TpuGeneration(3, "megacore", "v4-8"),
-    "v5e": TpuGeneration(2, "default", "v5litepod-4"),
-    "v5p": TpuGeneration(3, "megacore", "v5p-8"),
-    "v6e": TpuGeneration(2, "default", "v6e-4"),
-    "tpu7x": TpuGeneration(3, "default", "tpu7x-8"),  # two JAX devices per chip (one per TensorCore)
+    "v4": TpuGeneration(3, "megacore", "v4-8", _SLICES_3D),
+    "v5e": TpuGeneration(2, "default", "v5litepod-4", _SLICES_2D),
+    "v5p": TpuGeneration(3, "megacore", "v5p-8", _SLICES_3D),
+    "v6e": TpuGeneration(2, "default", "v6e-4", _SLICES_2D),
+    "tpu7x": TpuGeneration(3, "default", "tpu7x-8", _SLICES_3D),  # two JAX devices per chip (one per TensorCore)
 }
+DEFAULT_PARTITIONS = (1, 2, 4, 8, 16)  # `fullres plan`'s core counts when --partitions is not given
 GPU_MODELS = ("a100", "h100", "h200", "b200")
 _TPU_NAME = re.compile(r"(?P<generation>[a-z0-9]+):(?P<topology>[0-9]+(?:x[0-9]+)*)")
 _GPU_NAME = re.compile(r"(?P<model>[a-z][a-z0-9]*?)x(?P<per_host>[0-9]+)(?:x(?P<hosts>[0-9]+))?")
@@ -104,6 +113,7 @@ def parse(name: str) -> Target:
             example = "x".join(["2"] * generation.topology_rank)
             raise ValueError(f"--target {name!r}: a {tpu['generation']} topology has {generation.topology_rank} "
                              f"dimensions of at least 1 chip, e.g. {tpu['generation']}:{example}.")
+        check_slice(tpu["generation"], shape, f"--target {name!r}")
         return Target(text, "tpu", tpu["generation"], shape)
     gpu = _GPU_NAME.fullmatch(text)
     if gpu and gpu["model"] in GPU_MODELS:
@@ -113,6 +123,42 @@ def parse(name: str) -> Target:
                              f"host, e.g. {gpu['model']}x8 or {gpu['model']}x8x2.")
         return Target(text, "cuda", gpu["model"], (per_host, hosts))
     raise ValueError(f"--target {name!r} is not known; use {KNOWN}.")
+
+
+def has_slice(generation: str, shape: tuple[int, ...]) -> bool:
+    """Whether Cloud TPU rents a slice of `generation` with `shape` chips per dimension (`TpuGeneration.slices`)."""
+    spec = TPU_GENERATIONS[generation]
+    if "x".join(map(str, shape)) in spec.slices:
+        return True
+    return (spec.topology_rank == 3 and len(shape) == 3 and list(shape) == sorted(shape) and shape[0] >= 4
+            and all(n % 4 == 0 for n in shape))
+
+
+def check_slice(generation: str, shape: tuple[int, ...], what: str) -> None:
+    """Refuses a slice shape `generation` does not come in, naming the ones it does (`what` names the value).
+
+    Example:
+        >>> check_slice("v5e", (3, 3), "--target 'v5e:3x3'")
+        Traceback (most recent call last):
+        ValueError: --target 'v5e:3x3': v5e has no 3x3 slice; its slices are 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16 and 16x16.
+    """
+    if has_slice(generation, shape):
+        return
+    spec = TPU_GENERATIONS[generation]
+    listed = f"{', '.join(spec.slices[:-1])} and {spec.slices[-1]}"
+    if spec.topology_rank == 3:
+        listed = (f"{', '.join(spec.slices)} and, from 4x4x4 up, AxBxC with A <= B <= C each a multiple of 4 "
+                  "(4x4x8, 4x8x8, 8x8x8, ...)")
+    raise ValueError(f"{what}: {generation} has no {'x'.join(map(str, shape))} slice; its slices are {listed}.")
+
+
+def default_partitions(target: Target) -> tuple[int, ...]:
+    """The core counts `fullres plan` compares when --partitions is not given: `DEFAULT_PARTITIONS`, on a TPU slice
+    or GPUs those that divide its devices (a plan for 16 cores of a 4-device slice has nothing to launch)."""
+    count = target.device_count
+    if count is None:
+        return DEFAULT_PARTITIONS
+    return tuple(n for n in DEFAULT_PARTITIONS if n <= count and count % n == 0)
 
 
 @functools.cache

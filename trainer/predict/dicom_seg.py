@@ -33,9 +33,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
+import re
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -123,21 +126,39 @@ def write_dicom_seg(
             segmented_property_type=codes.SCT.Tissue, algorithm_type=highdicom.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
             algorithm_identification=algorithm)
         for class_id, name in enumerate(names, start=1)]
-    try:
-        segmentation = highdicom.seg.Segmentation(
-            source_images=source_images, pixel_array=pixels,
-            segmentation_type=highdicom.seg.SegmentationTypeValues.BINARY, segment_descriptions=descriptions,
-            series_instance_uid=highdicom.UID(),
-            series_number=series_number if series_number is not None else 1000 + _series_number(source_images[0]),
-            sop_instance_uid=highdicom.UID(), instance_number=1, manufacturer=MANUFACTURER,
-            manufacturer_model_name=MANUFACTURER, software_versions=fullres_version(), device_serial_number="",
-            content_label="FULLRES", content_description=series_description[:64],
-            series_description=series_description[:64])
-    except (ValueError, TypeError, AttributeError, KeyError) as error:  # highdicom checks the sources as it builds
-        raise dead_letters.CaseError("write", "seg_refused", f"highdicom cannot build a DICOM SEG referencing the series of "
-                              f"{stack.frames[0].path} ({str(error).rstrip('.')}); check that its files are one valid "
-                              "image series") from None
-    return _save(segmentation, output_path)
+    with _no_patient_attributes_in_warnings():
+        try:
+            segmentation = highdicom.seg.Segmentation(
+                source_images=source_images, pixel_array=pixels,
+                segmentation_type=highdicom.seg.SegmentationTypeValues.BINARY, segment_descriptions=descriptions,
+                series_instance_uid=highdicom.UID(),
+                series_number=series_number if series_number is not None else 1000 + _series_number(source_images[0]),
+                sop_instance_uid=highdicom.UID(), instance_number=1, manufacturer=MANUFACTURER,
+                manufacturer_model_name=MANUFACTURER, software_versions=fullres_version(), device_serial_number="",
+                content_label="FULLRES", content_description=series_description[:64],
+                series_description=series_description[:64])
+        except (ValueError, TypeError, AttributeError, KeyError) as error:  # highdicom checks the sources as it builds
+            raise dead_letters.CaseError("write", "seg_refused", f"highdicom cannot build a DICOM SEG referencing the series of "
+                                  f"{stack.frames[0].path} ({str(error).rstrip('.')}); check that its files are one valid "
+                                  "image series") from None
+        return _save(segmentation, output_path)
+
+
+@contextlib.contextmanager
+def _no_patient_attributes_in_warnings():
+    """Keeps highdicom's and pydicom's warnings off the terminal while a SEG is built and written.
+
+    They quote the attribute values they doubt: highdicom warns that a one-part PatientName ("JANEDOE7731") is
+    "unlikely to represent the intended person name", with the name in the message. A SEG copies the source's
+    patient attributes as they are, so such a warning says nothing fullres could act on, and it would print a
+    patient's name where logs are read. Warnings from other modules are passed on as they came.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        if not re.search(r"[/\\](highdicom|pydicom)[/\\]", warning.filename):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _series_number(header: pydicom.Dataset) -> int:

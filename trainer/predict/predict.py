@@ -82,7 +82,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             pseudonym_key_file: str | None = None,
             input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
             max_voxels: int = ct_transforms.DEFAULT_MAX_VOXELS,
-            max_decoded_bytes: int = ct_transforms.DEFAULT_MAX_DECODED_BYTES,
+            max_decoded_bytes: int = ct_transforms.DEFAULT_MAX_DECODED_BYTES, follow_links: bool = False,
             log: Callable[[str], None] = print) -> dict:
     """Segments every scan under `input_path` with the model in `model_dir`; masks go to `output_dir`.
 
@@ -111,6 +111,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             compiled pass needs more is a dead letter that names the cores it would need.
         max_voxels, max_decoded_bytes: a scan over either, read from its header before decoding (as in
             `fullres preprocess ct`), is a dead letter naming its size.
+        follow_links: read what links that lead outside `input_path` point to; by default they are left alone
+            and named in the summary's `notes` (`volume_discovery`).
         log: progress lines.
 
     Returns:
@@ -123,6 +125,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs.
         TooManyFailed: more than `max_failed_fraction` of the scans are dead letters.
     """
+    dead_letters.check_failed_fraction(max_failed_fraction)
     info = checked_model_info(model_dir)
     if strict and not info.get("data_modality"):
         raise ModelRefused(f"--strict checks each scan against the modality the model was trained on, but "
@@ -133,7 +136,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
     written |= {name for own in (outputs.SUMMARY, "dead_letter.jsonl") for name in (own, file_writes.PARTIAL_PREFIX + own)}
-    found = volume_discovery.find_volumes(input_path)
+    found = volume_discovery.find_volumes(input_path, follow_links=follow_links)
     scans = dict(sorted(found.images.items()))
     if not scans and not found.dead:
         raise FileNotFoundError(f"--input {input_path} holds no scan fullres can read (NIfTI, NRRD, MetaImage or a "
@@ -172,6 +175,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     log(f"fullres predict: {len(scans)} scan(s) from {'--input' if pseudonymize else input_path}, model {model_dir} ({len(names)} classes: "
         f"{', '.join(names)}), each split {dims} over {config.partition.num_cores_per_replica} "
         f"{devices[0].platform} device(s); {len(dead)} input(s) set aside")
+    notes = [named.scrubber(note) for note in found.notes]  # e.g. links left alone
+    for note in notes:
+        log(f"note: {note}")
 
     os.makedirs(output_dir, exist_ok=True)
     output_guard.write_marker(output_dir, "predict", sorted(written))
@@ -207,17 +213,19 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             log(f"[{number}/{len(scans)}] {case_id}: skipped ({reason}: {scrub(detail)})")
             continue
         case["problems"] = [scrub(problem) for problem in case["problems"]]
+        case["notes"] = [{"reason": reason, "detail": scrub(detail)} for _, reason, detail in source.notes]
         case["seconds"] = round(time.perf_counter() - started, 3)
         cases.append(case)
         log(f"[{number}/{len(scans)}] {case_id}: {'×'.join(map(str, case['shape']))} voxels -> "
             f"{', '.join(os.path.basename(p) for p in case['outputs'])} ({case['seconds']:.1f} s)"
-            + "".join(f"; {problem}" for problem in case["problems"]))
+            + "".join(f"; {problem}" for problem in case["problems"])
+            + "".join(f"; note: {note['reason']}: {note['detail']}" for note in case["notes"]))
 
     summary = {"model": os.path.abspath(model_dir), "input": None if pseudonymize else os.path.basename(roots[0]),
                "pseudonymized": pseudonymize, "ok": len(cases),
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
-               "class_names": names, "cases": cases, "dead_letters": dead}
+               "class_names": names, "notes": notes, "cases": cases, "dead_letters": dead}
     summary_path = outputs.write_summary(output_dir, summary)
     file_writes.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
                              "".join(json.dumps(letter) + "\n" for letter in dead).encode())

@@ -15,6 +15,7 @@ from common import dead_letters
 from preprocessing.beam import conversion, counting, ct_pipeline, local_workers
 from preprocessing.ct import ct_io, ct_transforms, demo_ct, geometry, label_pairing, volume_discovery
 from preprocessing.records import tfrecord_schema
+from tests import hostile_inputs
 from trainer.data import ct_input
 
 IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
@@ -476,17 +477,38 @@ def test_summary_lists_label_values_and_crop_cuts(tmp_path):
     assert fields == {"corner": [[0, 1, 2], [2], [60]], "centred": [[0, 1], [], []]}
 
 
-def test_series_folders_reached_through_symlinks_are_found_once(tmp_path):
+def test_series_folders_reached_through_symlinks_are_found_once_with_follow_links(tmp_path):
     written = demo_ct.write_demo_cases(str(tmp_path / "elsewhere"), 2, (8, 16, 16), seed=0, formats=("dicom",))
     scans = tmp_path / "scans"
     scans.mkdir()
     os.symlink(os.path.join(written["dicom"], "images", "case000"), scans / "case000")  # a series folder, linked in
     os.symlink(os.path.join(written["dicom"], "images"), scans / "more")  # a folder of series, linked in
     os.symlink(scans, scans / "loop")  # a link back to the top
-    volumes, dead = volume_discovery.discover(str(scans))
+    volumes, dead = volume_discovery.discover(str(scans), follow_links=True)
     assert sorted(volumes) == ["case000", "case001"] and all(v.is_dicom for v in volumes.values())
     # case000 is reachable twice (directly and through more/); it is read once, and nothing loops.
     assert dead == []
+    # Without --follow-links, links out of the input are left alone and named; the one inside it is followed.
+    found = volume_discovery.find_volumes(str(scans))
+    assert found.images == {} and found.dead == []
+    assert found.notes == ("2 link(s) lead outside the input and were not followed (case000, more); pass "
+                           "--follow-links to read what they point to",)
+
+
+def test_a_link_up_out_of_the_input_is_not_followed(tmp_path):
+    """The issue's `up -> ..`: preprocess read the whole parent tree, predict a patient-named scan in it."""
+    hostile_inputs.write_volume(hostile_inputs.ct_volume(), str(tmp_path / "PATIENT_JANE.nii.gz"), True)
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    hostile_inputs.write_volume(hostile_inputs.ct_volume(), str(scans / "good.nii.gz"), True)
+    (scans / "inside").mkdir()
+    os.symlink("../good.nii.gz", scans / "inside" / "again.nii.gz")  # resolves inside: followed
+    os.symlink("..", scans / "up")
+    found = volume_discovery.find_volumes(str(scans))
+    assert sorted(found.images) == ["again", "good"]
+    assert found.notes[-1].startswith("1 link(s) lead outside the input and were not followed (up)")
+    assert sorted(volume_discovery.find_volumes(str(scans), follow_links=True).images) == [
+        "PATIENT_JANE", "again", "good"]
 
 
 def test_turned_demo_cases_hold_the_same_anatomy_in_another_voxel_order(tmp_path):

@@ -14,6 +14,67 @@ def test_train_config_round_trip(tmp_path):
     assert run_files.read_train_config(str(tmp_path)) == config
 
 
+def _cut_short_run(tmp_path) -> str:
+    """A run copied in part: its files there, train_config.json cut short half way."""
+    config = config_lib.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path / "run"))
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    run_files.write_train_config(str(run), config)
+    run_files.write_history(str(run), [{"step": 1, "loss": 2.5}])
+    text = (run / "train_config.json").read_text()
+    (run / "train_config.json").write_text(text[:len(text) // 2])
+    return str(run)
+
+
+def test_a_damaged_train_config_is_named_with_the_fix(tmp_path):
+    """The issue: a cut-short train_config.json was reported as "holds files fullres did not write (checkpoints,
+    history.jsonl ...)"; they are fullres's files, and the damaged one went unnamed."""
+    import pytest
+
+    from common import output_guard
+
+    run = _cut_short_run(tmp_path)
+    size = len((tmp_path / "run" / "train_config.json").read_bytes())
+    with pytest.raises(output_guard.OutputRefused) as refused:
+        run_files.check_resumable(run)
+    assert str(refused.value).startswith(f"{run}/train_config.json is damaged (not valid JSON, ")
+    assert str(refused.value).endswith(
+        f"; {size} bytes), so fullres cannot resume the run; fullres writes it whole, so a copy of the run was cut "
+        "short or the file was changed since: copy train_config.json again from where the run came from (or a "
+        "backup), or train again into a new --output.")
+    with pytest.raises(ValueError, match=r"train_config.json is damaged \(.*\), so fullres cannot read this run; "):
+        run_files.read_train_config(run)  # evaluate, export and predict read it so
+    run_files.check_resumable(str(tmp_path))  # no run files: nothing to say (the output guard judges the folder)
+
+
+def test_a_users_network_run_with_a_damaged_train_config_is_named_too(tmp_path):
+    """A run of a user's network holds its copy of the network (model_source.py), a file of fullres's own: with a
+    damaged train_config.json beside it, the damage is named, not the copy called foreign."""
+    import pytest
+
+    from common import output_guard
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model_source.py").write_text("def build(num_classes, in_channels):\n    return None\n")
+    (run / "train_config.json").write_text('{"task": "segmentation", "model": {"file": "model_sou')
+    with pytest.raises(output_guard.OutputRefused, match=r"train_config.json is damaged \(not valid JSON, "):
+        run_files.check_resumable(str(run))
+
+
+def test_train_names_a_damaged_train_config_instead_of_calling_the_run_foreign(demo_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    run = _cut_short_run(tmp_path)
+    result = CliRunner().invoke(cli.app, ["train", "--train", demo_data["train"], "--output", run, "--preset", "smoke"])
+    assert result.exit_code == 2
+    (error,) = result.stderr.splitlines()
+    assert error.startswith(f"fullres: error: {run}/train_config.json is damaged (not valid JSON, ")
+    assert "did not write" not in error and error.endswith("or train again into a new --output.")
+
+
 def test_model_info_round_trip(tmp_path):
     preprocessing = {"spacing": [1.0, 1.0, 2.5], "orientation": "LPS", "window": [-160, 240], "modality": "ct",
                      "shape": None}

@@ -51,10 +51,12 @@ def test_a_tpu_plan_is_cached_estimated_and_submitted_as_planned(tmp_path, verte
     environment["STORAGE_EMULATOR_HOST"] = endpoint
     submitted = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "pipeline", "submit", "--project", "p", "--region", "us-central1",
-         "--pipeline-root", "gs://b/root", "--plan", str(plan_file), "--param", "steps=100",
-         "--param", "train_input_uri=gs://b/train", "--api-endpoint", endpoint],
+         "--pipeline-root", "gs://bkt/root", "--plan", str(plan_file), "--param", "steps=100",
+         "--param", "train_input_uri=gs://bkt/train", "--param", "eval_input_uri=gs://bkt/eval",
+         "--api-endpoint", endpoint],
         capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=300)
     assert submitted.returncode == 0, submitted.stderr[-2000:]
     (job,) = [r["body"] for r in requests if r["method"] == "POST" and "/pipelineJobs" in r["path"]]
     assert job["runtimeConfig"]["parameterValues"] == {**launch["parameters"], "steps": 100,
-                                                       "train_input_uri": "gs://b/train"}
+                                                       "train_input_uri": "gs://bkt/train",
+                                                       "eval_input_uri": "gs://bkt/eval"}

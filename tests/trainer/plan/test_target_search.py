@@ -9,7 +9,7 @@ no GPU present) for the search itself, the TPU compiler for the refusal the cach
 
 import pytest
 
-from trainer.plan import compiled_step, layout_search, target_compile, target_search, targets
+from trainer.plan import compiled_step, layout_search, memory_plan, target_compile, target_search, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.target]
 
@@ -47,14 +47,17 @@ def test_the_search_prunes_by_the_cpu_figure_before_compiling_for_the_target():
         assert row.estimate["counts_from"] == "XLA:CPU"  # the CUDA compiler gives no cost analysis ahead of time
 
 
-def test_max_minutes_starts_no_target_compile_after_the_bound():
-    config, shape = _tiny()
+def test_max_minutes_starts_no_target_compile_after_the_bound_and_a_plan_of_nothing_is_refused():
     lines = []
-    (result,) = target_search.search(config, shape, [4], targets.parse("h100x8"), layouts_to_try="all",
-                                     max_minutes=1e-9, log=lines.append)
-    assert result.rows == [] and len(result.not_compiled) == 6
+    with pytest.raises(ValueError) as refused:  # the plan command: not "none fits, try more partitions"
+        memory_plan.run(model="unet3d", preset="smoke", image_size=(16, 16, 16), partitions=[4], layouts_to_try="all",
+                        target="h100x8", max_minutes=1e-9, use_cache=False, log=lines.append)
     assert not any("compiling" in line for line in lines)
     assert lines[-1].startswith("--max-minutes 1e-09 reached: 6 layout(s) not compiled for h100x8: ")
+    assert str(refused.value).startswith("--max-minutes 1e-09 ran out after the CPU estimates (")
+    assert str(refused.value).endswith("before any of the 6 layout(s) was compiled for h100x8, so nothing was planned "
+                                       "on it; give it more time (a h100x8 compile takes about a minute here), e.g. "
+                                       "--max-minutes 30, or leave --max-minutes out.")
 
 
 def test_a_refusal_is_cached_as_a_refusal(tmp_path):

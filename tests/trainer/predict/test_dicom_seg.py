@@ -279,6 +279,25 @@ def test_anonymised_series_without_patient_and_study_attributes(tmp_path):
         uids, combine_segments=True, assert_missing_frames_are_empty=True), sitk.GetArrayFromImage(mask))
 
 
+def test_a_one_part_patient_name_is_not_printed_by_a_warning(tmp_path):
+    """highdicom warns that "JANEDOE7731" is "unlikely to represent the intended person name", quoting it: on the
+    terminal of a predict run. The SEG keeps the name as the source has it; no warning carries it."""
+    import warnings
+
+    paths = _write_series(tmp_path / "series", depth=4)
+    for path in paths:
+        header = pydicom.dcmread(path)
+        header.PatientName = "JANEDOE7731"
+        header.save_as(path)
+    source, image = _read(tmp_path / "series")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written = dicom_seg.write_dicom_seg(_mask_on(image, {1: [(1, slice(2, 5), slice(3, 7))]}), source.dicom_files,
+                                            CLASSES[:1], str(tmp_path / "seg.dcm"))
+    assert [str(w.message) for w in caught if "JANEDOE7731" in str(w.message)] == []
+    assert highdicom.seg.segread(written).PatientName == "JANEDOE7731"
+
+
 def test_other_refusals_name_the_file_or_field(oblique, tmp_path):
     paths, source, image, mask = oblique
     probabilities = sitk.Cast(mask, sitk.sitkFloat32) * 0.5
