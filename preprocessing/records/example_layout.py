@@ -45,7 +45,13 @@ class _Reader:
         self._start, self._data = 0, b""
 
     def bytes(self, offset: int, length: int) -> bytes:
-        if offset < self._start or offset + length > self._start + len(self._data):
+        end = self._start + len(self._data)
+        if self._start <= offset <= end < offset + length:
+            # Past the window's end: keep its tail and read on from the end, so the walk's reads only move forward
+            # (a GZIP record is then inflated once: RecordFile reads it as a stream).
+            more = self._read(end, min(max(offset + length - end, _WINDOW), self.size - end))
+            self._data, self._start = self._data[offset - self._start:] + more, offset
+        elif offset < self._start or offset + length > end:
             self._start = offset
             self._data = self._read(offset, min(max(length, _WINDOW), self.size - offset))
         data = self._data[offset - self._start: offset - self._start + length]

@@ -132,6 +132,9 @@ class RecordFile:
         self.offsets: np.ndarray  # (N,) where each record's data starts (in the decompressed stream for .gz)
         self.lengths: np.ndarray  # (N,) each record's data length
         self._points: list[_InflatePoint] = []
+        # Each thread's last GZIP record stream, read on forward: a walk of a record's fields (many small reads at
+        # rising offsets) inflates the record once, not once per read from its start.
+        self._streams = threading.local()
         (self._index_gzip if self.compressed else self._index)()
 
     def __len__(self) -> int:
@@ -207,11 +210,15 @@ class RecordFile:
         bytes from `offset` in its data on, straight from the file (or the inflater)."""
         wanted = sum(len(b) for b in buffers)
         if self.compressed:
-            stream = _Inflater(self._source, self._points[number])
-            stream.skip(_HEADER + offset)
+            stream = getattr(self._streams, "last", None)
+            if stream is None or stream.number != number or stream.at > offset:
+                stream = self._streams.last = _RecordStream(self._source, self._points[number], number)
+            stream.at += stream.inflater.skip(offset - stream.at)
             done = 0
             for buffer in buffers:
-                done += stream.take_into(buffer)
+                taken = stream.inflater.take_into(buffer)
+                stream.at += taken
+                done += taken
         else:
             done = self._source.read_into(int(self.offsets[number]) + offset, buffers)
         if done < wanted:
@@ -219,6 +226,15 @@ class RecordFile:
 
     def close(self) -> None:
         self._source.close()
+
+
+class _RecordStream:
+    """A GZIP record's data read forward: `at` bytes of it passed so far."""
+
+    def __init__(self, source: _Source, point: _InflatePoint, number: int):
+        self.inflater, self.number = _Inflater(source, point), number
+        self.inflater.skip(_HEADER)
+        self.at = 0
 
 
 class _Inflater:

@@ -94,6 +94,30 @@ def test_any_depth_range_of_a_ct_record_reads_as_the_whole_volume_has_it(tmp_pat
         np.testing.assert_array_equal(label, record.label[start:stop])
 
 
+def test_a_gzip_record_is_inflated_once_for_its_layout_and_its_depths(tmp_path):
+    """The layout walk reads a record's fields by many small reads at rising offsets: each GZIP read went back to the
+    record's start and inflated up to its offset again (a 128³ record's layout took 1.4 s, 0.22 examples/s)."""
+    rng = np.random.default_rng(0)
+    record = tfrecord_schema.CtRecord("case0", "p", rng.normal(size=(64, 32, 32)).astype(np.float32),
+                                      rng.integers(0, 4, (64, 32, 32)).astype(np.uint8))
+    path = str(tmp_path / "data.tfrecord.gz")
+    tfrecord_files.write_records(path, [tfrecord_schema.encode_ct_example(record)])
+    records = tfrecord_files.RecordFile(path)
+    fed = []  # compressed bytes read from the file
+
+    def read(offset, length, read=records._source.read):
+        data = read(offset, length)
+        fed.append(len(data))
+        return data
+
+    records._source.read = read
+    layout = ct_slabs.read_layout(records, 0)
+    image, label = np.empty((64, 32, 32), np.int16), np.empty((64, 32, 32), np.uint8)
+    ct_slabs.read_depths(records, 0, layout, 0, 64, image, label)
+    np.testing.assert_array_equal(label, record.label)
+    assert sum(fed) <= 2 * os.path.getsize(path) + (1 << 20), (sum(fed), os.path.getsize(path))
+
+
 def test_a_damaged_slab_is_named_and_the_others_still_read(tmp_path):
     path = str(tmp_path / "data.tfrecord")
     serialized = tfrecord_schema.encode_ct_example(_ct_record())
