@@ -35,7 +35,10 @@ import numpy as np
 
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
 _FOOTER = 4  # uint32 masked CRC of the data
-_INFLATE_CHUNK = 1 << 20  # compressed bytes fed, and decompressed bytes taken, at a time
+_INFLATE_CHUNK = 1 << 20  # decompressed bytes taken at a time
+# Compressed bytes fed at a time: zlib copies the input it has not consumed (`unconsumed_tail`) after every call that
+# fills its output, so a large feed is copied over and over (1 MiB fed: a 128³ record inflated at ~40 MB/s).
+_FEED = 1 << 16
 _GZIP_WINDOW_BITS = 16 + zlib.MAX_WBITS  # TensorFlow's and Beam's GZIP TFRecords: one gzip stream
 
 
@@ -254,7 +257,7 @@ class _Inflater:
     def _inflate(self, limit: int) -> bytes:
         while True:
             if not self._pending and not self._decompressor.eof:
-                self._pending = self._source.read(self._next_input, _INFLATE_CHUNK)
+                self._pending = self._source.read(self._next_input, _FEED)
                 self._next_input += len(self._pending)
             out = self._decompressor.decompress(self._pending, limit)
             self._pending = self._decompressor.unconsumed_tail or (

@@ -265,6 +265,8 @@ class CtBatches:
         # Pieces per step: enough that every worker decodes, never thinner than one slab.
         slabs = max(1, (self.stop - self.start) // records.layout(0).slab_depth)
         self._cuts = max(1, min(slabs, -(-self.workers // len(rows))))
+        if records.compressed:  # every piece of a GZIP record inflates it from its start: read each one whole
+            self._cuts = 1
         self._prefetcher = batches.Prefetcher(plans, self._new_buffer, self._pieces, self._fill, self._finish,
                                               workers=self.workers)
 
