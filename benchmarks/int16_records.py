@@ -41,11 +41,12 @@ def rounding(cases: list[np.ndarray]) -> dict:
 
 def model_change(model_dir: str, cases: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     """Predicted class changes and foreground Dice, float32 against int16 input, for a trained run."""
-    from trainer import evaluate
+    from trainer import trained_run
     from trainer.engine import inference, placement
     from trainer.tasks import metrics
 
-    config, _, model, state, distribution = evaluate.load_trained(model_dir)
+    loaded = trained_run.load(model_dir)
+    config, model, state, distribution = loaded.config, loaded.model, loaded.state, loaded.distribution
     window = tuple(config_window(model_dir))
     forward = inference.make_forward(model, distribution, state, 5, "class_ids")
     changed, total = 0, 0
