@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import numpy as np
 
-from common import parsing
-from preprocessing.ct import demo_ct, intensity
-from preprocessing.records import tfrecord_schema
+# A run trained split over N virtual CPU devices needs N to load: present 8 (before JAX starts), as the tests do.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+from common import parsing  # noqa: E402
+from preprocessing.ct import demo_ct, intensity  # noqa: E402
+from preprocessing.records import tfrecord_schema  # noqa: E402
 
 
 def _error(volume: np.ndarray) -> float:
@@ -41,11 +45,12 @@ def rounding(cases: list[np.ndarray]) -> dict:
 
 def model_change(model_dir: str, cases: list[tuple[np.ndarray, np.ndarray]]) -> dict:
     """Predicted class changes and foreground Dice, float32 against int16 input, for a trained run."""
-    from trainer import evaluate
+    from trainer import trained_run
     from trainer.engine import inference, placement
     from trainer.tasks import metrics
 
-    config, _, model, state, distribution = evaluate.load_trained(model_dir)
+    loaded = trained_run.load(model_dir)
+    config, model, state, distribution = loaded.config, loaded.model, loaded.state, loaded.distribution
     window = tuple(config_window(model_dir))
     forward = inference.make_forward(model, distribution, state, 5, "class_ids")
     changed, total = 0, 0
@@ -83,7 +88,7 @@ def main() -> None:
     cases = [demo_ct.synthetic_case(rng, shape) for _ in range(args.cases)]
     results = {"cases": args.cases, "shape": list(shape), "largest_error": rounding([v for v, _ in cases])}
     if args.model:
-        results["model"] = model_change(args.model, cases)
+        results["model"] = {"run": args.model, **model_change(args.model, cases)}
     print(json.dumps(results, indent=2))
     if args.json:
         with open(args.json, "w") as file:
