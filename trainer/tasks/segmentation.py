@@ -106,8 +106,11 @@ class SegmentationTask:
             return user_model.build(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
         return unet.build_unet(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
 
-    def loss(self, logits, labels):
-        return losses.dice_cross_entropy(logits, labels)
+    def loss(self, outputs, labels):
+        """Dice + cross-entropy; with deep supervision, nnU-Net's weighted sum over the supervised resolutions."""
+        if isinstance(outputs, (list, tuple)):
+            return losses.deep_supervision(outputs, labels, self.config.model.output_weights)
+        return losses.dice_cross_entropy(outputs, labels)
 
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         """Split like the images, without their channel axis (see the module docstring)."""
