@@ -12,7 +12,8 @@ from trainer.models import retinanet, unet, user_model
 from trainer.parallel import partitioning
 
 PRECISIONS = ("float32", "bfloat16")
-SCHEDULES = ("cosine", "constant")
+SCHEDULES = ("cosine", "constant", "poly")
+OPTIMIZERS = ("adam", "sgd")
 TASKS = ("segmentation", "detection")
 INPUT_CACHE = ("auto", "on", "off")  # trainer.data.ct_input.choose_cache
 MODEL_TYPES = {"segmentation": unet.UNetConfig, "detection": retinanet.RetinaNetConfig}
@@ -39,9 +40,14 @@ class TrainConfig:
         steps: optimizer steps in total (ignored when `epochs` is set).
         epochs: if set, `steps = epochs × ceil(training cases / batch_size)`.
         batch_size: global batch size, split over the replicas.
-        learning_rate: peak learning rate (Adam).
+        learning_rate: peak learning rate.
         warmup_steps: linear warm-up from 0 to `learning_rate`.
-        schedule: "cosine" (decay to 0 at the last step) or "constant".
+        schedule: "cosine" (decay to 0 at the last step), "poly" (nnU-Net's
+            `(1 - t/T) ** 0.9`, to 0 at the last step) or "constant".
+        optimizer: "adam", or "sgd" (SGD with Nesterov momentum, nnU-Net's).
+        momentum: SGD's momentum (nnU-Net: 0.99); Adam ignores it.
+        weight_decay: each step shrinks the weights by `learning_rate × weight_decay`
+            (nnU-Net: 3e-5); 0 turns it off.
         precision: "float32", or "bfloat16" (bfloat16 compute, float32 weights).
         remat: recompute activations in the backward pass to save memory.
         checkpoint_every: save a checkpoint every this many steps (and at the end).
@@ -73,6 +79,9 @@ class TrainConfig:
     learning_rate: float = 1e-3
     warmup_steps: int = 0
     schedule: str = "cosine"
+    optimizer: str = "adam"
+    momentum: float = 0.99
+    weight_decay: float = 0.0
     precision: str = "float32"
     remat: bool = False
     checkpoint_every: int = 100
@@ -110,6 +119,12 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}.")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"TrainConfig.momentum must be in [0, 1), got {self.momentum}.")
+        if self.weight_decay < 0:
+            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.checkpoint_every < 1:
@@ -141,6 +156,26 @@ def ct_256(**overrides) -> TrainConfig:
         steps=20000,
         learning_rate=1e-3,
         warmup_steps=500,
+    )
+    return TrainConfig(**{**defaults, **overrides})
+
+
+def nnunet(**overrides) -> TrainConfig:
+    """nnU-Net's training recipe on the default (TPU-shaped) UNet: deep supervision, SGD, poly learning rate.
+
+    nnunetv2's `nnUNetTrainer`: SGD with Nesterov momentum 0.99, weight decay
+    3e-5, learning rate 1e-2 decayed as `(1 - t/T) ** 0.9`, no warm-up, and
+    deep supervision (`UNetConfig.deep_supervision`). Add `encoder="residual"`
+    for its ResEnc presets' encoder (`--encoder residual`).
+    """
+    defaults = dict(
+        model=unet.UNetConfig(spatial_dims=3, num_classes=3, deep_supervision=True),
+        optimizer="sgd",
+        momentum=0.99,
+        weight_decay=3e-5,
+        learning_rate=1e-2,
+        schedule="poly",
+        warmup_steps=0,
     )
     return TrainConfig(**{**defaults, **overrides})
 
@@ -224,7 +259,7 @@ DEFAULT_PRESETS = {"segmentation": TrainConfig, "detection": detection}
 # Detection records carry label_map.json (ids from 1): the class count is read from it unless given.
 CLASSES_FROM_LABEL_MAP = ("detection",)
 
-PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "detection": detection, "detection_2560": detection_2560,
+PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "nnunet": nnunet, "detection": detection, "detection_2560": detection_2560,
            "detection_demo": detection_demo}
 
 
