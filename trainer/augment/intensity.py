@@ -53,26 +53,28 @@ def banded(x: jax.Array, axis: int, weights: jax.Array) -> jax.Array:
     """A filter along one spatial `axis` with its own weights at every position, row and channel.
 
     out[b, .., i, .., c] = Σ_m weights[b, i, c, m] × x[b, .., i + m - R, .., c] (zero outside the volume),
-    with R = (weights.shape[-1] - 1) / 2. Written as 2R + 1 shifted copies (pad and slice), which XLA
-    partitions as an exchange of R slabs with the neighbouring devices along a split axis.
+    with R = (weights.shape[-1] - 1) / 2. The 2R + 1 shifted copies come from one convolution with one-hot
+    kernels, which XLA partitions as the UNet's convolutions: R slabs exchanged with each neighbour along a
+    split axis, once.
 
     Args:
         x: (B, *spatial, C).
         axis: the array axis to filter along (1 to x.ndim - 2).
         weights: (B, n, C, 2R + 1), n = x.shape[axis].
     """
-    radius = (weights.shape[-1] - 1) // 2
-    n = x.shape[axis]
-    padding = [(0, 0)] * x.ndim
-    padding[axis] = (radius, radius)
-    padded = jnp.pad(x, padding)
-    out = jnp.zeros_like(x)
-    for tap in range(2 * radius + 1):
-        shifted = jax.lax.slice_in_dim(padded, tap, tap + n, axis=axis)
-        weight = weights[..., tap]  # (B, n, C)
-        weight = jnp.expand_dims(weight, [a for a in range(1, x.ndim - 1) if a != axis])  # (B, .., n, .., C)
-        out = out + weight * shifted
-    return out
+    taps = weights.shape[-1]
+    spatial = x.ndim - 2
+    channels = x.shape[-1]
+    window = [1] * spatial
+    window[axis - 1] = taps
+    kernel = jnp.eye(taps, dtype=x.dtype).reshape(*window, 1, taps)  # tap t of the window -> output channel t
+    kernel = jnp.tile(kernel, (1,) * spatial + (1, channels))  # (…, 1, C × taps): each channel its own copies
+    dimensions = ("NDHWC", "DHWIO", "NDHWC") if spatial == 3 else ("NHWC", "HWIO", "NHWC")
+    shifted = jax.lax.conv_general_dilated(x, kernel, (1,) * spatial, "SAME", dimension_numbers=dimensions,
+                                           feature_group_count=channels)  # (B, *spatial, C × taps)
+    shifted = shifted.reshape(*x.shape, taps)  # (B, *spatial, C, taps): channel c's copy shifted by tap − R
+    weight = jnp.expand_dims(weights, [a for a in range(1, x.ndim - 1) if a != axis])  # (B, .., n, .., C, taps)
+    return jnp.sum(weight * shifted, axis=-1)
 
 
 def _offsets_matrix(sources: np.ndarray, radius: int) -> np.ndarray:
