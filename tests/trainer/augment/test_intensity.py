@@ -73,6 +73,7 @@ def test_low_resolution_is_nearest_down_then_linear_up():
     assert not np.allclose(out, images)
 
 
+@pytest.mark.slow  # 4 compilations
 def test_gamma_keeps_mean_and_spread_and_inverted_gamma_bends_the_other_way():
     images, labels = _volume()
     keys = row_keys(3, 1, 2)
@@ -99,6 +100,7 @@ def test_contrast_scales_about_the_mean_within_the_former_range():
     assert np.all((ratio >= 0.75 - 1e-4) & (ratio <= 1.25 + 1e-4)) and not np.allclose(ratio, 1)
 
 
+@pytest.mark.slow  # 4 compilations each
 @pytest.mark.parametrize("transform", [intensity.gaussian_noise, intensity.gaussian_blur, intensity.brightness,
                                        intensity.contrast, intensity.low_resolution, intensity.inverted_gamma,
                                        intensity.gamma])

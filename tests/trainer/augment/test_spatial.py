@@ -71,6 +71,7 @@ def test_rotation_matches_trilinear_resampling_closely():
     assert np.abs(np.asarray(out) - volume[0]).max() > 0.3 * np.abs(volume).max()  # it did rotate
 
 
+@pytest.mark.slow  # the drawn rows resampled: the largest program of these tests
 def test_rows_not_drawn_stay_and_draws_follow_seed_step_and_row():
     volume = _smooth_volume((3, 8, 8, 8))[..., None]
     labels = (volume[..., 0] > 0).astype(np.int32)

@@ -130,14 +130,17 @@ def test_space_to_depth_folds_blocks_that_subpixel_upsampling_unfolds():
     [(3, "space_to_depth", (2 / 3, 1 / 3)), (4, "none", (2 / 3, 1 / 3)), (5, "none", (4 / 7, 2 / 7, 1 / 7))],
 )
 def test_deep_supervision_weights_are_nnunets(num_levels, stem, weights):
-    """1/2^i per decoder output, the lowest one 0, normalized (nnunetv2 nnUNetTrainer._build_loss); the outputs
-    with a weight are the ones built."""
+    """1/2^i per decoder output, the lowest one 0, normalized (nnunetv2 nnUNetTrainer._build_loss)."""
     config = unet.UNetConfig(num_levels=num_levels, base_filters=4, stem=stem, deep_supervision=True)
     np.testing.assert_allclose(config.output_weights, weights)
+
+
+def test_deep_supervision_builds_the_outputs_it_weighs_and_infers_with_the_first():
+    config = unet.UNetConfig(num_levels=3, base_filters=4, deep_supervision=True)  # stem: outputs at 1, 1/2 (1/4: 0)
     model = unet.build_unet(config)
-    outputs = model(np.zeros((1, 16, 16, 16, 1), np.float32), training=True)
-    assert [tuple(o.shape[1:4]) for o in outputs] == [(16 // 2**i,) * 3 for i in range(len(weights))]
-    assert tuple(model(np.zeros((1, 16, 16, 16, 1), np.float32)).shape) == (1, 16, 16, 16, 3)
+    image = np.zeros((1, 16, 16, 16, 1), np.float32)
+    assert [tuple(o.shape) for o in model(image, training=True)] == [(1, 16, 16, 16, 3), (1, 8, 8, 8, 3)]
+    assert tuple(model(image).shape) == (1, 16, 16, 16, 3)
 
 
 def test_deep_supervision_without_a_lower_resolution_to_supervise_is_refused():
