@@ -33,6 +33,10 @@ STEM_HELP = ("UNet stem: space_to_depth (the default model's: 2x2x2 voxels folde
              "full) or none (the first level at full resolution; cheaper on CPUs and GPUs).")
 ENCODER_HELP = ("UNet encoder: plain (two convolutions per level) or residual (nnU-Net's ResEnc: 1, 3, 4, ... residual "
                 "blocks per level, set by --set model.residual_blocks=...).")
+AUGMENTATION_HELP = ("Segmentation: the augmentations run on the accelerator, a preset: nnunet (nnU-Net's whole set: "
+                     "rotation, scaling, noise, blur, brightness, contrast, low resolution, gamma, mirroring), flips "
+                     "(mirroring only), intensity (no mirroring or resampling) or none; --set augmentation.FIELD=... "
+                     "changes one (e.g. augmentation.mirror_axes=0,1 keeps left and right).")
 DEEP_SUPERVISION_HELP = ("Deep supervision (nnU-Net's): the decoder's lower resolutions predict too, their losses "
                          "weighted 1/2 per level; needs 4 levels without the stem, 3 with it.")
 PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "nnunet", "detection", "detection_2560", "detection_demo")
@@ -105,7 +109,8 @@ def train(
     deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps.")] = None,
     log_every: Annotated[int | None, typer.Option(help="Log the loss every N steps.")] = None,
-    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: random flips along every axis, on the accelerator. Detection: scale jitter and left-right flips.")] = None,
+    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: the --augmentation set (off: none). Detection: scale jitter and left-right flips.")] = None,
+    augmentation: Annotated[str | None, typer.Option(help=AUGMENTATION_HELP)] = None,
     input_cache: Annotated[str | None, typer.Option(help="Segmentation: keep this process's share of the decoded training data in memory after its first read: auto (when it fits half the memory available; the log says which was chosen and why), on or off.")] = None,
     image_size: Annotated[str | None, typer.Option(help="Detection: the H,W canvas every image is fitted to, e.g. 2560,2560.")] = None,
     max_boxes: Annotated[int | None, typer.Option(help="Detection: boxes kept per training image.")] = None,
@@ -174,11 +179,15 @@ def train(
         if given_unet:
             console.fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to "
                          f"{f'--model {model}' if model else f'--task {task}'}.")
+        if augmentation is not None and "augmentation" not in config_lib.setting_types(task):
+            console.fail(f"--augmentation sets segmentation's augmentations on the accelerator; --task {task} "
+                         "augments its input instead (--augment/--no-augment).")
         flags = {
             "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
             "warmup_steps": warmup_steps, "schedule": schedule, "optimizer": optimizer, "weight_decay": weight_decay,
             "precision": precision, "remat": remat,
-            "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment, "seed": seed,
+            "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment,
+            "augmentation": augmentation, "seed": seed,
             "input_cache": input_cache,
             "image_size": size, "max_boxes": max_boxes, "model.num_classes": num_classes, "allow_gathers": allow_gathers,
             "partition.input_partition_dims": input_partition_dims,
@@ -213,6 +222,7 @@ def plan(
     stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
     encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
     deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
+    augmentation: Annotated[str | None, typer.Option(help=AUGMENTATION_HELP)] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
     target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`.")] = "cpu",
@@ -261,7 +271,7 @@ def plan(
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters, "model.stem": stem, "model.encoder": encoder,
-             "model.deep_supervision": deep_supervision}
+             "model.deep_supervision": deep_supervision, "augmentation": augmentation}
     try:
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},

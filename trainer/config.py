@@ -8,6 +8,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 
 from common import parsing
+from trainer.augment import recipe as augment_recipe
 from trainer.models import retinanet, unet, user_model
 from trainer.parallel import partitioning
 
@@ -53,7 +54,11 @@ class TrainConfig:
         checkpoint_every: save a checkpoint every this many steps (and at the end).
         keep_checkpoints: how many recent checkpoints to keep.
         log_every: log the loss every this many steps.
-        augment: segmentation: random flips along every axis, on the device; detection: scale jitter, placement, flips.
+        augment: segmentation: the device augmentations `augmentation` names (off: none); detection:
+            scale jitter, random placement and left-right flips, in the input pipeline.
+        augmentation: segmentation only: which augmentations run on the device, with nnU-Net's
+            probabilities and ranges (`trainer.augment.recipe`); `--augmentation NAME` picks a preset
+            (`nnunet`, `flips`, `intensity`, `none`), `--set augmentation.FIELD=...` any field.
         input_cache: segmentation: keep this process's decoded share of the data in memory: "auto", "on", "off".
         image_size: detection only: the (H, W) canvas every image is fitted to.
         max_boxes: detection only: boxes kept per training image.
@@ -88,6 +93,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every: int = 10
     augment: bool = True
+    augmentation: augment_recipe.AugmentationConfig = augment_recipe.preset("flips")
     input_cache: str = "auto"
     seed: int = 0
     image_size: tuple[int, int] = (256, 256)
@@ -135,6 +141,13 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.input_cache must be one of {INPUT_CACHE}, got {self.input_cache!r}.")
         if self.log_every < 1:
             raise ValueError(f"TrainConfig.log_every must be >= 1, got {self.log_every}.")
+        if self.model.spatial_dims == 2 and self.augmentation.mirror_axes == (0, 1, 2):  # the default: every axis
+            object.__setattr__(self, "augmentation", dataclasses.replace(self.augmentation, mirror_axes=(0, 1)))
+        beyond = [a for a in self.augmentation.mirror_axes if a >= self.model.spatial_dims]
+        if beyond:
+            raise ValueError(f"augmentation.mirror_axes {list(self.augmentation.mirror_axes)} names axis {beyond[0]}, "
+                             f"which a {self.model.spatial_dims}D model does not have; use axes 0 to "
+                             f"{self.model.spatial_dims - 1}.")
         expected_rank = self.model.spatial_dims + 2
         if not self.partition.is_auto and self.partition.rank != expected_rank:
             raise partitioning.PartitionError(
@@ -165,7 +178,8 @@ def nnunet(**overrides) -> TrainConfig:
 
     nnunetv2's `nnUNetTrainer`: SGD with Nesterov momentum 0.99, weight decay
     3e-5, learning rate 1e-2 decayed as `(1 - t/T) ** 0.9`, no warm-up, and
-    deep supervision (`UNetConfig.deep_supervision`). Add `encoder="residual"`
+    deep supervision (`UNetConfig.deep_supervision`), and its augmentation set on
+    the device (`augmentation="nnunet"`). Add `encoder="residual"`
     for its ResEnc presets' encoder (`--encoder residual`).
     """
     defaults = dict(
@@ -176,6 +190,7 @@ def nnunet(**overrides) -> TrainConfig:
         learning_rate=1e-2,
         schedule="poly",
         warmup_steps=0,
+        augmentation=augment_recipe.preset("nnunet"),
     )
     return TrainConfig(**{**defaults, **overrides})
 
@@ -256,6 +271,7 @@ DETECTION_DEMO_MODEL = retinanet.RetinaNetConfig(
 )
 
 DEFAULT_PRESETS = {"segmentation": TrainConfig, "detection": detection}
+AUGMENTED_ON_DEVICE = ("segmentation",)  # tasks whose `augmentation` runs in the step (detection's is its input's)
 # Detection records carry label_map.json (ids from 1): the class count is read from it unless given.
 CLASSES_FROM_LABEL_MAP = ("detection",)
 
@@ -320,6 +336,8 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         label_map = dataset_files.foreground(dataset_files.read_label_map(train_data) or {}) if train_data else None
         if label_map:
             values["model"]["num_classes"] = max(label_map.values())
+    if "augmentation" in settings:  # a preset first, so that augmentation.FIELD settings change it
+        values["augmentation"] = dataclasses.asdict(augment_recipe.preset(str(settings.pop("augmentation")).strip()))
     for key, value in settings.items():
         section, _, name = key.rpartition(".")
         (values[section] if section else values)[name] = _convert(value, hints[key], key)
@@ -339,10 +357,14 @@ def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
 
 def setting_types(task: str, user_network: bool = False) -> dict[str, object]:
     """Every key `resolve` accepts for `task` (with a user's network: its model's keys), with its declared type."""
-    fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition"}
+    fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition", "augmentation"}
     hints = {k: v for k, v in typing.get_type_hints(TrainConfig).items() if k not in fixed}
     model_type = user_model.UserModelConfig if user_network else MODEL_TYPES[task]
-    for section, cls in (("model", model_type), ("partition", partitioning.PartitionConfig)):
+    sections = [("model", model_type), ("partition", partitioning.PartitionConfig)]
+    if task in AUGMENTED_ON_DEVICE:
+        hints["augmentation"] = str  # a preset's name (`augment_recipe.preset`); its fields as augmentation.FIELD
+        sections.append(("augmentation", augment_recipe.AugmentationConfig))
+    for section, cls in sections:
         hints.update({f"{section}.{k}": v for k, v in typing.get_type_hints(cls).items()})
     return hints
 
@@ -424,6 +446,9 @@ def from_dict(values: dict) -> TrainConfig:
         raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
     if "image_size" in values:
         values["image_size"] = tuple(values["image_size"])
+    if "augmentation" in values:  # absent from runs before issue 31: the default (flips), what they trained with
+        values["augmentation"] = augment_recipe.AugmentationConfig(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in values["augmentation"].items()})
     model_type = user_model.UserModelConfig if "function" in model_values else MODEL_TYPES[task]
     return TrainConfig(model=model_type(**model_values), partition=partition, **values)
 
