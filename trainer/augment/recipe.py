@@ -18,7 +18,7 @@ for 3D volumes): in nnU-Net's order,
 | mirroring | 0.5 per axis | every spatial axis (`mirror_axes`) |
 
 nnU-Net's elastic deformation is off by default (`p_elastic_deform=0`), and
-so left out here. nnU-Net normalizes CT by the data set's z-score, where these
+so left out here. `compose` runs them inside the partitioned train step. nnU-Net normalizes CT by the data set's z-score, where these
 ranges were tuned; fullres maps a CT window to [0, 1], on which the additive
 noise (σ up to 0.1) is relatively stronger and the other ranges are relative anyway.
 
@@ -27,6 +27,9 @@ noise (σ up to 0.1) is relatively stronger and the other ranges are relative an
 from __future__ import annotations
 
 import dataclasses
+import math
+
+from trainer.augment import intensity, mirror, spatial
 
 NAMES = ("nnunet", "flips", "intensity", "none")
 
@@ -118,3 +121,39 @@ def preset(name: str) -> AugmentationConfig:
     if name not in recipes:
         raise ValueError(f"augmentation {name!r} is not known; use one of {', '.join(NAMES)}.")
     return recipes[name]
+
+
+def compose(config: AugmentationConfig, images, labels, keys, num_classes: int, image_sharding=None,
+            label_sharding=None):
+    """Every augmentation `config` turns on, in nnU-Net's order, on the global batch inside the train step.
+
+    Args:
+        images: (B, *spatial, C) float32, split as `image_sharding` says; labels (B, *spatial) int32.
+        keys: (B,) one per global batch row (`trainer.augment.keys.row_keys`).
+        num_classes: the labels' classes (rotation resamples each class's indicator).
+        image_sharding, label_sharding: the step's layouts, which rotation and scaling keep (None: one device).
+
+    Returns:
+        (images, labels), augmented.
+    """
+    if config.rotation_probability or config.scale_probability:
+        angle = math.radians(config.rotation_degrees)
+        images, labels = spatial.rotate_and_scale(
+            images, labels, keys, num_classes, rotation_probability=config.rotation_probability,
+            rotation=(-angle, angle), scale_probability=config.scale_probability, scale=config.scale,
+            image_sharding=image_sharding, label_sharding=label_sharding)
+    steps = (
+        (intensity.gaussian_noise, config.noise_probability, {"sigma": config.noise_sigma}),
+        (intensity.gaussian_blur, config.blur_probability, {"sigma": config.blur_sigma}),
+        (intensity.brightness, config.brightness_probability, {"multiplier": config.brightness}),
+        (intensity.contrast, config.contrast_probability, {"factor": config.contrast}),
+        (intensity.low_resolution, config.low_resolution_probability, {"scale": config.low_resolution_scale}),
+        (intensity.inverted_gamma, config.inverted_gamma_probability, {"gamma": config.gamma}),
+        (intensity.gamma, config.gamma_probability, {"gamma": config.gamma}),
+    )
+    for augmentation, probability, ranges in steps:
+        if probability:
+            images, labels = augmentation(images, labels, keys, probability=probability, **ranges)
+    if config.mirror_axes:
+        images, labels = mirror.mirror(images, labels, keys, axes=config.mirror_axes)
+    return images, labels

@@ -8,6 +8,8 @@ model (which saves the optimizer's variables beside the weights) all build it he
 
 from __future__ import annotations
 
+import functools
+
 import keras
 
 from trainer import config as config_lib
@@ -87,6 +89,7 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
 def jit_step(task, model, optimizer, distribution: partitioning.SpatialParallel, state, image_ndim: int):
     """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
     `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it."""
-    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss, task.prepare), distribution, state,
+    prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
+    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss, prepare), distribution, state,
                                image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
                                input_sharding=task.input_sharding(distribution, image_ndim))
