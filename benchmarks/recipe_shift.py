@@ -43,6 +43,7 @@ GAP = 0.03  # the issue's bar: the full recipe beats flips only by this much on 
 
 
 def _run(command: list[str], log_path: str) -> None:
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "w") as log:
         subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPOSITORY,
                        env={**os.environ, "PYTHONPATH": REPOSITORY})
