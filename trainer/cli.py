@@ -195,7 +195,7 @@ def train(
             **{f"model.{k}": v for k, v in unet_only.items()},
         }
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
-                                    overrides={**flags, **config_lib.parse_settings(settings or [])},
+                                    overrides={**flags, **parsing.parse_settings(settings or [])},
                                     model_source=model)
         train_lib.train(config, log=console.say)
     except distributed.Preempted as preempted:
@@ -238,7 +238,6 @@ def plan(
     plug-in) on this machine: each layout is first sized on the CPU, layouts whose CPU figure already exceeds
     the target's memory are not compiled for it, and the plan ends with what to launch.
     """
-    from trainer import config as config_lib
     from trainer.plan import targets
 
     try:
@@ -246,7 +245,7 @@ def plan(
         asked = (parsing.parse_list(partitions, int, "--partitions") or ()) if partitions is not None else None
         counts = asked if asked is not None else targets.default_partitions(on)
         size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
-        given = config_lib.parse_settings(settings or [])
+        given = parsing.parse_settings(settings or [])
         dims = tuple(parsing.parse_list(input_partition_dims, int, "--input-partition-dims")) \
             if input_partition_dims else None
         if dims is not None:

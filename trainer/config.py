@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from common import parsing
 from trainer.augment import recipe as augment_recipe
@@ -317,7 +316,7 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     if base.task != task:
         raise ValueError(f"preset {preset} is a {base.task} preset but the task is {task}; pick a {task} preset or "
                          f"set the task to {base.task}.")
-    settings = {k: v for k, v in _flatten(overrides or {}).items() if v is not None}
+    settings = {k: v for k, v in parsing.flatten(overrides or {}).items() if v is not None}
     if model_source is not None:
         user_model.check_task(task, model_source)
     hints = setting_types(task, user_network=model_source is not None)
@@ -340,19 +339,9 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         values["augmentation"] = dataclasses.asdict(augment_recipe.preset(str(settings.pop("augmentation")).strip()))
     for key, value in settings.items():
         section, _, name = key.rpartition(".")
-        (values[section] if section else values)[name] = _convert(value, hints[key], key)
+        auto = key == "partition.input_partition_dims" and str(value).strip().lower() == "auto"  # resolved later
+        (values[section] if section else values)[name] = "auto" if auto else parsing.typed(value, hints[key], key)
     return from_dict(values)
-
-
-def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
-    """`["model.num_levels=5", "steps=100"]` (`--set` flags) -> `{"model.num_levels": "5", "steps": "100"}`."""
-    settings = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"--set {pair!r} is not key=value; write it like --set model.num_levels=5.")
-        settings[key.strip()] = value.strip()
-    return settings
 
 
 def setting_types(task: str, user_network: bool = False) -> dict[str, object]:
@@ -367,62 +356,6 @@ def setting_types(task: str, user_network: bool = False) -> dict[str, object]:
     for section, cls in sections:
         hints.update({f"{section}.{k}": v for k, v in typing.get_type_hints(cls).items()})
     return hints
-
-
-def _flatten(overrides: Mapping[str, object], prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in overrides.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _convert(value, hint, name: str):
-    """`value` (text, or a number as KFP passes it) as the type `hint` declares; None, "none" -> None if allowed.
-
-    A text setting that cannot be None (`model.stem`, `model.normalization`) keeps "none" as its value.
-    """
-    is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-    options = [o for o in (typing.get_args(hint) if is_union else (hint,)) if o is not type(None)]
-    optional = is_union and type(None) in typing.get_args(hint)
-    if isinstance(value, str) and value.strip().lower() in ("", "none"):
-        if optional:
-            return None
-        if not (value.strip() and options == [str]):  # a text setting's "none" is a choice: model.stem=none
-            raise ValueError(f"train override {name} needs a value.")
-    if name == "partition.input_partition_dims" and isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"  # resolved once the devices are known
-    kind = options[0] if options else str
-    if typing.get_origin(kind) is tuple:
-        args = typing.get_args(kind)
-        item = args[0] if args else int
-        parsed = parsing.parse_list(value, item, name) if isinstance(value, str) else tuple(value)
-        return [_convert(v, item, f"{name}[{i}]") for i, v in enumerate(parsed)]
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("true", "1", "yes", "on"):
-            return True
-        if text in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"train override {name} is true or false, got {value!r}.")
-    if kind is int:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"train override {name} must be a whole number, got {value!r}.") from None
-        if not number.is_integer():
-            raise ValueError(f"train override {name} must be a whole number, got {value}; write it like {round(number)}.")
-        return int(number)
-    if kind is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"train override {name} must be a number, got {value!r}.") from None
-    return value if not isinstance(value, str) else value.strip()
 
 
 def to_dict(config: TrainConfig) -> dict:

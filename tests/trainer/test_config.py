@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from common import parsing
 from trainer import config
 from trainer.augment import recipe as augment_recipe
 
@@ -84,15 +85,15 @@ def test_detection_class_count_comes_from_the_label_map_unless_given(tmp_path):
 
 def test_auto_partition_dims_pass_the_list_parser():
     assert config.setting_types("segmentation")["partition.input_partition_dims"] is not None
-    assert config._convert("auto", config.setting_types("segmentation")["partition.input_partition_dims"],
-                           "partition.input_partition_dims") == "auto"
+    resolved = config.resolve(preset="demo", overrides={"partition.input_partition_dims": " Auto"})
+    assert resolved.partition.input_partition_dims == "auto"
 
 
 def test_set_flags_are_key_value_pairs():
-    assert config.parse_settings(["model.num_levels=5", "partition.input_partition_dims=1,4,1,1,1"]) == {
+    assert parsing.parse_settings(["model.num_levels=5", "partition.input_partition_dims=1,4,1,1,1"]) == {
         "model.num_levels": "5", "partition.input_partition_dims": "1,4,1,1,1"}
     with pytest.raises(ValueError, match="--set 'steps' is not key=value; write it like --set model.num_levels=5."):
-        config.parse_settings(["steps"])
+        parsing.parse_settings(["steps"])
 
 
 
