@@ -108,7 +108,7 @@ def evaluate(run: str, records: str) -> float:
 def train(records: dict, run: str, recipe: str, deep_supervision: bool, seed: int, steps: int) -> float:
     """One `fullres train` run; returns its training seconds."""
     if not os.path.exists(os.path.join(run, "metrics.json")):
-        _run([sys.executable, "-m", "trainer.train", "--train", records["train"], "--output", run, "--preset", "demo",
+        _run([sys.executable, "-m", "trainer", "train", "--train", records["train"], "--output", run, "--preset", "demo",
               "--num-levels", "4", "--steps", str(steps), "--seed", str(seed), "--augmentation", recipe,
               "--deep-supervision" if deep_supervision else "--no-deep-supervision", "--virtual-devices", "2",
               "--input-partition-dims", "1,2,1,1,1", "--checkpoint-every", str(steps)], run + ".log")

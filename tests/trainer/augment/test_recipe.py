@@ -6,7 +6,7 @@ import itertools
 import jax
 import numpy as np
 
-from tests.trainer.augment.test_intensity import row_keys
+from trainer.augment.keys import row_keys
 from trainer.augment import recipe
 
 

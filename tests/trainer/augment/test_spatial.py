@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from scipy import ndimage
 
-from tests.trainer.augment.test_intensity import row_keys
+from trainer.augment.keys import row_keys
 from trainer.augment import spatial
 
 

@@ -4,18 +4,12 @@ per (seed, step, row), and leaves the rows it did not draw untouched. (Split ove
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import ndimage
 
 from trainer.augment import draws, intensity
-
-
-def row_keys(seed, step, batch_size):
-    """The contract's keys (contracts.md): fold_in(fold_in(key(seed), step), row)."""
-    base = jax.random.fold_in(jax.random.key(seed), step)
-    return jax.vmap(lambda row: jax.random.fold_in(base, row))(jnp.arange(batch_size))
+from trainer.augment.keys import row_keys
 
 
 def apply(transform, images, labels, keys, **params):
