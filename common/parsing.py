@@ -1,4 +1,5 @@
-"""The one parser for comma lists, which every command, component and setting reads its lists with.
+"""The one parser for comma lists, which every command, component and setting reads its lists with, and for
+settings given as text (`--set key=value`) or as KFP's numbers, read as the type their dataclass declares.
 
 Partition dims (`1,4,1,1,1`), spacings (`1.7,1.7,2.25`), windows, shapes,
 image sizes, partition counts and class names are all written the same way, so
@@ -7,6 +8,10 @@ error type) checks or catches what this returns.
 """
 
 from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterable, Mapping
 
 EXAMPLES = {int: "1,4,1,1,1", float: "1.0,1.0,2.5", str: "liver,kidney"}
 
@@ -40,3 +45,70 @@ def parse_list(text: str | None, kind: type = int, name: str = "value") -> tuple
     except ValueError:
         raise ValueError(f"{name} {text!r} is not a comma-separated list of {kind.__name__}s; write it like "
                          f"{EXAMPLES.get(kind, EXAMPLES[float])}.") from None
+
+
+def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
+    """`["model.num_levels=5", "steps=100"]` (`--set` flags) -> `{"model.num_levels": "5", "steps": "100"}`."""
+    settings = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"--set {pair!r} is not key=value; write it like --set model.num_levels=5.")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def flatten(settings: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    """Nested mappings as dotted keys: `{"model": {"num_levels": 5}}` -> `{"model.num_levels": 5}`."""
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def typed(value, hint, name: str, what: str = "train override"):
+    """`value` (text, or a number as KFP passes it) as the type `hint` declares; None, "none" -> None if allowed.
+
+    A text setting that cannot be None (`model.stem`, `model.normalization`) keeps "none" as its value. Errors
+    name the setting as `{what} {name}`.
+    """
+    is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+    options = [o for o in (typing.get_args(hint) if is_union else (hint,)) if o is not type(None)]
+    optional = is_union and type(None) in typing.get_args(hint)
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        if optional:
+            return None
+        if not (value.strip() and options == [str]):  # a text setting's "none" is a choice: model.stem=none
+            raise ValueError(f"{what} {name} needs a value.")
+    kind = options[0] if options else str
+    if typing.get_origin(kind) is tuple:
+        args = typing.get_args(kind)
+        item = args[0] if args else int
+        parsed = parse_list(value, item, name) if isinstance(value, str) else tuple(value)
+        return [typed(v, item, f"{name}[{i}]", what) for i, v in enumerate(parsed)]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{what} {name} is true or false, got {value!r}.")
+    if kind is int:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} {name} must be a whole number, got {value!r}.") from None
+        if not number.is_integer():
+            raise ValueError(f"{what} {name} must be a whole number, got {value}; write it like {round(number)}.")
+        return int(number)
+    if kind is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what} {name} must be a number, got {value!r}.") from None
+    return value if not isinstance(value, str) else value.strip()

@@ -85,6 +85,7 @@ def train(
     learning_rate: float = 0.0,
     input_partition_dims: str = "",
     precision: str = "",
+    augmentation: str = "",
     overrides: dict = {},  # noqa: B006
     model_code: str = "",
     model_function: str = "",
@@ -94,6 +95,8 @@ def train(
     `model_code` is the text of the user's network file and `model_function` the function in it that returns the
     network (`fullres train --model FILE.py:FUNCTION`, where the step runs); "" trains the task's own model. The
     run keeps a copy of the file, so evaluate, export and predict rebuild the network from the model artifact.
+
+    `augmentation` (segmentation): the device augmentations' preset, nnunet, flips, intensity or none.
     Multi-host runs (several replicas of a Vertex custom job, or a TPU slice)
     start `jax.distributed` first; only the first process writes the outputs.
     A preempted run (SIGTERM) checkpoints and exits with status 75; rerun, it resumes.
@@ -107,7 +110,8 @@ def train(
     config = runtime.train_config(
         task=task, preset=preset, train_data=train_data.path + "/data-*", output_dir=model.path, steps=steps,
         batch_size=batch_size, learning_rate=learning_rate, input_partition_dims=input_partition_dims,
-        precision=precision, overrides=overrides, model_source=runtime.model_source(model_code, model_function))
+        precision=precision, augmentation=augmentation, overrides=overrides,
+        model_source=runtime.model_source(model_code, model_function))
     try:
         results = train_lib.train(config, log=runtime.log, export_saved_model=False)
     except distributed.Preempted as preempted:  # checkpointed: the restarted job resumes

@@ -150,6 +150,7 @@ PREPROCESS_IMAGES = tuple(_passed(steps.preprocess_images, name) for name in ("b
 TRAIN = (*(_passed(steps.train, name) for name in ("preset", "steps", "batch_size", "learning_rate",
                                                     "input_partition_dims", "precision")),
          _passed(steps.train, "overrides", "train_overrides"))
+SEGMENTATION_TRAIN = (*TRAIN, _passed(steps.train, "augmentation"))  # detection augments its input on the host
 # A user's own network (segmentation only): the text of its Python file and the function in it, so the train step
 # builds it wherever it runs (on Vertex the file's local path does not exist); the run keeps a copy.
 USER_NETWORK = (_passed(steps.train, "model_code"), _passed(steps.train, "model_function"))
@@ -180,7 +181,7 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
         _passed(steps.preprocess_ct, "labels_uri", "train_labels_uri"),
         _passed(steps.preprocess_ct, "labels_uri", "eval_labels_uri"),
         *PREPROCESS_CT,
-        *TRAIN,
+        *SEGMENTATION_TRAIN,
         *USER_NETWORK,
         _passed(steps.evaluate, "class_names"),
         *PLACEMENT,
@@ -198,7 +199,8 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
             preprocessed[split] = task.outputs["dataset"]
         # pseudonymize reaches preprocess (case ids), evaluate (the report) and predict (mask names, summary).
         _train_evaluate_export(components, preprocessed,
-                               dict(task="segmentation", **_arguments(values, TRAIN), **_arguments(values, USER_NETWORK)),
+                               dict(task="segmentation", **_arguments(values, SEGMENTATION_TRAIN),
+                                    **_arguments(values, USER_NETWORK)),
                                values["class_names"], values,
                                dict(input_uri=values["predict_input_uri"], output_format=values["predict_output_format"],
                                     pseudonymize=values["pseudonymize"]),

@@ -167,7 +167,7 @@ def train_configuration(values: dict, where: Where = Where()):
                                 steps=values["steps"], batch_size=values["batch_size"],
                                 learning_rate=values["learning_rate"], input_partition_dims=values["input_partition_dims"],
                                 precision=values["precision"], overrides=values["train_overrides"],
-                                model_source=network)
+                                augmentation=values.get("augmentation", ""), model_source=network)
 
 
 def user_network(values: dict, where: Where = Where()) -> str | None:
@@ -258,7 +258,7 @@ def classes_against_labels(values: dict, where: Where) -> None:
 
 
 TRAIN = ("preset", "steps", "batch_size", "learning_rate", "input_partition_dims", "precision", "train_overrides",
-         "model_code", "model_function")
+         "model_code", "model_function", "augmentation")  # augmentation: the segmentation pipeline's only
 # Each rule over several parameters, with the parameters it judges.
 TOGETHER: dict[Callable[[dict, Where], None], tuple[str, ...]] = {
     ct_grid: ("spacing", "window", "shape"),

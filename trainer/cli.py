@@ -31,7 +31,15 @@ app = typer.Typer(
 
 STEM_HELP = ("UNet stem: space_to_depth (the default model's: 2x2x2 voxels folded into channels, so TPU lanes are "
              "full) or none (the first level at full resolution; cheaper on CPUs and GPUs).")
-PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "detection", "detection_2560", "detection_demo")
+ENCODER_HELP = ("UNet encoder: plain (two convolutions per level) or residual (nnU-Net's ResEnc: 1, 3, 4, ... residual "
+                "blocks per level, set by --set model.residual_blocks=...).")
+AUGMENTATION_HELP = ("Segmentation: the augmentations run on the accelerator, a preset: nnunet (nnU-Net's whole set: "
+                     "rotation, scaling, noise, blur, brightness, contrast, low resolution, gamma, mirroring), flips "
+                     "(mirroring only), intensity (no mirroring or resampling) or none; --set augmentation.FIELD=... "
+                     "changes one (e.g. augmentation.mirror_axes=0,1 keeps left and right).")
+DEEP_SUPERVISION_HELP = ("Deep supervision (nnU-Net's): the decoder's lower resolutions predict too, their losses "
+                         "weighted 1/2 per level; needs 4 levels without the stem, 3 with it.")
+PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "nnunet", "detection", "detection_2560", "detection_demo")
 
 
 @app.callback()
@@ -78,9 +86,11 @@ def train(
     steps: Annotated[int | None, typer.Option(help="Optimizer steps in total.")] = None,
     epochs: Annotated[int | None, typer.Option(help="Train this many passes over the data instead of --steps.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Global batch size, split over the replicas.")] = None,
-    learning_rate: Annotated[float | None, typer.Option(help="Peak learning rate (Adam).")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
     warmup_steps: Annotated[int | None, typer.Option(help="Linear warm-up steps.")] = None,
-    schedule: Annotated[str | None, typer.Option(help="Learning-rate schedule after warm-up: cosine or constant.")] = None,
+    schedule: Annotated[str | None, typer.Option(help="Learning-rate schedule after warm-up: cosine, poly (nnU-Net's: (1 - step/steps)^0.9) or constant.")] = None,
+    optimizer: Annotated[str | None, typer.Option(help="adam, or sgd (Nesterov momentum 0.99, as nnU-Net; --set momentum=... to change it).")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="Weight decay per step, times the learning rate (nnU-Net: 3e-5); 0 turns it off.")] = None,
     precision: Annotated[str | None, typer.Option(help="float32, or bfloat16 (mixed: bfloat16 compute, float32 weights).")] = None,
     remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass to save memory.")] = None,
     input_partition_dims: Annotated[
@@ -95,9 +105,12 @@ def train(
     base_filters: Annotated[int | None, typer.Option(help="Filters at the first UNet level.")] = None,
     stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
     normalization: Annotated[str | None, typer.Option(help="instance, group, batch or none.")] = None,
+    encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
+    deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps.")] = None,
     log_every: Annotated[int | None, typer.Option(help="Log the loss every N steps.")] = None,
-    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: random flips along every axis, on the accelerator. Detection: scale jitter and left-right flips.")] = None,
+    augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: the --augmentation set (off: none). Detection: scale jitter and left-right flips.")] = None,
+    augmentation: Annotated[str | None, typer.Option(help=AUGMENTATION_HELP)] = None,
     input_cache: Annotated[str | None, typer.Option(help="Segmentation: keep this process's share of the decoded training data in memory after its first read: auto (when it fits half the memory available; the log says which was chosen and why), on or off.")] = None,
     image_size: Annotated[str | None, typer.Option(help="Detection: the H,W canvas every image is fitted to, e.g. 2560,2560.")] = None,
     max_boxes: Annotated[int | None, typer.Option(help="Detection: boxes kept per training image.")] = None,
@@ -160,16 +173,21 @@ def train(
             console.fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
                   f"--task {config_lib.PRESETS[preset]().task} or another preset.")
         unet_only = {"num_levels": num_levels, "base_filters": base_filters, "stem": stem,
-                     "normalization": normalization}
+                     "normalization": normalization, "encoder": encoder, "deep_supervision": deep_supervision}
         given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
                       if v is not None and f"model.{k}" not in config_lib.setting_types(task, model is not None)]
         if given_unet:
             console.fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to "
                          f"{f'--model {model}' if model else f'--task {task}'}.")
+        if augmentation is not None and "augmentation" not in config_lib.setting_types(task):
+            console.fail(f"--augmentation sets segmentation's augmentations on the accelerator; --task {task} "
+                         "augments its input instead (--augment/--no-augment).")
         flags = {
             "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-            "warmup_steps": warmup_steps, "schedule": schedule, "precision": precision, "remat": remat,
-            "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment, "seed": seed,
+            "warmup_steps": warmup_steps, "schedule": schedule, "optimizer": optimizer, "weight_decay": weight_decay,
+            "precision": precision, "remat": remat,
+            "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment,
+            "augmentation": augmentation, "seed": seed,
             "input_cache": input_cache,
             "image_size": size, "max_boxes": max_boxes, "model.num_classes": num_classes, "allow_gathers": allow_gathers,
             "partition.input_partition_dims": input_partition_dims,
@@ -177,7 +195,7 @@ def train(
             **{f"model.{k}": v for k, v in unet_only.items()},
         }
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
-                                    overrides={**flags, **config_lib.parse_settings(settings or [])},
+                                    overrides={**flags, **parsing.parse_settings(settings or [])},
                                     model_source=model)
         train_lib.train(config, log=console.say)
     except distributed.Preempted as preempted:
@@ -202,6 +220,9 @@ def plan(
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
     stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
+    encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
+    deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
+    augmentation: Annotated[str | None, typer.Option(help=AUGMENTATION_HELP)] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
     target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`.")] = "cpu",
@@ -217,7 +238,6 @@ def plan(
     plug-in) on this machine: each layout is first sized on the CPU, layouts whose CPU figure already exceeds
     the target's memory are not compiled for it, and the plan ends with what to launch.
     """
-    from trainer import config as config_lib
     from trainer.plan import targets
 
     try:
@@ -225,7 +245,7 @@ def plan(
         asked = (parsing.parse_list(partitions, int, "--partitions") or ()) if partitions is not None else None
         counts = asked if asked is not None else targets.default_partitions(on)
         size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
-        given = config_lib.parse_settings(settings or [])
+        given = parsing.parse_settings(settings or [])
         dims = tuple(parsing.parse_list(input_partition_dims, int, "--input-partition-dims")) \
             if input_partition_dims else None
         if dims is not None:
@@ -249,7 +269,8 @@ def plan(
     from trainer.plan import memory_plan
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
-             "model.base_filters": base_filters, "model.stem": stem}
+             "model.base_filters": base_filters, "model.stem": stem, "model.encoder": encoder,
+             "model.deep_supervision": deep_supervision, "augmentation": augmentation}
     try:
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from common import parsing
+from trainer.augment import recipe as augment_recipe
 from trainer.models import retinanet, unet, user_model
 from trainer.parallel import partitioning
 
 PRECISIONS = ("float32", "bfloat16")
-SCHEDULES = ("cosine", "constant")
+SCHEDULES = ("cosine", "constant", "poly")
+OPTIMIZERS = ("adam", "sgd")
 TASKS = ("segmentation", "detection")
 INPUT_CACHE = ("auto", "on", "off")  # trainer.data.ct_input.choose_cache
 MODEL_TYPES = {"segmentation": unet.UNetConfig, "detection": retinanet.RetinaNetConfig}
@@ -39,15 +40,24 @@ class TrainConfig:
         steps: optimizer steps in total (ignored when `epochs` is set).
         epochs: if set, `steps = epochs × ceil(training cases / batch_size)`.
         batch_size: global batch size, split over the replicas.
-        learning_rate: peak learning rate (Adam).
+        learning_rate: peak learning rate.
         warmup_steps: linear warm-up from 0 to `learning_rate`.
-        schedule: "cosine" (decay to 0 at the last step) or "constant".
+        schedule: "cosine" (decay to 0 at the last step), "poly" (nnU-Net's
+            `(1 - t/T) ** 0.9`, to 0 at the last step) or "constant".
+        optimizer: "adam", or "sgd" (SGD with Nesterov momentum, nnU-Net's).
+        momentum: SGD's momentum (nnU-Net: 0.99); Adam ignores it.
+        weight_decay: each step shrinks the weights by `learning_rate × weight_decay`
+            (nnU-Net: 3e-5); 0 turns it off.
         precision: "float32", or "bfloat16" (bfloat16 compute, float32 weights).
         remat: recompute activations in the backward pass to save memory.
         checkpoint_every: save a checkpoint every this many steps (and at the end).
         keep_checkpoints: how many recent checkpoints to keep.
         log_every: log the loss every this many steps.
-        augment: segmentation: random flips along every axis, on the device; detection: scale jitter, placement, flips.
+        augment: segmentation: the device augmentations `augmentation` names (off: none); detection:
+            scale jitter, random placement and left-right flips, in the input pipeline.
+        augmentation: segmentation only: which augmentations run on the device, with nnU-Net's
+            probabilities and ranges (`trainer.augment.recipe`); `--augmentation NAME` picks a preset
+            (`nnunet`, `flips`, `intensity`, `none`), `--set augmentation.FIELD=...` any field.
         input_cache: segmentation: keep this process's decoded share of the data in memory: "auto", "on", "off".
         image_size: detection only: the (H, W) canvas every image is fitted to.
         max_boxes: detection only: boxes kept per training image.
@@ -73,12 +83,16 @@ class TrainConfig:
     learning_rate: float = 1e-3
     warmup_steps: int = 0
     schedule: str = "cosine"
+    optimizer: str = "adam"
+    momentum: float = 0.99
+    weight_decay: float = 0.0
     precision: str = "float32"
     remat: bool = False
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     log_every: int = 10
     augment: bool = True
+    augmentation: augment_recipe.AugmentationConfig = augment_recipe.preset("flips")
     input_cache: str = "auto"
     seed: int = 0
     image_size: tuple[int, int] = (256, 256)
@@ -110,6 +124,12 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"TrainConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}.")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"TrainConfig.momentum must be in [0, 1), got {self.momentum}.")
+        if self.weight_decay < 0:
+            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.checkpoint_every < 1:
@@ -120,6 +140,13 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.input_cache must be one of {INPUT_CACHE}, got {self.input_cache!r}.")
         if self.log_every < 1:
             raise ValueError(f"TrainConfig.log_every must be >= 1, got {self.log_every}.")
+        if self.model.spatial_dims == 2 and self.augmentation.mirror_axes == (0, 1, 2):  # the default: every axis
+            object.__setattr__(self, "augmentation", dataclasses.replace(self.augmentation, mirror_axes=(0, 1)))
+        beyond = [a for a in self.augmentation.mirror_axes if a >= self.model.spatial_dims]
+        if beyond:
+            raise ValueError(f"augmentation.mirror_axes {list(self.augmentation.mirror_axes)} names axis {beyond[0]}, "
+                             f"which a {self.model.spatial_dims}D model does not have; use axes 0 to "
+                             f"{self.model.spatial_dims - 1}.")
         expected_rank = self.model.spatial_dims + 2
         if not self.partition.is_auto and self.partition.rank != expected_rank:
             raise partitioning.PartitionError(
@@ -141,6 +168,28 @@ def ct_256(**overrides) -> TrainConfig:
         steps=20000,
         learning_rate=1e-3,
         warmup_steps=500,
+    )
+    return TrainConfig(**{**defaults, **overrides})
+
+
+def nnunet(**overrides) -> TrainConfig:
+    """nnU-Net's training recipe on the default (TPU-shaped) UNet: deep supervision, SGD, poly learning rate.
+
+    nnunetv2's `nnUNetTrainer`: SGD with Nesterov momentum 0.99, weight decay
+    3e-5, learning rate 1e-2 decayed as `(1 - t/T) ** 0.9`, no warm-up, and
+    deep supervision (`UNetConfig.deep_supervision`), and its augmentation set on
+    the device (`augmentation="nnunet"`). Add `encoder="residual"`
+    for its ResEnc presets' encoder (`--encoder residual`).
+    """
+    defaults = dict(
+        model=unet.UNetConfig(spatial_dims=3, num_classes=3, deep_supervision=True),
+        optimizer="sgd",
+        momentum=0.99,
+        weight_decay=3e-5,
+        learning_rate=1e-2,
+        schedule="poly",
+        warmup_steps=0,
+        augmentation=augment_recipe.preset("nnunet"),
     )
     return TrainConfig(**{**defaults, **overrides})
 
@@ -221,10 +270,11 @@ DETECTION_DEMO_MODEL = retinanet.RetinaNetConfig(
 )
 
 DEFAULT_PRESETS = {"segmentation": TrainConfig, "detection": detection}
+AUGMENTED_ON_DEVICE = ("segmentation",)  # tasks whose `augmentation` runs in the step (detection's is its input's)
 # Detection records carry label_map.json (ids from 1): the class count is read from it unless given.
 CLASSES_FROM_LABEL_MAP = ("detection",)
 
-PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "detection": detection, "detection_2560": detection_2560,
+PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "nnunet": nnunet, "detection": detection, "detection_2560": detection_2560,
            "detection_demo": detection_demo}
 
 
@@ -266,7 +316,7 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     if base.task != task:
         raise ValueError(f"preset {preset} is a {base.task} preset but the task is {task}; pick a {task} preset or "
                          f"set the task to {base.task}.")
-    settings = {k: v for k, v in _flatten(overrides or {}).items() if v is not None}
+    settings = {k: v for k, v in parsing.flatten(overrides or {}).items() if v is not None}
     if model_source is not None:
         user_model.check_task(task, model_source)
     hints = setting_types(task, user_network=model_source is not None)
@@ -285,87 +335,27 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         label_map = dataset_files.foreground(dataset_files.read_label_map(train_data) or {}) if train_data else None
         if label_map:
             values["model"]["num_classes"] = max(label_map.values())
+    if "augmentation" in settings:  # a preset first, so that augmentation.FIELD settings change it
+        values["augmentation"] = dataclasses.asdict(augment_recipe.preset(str(settings.pop("augmentation")).strip()))
     for key, value in settings.items():
         section, _, name = key.rpartition(".")
-        (values[section] if section else values)[name] = _convert(value, hints[key], key)
+        auto = key == "partition.input_partition_dims" and str(value).strip().lower() == "auto"  # resolved later
+        (values[section] if section else values)[name] = "auto" if auto else parsing.typed(value, hints[key], key)
     return from_dict(values)
-
-
-def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
-    """`["model.num_levels=5", "steps=100"]` (`--set` flags) -> `{"model.num_levels": "5", "steps": "100"}`."""
-    settings = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key.strip():
-            raise ValueError(f"--set {pair!r} is not key=value; write it like --set model.num_levels=5.")
-        settings[key.strip()] = value.strip()
-    return settings
 
 
 def setting_types(task: str, user_network: bool = False) -> dict[str, object]:
     """Every key `resolve` accepts for `task` (with a user's network: its model's keys), with its declared type."""
-    fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition"}
+    fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition", "augmentation"}
     hints = {k: v for k, v in typing.get_type_hints(TrainConfig).items() if k not in fixed}
     model_type = user_model.UserModelConfig if user_network else MODEL_TYPES[task]
-    for section, cls in (("model", model_type), ("partition", partitioning.PartitionConfig)):
+    sections = [("model", model_type), ("partition", partitioning.PartitionConfig)]
+    if task in AUGMENTED_ON_DEVICE:
+        hints["augmentation"] = str  # a preset's name (`augment_recipe.preset`); its fields as augmentation.FIELD
+        sections.append(("augmentation", augment_recipe.AugmentationConfig))
+    for section, cls in sections:
         hints.update({f"{section}.{k}": v for k, v in typing.get_type_hints(cls).items()})
     return hints
-
-
-def _flatten(overrides: Mapping[str, object], prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in overrides.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _convert(value, hint, name: str):
-    """`value` (text, or a number as KFP passes it) as the type `hint` declares; None, "none" -> None if allowed.
-
-    A text setting that cannot be None (`model.stem`, `model.normalization`) keeps "none" as its value.
-    """
-    is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-    options = [o for o in (typing.get_args(hint) if is_union else (hint,)) if o is not type(None)]
-    optional = is_union and type(None) in typing.get_args(hint)
-    if isinstance(value, str) and value.strip().lower() in ("", "none"):
-        if optional:
-            return None
-        if not (value.strip() and options == [str]):  # a text setting's "none" is a choice: model.stem=none
-            raise ValueError(f"train override {name} needs a value.")
-    if name == "partition.input_partition_dims" and isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"  # resolved once the devices are known
-    kind = options[0] if options else str
-    if typing.get_origin(kind) is tuple:
-        args = typing.get_args(kind)
-        item = args[0] if args else int
-        parsed = parsing.parse_list(value, item, name) if isinstance(value, str) else tuple(value)
-        return [_convert(v, item, f"{name}[{i}]") for i, v in enumerate(parsed)]
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("true", "1", "yes", "on"):
-            return True
-        if text in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"train override {name} is true or false, got {value!r}.")
-    if kind is int:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"train override {name} must be a whole number, got {value!r}.") from None
-        if not number.is_integer():
-            raise ValueError(f"train override {name} must be a whole number, got {value}; write it like {round(number)}.")
-        return int(number)
-    if kind is float:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"train override {name} must be a number, got {value!r}.") from None
-    return value if not isinstance(value, str) else value.strip()
 
 
 def to_dict(config: TrainConfig) -> dict:
@@ -389,6 +379,9 @@ def from_dict(values: dict) -> TrainConfig:
         raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
     if "image_size" in values:
         values["image_size"] = tuple(values["image_size"])
+    if "augmentation" in values:  # absent from runs before issue 31: the default (flips), what they trained with
+        values["augmentation"] = augment_recipe.AugmentationConfig(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in values["augmentation"].items()})
     model_type = user_model.UserModelConfig if "function" in model_values else MODEL_TYPES[task]
     return TrainConfig(model=model_type(**model_values), partition=partition, **values)
 

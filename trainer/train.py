@@ -319,7 +319,6 @@ class _Window:
 def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, log: Callable[[str], None]) -> dict:
     """Evaluation, the exported model and metrics.json (process 0); returns the metrics."""
     import jax
-    import keras
     import tensorflow as tf
 
     config, task, history, mesh = run.config, run.task, run.history, run.distribution.device_mesh
@@ -356,7 +355,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
     host_state = jax.tree_util.tree_map(np.asarray, run.state)
     if run.is_chief:
         model = task.build_model()
-        optimizer = keras.optimizers.Adam(run.schedule)
+        optimizer = program.build_optimizer(config, run.schedule)
         placement.write_state_to_model(host_state, model, optimizer)
         if export_saved_model:
             results["model"] = export.export_model(model, config.output_dir, run.image_shape)

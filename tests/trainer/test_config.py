@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from common import parsing
 from trainer import config
+from trainer.augment import recipe as augment_recipe
 
 
 def test_dotted_overrides_reach_the_model_the_partition_and_the_run():
@@ -83,14 +85,48 @@ def test_detection_class_count_comes_from_the_label_map_unless_given(tmp_path):
 
 def test_auto_partition_dims_pass_the_list_parser():
     assert config.setting_types("segmentation")["partition.input_partition_dims"] is not None
-    assert config._convert("auto", config.setting_types("segmentation")["partition.input_partition_dims"],
-                           "partition.input_partition_dims") == "auto"
+    resolved = config.resolve(preset="demo", overrides={"partition.input_partition_dims": " Auto"})
+    assert resolved.partition.input_partition_dims == "auto"
 
 
 def test_set_flags_are_key_value_pairs():
-    assert config.parse_settings(["model.num_levels=5", "partition.input_partition_dims=1,4,1,1,1"]) == {
+    assert parsing.parse_settings(["model.num_levels=5", "partition.input_partition_dims=1,4,1,1,1"]) == {
         "model.num_levels": "5", "partition.input_partition_dims": "1,4,1,1,1"}
     with pytest.raises(ValueError, match="--set 'steps' is not key=value; write it like --set model.num_levels=5."):
-        config.parse_settings(["steps"])
+        parsing.parse_settings(["steps"])
 
 
+
+
+def test_augmentation_is_a_preset_then_fields_and_mirroring_is_per_axis():
+    resolved = config.resolve(preset="demo", overrides={"augmentation": "nnunet", "augmentation.mirror_axes": "0,1",
+                                                       "augmentation.noise_probability": "0.3"})
+    assert resolved.augmentation.mirror_axes == (0, 1)  # left-right (W) kept as it is
+    assert resolved.augmentation.noise_probability == 0.3 and resolved.augmentation.rotation_probability == 0.2
+    assert config.from_dict(config.to_dict(resolved)) == resolved
+    assert config.resolve(overrides={"augmentation.mirror_axes": "none"}).augmentation.mirror_axes == ()
+    assert config.resolve(preset="nnunet").augmentation == augment_recipe.preset("nnunet")
+    assert config.resolve().augmentation == augment_recipe.preset("flips")  # the default: flips, as before
+
+
+def test_a_run_from_before_the_augmentation_setting_reads_back_with_flips():
+    values = config.to_dict(config.smoke())
+    del values["augmentation"]
+    assert config.from_dict(values).augmentation == augment_recipe.preset("flips")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"augmentation": "heavy"}, r"augmentation 'heavy' is not known; use one of nnunet, flips, intensity, none"),
+    ({"augmentation.mirror_axes": "0,3"}, r"mirror_axes \[0, 3\] names axis 3, which a 3D model does not have"),
+    ({"augmentation.scale": "1.4,0.7"}, r"augmentation.scale|AugmentationConfig.scale must be a range LOW,HIGH"),
+    ({"augmentation.rotation_degrees": "60"}, r"rotation_degrees must be in \[0, 45\)"),
+    ({"augmentation.blur_probability": "1.5"}, r"blur_probability must be in \[0, 1\], got 1.5"),
+])
+def test_bad_augmentation_settings_are_refused_in_a_sentence(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config.resolve(overrides=overrides)
+
+
+def test_detection_has_no_device_augmentation_setting():
+    with pytest.raises(ValueError, match="unknown train override augmentation; valid ones"):
+        config.resolve(task="detection", overrides={"augmentation": "nnunet"})

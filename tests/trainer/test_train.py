@@ -140,6 +140,7 @@ def _train_command(train_pattern, output, steps):
         "--train", train_pattern, "--output", str(output), "--preset", "smoke",
         "--steps", str(steps), "--checkpoint-every", "4", "--log-every", "1",
         "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1",
+        "--augmentation", "nnunet",  # every augmentation, drawn per (seed, step, row) on the device
     ]
 
 
@@ -152,7 +153,8 @@ def _environment():
 @pytest.mark.slow
 def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
     """Kill -9 a run just after its step-8 checkpoint; the restart resumes there and
-    ends bit-for-bit where an uninterrupted run ends (checked at rtol 1e-6)."""
+    ends bit-for-bit where an uninterrupted run ends (checked at rtol 1e-6), with nnU-Net's whole augmentation
+    set on the device (rotation, scaling, noise, blur, brightness, contrast, low resolution, gamma, mirroring)."""
     steps = 40
     uninterrupted = tmp_path / "uninterrupted"
     subprocess.run(_train_command(demo_data["train"], uninterrupted, steps), env=_environment(), check=True,
@@ -184,6 +186,8 @@ def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
         np.testing.assert_allclose(b[key], a[key], rtol=1e-6, atol=1e-8, err_msg=key)
     history = json.loads((crashed / "metrics.json").read_text())["loss_history"]
     assert [s for s, _ in history] == list(range(1, steps + 1))
+    trained_with = json.loads((crashed / "train_config.json").read_text())["augmentation"]
+    assert trained_with["rotation_probability"] == 0.2 and trained_with["mirror_axes"] == [0, 1, 2]
 
 
 @pytest.mark.slow

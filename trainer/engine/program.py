@@ -1,21 +1,57 @@
 """The programs of a run: its model, optimizer and schedule, and the partitioned training step built from them.
 
 `fullres train` runs exactly what `fullres plan` compiles ahead of time: both
-call `build_model` and `jit_step` here.
+call `build_model` and `jit_step` here. The optimizer and its schedule are made
+in one place, `build_optimizer`: training, planning and the export of a trained
+model (which saves the optimizer's variables beside the weights) all build it here.
 """
 
 from __future__ import annotations
+
+import functools
+
+import keras
 
 from trainer import config as config_lib
 from trainer.engine import placement, step
 from trainer.parallel import partitioning
 
 
-def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
-    """Linear warm-up to the peak rate, then cosine decay to 0 (or constant)."""
-    import keras
+@keras.saving.register_keras_serializable(package="fullres")
+class PolyDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """nnU-Net's poly schedule: `peak × (1 − t / T) ** power` (power 0.9), after an optional linear warm-up.
 
+    `t` counts the steps after the warm-up and `T` is what remains of the run
+    then, so the rate reaches 0 at `total_steps` (nnU-Net: `PolyLRScheduler`,
+    `initial_lr × (1 − epoch / max_epochs) ** 0.9`, stepped once per epoch; here per step).
+
+    Example:
+        >>> schedule = PolyDecay(1e-2, total_steps=100)
+        >>> [round(float(schedule(s)), 5) for s in (0, 50, 99)]
+        [0.01, 0.00536, 0.00016]
+    """
+
+    def __init__(self, peak: float, total_steps: int, warmup_steps: int = 0, power: float = 0.9):
+        self.peak, self.total_steps, self.warmup_steps, self.power = peak, total_steps, warmup_steps, power
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32")
+        warmup = float(self.warmup_steps)
+        warming = self.peak * step / max(warmup, 1.0)
+        progress = keras.ops.clip((step - warmup) / max(float(self.total_steps) - warmup, 1.0), 0.0, 1.0)
+        decayed = self.peak * keras.ops.power(1.0 - progress, self.power)
+        return keras.ops.where(step < warmup, warming, decayed)
+
+    def get_config(self):
+        return {"peak": self.peak, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
+                "power": self.power}
+
+
+def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
+    """Linear warm-up to the peak rate, then cosine decay to 0, poly decay to 0 (nnU-Net's), or constant."""
     warmup = min(config.warmup_steps, total_steps - 1)
+    if config.schedule == "poly":
+        return PolyDecay(config.learning_rate, total_steps, warmup_steps=warmup)
     return keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else config.learning_rate,
         decay_steps=max(total_steps - warmup, 1),
@@ -25,6 +61,18 @@ def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
     )
 
 
+def build_optimizer(config: config_lib.TrainConfig, schedule) -> keras.optimizers.Optimizer:
+    """The run's optimizer on `schedule`: Adam, or SGD with Nesterov momentum (nnU-Net: momentum 0.99).
+
+    `weight_decay` (nnU-Net: 3e-5 with SGD) is Keras's: each step shrinks every
+    weight by `learning_rate × weight_decay × weight`, beside the gradient step.
+    """
+    decay = config.weight_decay or None
+    if config.optimizer == "sgd":
+        return keras.optimizers.SGD(schedule, momentum=config.momentum, nesterov=True, weight_decay=decay)
+    return keras.optimizers.Adam(schedule, weight_decay=decay)
+
+
 def build_model(config: config_lib.TrainConfig, task, total_steps: int):
     """The model, optimizer, learning-rate schedule and initial `TrainState` of a run (`fullres plan` builds the same).
 
@@ -32,17 +80,16 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
     its distribution's scope (replicated on the mesh); planning needs only
     their shapes and builds them once, on one device.
     """
-    import keras
-
     model = task.build_model()
     schedule = learning_rate_schedule(config, total_steps)
-    optimizer = keras.optimizers.Adam(schedule)
+    optimizer = build_optimizer(config, schedule)
     return model, optimizer, schedule, placement.initial_state(model, optimizer)
 
 
 def jit_step(task, model, optimizer, distribution: partitioning.SpatialParallel, state, image_ndim: int):
     """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
     `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it."""
-    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss, task.prepare), distribution, state,
+    prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
+    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss, prepare), distribution, state,
                                image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
                                input_sharding=task.input_sharding(distribution, image_ndim))

@@ -34,3 +34,49 @@ def dice_cross_entropy(logits: jax.Array, labels: jax.Array, dice_weight: float 
     dice = (2.0 * intersection + epsilon) / (total + epsilon)
     dice_loss = 1.0 - jnp.mean(dice[:, 1:])
     return cross_entropy + dice_weight * dice_loss
+
+
+def downsample_labels(labels: jax.Array, factors: tuple[int, ...]) -> jax.Array:
+    """Class ids at 1/factor of the resolution along each spatial axis, nearest-neighbour, as nnU-Net makes them.
+
+    nnU-Net downsamples the segmentation for deep supervision with
+    `interpolate(mode="nearest-exact")`: output voxel i takes input voxel
+    floor((i + 0.5) × factor), the centre voxel of its block (index factor // 2
+    within it). Done here by a reshape into blocks and a slice within each
+    block, so a spatially split label map is downsampled on each device in
+    place, split like the features at that resolution (every split holds whole
+    blocks: the model's sizes divide by 2^levels per device), with no communication.
+
+    Args:
+        labels: (B, [D,] H, W) class ids.
+        factors: one integer per spatial axis, each dividing that axis's size.
+
+    Example:
+        >>> import numpy as np
+        >>> downsample_labels(np.arange(8).reshape(1, 8), (4,)).tolist()
+        [[2, 6]]
+    """
+    if all(f == 1 for f in factors):
+        return labels
+    batch, spatial = labels.shape[0], labels.shape[1:]
+    blocks = [v for n, f in zip(spatial, factors) for v in (n // f, f)]
+    x = labels.reshape(batch, *blocks)  # (B, D/f, f, H/f, f, W/f, f)
+    centre = (slice(None),) + tuple(s for f in factors for s in (slice(None), f // 2))
+    return x[centre]  # (B, D/f, H/f, W/f)
+
+
+def deep_supervision(outputs, labels: jax.Array, weights, loss=dice_cross_entropy) -> jax.Array:
+    """nnU-Net's `DeepSupervisionWrapper`: Σ weight_i × loss(outputs_i, labels at output i's resolution).
+
+    Args:
+        outputs: logits, full resolution first, then lower resolutions (each size divides the labels').
+        labels: (B, [D,] H, W) class ids at full resolution, downsampled here for each output.
+        weights: one per output (`UNetConfig.output_weights`).
+    """
+    if len(outputs) != len(weights):
+        raise ValueError(f"{len(outputs)} model outputs but {len(weights)} deep supervision weights.")
+    total = 0.0
+    for logits, weight in zip(outputs, weights):
+        factors = tuple(n // m for n, m in zip(labels.shape[1:], logits.shape[1:-1]))
+        total = total + weight * loss(logits, downsample_labels(labels, factors))
+    return total

@@ -3,18 +3,22 @@
 Every layer is a plain convolution, pooling or sub-pixel upsampling on
 channels-last tensors, so XLA's SPMD partitioner can split every activation
 along its spatial dimensions with only halo exchange between neighbours — in
-the backward pass too (see `SubpixelUpsampling`).
+the backward pass too (see `unet_layers.SubpixelUpsampling`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import keras
+
+from trainer.models import deep_supervision as deep_supervision_lib, residual_unet, unet_layers
 
 NORMALIZATIONS = ("instance", "group", "batch", "none")
 STEMS = ("none", "space_to_depth")
+ENCODERS = ("plain", "residual")
+# nnU-Net's residual encoder presets (ResEnc M/L/XL, nnunetv2 2.4+): residual blocks per encoder stage.
+RESIDUAL_BLOCKS = (1, 3, 4, 6, 6, 6, 6)
 # The default model until 2026-11-25, as `--set` settings: 4 levels of 16-128 filters, no stem. The CPU, H100 and
 # layout-search benchmarks recorded before then measured it, and pin it so that their results stay reproducible.
 PLAIN_SETTINGS = {"model.stem": "none", "model.num_levels": 4, "model.base_filters": 16}
@@ -53,6 +57,18 @@ class UNetConfig:
             16-channel full-resolution activation takes 8× its size there, a
             128-channel half-resolution one (the same bytes) 1×. Spatial
             sizes must then divide by one more factor of 2.
+        deep_supervision: train the decoder's lower resolutions to predict too,
+            with nnU-Net's loss weights (`deep_supervision`): outputs at 1/2,
+            1/4, ... of the input's resolution whose weight is above 0. Needs a
+            decoder of 3 or more resolutions (`decoder_outputs`), since nnU-Net
+            weighs the lowest 0: 4 levels without the stem, 3 with it.
+            Inference sees the full-resolution logits only.
+        encoder: "plain" (two convolutions per level, max-pooling between) or
+            "residual" (nnU-Net's ResEnc: `residual_blocks[level]` residual
+            blocks per level, strided convolutions between; the decoder stays
+            plain); see `residual_unet`.
+        residual_blocks: residual blocks at each level of a residual encoder,
+            first level first (nnU-Net's ResEnc presets: 1, 3, 4, 6, 6, 6, 6).
 
     Example:
         >>> config = UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8)
@@ -70,6 +86,9 @@ class UNetConfig:
     base_filters: int = 128
     normalization: str = "instance"
     stem: str = "space_to_depth"
+    deep_supervision: bool = False
+    encoder: str = "plain"
+    residual_blocks: tuple[int, ...] = RESIDUAL_BLOCKS
 
     def __post_init__(self):
         if self.spatial_dims not in (2, 3):
@@ -86,6 +105,19 @@ class UNetConfig:
             raise ValueError(f"UNetConfig.normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}.")
         if self.stem not in STEMS:
             raise ValueError(f"UNetConfig.stem must be one of {STEMS}, got {self.stem!r}.")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"UNetConfig.encoder must be one of {ENCODERS}, got {self.encoder!r}.")
+        object.__setattr__(self, "residual_blocks", tuple(int(b) for b in self.residual_blocks))
+        if self.encoder == "residual" and (len(self.residual_blocks) < self.num_levels or min(self.residual_blocks) < 1):
+            raise ValueError(
+                f"UNetConfig.residual_blocks needs a count of 1 or more for each of the {self.num_levels} levels of "
+                f"a residual encoder, got {list(self.residual_blocks)}; e.g. {list(RESIDUAL_BLOCKS[:self.num_levels])}.")
+        if self.deep_supervision and len(self.output_weights) < 2:
+            raise ValueError(
+                f"UNetConfig.deep_supervision needs a decoder of 3 or more resolutions, but {self.num_levels} levels "
+                f"{'with' if self.stem == 'space_to_depth' else 'without'} the stem give "
+                f"{self.decoder_outputs}, and nnU-Net weighs the lowest 0; use num_levels "
+                f"{4 - (self.stem == 'space_to_depth')} or more, or turn deep supervision off.")
         if self.normalization == "group" and self.base_filters % 8 != 0:
             raise ValueError(
                 f"UNetConfig.normalization='group' uses 8 groups, so base_filters must be a multiple of 8, "
@@ -97,209 +129,87 @@ class UNetConfig:
         """How many times each spatial size is halved on the way down (the stem's fold counts as one)."""
         return self.num_levels - 1 + (self.stem == "space_to_depth")
 
+    @property
+    def decoder_outputs(self) -> int:
+        """The decoder's resolutions, full first (1, 1/2, 1/4, ...): where deep supervision can predict."""
+        return max(1, self.num_levels - 1 + (self.stem == "space_to_depth"))
 
-def _normalization(normalization: str, name: str, dtype):
-    if normalization == "instance":
-        # One group per channel: statistics over the spatial dims of each example.
-        return keras.layers.GroupNormalization(groups=-1, epsilon=1e-5, name=name, dtype=dtype)
-    if normalization == "group":
-        return keras.layers.GroupNormalization(groups=8, epsilon=1e-5, name=name, dtype=dtype)
-    if normalization == "batch":
-        return keras.layers.BatchNormalization(epsilon=1e-5, name=name, dtype=dtype)
-    return None
+    @property
+    def output_weights(self) -> tuple[float, ...]:
+        """The training loss weight of each model output, full resolution first: (1.0,) without deep supervision.
 
-
-@keras.saving.register_keras_serializable(package="fullres")
-class ConvBlock(keras.layers.Layer):
-    """Two (convolution 3 → normalization → ReLU) steps: one UNet level's work.
-
-    A layer of its own so that rematerialization can treat the block as a unit:
-    only its input is kept for the backward pass, everything inside is recomputed.
-
-    Example:
-        >>> import numpy as np
-        >>> block = ConvBlock(filters=8, spatial_dims=3, normalization="instance")
-        >>> tuple(block(np.zeros((1, 4, 4, 4, 2), "float32")).shape)
-        (1, 4, 4, 4, 8)
-    """
-
-    def __init__(self, filters: int, spatial_dims: int, normalization: str, remat: bool = False, **kwargs):
-        super().__init__(**kwargs)
-        self.filters, self.spatial_dims, self.normalization = filters, spatial_dims, normalization
-        self.remat = remat
-        conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
-        self.steps = []
-        for i in (1, 2):
-            self.steps.append(conv(filters, 3, padding="same", use_bias=normalization == "none", name=f"conv{i}",
-                                   dtype=self.dtype_policy))
-            norm = _normalization(normalization, f"norm{i}", self.dtype_policy)
-            if norm is not None:
-                self.steps.append(norm)
-            self.steps.append(keras.layers.ReLU(name=f"relu{i}", dtype=self.dtype_policy))
-
-    def build(self, input_shape):
-        shape = input_shape
-        for layer in self.steps:
-            layer.build(shape)
-            shape = layer.compute_output_shape(shape)
-
-    def call(self, x, training=None):
-        def forward(x):
-            for layer in self.steps:
-                x = layer(x, training=training) if isinstance(layer, keras.layers.BatchNormalization) else layer(x)
-            return x
-
-        # jax.checkpoint keeps only the block's input for the backward pass. (Keras's
-        # RematScope marked the layers but, measured on this step, recomputed only
-        # part of them.) On XLA:CPU the compiled step's temp memory does not shrink
-        # with it (README, "Memory"); the recomputation is in the compiled module.
-        return jax.checkpoint(forward)(x) if self.remat else forward(x)
-
-    def compute_output_shape(self, input_shape):
-        return (*input_shape[:-1], self.filters)
-
-    def get_config(self):
-        return {**super().get_config(), "filters": self.filters, "spatial_dims": self.spatial_dims,
-                "normalization": self.normalization, "remat": self.remat}
-
-
-def space_to_depth(x, spatial_dims: int):
-    """(B, D, H, W, C) -> (B, D/2, H/2, W/2, 8C): each 2×2(×2) block's voxels, in (d, h, w) order, become channels.
-
-    Only reshapes within a block and a transpose, so a spatially split array is folded on each device in place.
-    """
-    d = spatial_dims
-    shape = keras.ops.shape(x)
-    batch, halves, channels = shape[0], [n // 2 for n in shape[1 : 1 + d]], shape[-1]
-    x = keras.ops.reshape(x, (batch, *(v for n in halves for v in (n, 2)), channels))  # (B, D/2, 2, H/2, 2, ..., C)
-    order = [0] + [1 + 2 * i for i in range(d)] + [2 + 2 * i for i in range(d)] + [1 + 2 * d]
-    x = keras.ops.transpose(x, order)  # (B, D/2, H/2, W/2, 2, 2, 2, C)
-    return keras.ops.reshape(x, (batch, *halves, channels * 2**d))
-
-
-def depth_to_space(x, spatial_dims: int):
-    """The inverse of `space_to_depth`: (B, D, H, W, 8F) -> (B, 2D, 2H, 2W, F)."""
-    d = spatial_dims
-    shape = keras.ops.shape(x)
-    batch, spatial, filters = shape[0], shape[1 : 1 + d], shape[-1] // 2**d
-    x = keras.ops.reshape(x, (batch, *spatial, *([2] * d), filters))  # (B, D, H, W, 2, 2, 2, F)
-    # Interleave each spatial axis with its factor 2: (B, D, 2, H, 2, W, 2, F).
-    order = [0] + [axis for i in range(d) for axis in (1 + i, 1 + d + i)] + [1 + 2 * d]
-    x = keras.ops.transpose(x, order)
-    return keras.ops.reshape(x, (batch, *(2 * n for n in spatial), filters))
-
-
-@keras.saving.register_keras_serializable(package="fullres")
-class SubpixelUpsampling(keras.layers.Layer):
-    """Doubles every spatial size: a 1×1 convolution to 2^d × filters channels, then depth-to-space.
-
-    The same function family (and parameter count) as a transposed convolution
-    with kernel 2 and stride 2, written so that it partitions: XLA compiles the
-    gradient of a spatially partitioned `Conv3DTranspose` into all-gathers of the
-    full-resolution activation, while this layer's reshape only splits
-    dimensions within each device's block and needs no communication at all.
-
-    Example:
-        >>> import numpy as np
-        >>> layer = SubpixelUpsampling(filters=8, spatial_dims=3)
-        >>> tuple(layer(np.zeros((1, 4, 5, 6, 16), "float32")).shape)
-        (1, 8, 10, 12, 8)
-    """
-
-    def __init__(self, filters: int, spatial_dims: int, **kwargs):
-        super().__init__(**kwargs)
-        if spatial_dims not in (2, 3):
-            raise ValueError(f"SubpixelUpsampling.spatial_dims must be 2 or 3, got {spatial_dims}.")
-        self.filters, self.spatial_dims = filters, spatial_dims
-        conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
-        self.projection = conv(filters * 2**spatial_dims, 1, name="projection", dtype=self.dtype_policy)
-
-    def build(self, input_shape):
-        self.projection.build(input_shape)
-
-    def call(self, x):
-        return depth_to_space(self.projection(x), self.spatial_dims)
-
-    def compute_output_shape(self, input_shape):
-        spatial = tuple(None if n is None else 2 * n for n in input_shape[1:-1])
-        return (input_shape[0], *spatial, self.filters)
-
-    def get_config(self):
-        return {**super().get_config(), "filters": self.filters, "spatial_dims": self.spatial_dims}
-
-
-@keras.saving.register_keras_serializable(package="fullres")
-class SpaceToDepth(keras.layers.Layer):
-    """Halves every spatial size by folding each 2×2(×2) block of voxels into channels.
-
-    `space_to_depth` as a layer, the inverse of `SubpixelUpsampling`'s reshape.
-    Each device's block of a spatially split input is folded in place, so the
-    layer needs no communication.
-
-    Example:
-        >>> import numpy as np
-        >>> tuple(SpaceToDepth(spatial_dims=3)(np.zeros((1, 4, 6, 8, 1), "float32")).shape)
-        (1, 2, 3, 4, 8)
-    """
-
-    def __init__(self, spatial_dims: int, **kwargs):
-        super().__init__(**kwargs)
-        if spatial_dims not in (2, 3):
-            raise ValueError(f"SpaceToDepth.spatial_dims must be 2 or 3, got {spatial_dims}.")
-        self.spatial_dims = spatial_dims
-
-    def call(self, x):
-        return space_to_depth(x, self.spatial_dims)
-
-    def compute_output_shape(self, input_shape):
-        spatial = tuple(None if n is None else n // 2 for n in input_shape[1:-1])
-        channels = None if input_shape[-1] is None else input_shape[-1] * 2**self.spatial_dims
-        return (input_shape[0], *spatial, channels)
-
-    def get_config(self):
-        return {**super().get_config(), "spatial_dims": self.spatial_dims}
+        >>> UNetConfig(deep_supervision=True).output_weights
+        (0.6666666666666666, 0.3333333333333333)
+        """
+        if not self.deep_supervision:
+            return (1.0,)
+        weights = deep_supervision_lib.decoder_weights(self.decoder_outputs)
+        return tuple(weights[i] for i in deep_supervision_lib.supervised_outputs(self.decoder_outputs))
 
 
 def build_unet(config: UNetConfig, dtype: str | None = None, remat: bool = False) -> keras.Model:
-    """Builds the UNet as a Keras functional model with unknown spatial sizes.
+    """Builds the UNet `config` describes as a Keras functional model with unknown spatial sizes.
 
     Args:
-        config: the architecture.
+        config: the architecture; `config.encoder` picks the encoder (plain, or `residual_unet.residual_encoder`).
         dtype: a Keras dtype policy name, e.g. "float32" (default) or
             "mixed_bfloat16" (bfloat16 compute, float32 weights). The logits are
             always float32.
-        remat: rematerialize each `ConvBlock` in the backward pass (keep only
+        remat: rematerialize each `ConvBlock` (and `ResidualBlock`) in the backward pass (keep only
             block inputs; recompute the rest), trading compute for activation memory.
 
     Returns:
-        A model mapping (B, [D,] H, W, in_channels) to logits (B, [D,] H, W, num_classes).
+        A model mapping (B, [D,] H, W, in_channels) to logits (B, [D,] H, W, num_classes); with deep
+        supervision, a `deep_supervision.DeepSupervision` that returns, in training, the logits of every
+        supervised resolution (full first).
     """
     dtype = dtype or "float32"
-    spatial = (None,) * config.spatial_dims
-    pool = keras.layers.MaxPooling3D if config.spatial_dims == 3 else keras.layers.MaxPooling2D
-    conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
-
-    def block(x, filters, name):
-        return ConvBlock(filters, config.spatial_dims, config.normalization, remat, name=name, dtype=dtype)(x)
-
-    inputs = keras.Input(shape=(*spatial, config.in_channels), name="image")
+    inputs = keras.Input(shape=(*(None,) * config.spatial_dims, config.in_channels), name="image")
     x = inputs
     if config.stem == "space_to_depth":
-        x = SpaceToDepth(config.spatial_dims, name="space_to_depth", dtype=dtype)(x)
+        x = unet_layers.SpaceToDepth(config.spatial_dims, name="space_to_depth", dtype=dtype)(x)
+    if config.encoder == "residual":
+        x, skips = residual_unet.residual_encoder(config, x, dtype, remat)
+        return decode(config, inputs, x, skips, dtype, remat, name=f"residual_unet{config.spatial_dims}d")
+    pool = keras.layers.MaxPooling3D if config.spatial_dims == 3 else keras.layers.MaxPooling2D
     skips = []
     for level in range(config.num_levels):
-        x = block(x, config.base_filters * 2**level, f"down{level}")
+        x = unet_layers.ConvBlock(config.base_filters * 2**level, config.spatial_dims, config.normalization, remat,
+                                  name=f"down{level}", dtype=dtype)(x)
         if level < config.num_levels - 1:
             skips.append(x)
             x = pool(2, name=f"pool{level}", dtype=dtype)(x)
+    return decode(config, inputs, x, skips, dtype, remat, name=f"unet{config.spatial_dims}d")
+
+
+def decode(config: UNetConfig, inputs, x, skips: list, dtype: str, remat: bool, name: str) -> keras.Model:
+    """The decoder every fullres UNet shares, from the bottleneck `x` and the encoder's `skips` (first level first).
+
+    Each level: sub-pixel upsampling, the skip concatenated, a `ConvBlock`. Then the logits (unfolded by the
+    stem's inverse where there is one) and, with deep supervision, a 1×1 convolution to logits at each
+    supervised lower resolution.
+    """
+    conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
+    stem = config.stem == "space_to_depth"
+    supervised = set(deep_supervision_lib.supervised_outputs(config.decoder_outputs)) if config.deep_supervision \
+        else set()
+    auxiliary = {}
     for level in reversed(range(config.num_levels - 1)):
         filters = config.base_filters * 2**level
-        x = SubpixelUpsampling(filters, config.spatial_dims, name=f"up{level}", dtype=dtype)(x)
+        x = unet_layers.SubpixelUpsampling(filters, config.spatial_dims, name=f"up{level}", dtype=dtype)(x)
         x = keras.layers.Concatenate(axis=-1, name=f"skip{level}", dtype=dtype)([x, skips[level]])
-        x = block(x, filters, f"decode{level}")
-    if config.stem == "space_to_depth":  # each half-resolution position predicts its 2^d voxels
-        logits = SubpixelUpsampling(config.num_classes, config.spatial_dims, name="logits", dtype=dtype)(x)
+        x = unet_layers.ConvBlock(filters, config.spatial_dims, config.normalization, remat, name=f"decode{level}",
+                                  dtype=dtype)(x)
+        output = level + stem  # this level's resolution is 1 / 2^output of the input's
+        if output in supervised and output > 0:
+            head = conv(config.num_classes, 1, name=f"logits_{2**output}", dtype=dtype)(x)
+            auxiliary[output] = keras.layers.Activation("linear", dtype="float32", name=f"logits_{2**output}_float32")(head)
+    if stem:  # each half-resolution position predicts its 2^d voxels
+        logits = unet_layers.SubpixelUpsampling(config.num_classes, config.spatial_dims, name="logits", dtype=dtype)(x)
     else:
         logits = conv(config.num_classes, 1, name="logits", dtype=dtype)(x)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(logits)
-    return keras.Model(inputs, logits, name=f"unet{config.spatial_dims}d")
+    if not auxiliary:
+        return keras.Model(inputs, logits, name=name)
+    outputs = [logits, *(auxiliary[output] for output in sorted(auxiliary))]
+    return deep_supervision_lib.DeepSupervision(keras.Model(inputs, outputs, name=name))

@@ -7,7 +7,9 @@ shardings and compiled; `compiled.memory_analysis()` then gives the bytes each
 device needs, and the HLO text shows the communication (`communication`):
 `collective-permute` is halo exchange between neighbours, an `all-gather` of an
 activation is a layer the compiler could not partition (it costs a
-full-resolution copy on every device; `gathers` names each by its layer).
+full-resolution copy on every device; `gathers` names each by its layer), and an
+`all-to-all` moves a split from one axis to another (rotation and scaling resample
+along an axis made whole that way: `trainer.augment.spatial`), one shard's bytes per device.
 """
 
 from __future__ import annotations
@@ -52,6 +54,23 @@ def communication(hlo_text: str, replica_batch: int, weight_shapes=()) -> tuple[
         shape = parsing.parse_list(match.group(2), int, "HLO shape") or ()
         exchanged += math.prod(shape) * _DTYPE_BYTES.get(match.group(1), 4)
     return gathers.activation_gathers(hlo_text, replica_batch, weight_shapes), exchanged
+
+# `%name = (f32[2,16,1,8,16,1]{...}, f32[...]) all-to-all(` (one operand per peer) or a single array.
+_ALL_TO_ALL = re.compile(r"=\s*(\([^)]*\)|[a-z0-9]+\[[0-9,]*\][^ ]*)\s+all-to-all(-start)?\(")
+_SHAPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+
+
+def all_to_all_bytes(hlo_text: str) -> int:
+    """Bytes per device that a compiled module's all-to-alls deliver (their results, summed), 0 without any.
+
+    Those inside a conditional (augmentations drawn for some steps only) count as if the branch ran.
+    """
+    total = 0
+    for match in _ALL_TO_ALL.finditer(hlo_text):
+        for dtype, dims in _SHAPE.findall(match.group(1)):
+            total += math.prod(parsing.parse_list(dims, int, "HLO shape") or ()) * _DTYPE_BYTES.get(dtype, 4)
+    return total
+
 
 def plan_config(model: str | None = None, preset: str = "default", overrides: dict | None = None,
                 task: str | None = None) -> config_lib.TrainConfig:

@@ -52,6 +52,7 @@ class PlanRow:
     estimate: dict | None = None  # on a target: `roofline.Estimate.to_json()`, an estimated step time
     cached: bool = False  # read from the plan cache (`target_compile.PlanCache`), not compiled now
     gathered: tuple[tuple[str, int], ...] = ()  # (Keras layer, largest all-gathered activation, bytes per device)
+    all_to_all_bytes: int = 0  # per device per step: splits moved between axes (rotation and scaling)
 
     @property
     def halo_ratio(self) -> float | None:
@@ -162,7 +163,8 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
                   compile_seconds=round(time.perf_counter() - started, 2), flops=costs.get("flops"),
                   bytes_accessed=costs.get("bytes accessed"),
                   compiler_seconds=costs.get("optimal_seconds") if compile_only else None,
-                  gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)))
+                  gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)),
+                  all_to_all_bytes=compiled_step.all_to_all_bytes(compiled.as_text()))
     if cache is not None:
         cache.store(key, row.to_json())
     return row

@@ -63,7 +63,7 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
     extra = f" {'CPU plan':>10} {'step (est.)':>11}" if on_target else ""
     lines = [header]
     lines.append(f"{'rank':>4} {'N':>4} {'dims':<16} {'activations':>12} {'arguments':>10} {'total':>10}{extra} "
-                 f"{'E(N)':>6} {'all-gathers':>11} {'halo/step':>10} {'÷ bound':>8}  fits")
+                 f"{'E(N)':>6} {'all-gathers':>11} {'halo/step':>10} {'÷ bound':>8} {'all-to-all':>10}  fits")
     for result in results:
         for r in result.rows:
             efficiency = "" if r.efficiency is None else f"{r.efficiency:.3f}"
@@ -77,7 +77,8 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
             lines.append(f"{mark:>4} {r.partitions:>4} {','.join(map(str, r.input_partition_dims)):<16} "
                          f"{sizes.human_bytes(r.temp_bytes):>12} {sizes.human_bytes(r.argument_bytes):>10} "
                          f"{sizes.human_bytes(r.total_bytes):>10}{more} "
-                         f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8}  {fits}")
+                         f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8} "
+                         f"{sizes.human_bytes(r.all_to_all_bytes):>10}  {fits}")
         for r in result.rows:
             if r.gathered:
                 layers = ", ".join(f"{layer or '(outside any layer)'} ({sizes.human_bytes(size)} per device)"

@@ -49,7 +49,8 @@ def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, targe
     accessed = row.bytes_accessed if row.bytes_accessed is not None else cpu.bytes_accessed
     estimate = None
     if flops is not None and accessed is not None:
-        estimate = roofline.estimate(flops, accessed, row.halo_bytes, targets.hardware(target.kind), precision)
+        estimate = roofline.estimate(flops, accessed, row.halo_bytes + row.all_to_all_bytes, targets.hardware(target.kind),
+                                     precision)
         estimate = {**estimate.to_json(), "counts_from": "target compiler" if row.flops is not None else "XLA:CPU"}
     return dataclasses.replace(row, cpu_total_bytes=cpu.total_bytes, flops=flops, bytes_accessed=accessed,
                                estimate=estimate)

@@ -69,9 +69,10 @@ class Task(Protocol):
     def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
         """The step's inputs for a batch of `image_shape`, shapes and (compact) dtypes only, for compiling."""
 
-    def prepare(self, inputs, labels, step):
+    def prepare(self, inputs, labels, step, distribution=None):
         """On the device, inside the step: `(images, labels)` the model and loss take, from the compact inputs
-        and labels the host sent, augmented by draws of (seed, `step`, row)."""
+        and labels the host sent, augmented by draws of (seed, `step`, row) on the batch as `distribution`
+        (the step's `partitioning.SpatialParallel`) lays it out."""
 
     def place(self, distribution: partitioning.SpatialParallel, batch: batches.HostBatch,
               share: batches.Share | None = None):

@@ -108,7 +108,7 @@ class DetectionTask:
         return jax.ShapeDtypeStruct(image_shape, np.float32, sharding=self.input_sharding(distribution, len(image_shape)))
 
     @staticmethod
-    def prepare(inputs, labels, step):
+    def prepare(inputs, labels, step, distribution=None):
         """Nothing to do on the device: the images come as float32, augmented by the input pipeline."""
         return inputs, labels
 

@@ -4,7 +4,7 @@ scored with per-class Dice.
 Label maps are always split like the images (each device holds the labels of its own voxels), whatever
 `label_partition_dims` says: a mask whole on every device of a replica would cost N times its share.
 The host hands the step int16 images (with each row's scale) and uint8 labels; `prepare` makes them float32
-and int32 on the device and mirrors them there (`trainer.augment`).
+and int32 on the device and augments them there (`trainer.augment`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
-from trainer.augment import keys, mirror
+from trainer.augment import keys, recipe as augment_recipe
 from trainer.data import batches as batches_lib, ct_input
 from trainer.engine import inference, placement
 from trainer.models import losses, unet, user_model
@@ -106,8 +106,11 @@ class SegmentationTask:
             return user_model.build(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
         return unet.build_unet(self.config.model, dtype=self.config.dtype_policy, remat=self.config.remat)
 
-    def loss(self, logits, labels):
-        return losses.dice_cross_entropy(logits, labels)
+    def loss(self, outputs, labels):
+        """Dice + cross-entropy; with deep supervision, nnU-Net's weighted sum over the supervised resolutions."""
+        if isinstance(outputs, (list, tuple)):
+            return losses.deep_supervision(outputs, labels, self.config.model.output_weights)
+        return losses.dice_cross_entropy(outputs, labels)
 
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         """Split like the images, without their channel axis (see the module docstring)."""
@@ -125,14 +128,24 @@ class SegmentationTask:
         return {"image": jax.ShapeDtypeStruct(image_shape, np.int16, sharding=shardings["image"]),
                 "scale": jax.ShapeDtypeStruct(image_shape[:1], np.float32, sharding=shardings["scale"])}
 
-    def prepare(self, inputs: dict, labels, step):
-        """On the device: int16 × scale -> float32 images, uint8 -> int32 labels, then the augmentation."""
+    def prepare(self, inputs: dict, labels, step, distribution: partitioning.SpatialParallel | None = None):
+        """On the device: int16 × scale -> float32 images, uint8 -> int32 labels, then the augmentation.
+
+        `config.augmentation` (`trainer.augment.recipe.compose`), drawn per (seed, `step`, row), on the batch as
+        `distribution` splits it (rotation and scaling move a split aside where they resample along it).
+        """
         image = inputs["image"]
         scale = inputs["scale"].reshape((-1,) + (1,) * (image.ndim - 1))
         images = image.astype(jax.numpy.float32) * scale  # (B, D, H, W, 1), as tfrecord_schema.dequantize
         labels = labels.astype(jax.numpy.int32)
         if self.config.augment:
-            images, labels = mirror.mirror(images, labels, keys.row_keys(self.config.seed, step, image.shape[0]))
+            image_sharding = label_sharding = None
+            if distribution is not None:
+                image_sharding = distribution.get_data_layout((0,) * image.ndim).backend_layout
+                label_sharding = self.label_sharding(distribution, image.ndim)
+            images, labels = augment_recipe.compose(
+                self.config.augmentation, images, labels, keys.row_keys(self.config.seed, step, image.shape[0]),
+                self.config.model.num_classes, image_sharding, label_sharding)
         return images, labels
 
     def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:

@@ -54,3 +54,14 @@ def test_dice_of_absent_class_is_none_and_not_averaged():
 def test_dice_accumulator_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match=r"predictions \(3,\) and labels \(2,\) differ in shape"):
         metrics.DiceAccumulator(2).update(np.zeros(3), np.zeros(2))
+
+
+def test_deep_supervision_loss_is_the_weighted_sum_on_nearest_downsampled_labels():
+    """Labels at 1/2 take the voxel at odd indices of each axis (torch's nearest-exact, as nnU-Net downsamples)."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, size=(1, 8, 8, 4))
+    full, half = rng.normal(size=(1, 8, 8, 4, 3)), rng.normal(size=(1, 4, 4, 2, 3))
+    total = losses.deep_supervision([full, half], labels, (2 / 3, 1 / 3))
+    expected = 2 / 3 * losses.dice_cross_entropy(full, labels) + 1 / 3 * losses.dice_cross_entropy(
+        half, labels[:, 1::2, 1::2, 1::2])
+    np.testing.assert_allclose(total, expected, rtol=1e-6)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trainer.models import unet
+from trainer.models import unet, unet_layers
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_subpixel_upsampling_is_a_stride_2_transposed_convolution(spatial_dims):
         filters, 2, strides=2)
     expected = np.asarray(transpose_layer(x))
     kernel, bias = (np.asarray(w) for w in transpose_layer.weights)  # (2,)*d + (filters, in_channels), (filters,)
-    layer = unet.SubpixelUpsampling(filters, spatial_dims)
+    layer = unet_layers.SubpixelUpsampling(filters, spatial_dims)
     layer.build(shape)
     offsets = kernel.reshape(2**spatial_dims, filters, in_channels)  # offset index (a, b[, c]) in C order
     projection = np.transpose(offsets, (2, 0, 1)).reshape(in_channels, 2**spatial_dims * filters)
@@ -114,12 +114,46 @@ def test_the_default_model_is_tpu_shaped():
 def test_space_to_depth_folds_blocks_that_subpixel_upsampling_unfolds():
     """The stem's fold is the exact inverse of the logits' unfold (SubpixelUpsampling with an identity projection)."""
     images = np.random.default_rng(0).normal(size=(2, 4, 6, 8, 3)).astype(np.float32)
-    folded = unet.SpaceToDepth(3)(images)
+    folded = unet_layers.SpaceToDepth(3)(images)
     assert tuple(folded.shape) == (2, 2, 3, 4, 24)
     # Voxel (d, h, w) of block (0, 0, 0), channel c, lands at channel ((d·2 + h)·2 + w)·3 + c.
     np.testing.assert_array_equal(np.asarray(folded)[0, 0, 0, 0].reshape(2, 2, 2, 3), images[0, :2, :2, :2])
-    unfold = unet.SubpixelUpsampling(3, 3)
+    unfold = unet_layers.SubpixelUpsampling(3, 3)
     unfold.build(folded.shape)
     unfold.projection.kernel.assign(np.eye(24, dtype=np.float32)[None, None, None])
     unfold.projection.bias.assign(np.zeros(24, np.float32))
     np.testing.assert_array_equal(np.asarray(unfold(folded)), images)
+
+
+@pytest.mark.parametrize(
+    "num_levels, stem, weights",
+    [(3, "space_to_depth", (2 / 3, 1 / 3)), (4, "none", (2 / 3, 1 / 3)), (5, "none", (4 / 7, 2 / 7, 1 / 7))],
+)
+def test_deep_supervision_weights_are_nnunets(num_levels, stem, weights):
+    """1/2^i per decoder output, the lowest one 0, normalized (nnunetv2 nnUNetTrainer._build_loss)."""
+    config = unet.UNetConfig(num_levels=num_levels, base_filters=4, stem=stem, deep_supervision=True)
+    np.testing.assert_allclose(config.output_weights, weights)
+
+
+def test_deep_supervision_builds_the_outputs_it_weighs_and_infers_with_the_first():
+    config = unet.UNetConfig(num_levels=3, base_filters=4, deep_supervision=True)  # stem: outputs at 1, 1/2 (1/4: 0)
+    model = unet.build_unet(config)
+    image = np.zeros((1, 16, 16, 16, 1), np.float32)
+    assert [tuple(o.shape) for o in model(image, training=True)] == [(1, 16, 16, 16, 3), (1, 8, 8, 8, 3)]
+    assert tuple(model(image).shape) == (1, 16, 16, 16, 3)
+
+
+def test_deep_supervision_without_a_lower_resolution_to_supervise_is_refused():
+    with pytest.raises(ValueError, match=r"3 levels without the stem give 2, and nnU-Net weighs the lowest 0; use "
+                                         r"num_levels 4 or more"):
+        unet.UNetConfig(num_levels=3, stem="none", deep_supervision=True)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("encoder", "dense", r"UNetConfig.encoder must be one of \('plain', 'residual'\), got 'dense'"),
+     ("residual_blocks", (1, 2), r"residual_blocks needs a count of 1 or more for each of the 3 levels")],
+)
+def test_residual_encoder_settings_are_checked(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        unet.UNetConfig(**{"num_levels": 3, "encoder": "residual", field: value})

@@ -33,12 +33,12 @@ def _batch(shape, seed=0):
     return images, labels
 
 
-def _loss_and_grads(model, state, dims, devices, images, labels, label_dims=None):
+def _loss_and_grads(model, state, dims, devices, images, labels, label_dims=None, loss=losses.dice_cross_entropy):
     distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims, label_dims), devices)
     placed_state = placement.place_state(state, distribution)
     placed_images, placed_labels = placement.place_batch(distribution, images, labels)
     function = jax.jit(
-        step.make_loss_and_grads(model, losses.dice_cross_entropy),
+        step.make_loss_and_grads(model, loss),
         in_shardings=(placement.state_shardings(placed_state, distribution), placed_images.sharding, placed_labels.sharding),
     )
     compiled = function.lower(placed_state, placed_images, placed_labels).compile()
@@ -182,3 +182,34 @@ def test_space_to_depth_unet_partitioned_step_matches_unpartitioned(dims):
     assert all(shard.data.shape == expected_block for shard in placed_images.addressable_shards)
     assert "collective-permute" in compiled.as_text()
     assert " all-gather(" not in compiled.as_text()
+
+
+@pytest.fixture(scope="module")
+def deep_supervised():
+    """The TPU-shaped UNet (stem, 3 levels) with deep supervision: logits at full resolution and at 1/2."""
+    keras.utils.set_random_seed(0)
+    config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, deep_supervision=True)
+    model = unet.build_unet(config)
+    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    images, labels = _batch((1, 32, 32, 16))
+
+    def loss(outputs, labels):
+        return losses.deep_supervision(outputs, labels, config.output_weights)
+
+    reference = _loss_and_grads(model, state, (1, 1, 1, 1, 1), jax.devices()[:1], images, labels, loss=loss)
+    return model, state, images, labels, loss, reference
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 1, 1, 1), (1, 4, 1, 1, 1), (1, 2, 2, 1, 1)])
+def test_deep_supervision_partitioned_step_matches_unpartitioned(deep_supervised, dims):
+    """The auxiliary logits and the labels downsampled for them (on the device, in blocks) split like the features:
+    the same loss and gradients split 2, 4 and 2x2 ways as on one device, and no all-gather."""
+    model, state, images, labels, loss, (reference_loss, reference_grads, _, _) = deep_supervised
+    cores = int(np.prod(dims))
+    found_loss, grads, _, compiled = _loss_and_grads(model, state, dims, jax.devices()[:cores], images, labels,
+                                                     (1, *dims[1:-1]), loss=loss)
+    _assert_parity(found_loss, grads, reference_loss, reference_grads)
+    assert " all-gather(" not in compiled.as_text()
+    # The auxiliary head learns: its kernel's gradient is not zero.
+    head = [i for i, v in enumerate(model.trainable_variables) if v.path.startswith("logits_2/")]
+    assert head and all(np.linalg.norm(grads[i]) > 0 for i in head)
