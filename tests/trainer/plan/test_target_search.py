@@ -31,8 +31,9 @@ def test_a_gpu_target_reports_the_cuda_compilers_memory():
 def test_the_search_prunes_by_the_cpu_figure_before_compiling_for_the_target():
     config, shape = _tiny()
     lines = []
-    # Between the CPU figures of the one-axis splits (674.6 KiB) and the two-axis ones (705.7 KiB).
-    budget = 690 * 1024
+    # Between the CPU figures of the one-axis splits (659.8-667.8 KiB) and the two-axis ones (688.4 KiB), as
+    # measured after the step took its inputs as int16 and uint8 (issue 28; before: 674.6 and 705.7 KiB).
+    budget = 678 * 1024
     (result,) = target_search.search(config, shape, [4], targets.parse("h100x8"), layouts_to_try="all",
                                      device_memory=budget, log=lines.append)
     over = {dims for dims, _ in result.over_estimate}
