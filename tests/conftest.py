@@ -30,8 +30,7 @@ LONGEST_FIRST = (
     "tests/pipelines/test_detection_pipeline.py",  # ~165 s
     "tests/trainer/test_detection_train.py",  # ~85 s: the 8-step golden run, the border test
     "tests/trainer/test_train.py",  # ~100 s: kill -9 and resume, a damaged checkpoint
-    "tests/pipelines/test_no_patient_names.py",  # ~70 s: a whole pseudonymized pipeline run
-    "tests/pipelines/test_user_network_pipeline.py",  # a whole pipeline run with a user's network
+    "tests/pipelines/test_no_patient_names.py",  # a whole pseudonymized pipeline run with a user's network
     "tests/trainer/parallel/test_user_network_parity.py",  # three networks, four compiles each
     "tests/trainer/test_user_model_run.py",  # train a user's network twice, predict in a fresh process
     "tests/pipelines/test_cli.py",  # ~65 s with the disk-full runs

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -186,17 +187,20 @@ def _without_dac_override():
         raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
 
 
-def _fullres_on_small_disk(mount_point, size, *args, listing=None):
+def _fullres_on_small_disk(mount_point, size, *args, listing=None, copy_in=None):
     """`fullres ARGS` with a tmpfs of `size` mounted at `mount_point` (a private user and mount namespace).
 
     With `listing` (a path outside the mount), what the command left on the small disk is written there
-    before the namespace ends: one `SIZE PATH` line per file.
+    before the namespace ends: one `SIZE PATH` line per file. With `copy_in` (a folder outside the mount), that
+    folder is copied onto the small disk as `run` first.
     """
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    command = f'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@"'
+    prepare = f'mount -t tmpfs -o size={size} tmpfs "$0"'
+    if copy_in is not None:
+        prepare += f' && cp -a "{copy_in}" "$0/run"'
+    command = f'{prepare} && exec "$@"'
     if listing is not None:
-        command = (f'mount -t tmpfs -o size={size} tmpfs "$0" && {{ "$@"; status=$?; '
-                   f'find "$0" -type f -printf "%s %P\\n" > "{listing}"; exit $status; }}')
+        command = f'{prepare} && {{ "$@"; status=$?; find "$0" -type f -printf "%s %P\\n" > "{listing}"; exit $status; }}'
     return subprocess.run(["unshare", "-Urm", "sh", "-c", command, str(mount_point), sys.executable, "-m",
                            "pipelines.cli", *args], capture_output=True, text=True, env=environment, cwd=REPOSITORY)
 
@@ -346,18 +350,29 @@ def _pages(folder, keep=lambda name: True) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("unwritten", ["saved_model/"])
 def test_disk_full_while_exporting_leaves_no_cut_short_model(demo_data, tmp_path, unwritten):
-    """A disk with room for the run and half of model.keras, or for model.keras and half the SavedModel (sized by
-    the same run on a roomy disk first). Keras left a cut-short model.keras, TensorFlow a `saved_model.pb.tmp…`."""
+    """A disk with room for the trained run and half of model.keras, or for model.keras and half the SavedModel.
+    Keras left a cut-short model.keras, TensorFlow a `saved_model.pb.tmp…`.
+
+    The run on the small disk resumes a copy of a finished run's checkpoint (trained on a roomy disk), so that the
+    room left for the export is known to the page: Orbax lays the same checkpoint out differently from run to run
+    (7 data files and 60 KB in one run, 16 and 157 KB in the next, measured), more than half a SavedModel, and a
+    disk sized from another run filled in the checkpoint or after the export (CI, 2026-11-25)."""
     arguments = ["train", "--train", demo_data["train"], "--preset", "smoke", "--steps", "2", "--checkpoint-every", "2",
                  "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1"]
     sized = _fullres(*arguments, "--output", str(tmp_path / "sized"))
     assert sized.returncode == 0, sized.stderr[-3000:]
-    before = _pages(tmp_path / "sized", lambda name: not name.startswith(("model.keras", "saved_model", "metrics")))
+    exported = ("model.keras", "saved_model", "metrics.json")
+    shutil.copytree(tmp_path / "sized", tmp_path / "trained", ignore=lambda folder, names: [
+        n for n in names if folder == str(tmp_path / "sized") and n in exported])
+    before = _pages(tmp_path / "trained")
     keras_bytes = _pages(tmp_path / "sized", lambda name: name == "model.keras")
     half = keras_bytes // 2 if unwritten == "model.keras" else keras_bytes + _pages(tmp_path / "sized" / "saved_model") // 2
     (tmp_path / "disk").mkdir()
-    result = _fullres_on_small_disk(tmp_path / "disk", str(before + 8192 + half // 4096 * 4096), *arguments,
-                                    "--output", str(tmp_path / "disk" / "run"), listing=tmp_path / "left.txt")
+    # 4 pages for what the resumed run adds before exporting: its TensorBoard file, train_config.json rewritten.
+    result = _fullres_on_small_disk(tmp_path / "disk", str(before + 4 * 4096 + half // 4096 * 4096), *arguments,
+                                    "--output", str(tmp_path / "disk" / "run"), listing=tmp_path / "left.txt",
+                                    copy_in=tmp_path / "trained")
+    assert "resuming from checkpoint at step 2" in result.stdout + result.stderr, result.stderr[-3000:]
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("fullres: error:")]
@@ -366,6 +381,8 @@ def test_disk_full_while_exporting_leaves_no_cut_short_model(demo_data, tmp_path
     left = dict(line.split(" ", 1)[::-1] for line in (tmp_path / "left.txt").read_text().splitlines())
     assert "run/checkpoints/00000002/_CHECKPOINT_METADATA" in left  # the run can be resumed once there is room
     assert not [name for name in left if name.startswith("run/" + unwritten)], left
+    if unwritten == "saved_model/":  # the disk filled in the SavedModel, after a whole model.keras
+        assert "run/model.keras" in left, left
     assert not [name for name in left if ".tmp" in name or "fullres-partial" in name or left[name] == "0"], left
 
 

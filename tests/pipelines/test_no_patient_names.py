@@ -1,15 +1,23 @@
-"""A whole `ct-segmentation` pipeline run with `pseudonymize=true` on a PACS-style export writes no patient name.
+"""One whole `ct-segmentation` pipeline run through kfp.local, checked for two things users rely on:
 
-The export names the patient in its folder, its label file and its DICOM tags (PatientName, PatientID,
-PatientBirthDate). `fullres pipeline run --local` runs every step (preprocess train and eval, train, evaluate
-with its HTML report, export, predict) through kfp.local; then every byte under the pipeline root and every line
-the run printed are searched. The mappings back to the patients and their keys, which preprocess and predict
-write beside their artifacts, are the only files allowed to hold the names.
+1. With `pseudonymize=true` on a PACS-style export, it writes no patient name. The export names the patient in
+   its folder, its label file and its DICOM tags (PatientName, PatientID, PatientBirthDate). `fullres pipeline
+   run --local` runs every step (preprocess train and eval, train, evaluate with its HTML report, export,
+   predict); then every byte under the pipeline root and every line the run printed are searched. The mappings
+   back to the patients and their keys, which preprocess and predict write beside their artifacts, are the only
+   files allowed to hold the names.
+2. It trains a user's network: `--model FILE.py:FUNCTION` passes the file's text (the steps run where its path
+   does not exist), the train step builds it, and evaluate, export and predict rebuild it from the run's copy;
+   each scan split over 2 virtual devices.
+
+One run for both (they were two runs, 250 and 200 test-seconds in CI): one case per split, one training step,
+the fewest a whole run allows.
 """
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +26,7 @@ import pytest
 
 from preprocessing.ct import demo_ct
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.integration]
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATIENT = "DOE_JANE_PID-7731"
@@ -41,27 +49,39 @@ def _export(root, seed: int):
     return images, labels
 
 
-def test_a_pseudonymized_pipeline_run_writes_no_patient_name_anywhere(tmp_path):
-    train_images, train_labels = _export(tmp_path / "train", 5)
-    eval_images, eval_labels = _export(tmp_path / "eval", 6)
-    root = tmp_path / "pipeline-root"
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    """The run: its completed process, its outputs by `task/output`, its pipeline root and the user's network."""
+    folder = tmp_path_factory.mktemp("pseudonymized_user_network")
+    network = folder / "nets" / "my_net.py"
+    network.parent.mkdir()
+    shutil.copy(os.path.join(REPOSITORY, "tests", "trainer", "user_networks.py"), network)
+    train_images, train_labels = _export(folder / "train", 5)
+    eval_images, eval_labels = _export(folder / "eval", 6)
+    root = folder / "pipeline-root"
     parameters = {
         "train_input_uri": train_images, "train_labels_uri": train_labels, "eval_input_uri": eval_images,
         "eval_labels_uri": eval_labels, "predict_input_uri": eval_images, "pseudonymize": "true",
-        "preset": "smoke", "steps": "1", "batch_size": "1", "input_partition_dims": "1,1,1,1,1",
+        "preset": "smoke", "steps": "1", "batch_size": "1", "input_partition_dims": "1,2,1,1,1",
         "spacing": "2.0,2.0,2.0", "window": "-200,300", "shape": "16,16,16",
         "class_names": ",".join(demo_ct.CLASS_NAMES),
     }
-    environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "FULLRES_VERBOSE")}
+    environment = {k: v for k, v in os.environ.items() if k != "FULLRES_VERBOSE"}
+    environment["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # every step's process: 2 CPU devices
     result = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "pipeline", "run", "--local", "--pipeline-root", str(root),
-         *[f"--param={key}={value}" for key, value in parameters.items()]],
-        capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=1200)
+         "--model", f"{network}:residual_groupnorm", *[f"--param={key}={value}" for key, value in parameters.items()]],
+        capture_output=True, text=True, cwd=str(folder), env=environment, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "predict/masks: " in result.stdout and "evaluate/report: " in result.stdout  # every step ran
+    outputs = dict(re.findall(r"^([a-z0-9-]+/[a-z_]+): (/\S+)$", result.stdout, re.MULTILINE))  # task/output: path
+    return result, outputs, root, network
+
+
+def test_a_pseudonymized_pipeline_run_writes_no_patient_name_anywhere(pipeline_run):
+    result, outputs, root, _ = pipeline_run
+    assert "predict/masks" in outputs and "evaluate/report" in outputs  # every step ran
     for marker in MARKERS:
         assert marker not in result.stdout and marker not in result.stderr, marker
-    outputs = dict(re.findall(r"^([a-z0-9-]+/[a-z_]+): (/\S+)$", result.stdout, re.MULTILINE))  # task/output: path
     with open(os.path.join(outputs["predict/masks"], "summary.json")) as file:
         assert json.load(file)["cases"][0]["case_id"].startswith("case-")  # predict's own key: its own pseudonym
     with open(outputs["evaluate/report"]) as file:
@@ -90,3 +110,14 @@ def test_a_pseudonymized_pipeline_run_writes_no_patient_name_anywhere(tmp_path):
     # preprocess (train and eval) and predict each keep their own mapping and key beside their output.
     assert sorted(beside) == sorted(["dataset.pseudonym-key", "dataset.pseudonyms.json"] * 2
                                     + ["masks.pseudonym-key", "masks.pseudonyms.json"])
+
+
+def test_the_ct_pipeline_trains_evaluates_exports_and_predicts_a_users_network(pipeline_run):
+    _, outputs, _, network = pipeline_run
+    model = outputs["train/model"]
+    assert json.load(open(os.path.join(model, "train_config.json")))["model"]["function"] == "residual_groupnorm"
+    assert open(os.path.join(model, "model_source.py")).read() == network.read_text()  # the run's own copy
+    assert os.path.isfile(os.path.join(outputs["export/exported"], "saved_model", "saved_model.pb"))
+    assert json.load(open(outputs["evaluate/metrics"]))["cases"] == 1
+    predicted = json.load(open(os.path.join(outputs["predict/masks"], "summary.json")))
+    assert predicted["ok"] == 1 and predicted["input_partition_dims"] == [1, 2, 1, 1, 1]
