@@ -3,7 +3,7 @@
 Same trained model, same held-out scans, same preprocessing; the only
 difference is how the volume meets the network:
 - whole: `inference.VolumePredictor`, one partitioned forward pass per scan;
-- sliding: nnU-Net's sliding window (`sliding_window.py`: patch = the
+- sliding: nnU-Net's sliding window (`trainer.engine.sliding_window`, the product's: patch = the
   training shape, 0.5 overlap, Gaussian weighting), the patches run through
   the same jitted model on one device, `--patch-batch` at a time.
 Both probability maps go back onto the scan's own grid the same way
@@ -52,10 +52,9 @@ def main(argv=None) -> None:
     import numpy as np
     import SimpleITK as sitk
 
-    import sliding_window
     from preprocessing.ct import volume_discovery
     from trainer import trained_run
-    from trainer.engine import inference
+    from trainer.engine import inference, sliding_window
     from trainer.parallel import partitioning
     from trainer.predict import predict, scan_grid
 
@@ -66,12 +65,12 @@ def main(argv=None) -> None:
     whole = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels)
     one = partitioning.PartitionConfig((1, 1, 1, 1, 1))
     single = inference.VolumePredictor(model, state, one, devices[:1], config.model.downsampling_levels)
-    patch = tuple(info["preprocessing"]["shape"] or info["image_shape"][:3])
+    patch = tuple(config.patch_size or info["preprocessing"]["shape"] or info["image_shape"][:3])
     patch_forward = jax.jit(lambda s, x: jax.nn.softmax(model.stateless_call(s.trainable, s.non_trainable, x,
                                                                                 training=False)[0], axis=-1))
 
     def sliding(volume):
-        return sliding_window.sliding_window_predict(
+        return sliding_window.predict(
             volume, patch, lambda batch: np.asarray(patch_forward(single.state, batch)), overlap=args.overlap,
             batch_size=args.patch_batch)
 

@@ -115,6 +115,7 @@ def train(
     image_size: Annotated[str | None, typer.Option(help="Detection: the H,W canvas every image is fitted to, e.g. 2560,2560.")] = None,
     max_boxes: Annotated[int | None, typer.Option(help="Detection: boxes kept per training image.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed for weights, data order and augmentation.")] = None,
+    patch_size: Annotated[str | None, typer.Option(help="Segmentation: train on random D,H,W crops of the volumes instead of whole volumes, a third centred on a foreground voxel (nnU-Net's patches, e.g. 128,128,128); predict and evaluation then use a sliding window of that size.")] = None,
     settings: Annotated[
         list[str] | None,
         typer.Option("--set", help="Any setting as a dotted key, e.g. --set model.num_levels=5 --set partition.input_partition_dims=1,4,1,1,1 (repeatable; the flags above are shorthands for these)."),
@@ -188,7 +189,7 @@ def train(
             "precision": precision, "remat": remat,
             "checkpoint_every": checkpoint_every, "log_every": log_every, "augment": augment,
             "augmentation": augmentation, "seed": seed,
-            "input_cache": input_cache,
+            "input_cache": input_cache, "patch_size": patch_size,
             "image_size": size, "max_boxes": max_boxes, "model.num_classes": num_classes, "allow_gathers": allow_gathers,
             "partition.input_partition_dims": input_partition_dims,
             "partition.label_partition_dims": label_partition_dims,
@@ -304,8 +305,10 @@ def predict(
     max_voxels: Annotated[int | None, typer.Option(help="Scans with more voxels (read from the header, and on the model's grid) are dead letters (default 2^29, as in preprocess ct).")] = None,
     max_decoded_bytes: Annotated[str | None, typer.Option(help="Scans that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB, as in preprocess ct).")] = None,
     follow_links: preprocessing_cli.FollowLinks = False,
+    sliding_window: Annotated[bool, typer.Option("--sliding-window", help="Predict a whole-volume model patch by patch too (nnU-Net's sliding window of its training shape, half overlap, Gaussian weights); a model trained with --patch-size always predicts that way.")] = False,
 ) -> None:
-    """Segment new scans with a trained model: whole volume, one partitioned pass, masks in each scan's own geometry.
+    """Segment new scans with a trained model: whole volume, one partitioned pass (a patch-trained model: a sliding
+    window of its patch), masks in each scan's own geometry.
 
     The model's recorded preprocessing (spacing, orientation, window) is
     applied; each scan is padded, never cropped, and the mask is written with
@@ -344,7 +347,8 @@ def predict(
                                           strict=strict, max_failed_fraction=max_failed_fraction,
                                           pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
                                           probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
-                                          device_memory=budget, follow_links=follow_links, log=console.say, **limits)
+                                          device_memory=budget, follow_links=follow_links,
+                                          sliding_window=sliding_window, log=console.say, **limits)
     except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
             ValueError, predict_lib.TooManyFailed) as error:
         console.fail(str(error))

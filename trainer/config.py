@@ -59,6 +59,8 @@ class TrainConfig:
             probabilities and ranges (`trainer.augment.recipe`); `--augmentation NAME` picks a preset
             (`nnunet`, `flips`, `intensity`, `none`), `--set augmentation.FIELD=...` any field.
         input_cache: segmentation: keep this process's decoded share of the data in memory: "auto", "on", "off".
+        patch_size: segmentation: train on random (D, H, W) crops, a third centred on foreground (`data.patches`);
+            predict and evaluation then slide a window of it (`engine.sliding_window`). None: whole volumes.
         image_size: detection only: the (H, W) canvas every image is fitted to.
         max_boxes: detection only: boxes kept per training image.
         seed: seeds weights, data order and augmentation.
@@ -94,6 +96,7 @@ class TrainConfig:
     augment: bool = True
     augmentation: augment_recipe.AugmentationConfig = augment_recipe.preset("flips")
     input_cache: str = "auto"
+    patch_size: tuple[int, ...] | None = None
     seed: int = 0
     image_size: tuple[int, int] = (256, 256)
     max_boxes: int = 100
@@ -140,6 +143,11 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.input_cache must be one of {INPUT_CACHE}, got {self.input_cache!r}.")
         if self.log_every < 1:
             raise ValueError(f"TrainConfig.log_every must be >= 1, got {self.log_every}.")
+        if self.patch_size is not None:
+            object.__setattr__(self, "patch_size", tuple(int(s) for s in self.patch_size))
+            if self.task != "segmentation" or len(self.patch_size) != self.model.spatial_dims or min(self.patch_size) < 1:
+                raise ValueError(f"TrainConfig.patch_size must be {self.model.spatial_dims} positive sizes (segmentation"
+                                 f" only), got {list(self.patch_size)}.")
         if self.model.spatial_dims == 2 and self.augmentation.mirror_axes == (0, 1, 2):  # the default: every axis
             object.__setattr__(self, "augmentation", dataclasses.replace(self.augmentation, mirror_axes=(0, 1)))
         beyond = [a for a in self.augmentation.mirror_axes if a >= self.model.spatial_dims]
@@ -278,7 +286,6 @@ PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "nnunet": nnunet, "de
            "detection_demo": detection_demo}
 
 
-
 def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",
             eval_data: str | None = None, overrides: Mapping[str, object] | None = None,
             model_source: str | None = None) -> TrainConfig:
@@ -377,8 +384,7 @@ def from_dict(values: dict) -> TrainConfig:
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
-    if "image_size" in values:
-        values["image_size"] = tuple(values["image_size"])
+    values.update({key: tuple(values[key]) for key in ("image_size", "patch_size") if values.get(key) is not None})
     if "augmentation" in values:  # absent from runs before issue 31: the default (flips), what they trained with
         values["augmentation"] = augment_recipe.AugmentationConfig(
             **{k: tuple(v) if isinstance(v, list) else v for k, v in values["augmentation"].items()})

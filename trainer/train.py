@@ -172,6 +172,10 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
+    field = task.receptive_field(model) if jax.process_index() == 0 else None  # measured on the network as built
+    if field is not None:
+        log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
+                                                                  "class; more levels widen it)"))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
     found = compiled_step.step_gathers(program.jit_step(task, model, optimizer, distribution, state, len(image_shape)),
                                        task, state, distribution, image_shape)
@@ -335,6 +339,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         **({"input_cache": run.input_cache} if run.input_cache else {}),
         "training_examples": run.num_examples,
         "image_shape": list(run.image_shape[1:]),
+        "trained_on": "whole volumes" if config.patch_size is None else "patches",
         "input_partition_dims": list(config.partition.input_partition_dims),
         **({"layout_choice": {k: v for k, v in run.choice.to_json().items() if k != "rows"}} if run.choice else {}),
         "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.shape)},

@@ -16,6 +16,11 @@ The decoded cache (MLPerf's approach: the data set decoded in host memory) holds
 this process's share of every example once it has been read; `cache` "auto"
 turns it on when that fits `CACHE_SHARE_OF_MEMORY` of the memory available,
 and the log says which was chosen and why.
+
+Patch mode (`patch`): each row is a crop of its example (`patches.CropSampler`:
+random, a third centred on foreground, a function of the seed and the stream
+position), and a process reads only the depths of the crop it holds; the cache
+then holds whole examples, since the crops move.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 from common import sizes
 from preprocessing.records import ct_slabs, dataset_files, tfrecord_files, tfrecord_schema
 from trainer import config as config_lib
-from trainer.data import batches
+from trainer.data import batches, patches
 
 CACHE_SHARE_OF_MEMORY = 0.5  # "auto" caches when this process's share of the data set fits this part of MemAvailable
 
@@ -241,24 +246,38 @@ class CtBatches:
         cache: "auto", "on" or "off".
         workers: reading threads (default: the usable cores).
         log: where the cache decision is said.
+        patch: (d, h, w): each row is a crop of this shape (`patches`); `share`'s depth range is of the patch.
+            None: whole volumes.
     """
 
     def __init__(self, records: CtRecords, batch_size: int, share: batches.Share | None = None, *, seed: int = 0,
                  start_step: int = 0, steps: int | None = None, shuffle: bool = True, cache: str = "off",
-                 workers: int | None = None, log: Callable[[str], None] | None = None):
+                 workers: int | None = None, log: Callable[[str], None] | None = None,
+                 patch: tuple[int, ...] | None = None):
         self.records, self.batch_size = records, batch_size
         self.share = share or batches.Share(tuple(range(batch_size)))
         depth, height, width = records.shape
-        self.start, self.stop = self.share.depth_of(depth)
-        use, self.cache_reason = choose_cache(cache, records.share_bytes(self.stop - self.start), memory_available())
-        self._cache = _Cache(self.stop - self.start, (height, width)) if use else None
+        self.patch = tuple(patch) if patch is not None else None
+        crop = self.patch or records.shape
+        if self.patch is not None:
+            patches.check_fits(self.patch, records.shape, records.pattern)
+            if not shuffle:
+                raise ValueError("patches are drawn for training (shuffle=True); evaluation reads whole volumes.")
+        self.start, self.stop = self.share.depth_of(crop[0])
+        # The cache holds the depths this process reads: its share, or (patches move) the whole record.
+        self._cached = (self.start, self.stop) if self.patch is None else (0, depth)
+        use, self.cache_reason = choose_cache(cache, records.share_bytes(self._cached[1] - self._cached[0]),
+                                              memory_available())
+        self._cache = _Cache(self._cached[1] - self._cached[0], (height, width)) if use else None
         if log is not None:
             log(f"input cache {self.cache_reason}")
         order = _Order(seed, len(records), shuffle)
         rows = self.share.rows
-        self._plane = (height, width)
+        self._plane = tuple(crop[1:])
         if shuffle:
-            plans = _step_plans(order, batch_size, rows, start_step, steps)
+            sampler = (patches.CropSampler(self.patch, records.shape, seed, self._whole_label)
+                       if self.patch is not None else None)
+            plans = _step_plans(order, batch_size, rows, start_step, steps, sampler)
         else:
             plans = _in_order_plans(len(records), batch_size, rows)
         self.workers = workers or batches.usable_cores()
@@ -278,37 +297,55 @@ class CtBatches:
         shape = (len(self.share.rows), self.stop - self.start, *self._plane)
         return np.empty(shape, np.int16), np.empty(shape, np.uint8), np.empty(len(self.share.rows), np.float32)
 
-    def _pieces(self, plan: list[int]):
-        depth, slab = self.stop - self.start, self.records.layout(0).slab_depth
-        cuts = (round(depth * k / self._cuts) for k in range(1, self._cuts))
-        edges = {min(self.stop, -(-(self.start + cut) // slab) * slab) - self.start for cut in cuts}  # on slab edges
-        bounds = sorted({0, depth} | {edge for edge in edges if 0 < edge < depth})
-        return [(slot, low, high) for slot in range(len(plan)) for low, high in zip(bounds, bounds[1:])]
+    def _whole_label(self, index: int) -> np.ndarray:
+        """Example `index`'s whole label map (for the foreground crops' centres; read once per example)."""
+        shape = self.records.shape
+        image, label = np.empty(shape, np.int16), np.empty(shape, np.uint8)
+        self.records.read(index, 0, shape[0], image, label)
+        return label
 
-    def _fill(self, buffer, plan: list[int], piece) -> None:
+    def _pieces(self, plan: list[tuple[int, tuple[int, ...]]]):
+        depth, slab = self.stop - self.start, self.records.layout(0).slab_depth
+        pieces = []
+        for slot, (_, origin) in enumerate(plan):
+            first = origin[0] + self.start  # the record depth this row's share starts at
+            cuts = (round(depth * k / self._cuts) for k in range(1, self._cuts))
+            edges = {min(first + depth, -(-(first + cut) // slab) * slab) - first for cut in cuts}  # on slab edges
+            bounds = sorted({0, depth} | {edge for edge in edges if 0 < edge < depth})
+            pieces += [(slot, low, high) for low, high in zip(bounds, bounds[1:])]
+        return pieces
+
+    def _fill(self, buffer, plan: list[tuple[int, tuple[int, ...]]], piece) -> None:
         images, labels, scales = buffer
         slot, low, high = piece
-        index = plan[slot]
+        index, origin = plan[slot]
         image, label = images[slot, low:high], labels[slot, low:high]
+        first, last = origin[0] + self.start + low, origin[0] + self.start + high  # record depths
+        plane = tuple(slice(o, o + size) for o, size in zip(origin[1:], self._plane))  # the crop's (y, x)
         if low == 0:
             scales[slot] = self.records.layout(index).scale
         if self._cache is None:
-            self.records.read(index, self.start + low, self.start + high, image, label)
+            if self.patch is None:  # straight into the batch
+                self.records.read(index, first, last, image, label)
+                return
+            whole_image = np.empty((last - first, *self.records.shape[1:]), np.int16)
+            whole_label = np.empty(whole_image.shape, np.uint8)
+            self.records.read(index, first, last, whole_image, whole_label)
+            image[...], label[...] = whole_image[(slice(None), *plane)], whole_label[(slice(None), *plane)]
             return
         cached_image, cached_label, filled = self._cache.entry(index)
-        if filled[low:high].all():
-            image[...] = cached_image[low:high]
-            label[...] = cached_label[low:high]
-            return
-        self.records.read(index, self.start + low, self.start + high, cached_image[low:high], cached_label[low:high])
-        filled[low:high] = True
-        image[...] = cached_image[low:high]
-        label[...] = cached_label[low:high]
+        low_cached, high_cached = first - self._cached[0], last - self._cached[0]
+        if not filled[low_cached:high_cached].all():
+            self.records.read(index, first, last, cached_image[low_cached:high_cached],
+                              cached_label[low_cached:high_cached])
+            filled[low_cached:high_cached] = True
+        image[...] = cached_image[(slice(low_cached, high_cached), *plane)]
+        label[...] = cached_label[(slice(low_cached, high_cached), *plane)]
 
-    def _finish(self, buffer, plan: list[int], release) -> batches.HostBatch:
+    def _finish(self, buffer, plan: list[tuple[int, tuple[int, ...]]], release) -> batches.HostBatch:
         images, labels, scales = buffer
         count = len(plan)
-        ids = [self.records.layout(index).case_id for index in plan]
+        ids = [self.records.layout(index).case_id for index, _ in plan]
         return batches.HostBatch({"image": images[:count, ..., None], "scale": scales[:count]}, labels[:count], ids,
                                  release)  # image (R, d, H, W, 1) int16, scale (R,), label (R, d, H, W) uint8
 
@@ -322,16 +359,21 @@ class CtBatches:
         self._prefetcher.close()
 
 
-def _step_plans(order: _Order, batch_size: int, rows, start_step: int, steps: int | None):
+def _step_plans(order: _Order, batch_size: int, rows, start_step: int, steps: int | None,
+                sampler: patches.CropSampler | None = None):
+    """Each step's (example index, crop origin) per row: the origin is (0, 0, 0) without patches."""
     step = start_step
     while steps is None or step < start_step + steps:
-        yield [order(step * batch_size + row) for row in rows]
+        positions = [step * batch_size + row for row in rows]
+        indices = [order(position) for position in positions]
+        yield [(index, sampler.origin(position, index) if sampler else (0, 0, 0))
+               for position, index in zip(positions, indices)]
         step += 1
 
 
 def _in_order_plans(count: int, batch_size: int, rows):
     """Each record once, in order, `batch_size` at a time (the last batch may be short); `rows` of each."""
     for first in range(0, count, batch_size):
-        plan = [first + row for row in rows if first + row < count]
+        plan = [(first + row, (0, 0, 0)) for row in rows if first + row < count]
         if plan:
             yield plan

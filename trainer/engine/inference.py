@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from common import sizes
-from trainer.engine import placement
+from trainer.engine import placement, sliding_window
 from trainer.parallel import partitioning
 
 
@@ -116,10 +116,13 @@ class VolumePredictor:
         downsampling_levels: the model's downsamplings (one number, or one per spatial dimension), for padding.
         device_memory: bytes one device holds (None: as the accelerator's runtime says; no check on CPUs). Each
             padded shape is compiled ahead of time and its memory checked before anything runs.
+        patch_size: predict by nnU-Net's sliding window of this (D, H, W) (`sliding_window`: a patch-trained
+            model, or one asked to), each window one partitioned pass; None: the whole volume in one pass.
     """
 
     def __init__(self, model, state: placement.TrainState, partition: partitioning.PartitionConfig, devices,
-                 downsampling_levels: int | Sequence[int], device_memory: int | None = None):
+                 downsampling_levels: int | Sequence[int], device_memory: int | None = None,
+                 patch_size: Sequence[int] | None = None):
         cores = partition.num_cores_per_replica
         partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(partition.input_partition_dims)}")
         self.partition = partition
@@ -130,6 +133,13 @@ class VolumePredictor:
         self.device_memory = device_memory if device_memory is not None else device_memory_limit(devices[0])
         self._forward = None
         self._compiled: dict[tuple[int, ...], object] = {}
+        self.patch_size = None if patch_size is None else tuple(int(p) for p in patch_size)
+        if self.patch_size is not None and any(p % m for p, m in zip(self.patch_size, self.multiples)):
+            raise ValueError(f"the sliding window's patch {list(self.patch_size)} must be a multiple of "
+                             f"{list(self.multiples)} along each axis (the model's downsampling times the split "
+                             f"{','.join(map(str, partition.input_partition_dims))}); split it another way with "
+                             "--input-partition-dims.")
+        self.windows = 0  # the sliding windows of the last volume predicted
 
     def compiled(self, batch_shape: tuple[int, ...]):
         """The forward pass for (1, D, H, W, C) batches, compiled ahead of time and checked against device memory.
@@ -159,8 +169,23 @@ class VolumePredictor:
         return compiled
 
     def padded_shape(self, spatial_shape: Sequence[int]) -> tuple[int, ...]:
-        """The shape a volume of `spatial_shape` is padded to before the forward pass."""
+        """The shape a volume of `spatial_shape` is padded to before the forward pass (sliding: to one patch)."""
+        if self.patch_size is not None:
+            return tuple(max(s, p) for s, p in zip(spatial_shape, self.patch_size))
         return padded_shape(spatial_shape, self.multiples)
+
+    def describe(self) -> str:
+        """How volumes meet the network, in words (predict's log and summary)."""
+        return "whole volume, one pass" if self.patch_size is None else sliding_window.describe(self.patch_size)
+
+    def _sliding(self, volume: np.ndarray, fill: float) -> np.ndarray:
+        def forward(windows):  # (n, d, h, w, C) -> (n, d, h, w, K), one compiled shape for every window
+            batch = windows.astype(np.float32)
+            compiled = self.compiled(batch.shape)
+            return placement.to_host(compiled(self.state, placement.place_batch(self.distribution, batch)))
+
+        probabilities, self.windows = sliding_window.predict(volume, self.patch_size, forward, fill=fill)
+        return probabilities
 
     def probabilities(self, volume: np.ndarray, fill: float = 0.0, pad_to: Sequence[int] | None = None) -> np.ndarray:
         """(D, H, W, C) volume -> (D, H, W, K) float32 class probabilities, padded with `fill` and unpadded.
@@ -169,8 +194,10 @@ class VolumePredictor:
         the convolutions at the border read it), so a volume padded to another
         shape can come back a little different; `pad_to` (a shape every
         partitioning compared accepts) fixes it, and the split itself then
-        changes nothing.
+        changes nothing. With `patch_size`, the sliding window (`pad_to` does not apply).
         """
+        if self.patch_size is not None:
+            return self._sliding(volume, fill)
         spatial = volume.shape[:-1]
         target = self.padded_shape(spatial) if pad_to is None else tuple(pad_to)
         if any(t < s or t % m for s, t, m in zip(spatial, target, self.multiples)):

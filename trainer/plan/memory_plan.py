@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.models import user_model
+from trainer.tasks import registry
 from trainer.plan import compiled_step, input_plan, launch, layout_search, target_compile, target_search, targets
 
 AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
@@ -135,6 +136,7 @@ class Plan:
     device_memory: int | None
     launch: dict | None  # `launch.launch` for the best layout of the smallest N that fits (None on `cpu`)
     input: dict | None = None  # with --data: this host's input rate beside the step's (`input_plan.plan_input`)
+    receptive_field: object = None  # `models.receptive_field.ReceptiveField` of the network at the planned size
 
     def to_json(self) -> dict:
         """The plan's JSON (`fullres plan --json`): rows, refusals, what was left out, and the launch."""
@@ -146,7 +148,8 @@ class Plan:
                 "over_cpu_estimate": [{"input_partition_dims": list(d), "cpu_total_bytes": b}
                                       for result in self.results for d, b in result.over_estimate],
                 "not_compiled": [list(d) for result in self.results for d in result.not_compiled],
-                "launch": self.launch, "input": self.input}
+                "launch": self.launch, "input": self.input,
+                "receptive_field": None if self.receptive_field is None else self.receptive_field.to_json()}
 
     def __str__(self) -> str:
         """The table `fullres plan` prints (`table`, then `launch_lines`)."""
@@ -156,7 +159,8 @@ class Plan:
 
 def launch_lines(plan: Plan) -> list[str]:
     """What the table ends with on a target: the layout to launch and the `fullres pipeline submit` parameters."""
-    lines = [] if plan.input is None else [plan.input["line"]]
+    lines = [] if plan.receptive_field is None else [f"receptive field, measured: {plan.receptive_field}"]
+    lines += [] if plan.input is None else [plan.input["line"]]
     if plan.launch is None:
         return lines
     found = plan.launch
@@ -296,4 +300,13 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
                                               * config.batch_size, *shape), devices, processes, step_seconds, log)
         if found is not None:
             found = {**found, "host": planned_input["host"]}
-    return Plan(results, header, on.name, limit, found, planned_input)
+    return Plan(results, header, on.name, limit, found, planned_input, _receptive_field(config, shape))
+
+
+def _receptive_field(config: config_lib.TrainConfig, shape: tuple[int, ...]):
+    """The network's measured receptive field at the planned size, on this host's CPU (`task.receptive_field`)."""
+    import jax
+
+    task = registry.make_task(config)
+    with jax.default_device(jax.devices("cpu")[0]):
+        return task.receptive_field(task.build_model(), tuple(shape[:-1]))

@@ -83,7 +83,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             input_partition_dims: Sequence[int] | None = None, device_memory: int | None = None,
             max_voxels: int = ct_transforms.DEFAULT_MAX_VOXELS,
             max_decoded_bytes: int = ct_transforms.DEFAULT_MAX_DECODED_BYTES, follow_links: bool = False,
-            log: Callable[[str], None] = print) -> dict:
+            sliding_window: bool = False, log: Callable[[str], None] = print) -> dict:
     """Segments every scan under `input_path` with the model in `model_dir`; masks go to `output_dir`.
 
     Each scan is read, prepared as the model's training data were, padded to
@@ -113,6 +113,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             `fullres preprocess ct`), is a dead letter naming its size.
         follow_links: read what links that lead outside `input_path` point to; by default they are left alone
             and named in the summary's `notes` (`volume_discovery`).
+        sliding_window: predict a whole-volume model by nnU-Net's sliding window of its training shape too; a
+            patch-trained model (`TrainConfig.patch_size`) always predicts that way, with its patch. The summary's
+            `inference` says which was used.
         log: progress lines.
 
     Returns:
@@ -160,8 +163,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                                  f"input_partition_dims {list(config.partition.input_partition_dims)}",
                                  "pass --input-partition-dims with fewer parts")
     loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)  # one replica
+    patch, why = _window(config, info, sliding_window)
     predictor = inference.VolumePredictor(loaded.model, loaded.state, config.partition, devices,
-                                          config.model.downsampling_levels, device_memory)
+                                          config.model.downsampling_levels, device_memory, patch_size=patch)
     names = _class_names(info, config.model.num_classes)
     dims = ",".join(map(str, config.partition.input_partition_dims))
     if not info.get("data_modality"):
@@ -174,7 +178,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             f"attributes); the mapping back is in {mapping} (keep it off shared storage)")
     log(f"fullres predict: {len(scans)} scan(s) from {'--input' if pseudonymize else input_path}, model {model_dir} ({len(names)} classes: "
         f"{', '.join(names)}), each split {dims} over {config.partition.num_cores_per_replica} "
-        f"{devices[0].platform} device(s); {len(dead)} input(s) set aside")
+        f"{devices[0].platform} device(s), {predictor.describe()}{why}; {len(dead)} input(s) set aside")
     notes = [named.scrubber(note) for note in found.notes]  # e.g. links left alone
     for note in notes:
         log(f"note: {note}")
@@ -225,7 +229,10 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "pseudonymized": pseudonymize, "ok": len(cases),
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
-               "class_names": names, "notes": notes, "cases": cases, "dead_letters": dead}
+               "class_names": names, "inference": {"method": "whole" if patch is None else "sliding_window",
+                                                   "patch_size": None if patch is None else list(patch),
+                                                   "described": predictor.describe() + why},
+               "notes": notes, "cases": cases, "dead_letters": dead}
     summary_path = outputs.write_summary(output_dir, summary)
     file_writes.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
                              "".join(json.dumps(letter) + "\n" for letter in dead).encode())
@@ -265,7 +272,17 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
     return {"case_id": case_id, "problems": problems, "source": source.name, "shape": list(prepared.original.GetSize()[::-1]),
             "model_grid_shape": list(prepared.volume.shape[:3]),
             "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
-            "input_partition_dims": list(predictor.partition.input_partition_dims), "outputs": files}
+            "input_partition_dims": list(predictor.partition.input_partition_dims),
+            **({"windows": predictor.windows} if predictor.patch_size is not None else {}), "outputs": files}
+
+
+def _window(config: config_lib.TrainConfig, info: dict, asked: bool) -> tuple[tuple[int, ...] | None, str]:
+    """(the sliding window's patch or None, why, in words): a patch-trained model's patch; asked, the training shape."""
+    if config.patch_size is not None:
+        return tuple(config.patch_size), " (the model was trained on patches of that size)"
+    if not asked:
+        return None, ""
+    return tuple(info["image_shape"][:-1]), " (--sliding-window; the model was trained on whole volumes of that shape)"
 
 
 def _check_against_training(prepared: scan_grid.Prepared, source: ct_io.VolumeSource, info: dict, strict: bool) -> list[str]:

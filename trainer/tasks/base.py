@@ -82,6 +82,10 @@ class Task(Protocol):
                 log: Callable[[str], None] = print) -> Iterator[batches.HostBatch]:
         """This process's share of the batch of every step from `start_step` on; the loop releases each."""
 
+    def receptive_field(self, model, size: tuple[int, ...] | None = None):
+        """How far one output of `model` sees, measured (`models.receptive_field`), against `size` (default: the
+        training data's volumes); None where the outputs are not per voxel."""
+
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json."""
 

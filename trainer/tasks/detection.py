@@ -156,6 +156,10 @@ class DetectionTask:
             targets = retinanet.encode_targets(batch["boxes"], batch["classes"], config.image_size, config.model)
             yield batches_lib.HostBatch(batch["image"], targets, [i.decode() for i in batch["source_id"]])
 
+    def receptive_field(self, model, size=None) -> None:
+        """None: RetinaNet's outputs are box maps at several strides, not one answer per pixel."""
+        return None
+
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json."""
         return {"boxes_dropped_max_boxes": self.boxes_dropped_max_boxes}

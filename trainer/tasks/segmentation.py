@@ -17,9 +17,9 @@ import numpy as np
 from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.augment import keys, recipe as augment_recipe
-from trainer.data import batches as batches_lib, ct_input
-from trainer.engine import inference, placement
-from trainer.models import losses, unet, user_model
+from trainer.data import batches as batches_lib, ct_input, patches
+from trainer.engine import inference, placement, sliding_window
+from trainer.models import losses, receptive_field, unet, user_model
 from trainer.parallel import distributed, partitioning
 from trainer.tasks import metrics, report
 
@@ -83,13 +83,16 @@ class SegmentationTask:
         return len(self.records())
 
     def example_shape(self) -> tuple[int, ...]:
-        """(D, H, W, 1) of the training records."""
+        """(D, H, W, 1) of one training example: the records' volumes, or the patch cut from them (`patch_size`)."""
         shape = (*self.records().shape, 1)
         if len(shape) != self.config.model.spatial_dims + 1:
             raise ValueError(
                 f"{self.config.train_data} holds {len(shape) - 1}-D images but the model is "
                 f"{self.config.model.spatial_dims}D; set spatial_dims to match the data."
             )
+        if self.config.patch_size is not None:
+            patches.check_fits(self.config.patch_size, shape[:-1], self.config.train_data)
+            return (*self.config.patch_size, 1)
         return shape
 
     def preprocessing(self) -> dict | None:
@@ -172,7 +175,7 @@ class SegmentationTask:
         image = batch.inputs["image"]
         rows = None if share is None else list(share.rows)
         depth = None if share is None else share.depth
-        full_depth = self.records().shape[0] if depth is not None else None
+        full_depth = self.example_shape()[0] if depth is not None else None  # the volume's, or the patch's
         shardings = self.input_sharding(distribution, image.ndim)
         size = self.config.batch_size
         inputs = {"image": placement.global_array(shardings["image"], image, size, rows, depth, full_depth),
@@ -189,8 +192,19 @@ class SegmentationTask:
             share: the rows and depths this process reads (`placement.process_share`); None: all.
         """
         config = self.config
+        if config.patch_size is not None:
+            log(f"patches: random {'x'.join(map(str, config.patch_size))} crops of the "
+                f"{'x'.join(map(str, self.records().shape))} volumes, one in {patches.FOREGROUND_EVERY} centred on a "
+                "foreground voxel; predict and evaluation slide a window of that size (half overlap, Gaussian)")
         return ct_input.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
-                                  cache=config.input_cache, log=log)
+                                  cache=config.input_cache, log=log, patch=config.patch_size)
+
+    def receptive_field(self, model, size: tuple[int, ...] | None = None) -> receptive_field.ReceptiveField:
+        """How far the centre output voxel of `model` sees along each axis of volumes of `size` (default: the
+        training data's whole volumes, patches or not), measured (`models.receptive_field`)."""
+        model_config = self.config.model
+        multiples = inference.spatial_multiples((1,) * (model_config.spatial_dims + 2), model_config.downsampling_levels)
+        return receptive_field.measure(model, size or self.records().shape, multiples, model_config.in_channels)
 
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json: nothing (volumes are cropped at preprocessing, and say so)."""
@@ -202,7 +216,7 @@ class SegmentationTask:
         config = self.config
         scores = evaluate_segmentation(
             model, state, distribution, pattern or config.eval_data, config.batch_size, config.model.num_classes,
-            samples=samples, keep=keep,
+            samples=samples, keep=keep, patch_size=config.patch_size,
         )
         dice_text = ", ".join("n/a" if d is None else f"{d:.3f}" for d in scores["dice_per_class"])
         mean = scores["dice_mean"]
@@ -242,8 +256,12 @@ def evaluate_segmentation(
     num_classes: int,
     samples: list | None = None,
     keep: int = 0,
+    patch_size: tuple[int, ...] | None = None,
 ) -> dict:
     """Predicts every case matching `pattern` at full resolution and scores it.
+
+    With `patch_size` (a patch-trained model) each case is predicted by nnU-Net's sliding window of that size
+    (`engine.sliding_window`), `batch_size` patches per partitioned forward pass; otherwise whole, in one pass.
 
     With `samples` (a list) and `keep`, the first `keep` cases are appended to
     it as `{"case_id", "image" (D, H, W, C), "label", "prediction"}` for reports.
@@ -267,9 +285,18 @@ def evaluate_segmentation(
         real = images.shape[0]
         images = inference.pad_batch(images, batch_size)  # (B, D, H, W, 1)
         if predict is None:
-            predict = distributed.RunTogether(
-                inference.make_forward(model, distribution, state, images.ndim, "class_ids"), "evaluation")
-        predictions = placement.to_host(predict(state, placement.place_batch(distribution, images)))[:real]
+            predict = distributed.RunTogether(inference.make_forward(
+                model, distribution, state, images.ndim, "class_ids" if patch_size is None else "probabilities"),
+                "evaluation")
+        if patch_size is None:
+            predictions = placement.to_host(predict(state, placement.place_batch(distribution, images)))[:real]
+        else:
+            def forward(windows, predict=predict):  # (n <= B, d, h, w, 1) -> (n, d, h, w, K), padded to B
+                padded = inference.pad_batch(windows, batch_size)
+                return placement.to_host(predict(state, placement.place_batch(distribution, padded)))[:len(windows)]
+
+            predictions = np.stack([np.argmax(sliding_window.predict(image, patch_size, forward, batch_size=batch_size
+                                                                     )[0], axis=-1) for image in images[:real]])
         dice.update(predictions, labels)
         if samples is not None:
             for index in range(min(real, keep - len(samples))):

@@ -98,5 +98,5 @@ def test_the_cache_decision_and_its_reason(mode, needed, available, expected):
 def test_reads_and_decodes_use_every_usable_core(records):
     stream = ct_input.CtBatches(records, 1, seed=0, workers=2)
     assert stream._cuts == 2  # one example a step is read as 2 depth ranges, one per worker
-    assert sorted(piece[1:] for piece in stream._pieces([0])) == [(0, 8), (8, 16)]
+    assert sorted(piece[1:] for piece in stream._pieces([(0, (0, 0, 0))])) == [(0, 8), (8, 16)]
     stream.close()

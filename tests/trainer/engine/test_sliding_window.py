@@ -1,14 +1,9 @@
-"""The patch-based baseline of benchmarks/predict_whole_vs_sliding.py follows nnU-Net's sliding window."""
-
-import os
-import sys
+"""The sliding window of patch-trained models (predict, evaluation, the benchmarks) follows nnU-Net's."""
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "benchmarks"))
-import sliding_window  # noqa: E402
+from trainer.engine import sliding_window
 
 
 @pytest.mark.parametrize("size, patch", [(100, 32), (75, 32), (33, 32), (32, 32), (20, 32)])
@@ -36,7 +31,7 @@ def test_a_voxelwise_model_is_reproduced_exactly_on_every_voxel():
             calls.append(patches.shape)
             return np.concatenate([np.tanh(patches), patches ** 2], axis=-1)
 
-        blended, count = sliding_window.sliding_window_predict(volume, (16, 16, 16), forward, batch_size=4)
+        blended, count = sliding_window.predict(volume, (16, 16, 16), forward, batch_size=4)
         np.testing.assert_allclose(blended, np.concatenate([np.tanh(volume), volume ** 2], axis=-1), rtol=1e-5,
                                    atol=1e-6)
         assert count == np.prod([len(sliding_window.window_starts(max(s, 16), 16, 0.5)) for s in shape[:3]])
@@ -48,9 +43,22 @@ def test_patch_outputs_are_weighted_towards_their_centres():
     # leans to the patch whose centre is nearer, as nnU-Net's Gaussian weighting does.
     volume = np.zeros((8, 8, 48, 1), np.float32)
     order = iter(range(100))
-    blended, count = sliding_window.sliding_window_predict(
+    blended, count = sliding_window.predict(
         volume, (8, 8, 32), lambda p: np.full((*p.shape[:4], 1), float(next(order)), np.float32))
     assert count == 2  # starts 0 and 16 along the last axis
     row = blended[4, 4, :, 0]
     assert row[0] == 0.0 and row[-1] == 1.0 and row[20] < 0.5 < row[27]
     assert np.all(np.diff(row[16:32]) > 0)
+
+
+def test_the_gaussian_has_sigma_an_eighth_of_the_patch_along_each_axis():
+    patch = (32, 64, 16)
+    weights = sliding_window.gaussian_weights(patch)
+    for axis, size in enumerate(patch):
+        centre = [p // 2 for p in patch]
+        sigma = size / 8
+        for offset in (1, 2, 3):  # exp(-d²/2σ²) of the peak, d in voxels, along this axis alone
+            at = list(centre)
+            at[axis] += int(round(offset * sigma))
+            expected = np.exp(-((int(round(offset * sigma))) ** 2) / (2 * sigma**2))
+            assert weights[tuple(at)] == pytest.approx(expected, rel=0.02, abs=1e-4), (axis, offset)

@@ -1,4 +1,9 @@
-"""Patch-based prediction as nnU-Net does it: the alternative `fullres predict` is compared with.
+"""Patch-based prediction as nnU-Net does it: how a patch-trained model (`TrainConfig.patch_size`) predicts a volume.
+
+`fullres predict` and evaluation use it for a patch-trained model, and on
+request (`fullres predict --sliding-window`) for a whole-volume one;
+`benchmarks/predict_whole_vs_sliding.py` and `benchmarks/context_matters.py`
+compare it with one whole-volume pass.
 
 nnU-Net (and MONAI's `sliding_window_inference` with `mode="gaussian"`) cuts
 a volume into overlapping patches of the training shape, predicts each,
@@ -46,8 +51,22 @@ def gaussian_weights(patch: Sequence[int], sigma_scale: float = 1.0 / 8) -> np.n
     return weights.astype(np.float32)
 
 
-def sliding_window_predict(volume: np.ndarray, patch: Sequence[int], forward: Callable[[np.ndarray], np.ndarray],
-                           overlap: float = 0.5, batch_size: int = 1, gaussian: bool = True) -> tuple[np.ndarray, int]:
+OVERLAP = 0.5  # nnU-Net's tile_step_size 0.5: neighbouring windows share half a patch
+
+
+def describe(patch: Sequence[int]) -> str:
+    """The rule in words, for logs and predict's summary.
+
+    >>> describe((64, 64, 32))
+    'sliding window of 64x64x32 patches, half overlap, Gaussian weights (sigma 1/8 of the patch)'
+    """
+    return (f"sliding window of {'x'.join(map(str, patch))} patches, half overlap, Gaussian weights "
+            "(sigma 1/8 of the patch)")
+
+
+def predict(volume: np.ndarray, patch: Sequence[int], forward: Callable[[np.ndarray], np.ndarray],
+            overlap: float = OVERLAP, batch_size: int = 1, gaussian: bool = True, fill: float = 0.0
+            ) -> tuple[np.ndarray, int]:
     """Per-voxel outputs of `forward` over `volume`, predicted patch by patch and blended.
 
     Args:
@@ -57,13 +76,15 @@ def sliding_window_predict(volume: np.ndarray, patch: Sequence[int], forward: Ca
         overlap: fraction of a patch neighbouring patches share (0.5: nnU-Net's and the issue's setting).
         batch_size: patches per call of `forward`.
         gaussian: weight each patch's output by `gaussian_weights` (nnU-Net); False weights all voxels equally.
+        fill: the value a volume smaller than a patch is padded with (the scan's background).
 
     Returns:
         (outputs (D, H, W, K) float32, number of patches predicted).
     """
     spatial = volume.shape[:3]
     padding = [(0, max(p - s, 0)) for s, p in zip(spatial, patch)]  # a volume smaller than a patch is padded
-    padded = np.pad(volume, [*padding, (0, 0)], mode="constant") if any(after for _, after in padding) else volume
+    padded = (np.pad(volume, [*padding, (0, 0)], constant_values=fill) if any(after for _, after in padding)
+              else volume)
     starts = [window_starts(s, p, overlap) for s, p in zip(padded.shape[:3], patch)]
     corners = [(z, y, x) for z in starts[0] for y in starts[1] for x in starts[2]]
     weights = gaussian_weights(patch) if gaussian else np.ones(patch, np.float32)

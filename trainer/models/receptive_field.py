@@ -1,0 +1,158 @@
+"""How far each output voxel sees, measured from the network itself: the gradient support of one output voxel.
+
+A network's receptive field decides whether it can tell apart structures that
+differ only by where they sit (the left and the right kidney, the fifth and
+the sixth vertebra): an output voxel cannot depend on anything outside it.
+Formulas for it hold for one architecture; this measures any Keras network
+(fullres's UNets, a user's `--model FILE.py:FUNCTION`) as it computes: the
+gradient of the centre output voxel's logits with respect to the input is
+non-zero exactly where the input can change that voxel, and its extent along
+each axis is the field.
+
+Normalization statistics (instance, group, batch normalization; likewise a
+squeeze-and-excitation's pooling) make every output depend a little on every
+input voxel, through one mean and variance per channel: a summary of the
+whole volume, not the arrangement of its voxels. The measurement holds those
+statistics fixed: in the traced computation, the gradient does not flow
+through a sum, maximum or minimum over spatial axes (`SPATIAL_REDUCTIONS`).
+What flows through convolutions, pooling windows, resampling and attention
+(a product over positions) is counted.
+
+Cost: one gradient per axis, of an input as long as the volume along that
+axis and as thin as the network accepts across it (the field along depth does
+not depend on the width), so the default UNet at 256³ is measured on three
+256×16×16 inputs; small volumes are measured whole, all axes at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+SPATIAL_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin")
+WHOLE_VOLUME_VOXELS = 32**3  # volumes up to this many voxels are measured whole, in one gradient
+AXIS_NAMES = {3: ("depth", "height", "width"), 2: ("height", "width")}
+
+
+@dataclasses.dataclass(frozen=True)
+class ReceptiveField:
+    """Voxels each output voxel sees along each spatial axis, of the input's size there.
+
+    Example:
+        >>> print(ReceptiveField(seen=(36, 256, 40), size=(256, 256, 256)))
+        each output voxel sees 36 of 256 voxels of depth, all 256 of height, 40 of 256 of width
+    """
+
+    seen: tuple[int, ...]
+    size: tuple[int, ...]
+
+    @property
+    def covers(self) -> bool:
+        """Whether the centre voxel sees the whole input along every axis."""
+        return all(s >= n for s, n in zip(self.seen, self.size))
+
+    def __str__(self) -> str:
+        names = AXIS_NAMES[len(self.size)]
+        parts = [f"all {n}" if s >= n else f"{s} of {n}" for s, n in zip(self.seen, self.size)]
+        parts = [f"{part} voxels of {name}" if i == 0 else f"{part} of {name}"
+                 for i, (part, name) in enumerate(zip(parts, names))]
+        return "each output voxel sees " + ", ".join(parts)
+
+    def to_json(self) -> dict:
+        return {"seen": list(self.seen), "size": list(self.size)}
+
+
+def _interpret(jaxpr, consts, *args):
+    """Evaluates `jaxpr` as JAX would, the outputs of spatial reductions cut from the gradient."""
+    import jax
+    from jax.extend import core as jax_core
+
+    env = {}
+
+    def read(var):
+        return var.val if isinstance(var, jax_core.Literal) else env[var]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for equation in jaxpr.eqns:
+        values = [read(var) for var in equation.invars]
+        name, params = equation.primitive.name, equation.params
+        inner = params.get("jaxpr") if name in ("jit", "pjit", "checkpoint", "remat") else (
+            params.get("call_jaxpr") if name == "custom_jvp_call" else None)
+        if inner is not None:  # a nested computation: into it, so its reductions are seen too
+            closed = hasattr(inner, "consts")
+            outputs = _interpret(inner.jaxpr if closed else inner, inner.consts if closed else (), *values)
+        else:
+            outputs = equation.primitive.bind(*values, **params)
+            outputs = outputs if equation.primitive.multiple_results else [outputs]
+            if name in SPATIAL_REDUCTIONS:
+                rank = len(equation.invars[0].aval.shape)
+                if any(0 < axis < rank - 1 for axis in params.get("axes", ())):
+                    outputs = [jax.lax.stop_gradient(output) for output in outputs]
+        env.update(zip(equation.outvars, outputs))
+    return [read(var) for var in jaxpr.outvars]
+
+
+def _full_resolution(outputs, spatial: Sequence[int]):
+    """The logits at the input's resolution (a deep-supervised network returns several)."""
+    if isinstance(outputs, (list, tuple)):
+        return next(o for o in outputs if tuple(o.shape[1:-1]) == tuple(spatial))
+    return outputs
+
+
+def support(apply: Callable, input_shape: Sequence[int], seed: int = 0) -> tuple[tuple[int, int], ...]:
+    """[first, last] input voxel, per spatial axis, whose gradient reaches the centre output voxel's logits.
+
+    Args:
+        apply: `apply(images)` -> logits (B, *spatial, K) (or a list with them), a pure function of its input.
+        input_shape: (*spatial, C) of one input.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    spatial = tuple(input_shape[:-1])
+    images = jnp.asarray(np.random.default_rng(seed).normal(size=(1, *input_shape)), jnp.float32)
+    traced = jax.make_jaxpr(lambda x: _full_resolution(apply(x), spatial))(images)
+    centre = (0, *(s // 2 for s in spatial))
+
+    def centre_logits(x, consts):  # the weights as arguments: as constants, XLA would fold them at length
+        (logits,) = _interpret(traced.jaxpr, consts, x)
+        return logits[centre].astype(jnp.float32).sum()
+
+    gradient = np.abs(np.asarray(jax.jit(jax.grad(centre_logits))(images, traced.consts)))[0].max(axis=-1)
+    extents = []
+    for axis in range(len(spatial)):
+        profile = gradient.max(axis=tuple(a for a in range(len(spatial)) if a != axis))
+        reached = np.flatnonzero(profile > 0)
+        extents.append((int(reached[0]), int(reached[-1])) if len(reached) else (centre[axis + 1],) * 2)
+    return tuple(extents)
+
+
+def measure(model, size: Sequence[int], multiples: Sequence[int], in_channels: int = 1) -> ReceptiveField:
+    """The receptive field of `model` (a Keras model, any input size it accepts) on inputs of `size`.
+
+    Args:
+        size: the spatial size of the inputs it is judged against, e.g. (256, 256, 256).
+        multiples: what each spatial size must divide by for the model (its downsampling per axis).
+        in_channels: the input's channels.
+    """
+    trainable = [np.asarray(v.value) for v in model.trainable_variables]  # host copies: a placed model's too
+    non_trainable = [np.asarray(v.value) for v in model.non_trainable_variables]
+
+    def apply(images):
+        return model.stateless_call(trainable, non_trainable, images, training=False)[0]
+
+    size = tuple(int(s) for s in size)
+    if math.prod(size) <= WHOLE_VOLUME_VOXELS:  # the whole input: every axis in one gradient
+        extents = support(apply, (*size, in_channels))
+        return ReceptiveField(tuple(min(high - low + 1, n) for (low, high), n in zip(extents, size)), size)
+    seen = []
+    for axis, length in enumerate(size):
+        # As long as the volume along `axis`, as thin as the model accepts across it (at least 8 voxels).
+        shape = [length if a == axis else max(m, math.ceil(8 / m) * m) for a, m in enumerate(multiples)]
+        low, high = support(apply, (*shape, in_channels))[axis]
+        seen.append(min(high - low + 1, length))
+    return ReceptiveField(tuple(seen), size)
