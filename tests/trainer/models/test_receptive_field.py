@@ -20,7 +20,7 @@ def _known_network():
     return keras.Model(inputs, outputs)
 
 
-@pytest.mark.parametrize("size", [(16, 12, 12), (48, 40, 40)])  # measured whole, and axis by axis
+@pytest.mark.parametrize("size", [(16, 12, 12), pytest.param((48, 40, 40), marks=pytest.mark.slow)])  # whole; per axis
 def test_a_known_network_sees_its_hand_computed_field(size):
     field = receptive_field.measure(_known_network(), size, (1, 1, 1))
     assert field.seen == (7, 5, 3) and field.size == size and not field.covers
