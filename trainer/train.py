@@ -172,8 +172,9 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
-    field = task.receptive_field(model) if jax.process_index() == 0 else None  # measured on the network as built
-    if field is not None:
+    # Measured on the network as built, by every process alike (no process waits on another's measurement).
+    field = task.receptive_field(model)
+    if field is not None and jax.process_index() == 0:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
