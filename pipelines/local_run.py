@@ -152,4 +152,27 @@ def _docker_runner(image: str, arguments: dict, pipeline_root: str):
               for path in input_mounts(arguments, pipeline_root)]
     # The pipeline root is mounted by kfp itself. Writing as this user keeps the artifacts this user's;
     # HOME points somewhere writable for such a user (Keras and Matplotlib keep caches there).
-    return local.DockerRunner(mounts=mounts, user=f"{os.getuid()}:{os.getgid()}", environment={"HOME": "/tmp"})
+    environment = {"HOME": "/tmp"}
+    cache = host_compilation_cache()
+    if cache:
+        mounts.append(docker.types.Mount(target=CONTAINER_CACHE, source=cache, type="bind"))
+        environment["JAX_COMPILATION_CACHE_DIR"] = CONTAINER_CACHE
+    return local.DockerRunner(mounts=mounts, user=f"{os.getuid()}:{os.getgid()}", environment=environment)
+
+
+CONTAINER_CACHE = "/fullres-jax-cache"
+
+
+def host_compilation_cache() -> str:
+    """The folder of this machine's JAX compilation cache, for the steps' containers to share ("" for none).
+
+    The image keeps no cache (each step is a new container), so without it every step compiled again what the
+    one before compiled: the model's weight initializers alone, 22 s in each step that builds the model. The
+    folder is fullres's own (`trainer.COMPILATION_CACHE`: `~/.cache/fullres/jax`, or the user's
+    `JAX_COMPILATION_CACHE_DIR`); the containers run as this user and the image holds the same jax and jaxlib,
+    so what one compiles the others read. A cache switched off, or not a local folder, is left out.
+    """
+    from trainer import COMPILATION_CACHE
+
+    directory = COMPILATION_CACHE["jax_compilation_cache_dir"]
+    return os.path.realpath(directory) if directory and os.path.isabs(directory) and os.path.isdir(directory) else ""

@@ -78,3 +78,15 @@ def test_the_docker_runner_needs_an_image_and_image_needs_the_docker_runner():
         local_run.run_local("ct-segmentation", {}, "unused-root", runner="docker")
     with pytest.raises(ValueError, match="runner 'kubernetes' is not known"):
         local_run.run_local("ct-segmentation", {}, "unused-root", runner="kubernetes")
+
+
+@pytest.mark.parametrize("setting, shared", [("folder", True), ("", False), ("gs://bucket/jax", False)])
+def test_docker_steps_share_the_hosts_compilation_cache_only_a_local_one(monkeypatch, tmp_path, setting, shared):
+    import trainer
+    from pipelines import local_run
+
+    folder = tmp_path / "jax-cache"
+    folder.mkdir()
+    value = str(folder) if setting == "folder" else setting
+    monkeypatch.setitem(trainer.COMPILATION_CACHE, "jax_compilation_cache_dir", value)
+    assert local_run.host_compilation_cache() == (str(folder.resolve()) if shared else "")
