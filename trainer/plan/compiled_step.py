@@ -104,12 +104,12 @@ class StepBuilder:
 
     def __init__(self, config: config_lib.TrainConfig, shape: tuple[int, ...]):
         import jax
-        import keras
 
         self.config, self.example_shape = config, shape
         self.image_shape = (config.batch_size, *shape)
         self.task = registry.make_task(config)
-        keras.utils.set_random_seed(config.seed)
+        # No `keras.utils.set_random_seed`: the plan keeps only the variables' shapes, so their values (and the seed)
+        # change nothing it reports, and that call imports TensorFlow to seed it (5 s of every `fullres plan`).
         self.model, self.optimizer, _, state = program.build_model(config, self.task, config.steps)
         self.state = jax.tree_util.tree_map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state)
         self._windows = None

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
-from trainer.data import batches as batches_lib, ct_input, detection_input
+from trainer.data import batches as batches_lib, ct_input
 from trainer.engine import inference, placement
 from trainer.models import retinanet
 from trainer.parallel import distributed, partitioning
@@ -135,6 +135,8 @@ class DetectionTask:
         on the first step that drops any, then once per `log_every` steps that drop more.
         """
         config = self.config
+        from trainer.data import detection_input  # TensorFlow: only where detection data is read
+
         data = detection_input.detection_dataset(
             config.train_data, config.batch_size, config.image_size, max_boxes=config.max_boxes,
             augment=config.augment, shuffle=True, repeat=True, seed=config.seed,
@@ -173,6 +175,8 @@ class DetectionTask:
         config = self.config
         forward = distributed.RunTogether(inference.make_forward(model, distribution, state, 4, "raw"),
                                           "detection forward")
+        from trainer.data import detection_input  # TensorFlow: only where detection data is read
+
         data = detection_input.detection_dataset(pattern, config.batch_size, config.image_size,
                                                  max_boxes=self.EVAL_MAX_BOXES)
         self.eval_boxes_dropped = 0
