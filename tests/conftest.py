@@ -25,6 +25,11 @@ import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow 
 # start first and the short files fill in around them (longest-processing-time-first); xdist's own order, by the
 # number of tests in a file, left one worker idle for the last minutes. Files not listed keep their order.
 LONGEST_FIRST = (
+    # The target tier (its own session, `-m target`): the default UNet's TPU compile on one worker, the rest beside it.
+    "tests/trainer/plan/test_target_default_model.py",  # ~200-320 s: one TPU compile of the 21.7 M-parameter default
+    "tests/trainer/plan/test_target_compile.py",
+    "tests/trainer/plan/test_target_search.py",
+    # The suite.
     "tests/trainer/parallel/test_multiprocess.py",  # ~380 s: 2-process runs, kills and reruns
     "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
     "tests/pipelines/test_detection_pipeline.py",  # ~165 s

@@ -52,6 +52,9 @@ def test_a_tpu_plan_is_cached_estimated_and_submitted_as_planned(tmp_path, verte
     submitted = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "pipeline", "submit", "--project", "p", "--region", "us-central1",
          "--pipeline-root", "gs://bkt/root", "--plan", str(plan_file), "--param", "steps=100",
+         # Named, as test_vertex.py's submit does: without one, aiplatform asks Resource Manager (which the local
+         # endpoint does not speak) for the project's default account and retries for 60 s before it goes on.
+         "--service-account", "trainer@p.iam.gserviceaccount.com",
          "--param", "train_input_uri=gs://bkt/train", "--param", "eval_input_uri=gs://bkt/eval",
          "--api-endpoint", endpoint],
         capture_output=True, text=True, cwd=REPOSITORY, env=environment, timeout=300)
