@@ -169,8 +169,9 @@ def launch_lines(plan: Plan) -> list[str]:
                  f"{found['hosts']} host(s), one process each")
     host = found.get("host")
     if host:
-        cores = (f"{host['cores_for_input']} cores to feed its devices (at this host's rate per core), "
-                 if host.get("cores_for_input") else "")
+        count = host.get("cores_for_input")
+        cores = (f"{count} core{'s' if count != 1 else ''} to feed its devices (at this host's rate per core), "
+                 if count else "")
         lines.append(f"each host: {cores}{sizes.human_bytes(host['cache_bytes_per_process'])} of memory for the "
                      "decoded cache")
     if found["vertex"] is None:

@@ -17,7 +17,7 @@ from trainer.engine import placement, step
 from trainer.models import losses
 from trainer.parallel import partitioning
 from common import sizes
-from trainer.plan import compiled_step, gathers, layout_search
+from trainer.plan import compiled_step, gathers, layout_search, memory_plan
 
 SMALL_RETINANET = {"model.stackwise_num_blocks": "1,1,1,1", "model.stackwise_num_filters": "64,32,32,32",
                    "model.head_filters": 32, "model.head_conv_layers": 2, "image_size": "256,256"}
@@ -272,3 +272,17 @@ def test_recorded_512_search_ranks_an_efficient_low_halo_layout_first():
     assert [list(r.input_partition_dims) for r in rows] == [r["input_partition_dims"] for r in case["rows"]]
     one_d = next(r for r in rows if r.input_partition_dims == (1, 64, 1, 1, 1))
     assert len(rows) == 28 and rows[0].efficiency >= 0.95 and rows[0].halo_bytes <= one_d.halo_bytes / 3
+
+
+@pytest.mark.parametrize("cores, said", [(1, "each host: 1 core to feed its devices"),
+                                         (3, "each host: 3 cores to feed its devices"),
+                                         (None, "each host: 96.0 MiB of memory")])
+def test_the_launch_says_the_cores_each_host_needs_to_feed_its_devices(cores, said):
+    """The line after `--data` on a target: the cores (one or several; none where the input keeps up on what
+    it has not measured) and the decoded cache's memory per host."""
+    found = {"target": "v5e:4x4", "input_partition_dims": [1, 16, 1, 1, 1], "replicas": 1, "cores_per_replica": 16,
+             "hosts": 4, "host": {"cores_for_input": cores, "cache_bytes_per_process": 96 * 2**20},
+             "vertex": {}, "parameters": {"input_partition_dims": "1,16,1,1,1"}}
+    plan = memory_plan.Plan([], "header", "v5e:4x4", None, found)
+    (line,) = [line for line in memory_plan.launch_lines(plan) if line.startswith("each host:")]
+    assert line.startswith(said) and line.endswith("96.0 MiB of memory for the decoded cache")
