@@ -148,9 +148,11 @@ def _stored_image(docker: str, tag: str):
             for root, directories, files in os.walk(folder):
                 for name in directories + files:
                     path = os.path.join(root, name)
-                    regular = os.path.isfile(path) and not os.path.islink(path)
-                    with open(path, "rb") if regular else io.BytesIO() as file:
-                        yield folder, os.path.relpath(path, folder), file.read() if regular else None
+                    data = None
+                    if os.path.isfile(path) and not os.path.islink(path):
+                        with open(path, "rb") as file:
+                            data = file.read()
+                    yield folder, os.path.relpath(path, folder), data
 
     return entries()
 

@@ -135,22 +135,19 @@ def _recall(truths, detections, on_border: bool, score: float = 0.2) -> float:
 
 
 def _detect(model, state, config, distribution, images, tiles: bool = False):
-    """Decoded detections of `images` under `distribution`; `tiles` runs every shard alone (no halo exchange)."""
+    """Decoded detections of `images` under `distribution`; `tiles` cuts them into 4×2 tiles and runs each alone
+    (no halo exchange) on `distribution`'s devices: one device, or every device would compute every tile."""
     from trainer.tasks import detection_eval
 
     forward = jax.jit(lambda s, x: model.stateless_call(s.trainable, s.non_trainable, x, training=False)[0])
+    placed_state = placement.place_state(state, distribution)
     if tiles:  # the naive alternative: cut the image into 4×2 tiles, run each alone, stitch the maps
-        # Each tile on one device: with the loaded state replicated on all 8, every device would compute every tile
-        # (8x the work: 35 s of this test's 90 s, against ~10 s).
-        alone = placement.place_state(state, partitioning.make_distribution(partitioning.PartitionConfig((1, 1, 1, 1)),
-                                                                            jax.devices()[:1]))
         rows = []
         for tile_row in np.split(images, 4, axis=1):
-            columns = [forward(alone, tile) for tile in np.split(tile_row, 2, axis=2)]
+            columns = [forward(placed_state, tile) for tile in np.split(tile_row, 2, axis=2)]
             rows.append({k: np.concatenate([np.asarray(c[k]) for c in columns], axis=2) for k in columns[0]})
         outputs = {k: np.concatenate([r[k] for r in rows], axis=1) for k in rows[0]}
     else:
-        placed_state = placement.place_state(state, distribution)
         outputs = forward(placed_state, placement.place_batch(distribution, images))
         outputs = {k: np.asarray(v) for k, v in outputs.items()}
     found = detection_eval.decode_detections(outputs, (SIZE, SIZE), config.model)
@@ -171,9 +168,9 @@ def check_borders(model_dir: str):
     distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 2, 1)), jax.devices()[:8])
     partitioned = _detect(model, state, config, distribution, images)
     border, elsewhere = _recall(truths, partitioned, True), _recall(truths, partitioned, False)
-    whole = _detect(model, state, config, partitioning.make_distribution(partitioning.PartitionConfig((1, 1, 1, 1)),
-                                                                          jax.devices()[:1]), images)
-    tiled = _detect(model, state, config, distribution, images, tiles=True)
+    one_device = partitioning.make_distribution(partitioning.PartitionConfig((1, 1, 1, 1)), jax.devices()[:1])
+    whole = _detect(model, state, config, one_device, images)
+    tiled = _detect(model, state, config, one_device, images, tiles=True)
     tiled_border = _recall(truths, tiled, True)
     print(f"recall on split lines {border:.3f}, clear of them {elsewhere:.3f}; unpartitioned on lines "
           f"{_recall(truths, whole, True):.3f}; independent tiles on lines {tiled_border:.3f}")

@@ -16,8 +16,8 @@ def test_the_default_model_fills_the_tpus_lanes():
 
     At 64³ split 4 ways the plain UNet (4 levels of 16-128 filters, no stem) took 485.8 MiB per v5e core
     against 85.8 MiB on the CPU (5.7×; its temp alone more); the default's stem and 128+ filters fill the
-    128-lane tiles. Compiles the real default (21.7 M parameters): the TPU compile alone took 181-201 s on this 2-core machine,
-    quiet (2026-11-26); 319 s for the test beside the rest of the tier.
+    128-lane tiles. Compiles the real default (21.7 M parameters): the TPU compile alone took 181-201 s on this
+    2-core machine, quiet (2026-11-26); 274-319 s for the test beside the rest of the tier.
     """
     config = compiled_step.plan_config("unet3d", "default", {"partition.input_partition_dims": "1,4,1,1,1"})
     assert (config.model.stem, config.model.base_filters) == ("space_to_depth", 128)
