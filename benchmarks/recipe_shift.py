@@ -167,7 +167,7 @@ def main() -> None:
 
 def gaps(rows: list[dict]) -> dict[str, float]:
     """The shifted-set Dice of the full recipe over flips only: with deep supervision off, on, and the full recipe
-    (nnunet with deep supervision) over fullres's recipe before (flips, none)."""
+    (nnunet with deep supervision) over fullres's recipe before (flips without deep supervision)."""
     by = {(r["recipe"], r["deep_supervision"]): r["shifted"] for r in rows}
     pairs = {"full recipe - flips only, deep supervision off": (("nnunet", False), ("flips", False)),
              "full recipe - flips only, deep supervision on": (("nnunet", True), ("flips", True)),
