@@ -25,8 +25,8 @@ import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow 
 # start first and the short files fill in around them (longest-processing-time-first); xdist's own order, by the
 # number of tests in a file, left one worker idle for the last minutes. Files not listed keep their order.
 LONGEST_FIRST = (
-    # The target tier (its own session, `-m target`): the default UNet's TPU compile on one worker, the rest beside it.
-    "tests/trainer/plan/test_target_default_model.py",  # ~200-320 s: one TPU compile of the 21.7 M-parameter default
+    # The target tier (its own session, `-m target`).
+    "tests/trainer/plan/test_target_plan_submit.py",  # ~90 s: a TPU plan, cached, estimated and submitted
     "tests/trainer/plan/test_target_compile.py",
     "tests/trainer/plan/test_target_search.py",
     # The suite.
