@@ -16,6 +16,7 @@ only, as the plain UNet does.
 
 from __future__ import annotations
 
+import functools
 import jax
 import keras
 
@@ -42,7 +43,7 @@ class ResidualBlock(keras.layers.Layer):
         super().__init__(**kwargs)
         self.filters, self.spatial_dims, self.normalization = filters, spatial_dims, normalization
         self.strides, self.remat = strides, remat
-        conv = keras.layers.Conv3D if spatial_dims == 3 else keras.layers.Conv2D
+        conv = functools.partial(unet_layers.conv_layer, spatial_dims)
         bias = normalization == "none"
         self.conv1 = conv(filters, 3, strides=strides, padding="same", use_bias=bias, name="conv1",
                           dtype=self.dtype_policy)
@@ -61,7 +62,7 @@ class ResidualBlock(keras.layers.Layer):
             if layer is not None:
                 layer.build(shape)
         if input_shape[-1] != self.filters:
-            conv = keras.layers.Conv3D if self.spatial_dims == 3 else keras.layers.Conv2D
+            conv = functools.partial(unet_layers.conv_layer, self.spatial_dims)
             self.projection = conv(self.filters, 1, use_bias=self.normalization == "none", name="projection",
                                    dtype=self.dtype_policy)
             self.projection.build((*shape[:-1], input_shape[-1]))
@@ -110,7 +111,7 @@ def residual_encoder(config, x, dtype: str, remat: bool):
         >>> tuple(model(np.zeros((1, 16, 16, 16, 1), "float32")).shape), model.name
         ((1, 16, 16, 16, 3), 'residual_unet3d')
     """
-    conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
+    conv = functools.partial(unet_layers.conv_layer, config.spatial_dims)
     x = conv(config.base_filters, 3, padding="same", use_bias=config.normalization == "none", name="stem_conv",
              dtype=dtype)(x)
     norm = unet_layers.normalization_layer(config.normalization, "stem_norm", dtype)

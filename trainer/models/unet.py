@@ -9,6 +9,7 @@ the backward pass too (see `unet_layers.SubpixelUpsampling`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import keras
 
@@ -189,7 +190,7 @@ def decode(config: UNetConfig, inputs, x, skips: list, dtype: str, remat: bool, 
     stem's inverse where there is one) and, with deep supervision, a 1×1 convolution to logits at each
     supervised lower resolution.
     """
-    conv = keras.layers.Conv3D if config.spatial_dims == 3 else keras.layers.Conv2D
+    conv = functools.partial(unet_layers.conv_layer, config.spatial_dims)
     stem = config.stem == "space_to_depth"
     supervised = set(deep_supervision_lib.supervised_outputs(config.decoder_outputs)) if config.deep_supervision \
         else set()
