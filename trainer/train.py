@@ -112,6 +112,7 @@ class _Run:
     checkpointer: checkpoints.Checkpointer
     history: list[dict]
     is_chief: bool
+    train_step: object  # distributed.RunTogether: the jitted step, already compiled once for the gather check
     input_wait_seconds: float = 0.0  # the loop's time waiting for its next batch, after the first step (the compile)
     input_wait_fraction: float = 0.0  # of the run's time after the first step
     input_cache: str | None = None  # the input cache's decision, in words
@@ -178,8 +179,10 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
-    found = compiled_step.step_gathers(program.jit_step(task, model, optimizer, distribution, state, len(image_shape)),
-                                       task, state, distribution, image_shape)
+    train_step = distributed.RunTogether(
+        program.jit_step(task, model, optimizer, distribution, state, len(image_shape)), "train step")
+    found = compiled_step.step_gathers(train_step.jitted, task, state, distribution, image_shape,
+                                       keep=train_step.prime)
     if found and not config.allow_gathers:
         gathers.refuse(found, config.partition.input_partition_dims)
     if found:
@@ -201,7 +204,8 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
         if choice is not None and not choice.cached:
             layout_choice.save_choice(choice, config.output_dir)
     return _Run(config, task, total_steps, num_examples, image_shape, choice, distribution, model, optimizer, schedule,
-                state, start_step, checkpointer, run_files.read_history(config.output_dir, start_step), is_chief)
+                state, start_step, checkpointer, run_files.read_history(config.output_dir, start_step), is_chief,
+                train_step)
 
 
 def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
@@ -214,8 +218,7 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
     import tensorflow as tf
 
     config, task, distribution, image_shape = run.config, run.task, run.distribution, run.image_shape
-    train_step = distributed.RunTogether(
-        program.jit_step(task, run.model, run.optimizer, distribution, run.state, len(image_shape)), "train step")
+    train_step = run.train_step
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
     log(f"each device holds a {tuple(image_sharding.shard_shape(tuple(image_shape)))} shard of every {tuple(image_shape)} "
         f"batch (input_partition_dims {','.join(map(str, config.partition.input_partition_dims))})")

@@ -178,20 +178,35 @@ class RunTogether:
         self.jitted = jitted
         self.name = name
         self._compiled: dict = {}
+        self._primed: dict = {}
 
     def __call__(self, *args):
         import jax
 
         if jax.process_count() == 1:
             return self.jitted(*args)
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        key = (treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves))
+        key = _shapes_key(args)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self.jitted.lower(*args).compile()
+            compiled = self._primed.pop(key, None) or self.jitted.lower(*args).compile()
             wait_for_the_others(self.name)
             self._compiled[key] = compiled
         return compiled(*args)
+
+    def prime(self, compiled, *args) -> None:
+        """Hands over `compiled`, this function already compiled for `args` (`jax.ShapeDtypeStruct`s will do), for
+        the first call with those shapes to run instead of compiling it again. Process 0 would read it back from
+        JAX's persistent cache; the others neither write nor read that cache, so without this they compiled the
+        training step twice (once for the gather check)."""
+        self._primed[_shapes_key(args)] = compiled
+
+
+def _shapes_key(args) -> tuple:
+    """`RunTogether`'s key for its compiled programs: the arguments' tree, shapes and dtypes."""
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    return treedef, tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves)
 
 
 def preemption_reached(step_number: int) -> bool:

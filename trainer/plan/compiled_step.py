@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -146,16 +146,22 @@ def step_arguments(task, state, distribution: partitioning.SpatialParallel, imag
     return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), step)
 
 
-def step_gathers(train_step, task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...]
-                 ) -> list[gathers.Gather]:
+def step_gathers(train_step, task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...],
+                 keep: Callable | None = None) -> list[gathers.Gather]:
     """The activation all-gathers of the jitted `train_step` (`program.jit_step`) as its compiler compiles it.
 
-    Training asks this before its first step; with JAX's persistent compilation cache (`trainer/__init__.py`) the
-    step's first call reads the program compiled here back instead of compiling it again.
+    Training asks this before its first step, and passes `keep` (`distributed.RunTogether.prime`), which gets the
+    compiled step and its arguments' shapes: the first step then runs it rather than compiling it again. (In one
+    process JAX's persistent compilation cache, `trainer/__init__.py`, would read it back; in several, only
+    process 0 writes and reads that cache.)
     """
-    lowered = train_step.lower(*step_arguments(task, state, distribution, image_shape))
+    arguments = step_arguments(task, state, distribution, image_shape)
+    lowered = train_step.lower(*arguments)
+    compiled = lowered.compile()
+    if keep is not None:
+        keep(compiled, *arguments)
     replica_batch = image_shape[0] // distribution.num_replicas
-    return gathers.of_step(lowered, lowered.compile(), replica_batch, gathers.weight_shapes(state))
+    return gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(state))
 
 
 def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
