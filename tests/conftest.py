@@ -30,7 +30,7 @@ LONGEST_FIRST = (
     "tests/trainer/plan/test_target_compile.py",
     "tests/trainer/plan/test_target_search.py",
     # The suite.
-    "tests/trainer/parallel/test_multiprocess.py",  # ~380 s: 2-process runs, kills and reruns
+    "tests/trainer/parallel/test_multiprocess.py",  # ~190 s: 2-process runs, kills and reruns
     "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
     "tests/pipelines/test_detection_pipeline.py",  # ~165 s
     "tests/trainer/test_detection_train.py",  # ~85 s: the 8-step golden run, the border test

@@ -97,24 +97,26 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
                 np.testing.assert_array_equal(label, full_label[list(share.rows), start:stop])
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_a_process_late_to_its_first_collectives_by_more_than_gloos_30_s_is_waited_for():
-    """CI lost runs this way: one process compiled 30 s slower under load, and gloo gave up connecting (once in a
-    program's first collective, once in the check JAX makes when a state is placed on the mesh)."""
+@pytest.fixture(scope="module")
+def late_processes():
+    """The two processes of the late-process test, started by the file's first multi-process test and judged by its
+    last: process 1 sleeps 2 × 40 s and process 0 waits for it, so they run beside the training runs in between
+    instead of holding the test worker for 80 s (they need almost no CPU)."""
     address = f"localhost:{local_launcher.free_port()}"
     script = os.path.join(REPOSITORY, "tests", "trainer", "parallel", "late_process_worker.py")
     processes = [subprocess.Popen([sys.executable, script, address, str(i), "40"], env=_environment(),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPOSITORY)
                  for i in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in processes]
-    assert [p.returncode for p in processes] == [0, 0], _tails(outputs)
-    assert all("sum 6.0, state True" in output for output in outputs), _tails(outputs)
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_one_step_in_two_processes_matches_one_process(tmp_path):
+def test_one_step_in_two_processes_matches_one_process(tmp_path, late_processes):
     """2 processes × 4 devices, the depth split crossing the process boundary (1,8,1,1,1) and replicas on
     processes (1,4,1,1,1): the same loss and gradients as 1 process × 8 devices."""
     address = f"localhost:{local_launcher.free_port()}"
@@ -327,3 +329,14 @@ def test_two_processes_end_where_one_process_ends(uninterrupted_two_processes, u
     worst = max(_relative(ours[key], theirs[key]) for key in weights)
     print(f"after {STEPS} steps: largest relative difference of a weight {worst:.2e}")
     assert worst <= SPREAD_WEIGHTS, f"largest relative weight difference {worst:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_process_late_to_its_first_collectives_by_more_than_gloos_30_s_is_waited_for(late_processes):
+    """CI lost runs this way: one process compiled 30 s slower under load, and gloo gave up connecting (once in a
+    program's first collective, once in the check JAX makes when a state is placed on the mesh). Last in the file:
+    its processes (`late_processes`) have been running since the first multi-process test."""
+    outputs = [p.communicate(timeout=300)[0] for p in late_processes]
+    assert [p.returncode for p in late_processes] == [0, 0], _tails(outputs)
+    assert all("sum 6.0, state True" in output for output in outputs), _tails(outputs)
