@@ -324,9 +324,7 @@ def predict(
         dead_letters.check_failed_fraction(max_failed_fraction)
     except ValueError as error:
         console.fail(str(error))
-    from common import output_guard
     from trainer.parallel import partitioning
-    from trainer.predict import predict as predict_lib
 
     try:  # PartitionError is a ValueError
         dims = partitioning.parse_dims(input_partition_dims)
@@ -340,6 +338,13 @@ def predict(
             raise ValueError(f"--max-decoded-bytes must be positive, e.g. 3GiB, got {max_decoded_bytes}.")
     except ValueError as error:
         console.fail(str(error))
+    from trainer.engine import run_files
+
+    refusal = run_files.not_a_run(str(model))  # before predict's own imports (SimpleITK, the preprocessing, ...)
+    if refusal is not None:
+        console.fail(refusal)
+    from common import output_guard
+    from trainer.predict import predict as predict_lib
 
     try:
         with output_guard.lock(str(output)):

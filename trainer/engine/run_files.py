@@ -22,9 +22,12 @@ import math
 import os
 import shutil
 
+from typing import TYPE_CHECKING
+
 from common import file_writes, output_guard
-from trainer import config as config_lib
-from trainer.models import user_model
+
+if TYPE_CHECKING:  # imported where used: config imports Keras, and `fullres predict` refuses a wrong --model first
+    from trainer import config as config_lib
 
 TRAIN_CONFIG = "train_config.json"
 MODEL_INFO = "model_info.json"
@@ -53,6 +56,9 @@ def _write_whole(file_path: str, write) -> None:
 
 def write_train_config(run_dir: str, config: config_lib.TrainConfig) -> None:
     """Writes `train_config.json`; a user's network is copied in first (`MODEL_SOURCE`), and the config names the copy."""
+    from trainer import config as config_lib
+    from trainer.models import user_model
+
     if isinstance(config.model, user_model.UserModelConfig):
         copy = path(run_dir, MODEL_SOURCE)
         if not (os.path.exists(copy) and filecmp.cmp(config.model.file, copy, shallow=False)):
@@ -69,6 +75,9 @@ def read_train_config(run_dir: str) -> config_lib.TrainConfig:
         FileNotFoundError: `run_dir` is not the output directory of `fullres train`.
         ValueError: `train_config.json` is damaged (`damage`: the sentence names it and the fix).
     """
+    from trainer import config as config_lib
+    from trainer.models import user_model
+
     file_path = path(run_dir, TRAIN_CONFIG)
     if not os.path.exists(file_path):
         raise FileNotFoundError(f"{run_dir} has no {TRAIN_CONFIG}; pass the output directory of `fullres train`.")
@@ -120,6 +129,17 @@ def _damaged(file_path: str, problem: str, to: str) -> str:
     return (f"{file_path} is damaged ({problem}; {size} bytes), so fullres cannot {to}; fullres writes it whole, "
             "so a copy of the run was cut short or the file was changed since: copy train_config.json again from "
             "where the run came from (or a backup), or train again into a new --output.")
+
+
+def not_a_run(run_dir: str) -> str | None:
+    """The sentence refusing `run_dir` as a trained run (`model_info.json` or `model.keras` missing), or None.
+
+    Cheap on purpose (no Keras, no JAX): `fullres predict` asks it before its heavy imports.
+    """
+    if all(os.path.isfile(path(run_dir, name)) for name in (MODEL_INFO, MODEL)):
+        return None
+    return (f"--model {run_dir} is not a fullres run (it lacks {MODEL_INFO} or {MODEL}); "
+            "pass the output directory of `fullres train`.")
 
 
 def write_model_info(run_dir: str, task: str, image_shape, class_names: list[str] | None,

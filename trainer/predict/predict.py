@@ -47,9 +47,9 @@ def checked_model_info(model_dir: str) -> dict:
         ModelRefused: `model_dir` is not a fullres run, is not a segmentation
             model, or was trained before runs recorded their preprocessing.
     """
-    if not all(os.path.isfile(run_files.path(model_dir, name)) for name in (run_files.MODEL_INFO, run_files.MODEL)):
-        raise ModelRefused(f"--model {model_dir} is not a fullres run (it lacks model_info.json or model.keras); "
-                           "pass the output directory of `fullres train`.")
+    refusal = run_files.not_a_run(model_dir)
+    if refusal is not None:
+        raise ModelRefused(refusal)
     try:
         info = trained_run.read_info(model_dir)
     except ValueError as error:  # "model_info.json cannot be read (...)"
