@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shutil
-
 from typing import TYPE_CHECKING
 
 from common import file_writes, output_guard

@@ -17,6 +17,7 @@ only, as the plain UNet does.
 from __future__ import annotations
 
 import functools
+
 import jax
 import keras
 

@@ -35,8 +35,11 @@ class FlatGlorotUniform(keras.initializers.GlorotUniform):
 
     def __call__(self, shape, dtype=None):
         shape = tuple(int(n) for n in shape)
-        receptive = math.prod(shape[:-2]) if len(shape) > 2 else 1
-        fan_in, fan_out = (shape[-2] * receptive, shape[-1] * receptive) if len(shape) >= 2 else (shape or (1,)) * 2
+        if len(shape) >= 2:  # a kernel (..., inputs, outputs), as Keras counts its fans
+            receptive = math.prod(shape[:-2])
+            fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
+        else:
+            fan_in = fan_out = shape[0] if shape else 1
         limit = math.sqrt(3.0 * self.scale / max(1.0, (fan_in + fan_out) / 2.0))
         flat = keras.random.uniform((math.prod(shape),), minval=-limit, maxval=limit, dtype=dtype, seed=self.seed)
         return keras.ops.reshape(flat, shape)
@@ -81,8 +84,8 @@ class ConvBlock(keras.layers.Layer):
         self.remat = remat
         self.steps = []
         for i in (1, 2):
-            self.steps.append(conv_layer(spatial_dims, filters, 3, padding="same", use_bias=normalization == "none", name=f"conv{i}",
-                                   dtype=self.dtype_policy))
+            self.steps.append(conv_layer(spatial_dims, filters, 3, padding="same", use_bias=normalization == "none",
+                                         name=f"conv{i}", dtype=self.dtype_policy))
             norm = normalization_layer(normalization, f"norm{i}", self.dtype_policy)
             if norm is not None:
                 self.steps.append(norm)

@@ -197,8 +197,12 @@ class RunTogether:
         """Hands over `compiled`, this function already compiled for `args` (`jax.ShapeDtypeStruct`s will do), for
         the first call with those shapes to run instead of compiling it again. Process 0 would read it back from
         JAX's persistent cache; the others neither write nor read that cache, so without this they compiled the
-        training step twice (once for the gather check)."""
-        self._primed[_shapes_key(args)] = compiled
+        training step twice (once for the gather check). In one process it keeps nothing: the jitted function is
+        called there, and holding a second executable would only take memory."""
+        import jax
+
+        if jax.process_count() > 1:
+            self._primed[_shapes_key(args)] = compiled
 
 
 def _shapes_key(args) -> tuple:
