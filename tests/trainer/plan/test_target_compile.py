@@ -8,7 +8,9 @@ the GPU path is checked up to its install sentence.
 
 A tiny UNet (2 levels, 4 filters, 16³) keeps a TPU compile to seconds on 2
 cores; the over-budget layout is the same net at 256³, which the TPU compiler
-refuses within a second of lowering.
+refuses within a second of lowering. The figures the TPU compiler gives for the
+16³ layout that fits are judged in test_target_plan_submit.py, whose plan
+compiles that program (about 30 s here; once for both).
 """
 
 import os
@@ -27,21 +29,6 @@ def _tiny(size: int, dims: str = "1,4,1,1,1"):
     config = compiled_step.plan_config("unet3d", "smoke", {"partition.input_partition_dims": dims})
     assert (config.model.num_levels, config.model.base_filters) == (2, 4)
     return config, compiled_step.example_shape(config, (size,) * 3)
-
-
-@pytest.fixture(scope="module")
-def cpu_row():
-    return layout_search.compile_layout(*_tiny(16), targets.parse("cpu"))
-
-
-def test_a_tpu_slice_reports_the_tpu_compilers_memory(cpu_row):
-    row = layout_search.compile_layout(*_tiny(16), targets.parse("v5e:2x2"))
-    assert isinstance(row, layout_search.PlanRow) and row.fits
-    assert row.total_bytes != cpu_row.total_bytes
-    # TPUs tile the two minor dimensions of every array by (8, 128): the 4-channel weights and their optimizer
-    # slots are padded toward 128 lanes, so the TPU holds many times the CPU's argument bytes.
-    assert row.argument_bytes > 4 * cpu_row.argument_bytes
-    assert row.activation_all_gathers == 0 and row.halo_bytes > 0  # halo exchange, and nothing gathered
 
 
 def test_a_layout_over_the_tpus_memory_is_a_needs_x_of_y_row():

@@ -1,6 +1,7 @@
 """`fullres plan --target v5e:2x2 --json` end to end: the TPU compiler's figures, cached for the next plan, with a
 roofline estimate, and the launch parameters `fullres pipeline submit --plan` sends to Vertex AI (a local endpoint
-speaking its REST protocol). The tiny UNet (2 levels, 4 filters, 16³) keeps the TPU compile to seconds.
+speaking its REST protocol). The tiny UNet (2 levels, 4 filters, 16³) keeps the TPU compile to seconds; it is the
+target tier's one compile of that program, so the TPU compiler's own memory figures are judged here too.
 """
 
 import json
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from tests.pipelines.test_vertex import vertex  # noqa: F401  (the local Vertex AI endpoint, a fixture)
+from trainer.plan import compiled_step, layout_search, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.target]
 
@@ -37,6 +39,13 @@ def test_a_tpu_plan_is_cached_estimated_and_submitted_as_planned(tmp_path, verte
     assert {k: v for k, v in cached.items() if k not in ("cached", "compile_seconds")} == \
         {k: v for k, v in row.items() if k not in ("cached", "compile_seconds")}
     assert row["total_bytes"] != row["cpu_total_bytes"]  # the TPU compiler's figure, the CPU's beside it
+    # TPUs tile the two minor dimensions of every array by (8, 128): the 4-channel weights and their optimizer
+    # slots are padded toward 128 lanes, so the TPU holds many times the CPU's argument bytes.
+    config = compiled_step.plan_config("unet3d", "smoke", {"partition.input_partition_dims": "1,4,1,1,1"})
+    cpu_row = layout_search.compile_layout(config, compiled_step.example_shape(config, (16,) * 3),
+                                           targets.parse("cpu"))
+    assert row["argument_bytes"] > 4 * cpu_row.argument_bytes
+    assert row["activation_all_gathers"] == 0 and row["halo_bytes"] > 0  # halo exchange, and nothing gathered
     assert row["flops"] > 0 and row["compiler_seconds"] > 0  # the TPU compiler's own cost analysis
     assert row["estimate"]["counts_from"] == "target compiler" and row["estimate"]["seconds"] > 0
     launch = planned["launch"]
