@@ -5,7 +5,11 @@ the trainer needs JAX, so choose it here too in case preprocessing is imported
 first in a process that also trains.
 """
 
+import atexit
+import gc
 import os
+
+atexit.register(gc.freeze)  # the process ends without a last walk over every object: trainer/__init__.py, "Exit"
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
