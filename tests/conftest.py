@@ -26,9 +26,10 @@ import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow 
 # number of tests in a file, left one worker idle for the last minutes. Files not listed keep their order.
 LONGEST_FIRST = (
     # The target tier (its own session, `-m target`).
-    "tests/trainer/plan/test_target_plan_submit.py",  # ~90 s: a TPU plan, cached, estimated and submitted
-    "tests/trainer/plan/test_target_compile.py",
-    "tests/trainer/plan/test_target_search.py",
+    "tests/trainer/plan/test_target_plan_submit.py",  # ~75 s: a TPU plan, cached, estimated and submitted
+    "tests/trainer/plan/test_target_user_network.py",  # ~40 s: a user's network's TPU plan
+    "tests/trainer/plan/test_target_search.py",  # ~50 s: three GPU compiles, a refusal
+    "tests/trainer/plan/test_target_compile.py",  # ~30 s: a refusal, the install sentences
     # The suite.
     "tests/trainer/parallel/test_multiprocess.py",  # ~190 s: 2-process runs, kills and reruns
     "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
