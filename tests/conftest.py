@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 # fullres's own packages, compiled to bytecode before the workers start. Where PYTHONDONTWRITEBYTECODE is set (this
 # project's CI machine sets it) nothing writes their bytecode, and every Python process the suite starts (several
-# hundred: each command, pipeline step and Beam worker) compiled the ~230 modules it imports from source again:
+# hundred: each command, pipeline step and Beam worker) compiled those of the ~230 it imports from source again:
 # importing the trainer, predict, the CLI, the CT pipeline and the components took 7.3-7.8 s without, 6.4 s with
 # (measured 2026-11-26). Dependencies are compiled at install (pyproject's compile-bytecode); fullres itself is
 # installed editable, from these folders. The files go to the folders' __pycache__ (git ignores them); Python
