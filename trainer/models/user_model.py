@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib.machinery
 import importlib.util
 import inspect
 import math
@@ -153,6 +154,16 @@ def _digest(path: str) -> str:
         return hashlib.sha256(file.read()).hexdigest()
 
 
+
+class _LeaveNoBytecode(importlib.machinery.SourceFileLoader):
+    """Imports the user's file without writing `__pycache__/` beside it, as Python's own loader would wherever
+    bytecode may be written: in the user's folder, or in a run folder (its copy, `model_source.py`). The file is
+    compiled from its source each time; it is one small module."""
+
+    def set_data(self, path, data, *, _mode=0o666):
+        pass
+
+
 def load_function(file: str, function: str):
     """The function `function` of the Python file `file`, imported under a name of its own (once per file text).
 
@@ -170,7 +181,7 @@ def load_function(file: str, function: str):
     module = _MODULES.get((path, digest))
     if module is None:
         name = f"fullres_user_model_{digest[:16]}"  # unique: never shadows a module of the user's or of fullres
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(name, path, loader=_LeaveNoBytecode(name, path))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and pickling look a class's module up by its name
         try:

@@ -68,6 +68,14 @@ def test_the_file_is_imported_under_a_name_of_its_own(tmp_path):
         f"fullres_user_model_{user_model._digest(file)[:16]}"]
 
 
+def test_importing_the_users_file_writes_nothing_beside_it(tmp_path, monkeypatch):
+    """Where bytecode may be written (most machines), Python's loader would leave `__pycache__/` in the user's folder."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    file = _write(tmp_path, "net_pyc.py", TINY.format(stride=2))
+    assert user_model.build(user_model.UserModelConfig(file, "build")).output_shape == (None, None, None, None, 3)
+    assert sorted(os.listdir(tmp_path)) == ["net_pyc.py"]
+
+
 @pytest.mark.parametrize("stride, levels", [(2, (1, 1, 1)), (4, (2, 2, 2))])
 def test_downsampling_is_measured_from_the_traced_network(tmp_path, stride, levels):
     file = _write(tmp_path, f"net{stride}.py", TINY.format(stride=stride))
