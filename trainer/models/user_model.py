@@ -154,7 +154,6 @@ def _digest(path: str) -> str:
         return hashlib.sha256(file.read()).hexdigest()
 
 
-
 class _LeaveNoBytecode(importlib.machinery.SourceFileLoader):
     """Imports the user's file without writing `__pycache__/` beside it, as Python's own loader would wherever
     bytecode may be written: in the user's folder, or in a run folder (its copy, `model_source.py`). The file is
