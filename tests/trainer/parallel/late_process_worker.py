@@ -4,7 +4,9 @@ Two processes with two CPU devices each. Process 1 comes `DELAY_SECONDS` late,
 as a process does that compiles on a loaded host, twice: to placing a state on
 the mesh (JAX checks with a collective between the processes' first devices
 that both put the same values) and to a sum over all four devices (a program
-whose collective spans a new set of devices). Prints the sum.
+whose collective spans a new set of devices). Prints the sum. Then process 1
+compiles a program that only it runs (`written_by_process_1`), for the test
+that every process of a CPU run writes the compilation cache.
 """
 
 import os
@@ -38,6 +40,12 @@ def main(address: str, process_id: int, delay: float) -> None:
     if process_id == 1:
         time.sleep(delay)
     print(f"sum {float(total(values))}, state {state.trainable[0].sharding.is_fully_replicated}", flush=True)
+    if process_id == 1:  # a program only this process compiles, on its own device: process 0 cannot write it
+        def written_by_process_1(x):
+            return jnp.cos(x) * 3 + 1
+
+        print(f"process 1 alone: {float(jax.jit(written_by_process_1)(np.ones(3, np.float32)).sum()):.3f}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -97,16 +97,25 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
                 np.testing.assert_array_equal(label, full_label[list(share.rows), start:stop])
 
 
+class _LateProcesses(list):
+    """The late-process test's two processes, and (`cache`) their compilation cache folder."""
+
+
 @pytest.fixture(scope="module")
-def late_processes():
+def late_processes(tmp_path_factory):
     """The two processes of the late-process test, started by the file's first multi-process test and judged by its
-    last: process 1 sleeps 2 × 40 s and process 0 waits for it, so they run beside the training runs in between
-    instead of holding the test worker for 80 s (they need almost no CPU)."""
+    last two: process 1 sleeps 2 × 40 s and process 0 waits for it, so they run beside the training runs in between
+    instead of holding the test worker for 80 s (they need almost no CPU). Their compilation cache is a folder of
+    their own (`processes.cache`), where every program is written, however fast it compiled."""
     address = f"localhost:{local_launcher.free_port()}"
     script = os.path.join(REPOSITORY, "tests", "trainer", "parallel", "late_process_worker.py")
-    processes = [subprocess.Popen([sys.executable, script, address, str(i), "40"], env=_environment(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPOSITORY)
-                 for i in range(2)]
+    environment = _environment()
+    cache = tmp_path_factory.mktemp("late_processes_cache")
+    environment.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    processes = _LateProcesses(subprocess.Popen([sys.executable, script, address, str(i), "40"], env=environment,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                cwd=REPOSITORY) for i in range(2))
+    processes.cache = cache
     yield processes
     for process in processes:
         if process.poll() is None:
@@ -340,3 +349,15 @@ def test_a_process_late_to_its_first_collectives_by_more_than_gloos_30_s_is_wait
     outputs = [p.communicate(timeout=300)[0] for p in late_processes]
     assert [p.returncode for p in late_processes] == [0, 0], _tails(outputs)
     assert all("sum 6.0, state True" in output for output in outputs), _tails(outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_every_process_of_a_cpu_run_writes_its_programs_to_the_compilation_cache(late_processes):
+    """JAX writes the cache from process 0 only, and a CPU program's key holds its process's own topology, so
+    without fullres's change process 1 compiled every program again in every run (`distributed.initialize`)."""
+    for process in late_processes:
+        process.wait(timeout=300)
+    assert [p.returncode for p in late_processes] == [0, 0]
+    written = {name.rsplit("-", 2)[0] for name in os.listdir(late_processes.cache) if name.endswith("-cache")}
+    assert "jit_written_by_process_1" in written, sorted(written)
