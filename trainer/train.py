@@ -173,9 +173,10 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
-    # Measured on the network as built, by every process alike (no process waits on another's measurement).
-    field = task.receptive_field(model)
-    if field is not None and jax.process_index() == 0:
+    # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
+    # the others go on to the gather check, and the barrier before placing the state waits for this one.
+    field = task.receptive_field(model) if jax.process_index() == 0 else None
+    if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.

@@ -3,14 +3,12 @@
 import json
 
 import jax
-import keras
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import config as config_lib
-from trainer.tasks import registry
-from trainer.engine import placement, program
+from trainer.engine import placement
 from trainer.models import retinanet
 from trainer.parallel import partitioning
 from trainer.plan import compiled_step
@@ -30,15 +28,15 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     # No warm-up: the first step's learning rate would be 0 and the weights would not move.
     config = config_lib.detection(model=SMALL, image_size=SIZE, batch_size=1, warmup_steps=0,
                                   partition=partitioning.PartitionConfig(DIMS))
-    compiled, distribution = compiled_step.compile_step(config, compiled_step.example_shape(config, SIZE), devices)
+    # The step as `compile_step` compiles it, from a builder whose model and optimizer (built as training builds
+    # them, the optimizer on the learning-rate schedule) give the step its state: one RetinaNet build, not two.
+    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, SIZE))
+    compiled, distribution = builder.compile(DIMS, devices)
     memory = compiled.memory_analysis()
     # fullres's own detector passes the check training makes of every network: no activation all-gathered.
     assert compiled_step.communication(compiled.as_text(), replica_batch=1)[0] == []
 
-    keras.utils.set_random_seed(0)
-    with distribution.scope():  # the state as training builds it (the optimizer follows the learning-rate schedule)
-        _, _, _, state = program.build_model(config, registry.make_task(config), config.steps)
-        state = placement.place_state(state, distribution)
+    state = placement.place_state(placement.initial_state(builder.model, builder.optimizer), distribution)
     before = [np.asarray(w) for w in state.trainable[:3]]
     rng = np.random.default_rng(0)
     images = rng.uniform(size=(1, *SIZE, 3)).astype(np.float32)

@@ -152,8 +152,9 @@ def step_gathers(train_step, task, state, distribution: partitioning.SpatialPara
 
     Training asks this before its first step, and passes `keep` (`distributed.RunTogether.prime`), which gets the
     compiled step and its arguments' shapes: the first step then runs it rather than compiling it again. (In one
-    process JAX's persistent compilation cache, `trainer/__init__.py`, would read it back; in several, only
-    process 0 writes and reads that cache.)
+    process JAX's persistent compilation cache, `trainer/__init__.py`, would read it back; in several, a process
+    reads only what was written under its own key, and JAX writes from process 0 alone except on CPU, where fullres
+    lets every process write: `distributed._cache_cpu_programs_of_every_process`.)
     """
     arguments = step_arguments(task, state, distribution, image_shape)
     lowered = train_step.lower(*arguments)
