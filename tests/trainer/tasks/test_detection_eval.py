@@ -55,3 +55,51 @@ def test_no_detections_score_zero():
     silent = {k: (np.full_like(v, -10.0) if k.startswith("classes") else v) for k, v in outputs.items()}
     _, metrics = _evaluate(silent)
     assert metrics["mAP"] == 0.0
+
+
+@pytest.mark.slow
+def test_nms_among_the_candidates_finds_what_nms_among_all_boxes_finds():
+    """`decode_detections` hands KerasHub's NMS only the boxes above the confidence threshold (whole tiles of
+    them): the same detections, in the same order, as NMS over every anchor (what it ran before), on images with
+    many boxes above the threshold, a few, and none; scores come in steps of 0.5 logits, so many tie."""
+    import keras
+    from keras_hub.layers import NonMaxSuppression
+
+    rng = np.random.default_rng(5)
+    strides = range(CONFIG.min_level, CONFIG.max_level + 1)
+    anchors_count = sum((SIZE[0] >> level) * (SIZE[1] >> level) for level in strides) * CONFIG.anchors_per_position
+    above = {0: 560, 1: 30, 2: 0}  # boxes per image above the threshold
+    logits = np.full((3, anchors_count, CONFIG.num_classes), -6.0, np.float32)
+    for image, count in above.items():  # image 0's: 560 of the 576 finest anchors of its top quarter, overlapping
+        chosen = rng.choice(576 if image == 0 else anchors_count, count, replace=False)
+        logits[image, chosen, rng.integers(0, CONFIG.num_classes, count)] = np.round(rng.uniform(-2, 3, count) * 2) / 2
+    outputs, start = {}, 0
+    for name, level in zip(CONFIG.levels, strides):
+        height, width = SIZE[0] >> level, SIZE[1] >> level
+        count = height * width * CONFIG.anchors_per_position
+        outputs[f"classes/{name}"] = logits[:, start:start + count].reshape(3, height, width, -1)
+        outputs[f"boxes/{name}"] = rng.normal(0, 0.1, (3, height, width, CONFIG.anchors_per_position * 4)).astype(
+            np.float32)
+        start += count
+
+    found = detection_eval.decode_detections(outputs, SIZE, CONFIG, confidence_threshold=0.05)
+
+    deltas, flat_logits = detection_eval.flatten_levels(outputs, CONFIG)
+    np.testing.assert_array_equal(flat_logits, logits)
+    generator, _ = retinanet.anchor_tools(CONFIG)
+    boxes = keras.utils.bounding_boxes.decode_deltas_to_boxes(
+        anchors=keras.ops.concatenate(list(generator(np.zeros((*SIZE, 3), np.float32)).values()), axis=0),
+        boxes_delta=deltas, encoded_format="center_xywh", anchor_format="yxyx", box_format="yxyx",
+        variance=list(CONFIG.box_variance), image_shape=(*SIZE, 3))
+    every = NonMaxSuppression(bounding_box_format="yxyx", from_logits=True, iou_threshold=0.5,
+                              confidence_threshold=0.05, max_detections=100)(boxes, logits)
+    np.testing.assert_array_equal(found["num_detections"], np.asarray(every["num_detections"]))
+    np.testing.assert_array_equal(found["boxes"], np.asarray(every["boxes"]))
+    np.testing.assert_array_equal(found["confidence"], np.asarray(every["confidence"]))
+    np.testing.assert_array_equal(found["classes"], np.asarray(every["labels"]))
+    # NMS kept some of each image's boxes and dropped most of the busiest one's; the candidates are two tiles (560
+    # rounded up) of the 3,024 anchors.
+    assert 30 < found["num_detections"][0] < 100 and 0 < found["num_detections"][1] <= 30
+    assert found["num_detections"][2] == 0
+    assert detection_eval.candidates(np.asarray(boxes), logits, 0.05)[0].shape == (3, detection_eval.NMS_TILE * 2, 4)
+    assert anchors_count == 3024
