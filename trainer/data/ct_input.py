@@ -186,23 +186,49 @@ def choose_cache(mode: str, needed: int, available: int | None) -> tuple[bool, s
 
 
 class _Cache:
-    """This process's share of each example, decoded, kept once read: int16 image, uint8 label per index."""
+    """This process's share of each example, decoded, kept once read: int16 image, uint8 label per index.
+
+    Reading threads fill it: each depth is read by one thread only; a thread that needs depths another is reading
+    waits for them, and takes them over if that read fails.
+    """
 
     def __init__(self, depth: int, plane: tuple[int, int]):
         self._shape = (depth, *plane)
-        self._entries: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._lock = threading.Lock()
+        self._entries: dict[int, tuple[np.ndarray, ...]] = {}
+        self._changed = threading.Condition()
 
-    def entry(self, index: int):
-        """(image, label, filled) of `index`, made empty on first use; `filled[d]` once depth d is in."""
+    def fill(self, index: int, low: int, high: int, read: Callable[[int, int, np.ndarray, np.ndarray], None]):
+        """(image, label) of `index` with depths [low, high) in, `read(low, high, image, label)` called for those
+        missing that no other thread is reading."""
         entry = self._entries.get(index)
         if entry is None:
-            with self._lock:
-                entry = self._entries.get(index)
-                if entry is None:
-                    entry = self._entries[index] = (np.empty(self._shape, np.int16), np.empty(self._shape, np.uint8),
-                                                    np.zeros(self._shape[0], bool))
-        return entry
+            with self._changed:
+                entry = self._entries.setdefault(index, (
+                    np.empty(self._shape, np.int16), np.empty(self._shape, np.uint8),
+                    np.zeros(self._shape[0], bool), np.zeros(self._shape[0], bool)))  # image, label, filled, claimed
+        image, label, filled, claimed = entry
+        while not filled[low:high].all():
+            with self._changed:
+                mine = ~filled[low:high] & ~claimed[low:high]
+                if not mine.any():
+                    self._changed.wait()
+                    continue
+                claimed[low:high] |= mine
+            depths = np.flatnonzero(mine) + low
+            runs = np.split(depths, np.flatnonzero(np.diff(depths) > 1) + 1)  # contiguous depth ranges
+            try:
+                for run in runs:
+                    first, last = int(run[0]), int(run[-1]) + 1
+                    read(first, last, image[first:last], label[first:last])
+            except BaseException:
+                with self._changed:
+                    claimed[low:high] &= ~mine
+                    self._changed.notify_all()
+                raise
+            with self._changed:
+                filled[low:high] |= mine
+                self._changed.notify_all()
+        return image, label
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -333,12 +359,12 @@ class CtBatches:
             self.records.read(index, first, last, whole_image, whole_label)
             image[...], label[...] = whole_image[(slice(None), *plane)], whole_label[(slice(None), *plane)]
             return
-        cached_image, cached_label, filled = self._cache.entry(index)
         low_cached, high_cached = first - self._cached[0], last - self._cached[0]
-        if not filled[low_cached:high_cached].all():
-            self.records.read(index, first, last, cached_image[low_cached:high_cached],
-                              cached_label[low_cached:high_cached])
-            filled[low_cached:high_cached] = True
+        offset = self._cached[0]
+        cached_image, cached_label = self._cache.fill(
+            index, low_cached, high_cached,
+            lambda low, high, into_image, into_label: self.records.read(index, low + offset, high + offset,
+                                                                        into_image, into_label))
         image[...] = cached_image[(slice(low_cached, high_cached), *plane)]
         label[...] = cached_label[(slice(low_cached, high_cached), *plane)]
 

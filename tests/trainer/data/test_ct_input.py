@@ -1,5 +1,9 @@
 """The CT input: the order is the seed's alone, a share is a slice of the whole, the cache changes nothing but speed."""
 
+import concurrent.futures
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -73,6 +77,43 @@ def test_the_cache_is_filled_once_and_then_read(records, monkeypatch):
     for a, b in zip(taken, uncached):
         assert a[0] == b[0]
         np.testing.assert_array_equal(a[1], b[1])
+
+
+def _fill_from_two_threads(fails: bool):
+    """Thread one fills depths 0-4 of example 0 (its read failing if `fails`); thread two needs 1-3 meanwhile."""
+    cache = ct_input._Cache(4, (2, 2))
+    reads, reading, go = [], threading.Event(), threading.Event()
+
+    def read(low, high, image, label):
+        reads.append((low, high))
+        if len(reads) == 1:
+            reading.set()
+            assert go.wait(10)
+            if fails:
+                raise OSError("disk gone")
+        image[...], label[...] = 7, 1
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(cache.fill, 0, 0, 4, read)
+        assert reading.wait(10)
+        second = pool.submit(cache.fill, 0, 1, 3, read)
+        time.sleep(0.2)  # the second thread finds depths 1-3 being read
+        go.set()
+        image, label = second.result(10)
+    assert (image[1:3] == 7).all() and (label[1:3] == 1).all()
+    return reads, first
+
+
+def test_depths_another_thread_is_reading_are_waited_for_not_read_again():
+    reads, first = _fill_from_two_threads(fails=False)
+    assert reads == [(0, 4)] and (first.result()[0] == 7).all()
+
+
+def test_depths_whose_read_failed_are_read_by_the_thread_that_waited():
+    reads, first = _fill_from_two_threads(fails=True)
+    assert reads == [(0, 4), (1, 3)]
+    with pytest.raises(OSError, match="disk gone"):
+        first.result()
 
 
 def test_released_buffers_are_reused_not_reallocated(records, monkeypatch):
