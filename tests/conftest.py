@@ -7,11 +7,15 @@ accelerators"); nothing skips for lack of devices.
 import os
 import sys
 
-# pytest keeps its assertion-rewritten test modules in __pycache__ only where bytecode may be written; this project's
-# CI machine sets PYTHONDONTWRITEBYTECODE, so every worker rewrote and compiled every test file on every run
-# (collecting the fast tier: 14.6-16.5 s, 12.2-14.0 s with the rewritten files kept; measured 2026-11-26). In the test
-# processes only: the commands they start keep the environment's setting (and read the bytecode compiled below).
+# Bytecode is written where Python writes it by default, by the processes that import a module first. This
+# project's CI machine sets PYTHONDONTWRITEBYTECODE, so pytest rewrote and compiled every test file in every worker
+# (collecting the fast tier: 14.6-16.5 s, 12.2-14.0 s with the rewritten files kept; measured 2026-11-26), and every
+# command a test starts compiled TensorFlow, JAX and Keras from source (`import tensorflow` 13.9 s of CPU, 5.0 s from
+# bytecode). The README's test command no longer writes the environment's bytecode at install
+# (`uv run --no-compile-bytecode`: 18,669 files, 41 s of its set-up, when the suite's processes import ~6,700):
+# the test processes and the commands they start write what they import, once.
 sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 os.environ["XLA_FLAGS"] = " ".join(
     [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
@@ -32,11 +36,15 @@ import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow 
 # start first and the short files fill in around them (longest-processing-time-first); xdist's own order, by the
 # number of tests in a file, left one worker idle for the last minutes. Files not listed keep their order.
 LONGEST_FIRST = (
-    # The target tier (its own session, `-m target tests/trainer/plan`).
-    "tests/trainer/plan/test_target_plan_submit.py",  # ~75 s: a TPU plan, cached, estimated and submitted
-    "tests/trainer/plan/test_target_user_network.py",  # ~40 s: a user's network's TPU plan
-    "tests/trainer/plan/test_target_search.py",  # ~50 s: three GPU compiles, a refusal
-    "tests/trainer/plan/test_target_compile.py",  # ~30 s: a refusal, the install sentences
+    # The target tier (its own session, `-m target tests/trainer/plan`), paired for xdist: a worker whose file has
+    # 2 tests or fewer left takes the next file at once, so the one-test TPU plan (74 s) and the one-test user's
+    # network (44 s) went to one worker together (131 s for the tier, the other worker idle for 40 s). In this
+    # order each worker's first file leads: search then the user's network (~96 s), the plan then the compile
+    # files (~99 s).
+    "tests/trainer/plan/test_target_search.py",  # ~52 s, 4 tests: three GPU compiles, a refusal
+    "tests/trainer/plan/test_target_plan_submit.py",  # ~74 s, 1 test: a TPU plan, cached, estimated and submitted
+    "tests/trainer/plan/test_target_compile.py",  # ~25 s, 4 tests: a refusal, the install sentences
+    "tests/trainer/plan/test_target_user_network.py",  # ~44 s, 1 test: a user's network's TPU plan
     # The suite.
     "tests/trainer/parallel/test_multiprocess.py",  # ~190 s: 2-process runs, kills and reruns
     "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
