@@ -186,11 +186,8 @@ def choose_cache(mode: str, needed: int, available: int | None) -> tuple[bool, s
 
 
 class _Cache:
-    """This process's share of each example, decoded, kept once read: int16 image, uint8 label per index.
-
-    Reading threads fill it: each depth is read by one thread only; a thread that needs depths another is reading
-    waits for them, and takes them over if that read fails.
-    """
+    """This process's share of each example, decoded, kept once read: int16 image, uint8 label per index. Each depth
+    is read by one thread; a thread needing depths another is reading waits, and reads them if that read fails."""
 
     def __init__(self, depth: int, plane: tuple[int, int]):
         self._shape = (depth, *plane)
@@ -215,11 +212,9 @@ class _Cache:
                     continue
                 claimed[low:high] |= mine
             depths = np.flatnonzero(mine) + low
-            runs = np.split(depths, np.flatnonzero(np.diff(depths) > 1) + 1)  # contiguous depth ranges
             try:
-                for run in runs:
-                    first, last = int(run[0]), int(run[-1]) + 1
-                    read(first, last, image[first:last], label[first:last])
+                for run in np.split(depths, np.flatnonzero(np.diff(depths) > 1) + 1):  # contiguous depth ranges
+                    read(int(run[0]), int(run[-1]) + 1, image[run[0]:run[-1] + 1], label[run[0]:run[-1] + 1])
             except BaseException:
                 with self._changed:
                     claimed[low:high] &= ~mine
@@ -229,9 +224,6 @@ class _Cache:
                 filled[low:high] |= mine
                 self._changed.notify_all()
         return image, label
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
