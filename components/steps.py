@@ -38,6 +38,9 @@ def preprocess_ct(
     With `pseudonymize`, case ids are keyed hashes; the key and the mapping back lie beside the dataset artifact
     (`DATASET.pseudonym-key`, `DATASET.pseudonyms.json`), never inside it.
     """
+    from common import startup
+
+    startup.collect_after_imports()  # before the heavy imports below
     from common import identifiers
     from components import runtime
     from preprocessing.beam import ct_pipeline
@@ -63,6 +66,9 @@ def preprocess_images(
     max_failed_fraction: float = 0.1,
 ):
     """Images with COCO JSON or VOC XML boxes to TF Object Detection API TFRecords with Beam."""
+    from common import startup
+
+    startup.collect_after_imports()  # before the heavy imports below
     from components import runtime
     from preprocessing.beam import images_pipeline
 
@@ -101,6 +107,9 @@ def train(
     start `jax.distributed` first; only the first process writes the outputs.
     A preempted run (SIGTERM) checkpoints and exits with status 75; rerun, it resumes.
     """
+    from common import startup
+
+    startup.collect_after_imports()  # before the heavy imports below
     from components import runtime
     from trainer.parallel import distributed
 
@@ -133,6 +142,9 @@ def evaluate(
     """Scores the model on held-out data at full resolution (Dice or COCO mAP) and writes the HTML report.
 
     With `pseudonymize`, the report shows no case id that is not a pseudonym."""
+    from common import startup
+
+    startup.collect_after_imports()  # before the heavy imports below
     from common import parsing
     from components import runtime
     from trainer import evaluate as evaluate_lib
@@ -147,6 +159,9 @@ def evaluate(
 
 def export(model: Input[Model], exported: Output[Model]):
     """The trained model as a TensorFlow SavedModel (serving signature `serve`) and a Keras file."""
+    from common import startup
+
+    startup.collect_after_imports()  # before the heavy imports below
     from trainer import export as export_lib
 
     paths = export_lib.export_trained(model.path, exported.path)
@@ -170,6 +185,9 @@ def predict(
     each input's own format. With `pseudonymize`, cases are named by keyed hashes (no DICOM SEG), the key and
     the mapping back beside the masks artifact (`MASKS.pseudonym-key`, `MASKS.pseudonyms.json`).
     """
+    from common import startup
+
+    startup.collect_after_imports()  # before the heavy imports below
     from components import runtime
     from trainer.parallel import partitioning
     from trainer.predict import predict as predict_lib

@@ -343,6 +343,9 @@ def image_base(
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (`fullres`)."""
+    from common import startup
+
+    startup.collect_after_imports()  # the command imports its libraries when it runs
     app(args=argv, prog_name="fullres")
 
 

@@ -17,6 +17,10 @@ import sys
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+from common import startup  # noqa: E402
+
+startup.collect_after_imports()  # as every fullres command does: each worker imports every test module's libraries
+
 os.environ["XLA_FLAGS"] = " ".join(
     [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
     + ["--xla_force_host_platform_device_count=8"]

@@ -8,7 +8,9 @@ process this way.
 
 import sys
 
+from common import startup
 from trainer import cli
 
 if __name__ == "__main__":
+    startup.collect_after_imports()  # the command imports its libraries when it runs
     cli.main(sys.argv[1:])
