@@ -35,7 +35,7 @@ import numpy as np
 from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
-from trainer.engine import checkpoints, placement, program, run_files
+from trainer.engine import checkpoints, placement, program, run_files, scalars
 from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
@@ -120,12 +120,8 @@ class _Run:
 
 def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool) -> dict:
     """`train`, once the output directory is known to be safe and this process holds it."""
-    import tensorflow as tf
-
-    ct_input.hide_accelerators_from_tensorflow()
     run = _set_up(config, log)
-    writer = (tf.summary.create_file_writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief
-              else None)
+    writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief else None
     try:
         train_seconds = _loop(run, writer, log)
         return _finish(run, writer, train_seconds, export_saved_model, log)
@@ -134,10 +130,25 @@ def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_sa
             writer.close()
 
 
+def _seed(seed: int) -> None:
+    """`keras.utils.set_random_seed` but TensorFlow's: Python's, NumPy's and Keras's generators. Keras's would import
+    TensorFlow to seed it (4.6 CPU-s in every training process); detection's tf.data input, the one reader that
+    draws from it, seeds it with the same seed where it shuffles (`detection_input.record_stream`)."""
+    import random
+
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+    from keras.src.utils import rng_utils
+
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)  # made again from the seed
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     """Task, layout, mesh, model and the state to start from; the run's config files written (process 0)."""
     import jax
-    import keras
 
     task = registry.make_task(config)
     num_examples = task.num_examples()
@@ -170,7 +181,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     # again): one that compiled for longer (a layout search, a loaded host) would otherwise exceed gloo's
     # 30 s on CPUs.
     distributed.wait_for_the_others("model build")
-    keras.utils.set_random_seed(config.seed)
+    _seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
@@ -216,7 +227,6 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
         distributed.Preempted: at a preemption notice, after the checkpoint of the step every process reached.
     """
     import jax
-    import tensorflow as tf
 
     config, task, distribution, image_shape = run.config, run.task, run.distribution, run.image_shape
     train_step = run.train_step
@@ -266,11 +276,8 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
                 log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
                     f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
                 if writer is not None:
-                    with writer.as_default(step=done):
-                        tf.summary.scalar("loss", loss)
-                        tf.summary.scalar("learning_rate", learning_rate)
-                        tf.summary.scalar("grad_norm", float(step_metrics["grad_norm"]))
-                        tf.summary.scalar("input_wait_fraction", waited)
+                    writer.scalars(done, {"loss": loss, "learning_rate": learning_rate,
+                                          "grad_norm": float(step_metrics["grad_norm"]), "input_wait_fraction": waited})
             if preempted or done % config.checkpoint_every == 0 or done == run.total_steps:
                 if run.is_chief:
                     # History first: a run killed between the two resumes from the older checkpoint and drops the
@@ -328,7 +335,6 @@ class _Window:
 def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, log: Callable[[str], None]) -> dict:
     """Evaluation, the exported model and metrics.json (process 0); returns the metrics."""
     import jax
-    import tensorflow as tf
 
     config, task, history, mesh = run.config, run.task, run.history, run.distribution.device_mesh
     results = {
@@ -357,9 +363,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         scores = task.evaluate(run.model, run.state, run.distribution, log)
         results.update(scores)
         if writer is not None:
-            with writer.as_default(step=run.total_steps):
-                for name, value in task.headline(scores).items():
-                    tf.summary.scalar(name, value)
+            writer.scalars(run.total_steps, task.headline(scores))
     # Every process takes the weights to its host (replicated, so no communication); process 0 alone exports,
     # from a copy of the model outside the mesh: the mesh's model would run on every process's devices.
     host_state = jax.tree_util.tree_map(np.asarray, run.state)
@@ -368,6 +372,7 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
         optimizer = program.build_optimizer(config, run.schedule)
         placement.write_state_to_model(host_state, model, optimizer)
         if export_saved_model:
+            ct_input.hide_accelerators_from_tensorflow()  # TensorFlow's first use in a training process
             results["model"] = export.export_model(model, config.output_dir, run.image_shape)
         else:
             trained_run.save_model(model, run_files.path(config.output_dir, run_files.MODEL))

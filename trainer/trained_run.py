@@ -19,6 +19,7 @@ rebuilt model is the one the trainer compiled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import zipfile
@@ -71,8 +72,28 @@ def save_model(model, path: str) -> None:
     A save the disk cuts short (a full disk) removes its partial file and raises; Keras itself would leave
     a cut-short `model.keras` that predict and evaluate then fail to read.
     """
-    with file_writes.whole(path) as temporary:
+    with file_writes.whole(path) as temporary, _without_tensorflow_unless_imported():
         model.save(temporary)
+
+
+@contextlib.contextmanager
+def _without_tensorflow_unless_imported():
+    """Keras's serializer asks whether TensorFlow is installed (to recognize its `TensorShape`), which imports it:
+    4.6 CPU-s at the end of every training process. Where this process never imported TensorFlow, no object can
+    be TensorFlow's, so for the save Keras's answer is no."""
+    import sys
+
+    from keras.src.utils import module_utils
+
+    lazy = module_utils.tensorflow
+    unseen = "tensorflow" not in sys.modules and lazy.module is None and lazy._available is None
+    if unseen:
+        lazy._available = False
+    try:
+        yield
+    finally:
+        if unseen:
+            lazy._available = None
 
 
 def read_info(run_dir: str) -> dict:

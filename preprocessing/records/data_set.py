@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 
-from preprocessing.records import dataset_files, tfrecord_schema
+from preprocessing.records import dataset_files, example_layout, file_system, tfrecord_files, tfrecord_schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,17 +56,16 @@ class DataSet:
 
 def _first_record_kind(files: list[str]) -> str | None:
     """The kind of the first record in `files` (`tfrecord_schema.record_kind`); None when they hold no record."""
-    import tensorflow as tf
-    from google.protobuf import message
-
     for path in files:
         try:
-            for serialized in tf.data.TFRecordDataset(path, compression_type=dataset_files.compression([path])).take(1):
-                keys = tf.train.Example.FromString(serialized.numpy()).features.feature.keys()
-                return tfrecord_schema.record_kind(keys) or "unknown"
-        except (tf.errors.DataLossError, message.DecodeError):  # not TFRecords of Examples (other errors say their own)
+            record = tfrecord_files.first_record(path)
+            if record is None:
+                continue
+            keys = example_layout.layout(lambda offset, length, data=record: data[offset:offset + length], len(record))
+        except (tfrecord_files.RecordFileDamaged, example_layout.ExampleDamaged):  # not TFRecords of Examples
             raise ValueError(f"{path} is not a TFRecord file; name only the records a fullres conversion "
                              "wrote (its data-* files).") from None
+        return tfrecord_schema.record_kind(keys) or "unknown"
     return None
 
 
@@ -90,14 +89,12 @@ def resolve(value: str, flag: str = "--train") -> DataSet:
         ValueError: a matched file is not a record of its data set, or two data
             sets differ (the message names both).
     """
-    import tensorflow as tf
-
     files = dataset_files.record_files(value)
     if not files:
-        if tf.io.gfile.isdir(value) and dataset_files.read_json(os.path.join(value, dataset_files.SUMMARY)) is not None:
+        if file_system.isdir(value) and dataset_files.read_json(os.path.join(value, dataset_files.SUMMARY)) is not None:
             raise FileNotFoundError(f"{flag} {value} holds no records (its {dataset_files.SUMMARY} lists no shards: "
                                     "every case failed); see its dead_letter.jsonl, and convert the data again.")
-        if tf.io.gfile.isdir(value):
+        if file_system.isdir(value):
             raise FileNotFoundError(f"{flag} {value} is a folder without records or {dataset_files.SUMMARY}; pass the "
                                     "--output folder of fullres preprocess (or a pattern of its data-* records).")
         raise FileNotFoundError(f"no TFRecord files match {flag} {value!r}; pass a data set folder (the --output of "
@@ -115,7 +112,7 @@ def resolve(value: str, flag: str = "--train") -> DataSet:
                 f"{dataset_files.SUMMARY}, which a finished fullres conversion writes last; pass the --output folder "
                 "of fullres preprocess ct or images, or convert the data again.")
         listed = set(summary.get("shards") or ())
-        missing = sorted(listed - {name.rstrip("/") for name in tf.io.gfile.listdir(folder)})
+        missing = sorted(listed - {name.rstrip("/") for name in file_system.listdir(folder)})
         if missing:  # a copy cut short: training on the rest would be silently partial
             raise FileNotFoundError(
                 f"{flag} {value}: {os.path.join(folder, dataset_files.SUMMARY)} lists {missing[0]}"
@@ -165,18 +162,21 @@ def ct_shapes(data: DataSet, enough: int = 2) -> list[tuple[int, ...]]:
     The recorded `--shape` answers without reading; otherwise the shape field of
     each record is read (the voxels are skipped), stopping at `enough` shapes.
     """
-    import tensorflow as tf
-
     recorded = (data.preprocessing or {}).get("shape")
     if recorded:
         return [tuple(int(s) for s in recorded)]
-    features = {tfrecord_schema.IMAGE_SHAPE: tf.io.FixedLenFeature([3], tf.int64)}
-    records = tf.data.TFRecordDataset(list(data.files), compression_type=dataset_files.compression(list(data.files)))
     shapes: list[tuple[int, ...]] = []
-    for shape in records.map(lambda s: tf.io.parse_single_example(s, features)[tfrecord_schema.IMAGE_SHAPE]):
-        shape = tuple(int(s) for s in shape.numpy())
-        if shape not in shapes:
-            shapes.append(shape)
-            if len(shapes) >= enough:
-                break
+    for path in data.files:
+        records = tfrecord_files.RecordFile(path)
+        try:
+            for number, length in enumerate(records.lengths):
+                features = example_layout.layout(
+                    lambda offset, size, number=number, records=records: records.read(number, offset, size), int(length))
+                shape = tuple(int(s) for s in features[tfrecord_schema.IMAGE_SHAPE])
+                if shape not in shapes:
+                    shapes.append(shape)
+                    if len(shapes) >= enough:
+                        return shapes
+        finally:
+            records.close()
     return shapes

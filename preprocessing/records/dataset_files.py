@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import os
 
+from preprocessing.records import file_system
+
 SUMMARY = "summary.json"
 LABEL_MAP = "label_map.json"
 BACKGROUND = "background"
@@ -86,13 +88,11 @@ def read_label_map_file(path: str, flag: str = "--label-map") -> dict[str, int]:
         FileNotFoundError: `path` does not exist.
         ValueError: it is not valid JSON or breaks the rule (the sentence names the flag, the file and the entry).
     """
-    import tensorflow as tf
-
-    if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+    if not file_system.exists(path) or file_system.isdir(path):
         raise FileNotFoundError(f"{flag} {path} does not exist; pass the label_map.json a previous conversion "
                                 "wrote (e.g. the training split's).")
     try:
-        with tf.io.gfile.GFile(path) as file:
+        with file_system.open_text(path) as file:
             label_map = json.load(file)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{flag} {path} is not valid JSON ({error}); pass the label_map.json a previous "
@@ -106,9 +106,7 @@ def read_label_map_file(path: str, flag: str = "--label-map") -> dict[str, int]:
 def _parts(value: str) -> list[str]:
     """`value` as the data sets it names one by one: split at commas, unless `value` itself exists (a path may
     hold a comma)."""
-    import tensorflow as tf
-
-    if "," not in value or tf.io.gfile.exists(value) or tf.io.gfile.glob(value):
+    if "," not in value or file_system.exists(value) or file_system.glob(value):
         return [value]
     return [part.strip() for part in value.split(",") if part.strip()]
 
@@ -121,14 +119,12 @@ def folders(value: str) -> list[str]:
     A wildcard in the folder part (`out/ts4[1]/data-*`, `out/*/data-*`) finds the folders it matches, not a
     folder of that literal name.
     """
-    import tensorflow as tf
-
     found: list[str] = []
     for part in _parts(value):
-        if tf.io.gfile.isdir(part):
+        if file_system.isdir(part):
             matches = [part]
         else:
-            matches = [m if tf.io.gfile.isdir(m) else os.path.dirname(m) for m in sorted(tf.io.gfile.glob(part))]
+            matches = [m if file_system.isdir(m) else os.path.dirname(m) for m in sorted(file_system.glob(part))]
         for folder in matches or [os.path.dirname(part)]:
             if folder not in found:
                 found.append(folder)
@@ -138,28 +134,24 @@ def folders(value: str) -> list[str]:
 def _shards(folder: str) -> list[str]:
     """The record files of the data set in `folder`: the shards its summary.json lists (a conversion's), or
     the `data-*` files in it when it has no summary."""
-    import tensorflow as tf
-
     summary = read_json(os.path.join(folder, SUMMARY))
     if summary and summary.get("shards"):
         return [os.path.join(folder, name) for name in summary["shards"]]
-    return sorted(match for match in tf.io.gfile.glob(os.path.join(folder, "data-*")) if not tf.io.gfile.isdir(match))
+    return sorted(match for match in file_system.glob(os.path.join(folder, "data-*")) if not file_system.isdir(match))
 
 
 def record_files(value: str) -> list[str]:
     """The record files `value` names: a data set folder's shards, or the files its pattern matches (a matched
     folder stands for its shards); several, separated by commas: each one's, in order, each file once; [] when
     it names none."""
-    import tensorflow as tf
-
     files: list[str] = []
     for part in _parts(value):
-        if tf.io.gfile.isdir(part):
+        if file_system.isdir(part):
             found = _shards(part)
         else:
             found = []
-            for match in sorted(tf.io.gfile.glob(part)):
-                found.extend(_shards(match) if tf.io.gfile.isdir(match) else [match])
+            for match in sorted(file_system.glob(part)):
+                found.extend(_shards(match) if file_system.isdir(match) else [match])
         files.extend(path for path in found if path not in files)
     return files
 
@@ -197,12 +189,10 @@ def read_label_map(pattern: str) -> dict[str, int] | None:
         ValueError: the map breaks `check_label_map` (a map written before COCO
             category 0 was stored as 1 holds a 0 for a class).
     """
-    import tensorflow as tf
-
     path = label_map_path(pattern)
-    if not tf.io.gfile.exists(path):
+    if not file_system.exists(path):
         return None
-    with tf.io.gfile.GFile(path) as file:
+    with file_system.open_text(path) as file:
         label_map = json.load(file)
     try:
         return check_label_map(label_map)
@@ -253,11 +243,9 @@ def segmentation_class_names(num_classes: int) -> list[str]:
 
 def read_json(path: str):
     """The JSON in `path`; None when there is no such file."""
-    import tensorflow as tf
-
-    if not tf.io.gfile.exists(path):
+    if not file_system.exists(path):
         return None
-    with tf.io.gfile.GFile(path) as file:
+    with file_system.open_text(path) as file:
         return json.load(file)
 
 

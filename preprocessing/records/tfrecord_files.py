@@ -33,6 +33,8 @@ import zlib
 
 import numpy as np
 
+from preprocessing.records import file_system
+
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
 _FOOTER = 4  # uint32 masked CRC of the data
 _INFLATE_CHUNK = 1 << 20  # decompressed bytes taken at a time
@@ -54,10 +56,7 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def is_local(path: str) -> bool:
-    """True for a path on this machine's file system (not gs:// or another scheme TensorFlow opens)."""
-    return "://" not in path
-
+is_local = file_system.is_local
 
 class _Source:
     """Positional reads of one file: `pread` locally, a TensorFlow file handle per thread elsewhere."""
@@ -229,6 +228,39 @@ class RecordFile:
 
     def close(self) -> None:
         self._source.close()
+
+
+def first_record(path: str) -> bytes | None:
+    """The data of the first record of a TFRecord file, checked; None when it holds none. Reads that record only.
+
+    Raises:
+        RecordFileDamaged: the file does not begin with a whole TFRecord (not a TFRecord file, or damaged).
+    """
+    source = _Source(path)
+    if path.endswith(".gz"):
+        take = _Inflater(source, _InflatePoint(zlib.decompressobj(_GZIP_WINDOW_BITS), 0)).take
+    else:
+        position = [0]
+
+        def take(length: int) -> bytes:
+            data = source.read(position[0], length)
+            position[0] += len(data)
+            return data
+    try:
+        header = take(_HEADER)
+        if not header:
+            return None
+        if len(header) < _HEADER or struct.unpack("<I", header[8:12])[0] != masked_crc32c(header[:8]):
+            raise RecordFileDamaged(f"{path} does not begin with a TFRecord header")
+        (length,) = struct.unpack("<Q", header[:8])
+        data = take(length + _FOOTER)
+        if len(data) < length + _FOOTER or struct.unpack("<I", data[-_FOOTER:])[0] != masked_crc32c(data[:-_FOOTER]):
+            raise RecordFileDamaged(f"{path}: its first record is cut short or does not match its checksum")
+        return data[:-_FOOTER]
+    except zlib.error as error:
+        raise RecordFileDamaged(f"{path}: its compressed data do not inflate: {error}") from None
+    finally:
+        source.close()
 
 
 class _RecordStream:

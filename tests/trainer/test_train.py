@@ -296,3 +296,73 @@ def test_a_damaged_newest_checkpoint_falls_back_and_none_intact_is_one_sentence(
         f"{folders} away to train from step 0 (fullres keeps it for you to inspect), or train into a new "
         "--output directory.")
     assert snapshot(run) == before
+
+
+def test_scalars_read_back_in_tensorboard_as_tf_summary_writes_them(tmp_path):
+    """The TensorFlow-free writer's file against one `tf.summary` writes: the same tags, steps, values and plugin."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from trainer.engine import scalars
+
+    values = [(5, {"loss": 1.25, "input_wait_fraction": 0.0625}), (10, {"loss": 0.75, "input_wait_fraction": 0.5})]
+    writer = scalars.writer(str(tmp_path / "ours"))
+    for step, scalar_values in values:
+        writer.scalars(step, scalar_values)
+    writer.close()
+    theirs = tf.summary.create_file_writer(str(tmp_path / "theirs"))
+    for step, scalar_values in values:
+        with theirs.as_default(step=step):
+            for tag, value in scalar_values.items():
+                tf.summary.scalar(tag, value)
+    theirs.close()
+    read = {}
+    for name in ("ours", "theirs"):
+        events = event_accumulator.EventAccumulator(str(tmp_path / name)).Reload()
+        read[name] = {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto)), str(e.tensor_proto.dtype))
+                            for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]}
+        read[name]["plugins"] = sorted(events.PluginTagToContent("scalars"))
+    assert read["ours"] == read["theirs"]
+    assert read["ours"]["loss"] == [(5, 1.25, "1"), (10, 0.75, "1")]
+
+
+def test_the_trainer_s_seed_draws_what_keras_s_seed_draws():
+    """`train._seed` is `keras.utils.set_random_seed` less TensorFlow's seed: the same weights, NumPy and Python draws."""
+    import random
+
+    import keras
+
+    from trainer.models import unet_layers
+
+    def draws():
+        layer = keras.layers.Dense(3, kernel_initializer=unet_layers.FlatGlorotUniform())
+        layer.build((None, 4))
+        return (np.asarray(layer.kernel).tolist(), np.asarray(keras.random.normal((2,))).tolist(),
+                np.random.rand(2).tolist(), random.random())
+
+    keras.utils.set_random_seed(11)
+    theirs = draws()
+    train._seed(11)
+    ours = draws()
+    train._seed(12)
+    assert ours == theirs and draws() != theirs
+
+
+@pytest.mark.slow
+def test_a_ct_training_process_without_export_imports_no_tensorflow(demo_data, tmp_path):
+    """A pipeline's train step (no SavedModel) on a local data set: resolved, read, logged to TensorBoard, checkpointed
+    and saved as model.keras, all without TensorFlow (4.6 CPU-s of every such process before)."""
+    program = f"""
+import json, sys
+from trainer import config as config_lib, train
+config = config_lib.smoke(train_data={demo_data['train']!r}, eval_data={demo_data['eval']!r},
+                          output_dir={str(tmp_path / 'run')!r}, steps=2, log_every=1)
+results = train.train(config, log=lambda line: None, export_saved_model=False)
+print(json.dumps({{"steps": results["steps"], "tensorflow": "tensorflow" in sys.modules}}))
+"""
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=REPOSITORY,
+                            env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"steps": 2, "tensorflow": False}
+    assert (tmp_path / "run" / "model.keras").is_file()
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "run" / "tensorboard"))

@@ -74,7 +74,8 @@ def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, 
     ct_input.hide_accelerators_from_tensorflow()
     files = ct_input.list_files(pattern)
     dataset = tf.data.TFRecordDataset(files, compression_type=dataset_files.compression(files))
-    if shuffle:
+    if shuffle:  # TensorFlow's global seed too (the trainer seeds Python, NumPy and Keras only): the order is (seed, seed)
+        tf.random.set_seed(seed)
         dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         dataset = dataset.repeat()

@@ -133,3 +133,21 @@ def test_a_damaged_slab_is_named_and_the_others_still_read(tmp_path):
         ct_slabs.read_depths(records, 0, layout, 6, 9, image, label)
     assert str(damaged.value) == (f"{path}: record 1 (case case0) has a damaged image slab 3 (its bytes do not match "
                                   "their CRC); copy the data set again, or convert the scans again.")
+
+
+@pytest.mark.parametrize("name", ["data.tfrecord", "data.tfrecord.gz"])
+def test_the_first_record_alone_is_read_and_checked(tmp_path, name):
+    path = str(tmp_path / name)
+    tfrecord_files.write_records(path, [RECORDS[5], RECORDS[2]])
+    assert tfrecord_files.first_record(path) == RECORDS[5]
+    tfrecord_files.write_records(str(tmp_path / f"empty-{name}"), [])
+    assert tfrecord_files.first_record(str(tmp_path / f"empty-{name}")) is None
+    whole = open(path, "rb").read()
+    cut = tmp_path / f"cut-{name}"
+    cut.write_bytes(whole[:len(whole) // 3])  # the first record cut short (GZIP: its compressed stream)
+    with pytest.raises(tfrecord_files.RecordFileDamaged):
+        tfrecord_files.first_record(str(cut))
+    other = tmp_path / f"other-{name}"
+    other.write_bytes(b'{"not": "a TFRecord file at all"}' * 10)
+    with pytest.raises(tfrecord_files.RecordFileDamaged):
+        tfrecord_files.first_record(str(other))
