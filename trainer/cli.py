@@ -132,6 +132,9 @@ def train(
         int | None,
         typer.Option(help="Start this many processes here, one global mesh (with --virtual-devices K: K CPU devices each)."),
     ] = None,
+    saved_model: Annotated[
+        bool, typer.Option("--saved-model/--no-saved-model", help="At the end, export the TensorFlow SavedModel into OUTPUT/saved_model (--no-saved-model: model.keras only, as the pipeline's train step leaves it to its export step; a run that never exports never imports TensorFlow).")
+    ] = True,
     context: typer.Context = None,
 ) -> None:
     """Train a UNet (segmentation), a RetinaNet (detection) or your own network (--model FILE.py:FUNCTION), spatially
@@ -198,7 +201,7 @@ def train(
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
                                     overrides={**flags, **parsing.parse_settings(settings or [])},
                                     model_source=model)
-        train_lib.train(config, log=console.say)
+        train_lib.train(config, log=console.say, export_saved_model=saved_model)
     except distributed.Preempted as preempted:
         console.say(f"fullres: {preempted}")
         raise typer.Exit(code=distributed.PREEMPTED_EXIT_CODE) from None

@@ -141,6 +141,7 @@ def _train_command(train_pattern, output, steps):
         "--steps", str(steps), "--checkpoint-every", "4", "--log-every", "1",
         "--virtual-devices", "2", "--input-partition-dims", "1,2,1,1,1",
         "--augmentation", "nnunet",  # every augmentation, drawn per (seed, step, row) on the device
+        "--no-saved-model",  # the weights are compared; the export has tests of its own
     ]
 
 
@@ -187,6 +188,7 @@ def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
         np.testing.assert_allclose(b[key], a[key], rtol=1e-6, atol=1e-8, err_msg=key)
     history = json.loads((crashed / "metrics.json").read_text())["loss_history"]
     assert [s for s, _ in history] == list(range(1, steps + 1))
+    assert (crashed / "model.keras").is_file() and not (crashed / "saved_model").exists()  # --no-saved-model
     trained_with = json.loads((crashed / "train_config.json").read_text())["augmentation"]
     assert trained_with["rotation_probability"] == 0.2 and trained_with["mirror_axes"] == [0, 1, 2]
 
@@ -269,7 +271,7 @@ def test_a_damaged_newest_checkpoint_falls_back_and_none_intact_is_one_sentence(
     newest = snapshot(folders / "00000040")
     arguments = ["--train", config.train_data, "--output", str(run), "--preset", "smoke", "--steps", "40",
                  "--learning-rate", "1e-2", "--checkpoint-every", "10", "--log-every", "5",
-                 "--input-partition-dims", "1,4,1,1,1"]
+                 "--input-partition-dims", "1,4,1,1,1", "--no-saved-model"]
     resumed = subprocess.run([sys.executable, "-m", "trainer", "train", *arguments, "--virtual-devices", "8"],
                              env=_environment(), capture_output=True, text=True, cwd=REPOSITORY)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -165,7 +165,7 @@ CHECKPOINT_EVERY = 4
 def _train_arguments(train_pattern, output, devices):
     return ["--train", train_pattern, "--output", str(output), "--preset", "smoke", "--steps", str(STEPS),
             "--checkpoint-every", str(CHECKPOINT_EVERY), "--log-every", "1", "--virtual-devices", str(devices),
-            "--input-partition-dims", "1,8,1,1,1"]
+            "--input-partition-dims", "1,8,1,1,1", "--no-saved-model"]  # the weights are compared, not exports
 
 
 def _fullres_train(*arguments):
