@@ -82,7 +82,7 @@ def test_a_run_whose_reader_is_slow_says_it_is_input_bound(demo_data, tmp_path, 
                               input_cache="off", checkpoint_every=100, log_every=2,
                               partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)))
     lines = []
-    results = train.train(config, log=lines.append)
+    results = train.train(config, log=lines.append, export_saved_model=False)  # the input is judged, not the export
     assert results["input_bound"] is True and results["input_wait_fraction"] >= train.INPUT_BOUND, results
     assert results["input_cache"] == "off (--input-cache off): records are read every step"
     bound = [line for line in lines if line.startswith("step ") and "input-bound" in line]
@@ -200,7 +200,7 @@ def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
         train_data=demo_data["train"], output_dir=str(tmp_path), epochs=3, batch_size=4, checkpoint_every=100,
         partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)),
     )
-    results = train.train(config, log=lambda line: None)
+    results = train.train(config, log=lambda line: None, export_saved_model=False)
     assert results["steps"] == 6
     assert checkpoints.list_steps(str(tmp_path / "checkpoints")) == [6]
 
