@@ -56,14 +56,12 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-is_local = file_system.is_local
-
 class _Source:
     """Positional reads of one file: `pread` locally, a TensorFlow file handle per thread elsewhere."""
 
     def __init__(self, path: str):
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY) if is_local(path) else None
+        self._fd = os.open(path, os.O_RDONLY) if file_system.is_local(path) else None
         self._handles = threading.local()
         if self._fd is not None:
             self.size = os.fstat(self._fd).st_size
@@ -331,6 +329,12 @@ class _Inflater:
         return done
 
 
+def frame(data: bytes) -> bytes:
+    """One record as a TFRecord file holds it: length, its checksum, the data, its checksum."""
+    length = struct.pack("<Q", len(data))
+    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+
+
 def write_records(path: str, records, compress: bool | None = None) -> None:
     """Writes `records` (bytes) as a TFRecord file, GZIP when `path` ends in .gz (or `compress` says so).
 
@@ -338,11 +342,7 @@ def write_records(path: str, records, compress: bool | None = None) -> None:
     format's own, so TensorFlow reads these files too.
     """
     compress = path.endswith(".gz") if compress is None else compress
-    pieces = []
-    for data in records:
-        length = struct.pack("<Q", len(data))
-        pieces += [length, struct.pack("<I", masked_crc32c(length)), data, struct.pack("<I", masked_crc32c(data))]
-    payload = b"".join(pieces)
+    payload = b"".join(frame(data) for data in records)
     if compress:
         compressor = zlib.compressobj(6, zlib.DEFLATED, _GZIP_WINDOW_BITS)
         payload = compressor.compress(payload) + compressor.flush()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 import time
 
 from preprocessing.records import file_system, tfrecord_files
@@ -34,10 +33,7 @@ class _LocalWriter:
         self._file.flush()
 
     def _write(self, event) -> None:
-        data = event.SerializeToString()
-        header = struct.pack("<Q", len(data))
-        self._file.write(header + struct.pack("<I", tfrecord_files.masked_crc32c(header)) + data
-                         + struct.pack("<I", tfrecord_files.masked_crc32c(data)))
+        self._file.write(tfrecord_files.frame(event.SerializeToString()))
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
