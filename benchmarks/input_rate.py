@@ -1,5 +1,6 @@
 """The training input's rate on this host: 128³ and 256³, GZIP and uncompressed, cache on and off, a whole example
-against one process's share, 1 core against 2; and tf.data on the same records beside it.
+against one process's share, 1 core against 2; tf.data on the same records, and numpy copying examples in memory (the
+cache's ceiling), beside it.
 
 Every cell is the rate `fullres train` gets from its input (`trainer.data.ct_input.CtBatches`: read the slabs,
 check their CRCs, decode into the batch buffers the step takes), one example per step, measured by
@@ -53,6 +54,8 @@ def _measure_here(pattern: str, cached: bool, share: bool, reader: str) -> dict:
 
     if reader == "tf.data":
         return _tf_data_rate(pattern)
+    if reader == "memory copy":
+        return _copy_rate(pattern)
     records = ct_input.CtRecords(pattern)
     depth = None
     if share:  # process 0 of the seed layout: 1,16,1,1,1 over 16 devices on 4 processes
@@ -91,6 +94,53 @@ def _tf_data_rate(pattern: str, min_seconds: float = 2.0) -> dict:
             "cores": cores, "cached": False}
 
 
+def _copy_rate(pattern: str, min_seconds: float = 2.0) -> dict:
+    """The ceiling for the cache: numpy copying whole examples (int16 image, uint8 label) between arrays in memory,
+    one thread per usable core, each into its own buffers, nothing else."""
+    import threading
+    import time
+
+    import numpy as np
+
+    from trainer.data import batches, ct_input
+
+    records = ct_input.CtRecords(pattern)
+    shape, count, cores = records.shape, len(records), batches.usable_cores()
+    records.close()
+    sources = [(np.full(shape, k, np.int16), np.full(shape, k, np.uint8)) for k in range(count)]
+    copied = [0] * cores
+    started = time.perf_counter()
+
+    def copy(thread: int) -> None:
+        image, label = np.empty(shape, np.int16), np.empty(shape, np.uint8)
+        while time.perf_counter() - started < min_seconds:
+            source_image, source_label = sources[(copied[thread] + thread) % count]
+            image[...], label[...] = source_image, source_label
+            copied[thread] += 1
+
+    threads = [threading.Thread(target=copy, args=(thread,)) for thread in range(cores)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    example = int(np.prod(shape)) * 3
+    return {"examples_per_second": round(sum(copied) / seconds, 2),
+            "mib_per_second": round(sum(copied) * example / 2**20 / seconds, 1), "cores": cores, "cached": True}
+
+
+def machine() -> dict:
+    """What the figures were taken on: the CPU model, the cores this process may use, the memory."""
+    import platform
+
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    memory = next((int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:")),
+                  None) if os.path.exists("/proc/meminfo") else None
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "memory_gib": round(memory / 2**30, 1) if memory else None,
+            "kernel": platform.release()}
+
+
 def measure(pattern: str, cores: int, cached: bool, share: bool, reader: str = "fullres") -> dict:
     """One cell in a fresh process pinned to `cores` cores (`taskset`)."""
     code = ("import json, sys; sys.path.insert(0, %r); from benchmarks import input_rate; "
@@ -112,6 +162,8 @@ CELLS = [  # (name, records, cores, cached, share, reader)
     ("whole, GZIP, cache, 2 cores", "gzip", 2, True, False, "fullres"),
     ("share, GZIP records, 2 cores", "gzip", 2, False, True, "fullres"),
     ("whole, tf.data on the records, 2 cores", "plain", 2, False, False, "tf.data"),
+    ("memory copy of an example, 2 threads", "plain", 2, True, False, "memory copy"),
+    ("memory copy of an example, 1 thread", "plain", 1, True, False, "memory copy"),
 ]
 
 
@@ -123,6 +175,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     results = {}
+    print(f"machine: {machine()}", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         for size in (int(s) for s in args.sizes.split(",")):
             patterns = {kind: write_records(os.path.join(scratch, f"{size}-{kind}"), size, args.examples,
@@ -143,11 +196,12 @@ def main() -> None:
             print(f"  {name:40s} {cell['examples_per_second']:8.2f}/s {cell['mib_per_second']:8.0f} MiB/s "
                   f"{cell['examples_per_second'] / whole:6.2f}x")
         print(f"  2 cores / 1 core: records {whole / cells['whole, records, 1 core']['examples_per_second']:.2f}x, "
-              f"cache {cells['whole, cache, 2 cores']['examples_per_second'] / cells['whole, cache, 1 core']['examples_per_second']:.2f}x; "
+              f"cache {cells['whole, cache, 2 cores']['examples_per_second'] / cells['whole, cache, 1 core']['examples_per_second']:.2f}x, "
+              f"memory copy {cells['memory copy of an example, 2 threads']['examples_per_second'] / cells['memory copy of an example, 1 thread']['examples_per_second']:.2f}x; "
               f"share / whole: {cells['share, records, 2 cores']['examples_per_second'] / whole:.2f}x")
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"examples": args.examples, "rounds": args.rounds, "share": {"input_partition_dims": SEED_LAYOUT,
+            json.dump({"machine": machine(), "examples": args.examples, "rounds": args.rounds, "share": {"input_partition_dims": SEED_LAYOUT,
                                                                                   "processes": SEED_PROCESSES},
                        "results": {str(size): cells for size, cells in results.items()}}, file, indent=2)
 
