@@ -31,3 +31,20 @@ def test_a_known_network_sees_its_hand_computed_field(size):
 def test_a_field_wider_than_the_volume_is_all_of_it():
     assert str(receptive_field.measure(_known_network(), (4, 4, 2), (1, 1, 1))) == (
         "each output voxel sees all 4 voxels of depth, all 4 of height, all 2 of width")
+
+
+def test_a_narrow_unet_is_not_measured_through_one_inputs_dead_relus():
+    """A 4-filter UNet (seed 3): for the first random input every path to the centre voxel along the width has an
+    inactive ReLU, so that input's gradient says the width field is 1 voxel; the union over several inputs says 18,
+    the field along depth and height."""
+    from trainer.models import unet
+
+    keras.utils.set_random_seed(3)
+    model = unet.build_unet(unet.UNetConfig(num_levels=2, base_filters=4, stem="none"))
+    field = receptive_field.measure(model, (64, 64, 64), (2, 2, 2))
+    assert field.seen == (18, 18, 18)
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    low, high = receptive_field.support(lambda x: model.stateless_call(trainable, non_trainable, x)[0],
+                                        (8, 8, 64, 1), samples=1)[2]
+    assert high - low + 1 == 1  # what one input alone would have said
