@@ -227,6 +227,7 @@ def plan(
     encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
     deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
     augmentation: Annotated[str | None, typer.Option(help=AUGMENTATION_HELP)] = None,
+    patch_size: Annotated[str | None, typer.Option(help="Segmentation: size the step for D,H,W crops, as fullres train --patch-size compiles it (--image-size is then the volumes' size, and --data is read as crops).")] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
     target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`.")] = "cpu",
@@ -274,7 +275,7 @@ def plan(
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters, "model.stem": stem, "model.encoder": encoder,
-             "model.deep_supervision": deep_supervision, "augmentation": augmentation}
+             "model.deep_supervision": deep_supervision, "augmentation": augmentation, "patch_size": patch_size}
     try:
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},

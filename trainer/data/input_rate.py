@@ -45,20 +45,24 @@ def pinned_to(cores: int):
 
 
 def measure(records: ct_input.CtRecords, depth: tuple[int, int] | None = None, *, cached: bool = False,
-            cores: int | None = None, min_seconds: float = 2.0) -> Rate:
+            cores: int | None = None, min_seconds: float = 2.0, patch: tuple[int, ...] | None = None) -> Rate:
     """This host's rate for the depth range `depth` (None: whole examples), one example per step.
 
     Args:
         cached: from the decoded cache (filled by one untimed pass first), else from the records every time.
         cores: read on this many of the usable cores (default: all of them).
         min_seconds: measure whole passes of the data set until at least this long.
+        patch: (d, h, w): each example a random crop of this shape, as `fullres train --patch-size` reads them
+            (`depth` then a range of the crop's depth).
     """
     cores = min(cores or batches.usable_cores(), batches.usable_cores())
     share = batches.Share((0,), depth)
-    start, stop = share.depth_of(records.shape[0])
-    example_bytes = records.layout(0).share_bytes(stop - start)
+    crop = tuple(patch) if patch is not None else records.shape
+    start, stop = share.depth_of(crop[0])
+    example_bytes = (stop - start) * crop[1] * crop[2] * 3  # int16 image and uint8 label voxels
     with pinned_to(cores):
-        stream = ct_input.CtBatches(records, 1, share, seed=0, cache="on" if cached else "off", workers=cores)
+        stream = ct_input.CtBatches(records, 1, share, seed=0, cache="on" if cached else "off", workers=cores,
+                                    patch=patch)
         held = []
 
         def take(count: int) -> None:

@@ -51,13 +51,16 @@ def placed_share(dims: Sequence[int], image_shape: Sequence[int], devices: int, 
 
 
 def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devices: int, processes: int,
-               step_seconds: float | None, log: Callable[[str], None] = lambda line: None) -> dict:
+               step_seconds: float | None, log: Callable[[str], None] = lambda line: None,
+               volume: Sequence[int] | None = None) -> dict:
     """Measures this host's input for one process of the layout `dims` and compares it with the step.
 
     Args:
         data: the training data set (a folder or a pattern of its records).
         image_shape: one global batch (B, D, H, W, C).
         devices, processes: the target's devices and processes (hosts).
+        volume: the volumes' (D, H, W) when the batch holds crops of them (patches, read as `fullres train
+            --patch-size` reads them); None: the batch holds whole volumes.
         step_seconds: the step's estimate (None: no estimate, as on `cpu`).
 
     Returns:
@@ -67,23 +70,28 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
     Raises:
         ValueError: the records do not have the planned shape.
     """
+    patch = None if volume is None or tuple(volume) == tuple(image_shape[1:-1]) else tuple(image_shape[1:-1])
+    volume = tuple(volume or image_shape[1:-1])
     records = ct_input.CtRecords(data)
     try:
-        if tuple(records.shape) != tuple(image_shape[1:-1]):
+        if tuple(records.shape) != volume:
             raise ValueError(f"--data {data} holds volumes of {'x'.join(map(str, records.shape))} but the plan is for "
-                             f"{'x'.join(map(str, image_shape[1:-1]))}; plan with --image-size "
+                             f"{'x'.join(map(str, volume))}; plan with --image-size "
                              f"{','.join(map(str, records.shape))}, or pass records of that size.")
         share = placed_share(dims, image_shape, devices, processes)
-        start, stop = share.depth_of(records.shape[0])
-        share_bytes = records.layout(0).share_bytes(stop - start)
+        start, stop = share.depth_of(image_shape[1])
+        plane = patch[1:] if patch else records.shape[1:]
+        share_bytes = (stop - start) * math.prod(plane) * 3  # int16 image and uint8 label voxels, as read
         cores = batches.usable_cores()
-        log(f"measuring this host's input from {data}: depths {start}-{stop - 1} of {records.shape[0]} "
+        crops = f" of {'x'.join(map(str, patch))} crops" if patch else ""
+        log(f"measuring this host's input from {data}: depths {start}-{stop - 1}{crops} of {records.shape[0]} "
             f"({sizes.human_bytes(share_bytes)} an example), {len(records)} examples, {cores} core(s) ...")
-        read = input_rate.measure(records, share.depth, cached=False)
-        one_core = input_rate.measure(records, share.depth, cached=False, cores=1) if cores > 1 else read
-        cached = input_rate.measure(records, share.depth, cached=True)
-        cache_on, cache_reason = ct_input.choose_cache("auto", len(records) * share_bytes,
-                                                       ct_input.memory_available())
+        read = input_rate.measure(records, share.depth, cached=False, patch=patch)
+        one_core = input_rate.measure(records, share.depth, cached=False, cores=1, patch=patch) if cores > 1 else read
+        cached = input_rate.measure(records, share.depth, cached=True, patch=patch)
+        # The cache holds what is read of each example: the share's depths, or (crops move) the whole volume.
+        cache_bytes = records.share_bytes(None if patch else stop - start)
+        cache_on, cache_reason = ct_input.choose_cache("auto", cache_bytes, ct_input.memory_available())
         compressed = records.compressed
         count = len(records)
     finally:
@@ -91,14 +99,15 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
     rows = len(share.rows)
     needed = rows / step_seconds if step_seconds else None
     rate = cached if cache_on else read
-    result = {"share": {"rows": list(share.rows), "depth": [start, stop], "bytes_per_example": share_bytes},
+    result = {"share": {"rows": list(share.rows), "depth": [start, stop], "bytes_per_example": share_bytes,
+                        "patch": list(patch) if patch else None},
               "processes": processes, "examples": count, "compressed": compressed,
               "records": read.to_json(), "one_core": one_core.to_json(), "cache": cached.to_json(),
               "cache_chosen": cache_on, "cache_reason": cache_reason,
               "needed_examples_per_second": None if needed is None else round(needed, 2),
               "keeps_up": None if needed is None else rate.examples_per_second >= needed}
     per_core = one_core.examples_per_second
-    host = {"cache_bytes_per_process": count * share_bytes}
+    host = {"cache_bytes_per_process": cache_bytes}
     if needed is not None:
         host["cores_for_input"] = math.ceil(needed / per_core) if per_core else None
     result["host"] = host
@@ -109,8 +118,9 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
 def _line(result: dict, rate: input_rate.Rate, needed: float | None, step_seconds: float | None, cores: int,
           per_core: float) -> str:
     share, records, cached = result["share"], result["records"], result["cache"]
+    crops = f" of {'x'.join(map(str, share['patch']))} crops" if share.get("patch") else ""
     what = (f"input: one process's share (rows {','.join(map(str, share['rows']))}, depths {share['depth'][0]}-"
-            f"{share['depth'][1] - 1}, {sizes.human_bytes(share['bytes_per_example'])} an example) from "
+            f"{share['depth'][1] - 1}{crops}, {sizes.human_bytes(share['bytes_per_example'])} an example) from "
             f"{'GZIP' if result['compressed'] else 'uncompressed'} records: {records['examples_per_second']:.1f}/s "
             f"({records['mib_per_second']:.0f} MiB/s) on {cores} core(s), {per_core:.1f}/s on 1"
             + (f" ({records['examples_per_second'] / per_core:.2f}x)" if per_core and cores > 1 else "")

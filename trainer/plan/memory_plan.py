@@ -212,7 +212,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         model: shorthand for the task and the UNet's dimensionality (`plan_config`).
         preset, settings: as `fullres train --preset ... --set key=value` (dotted keys).
         image_size: the spatial size of one example (segmentation: D,H,W or H,W;
-            detection: the canvas, `image_size`, which it sets).
+            detection: the canvas, `image_size`, which it sets). With a `patch_size` setting, the volumes' size:
+            the step is then sized on the patch, as `fullres train --patch-size` compiles it.
         partitions: core counts N to compare (with given dims: their product); None: `targets.default_partitions`
             (1, 2, 4, 8, 16, on a TPU slice or GPUs those that divide its devices).
         layouts_to_try: "default" (N-way along the first spatial dimension), "all" (every layout that
@@ -247,7 +248,14 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     config = compiled_step.plan_config(model, preset, settings)
     if config.partition.is_auto:  # the layouts are what is being compared
         config = config_lib.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
-    shape = compiled_step.example_shape(config, image_size)
+    volume = shape = compiled_step.example_shape(config, image_size)
+    if config.patch_size is not None:  # the step fullres train compiles takes crops: it is sized on them
+        from trainer.data import patches
+
+        patches.check_fits(config.patch_size, volume[:-1], f"--image-size {','.join(map(str, volume[:-1]))}")
+        shape = (*config.patch_size, volume[-1])
+        log(f"patches: sizing the step for {'x'.join(map(str, config.patch_size))} crops of the "
+            f"{'x'.join(map(str, volume[:-1]))} volumes, the step fullres train --patch-size compiles")
     if isinstance(layouts_to_try, tuple) and len(layouts_to_try) != len(shape) + 1:
         raise ValueError(f"--input-partition-dims {','.join(map(str, layouts_to_try))} has {len(layouts_to_try)} "
                          f"entries; this model's inputs have {len(shape) + 1} (batch, {len(shape) - 1} spatial, "
@@ -280,7 +288,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         f"roofline estimates;")
     network = (os.path.basename(config.model.source) if isinstance(config.model, user_model.UserModelConfig)
                else type(config.model).__name__)
-    header = (f"{config.task} {network} {list(shape[:-1])}, batch {config.batch_size} per "
+    crops = f" patches of {list(volume[:-1])} volumes" if shape != volume else ""
+    header = (f"{config.task} {network} {list(shape[:-1])}{crops}, batch {config.batch_size} per "
               f"replica, {config.precision}{', remat' if config.remat else ''};{where} per device "
               f"({time.perf_counter() - started:.0f} s):")
     chosen = _chosen(results, limit) if on.platform != "cpu" else None
@@ -298,10 +307,11 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         devices = found["devices"] if found else row.partitions
         step_seconds = (row.estimate or {}).get("seconds")
         planned_input = input_plan.plan_input(data, row.input_partition_dims, (devices // row.partitions
-                                              * config.batch_size, *shape), devices, processes, step_seconds, log)
+                                              * config.batch_size, *shape), devices, processes, step_seconds, log,
+                                              volume=volume[:-1])
         if found is not None:
             found = {**found, "host": planned_input["host"]}
-    return Plan(results, header, on.name, limit, found, planned_input, _receptive_field(config, shape))
+    return Plan(results, header, on.name, limit, found, planned_input, _receptive_field(config, volume))
 
 
 def _receptive_field(config: config_lib.TrainConfig, shape: tuple[int, ...]):

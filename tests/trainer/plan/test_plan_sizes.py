@@ -39,8 +39,11 @@ from typer.testing import CliRunner
      "1,4,1,1,1."),
     (["--model", "unet3d", "--image-size", "16,16,16", "--max-minutes", "0"],
      "--max-minutes 0 must be more than 0, e.g. --max-minutes 30."),
+    (["--model", "unet3d", "--image-size", "16,16,16", "--patch-size", "8,32,8"],
+     "--patch-size 8,32,8 is larger than the 16x16x16 volumes of --image-size 16,16,16; give a patch at most the "
+     "volume's size along every axis, or leave --patch-size out to train on whole volumes."),
 ], ids=["zero-depth", "negative-width", "zero-canvas", "3d-count", "2d-count", "retinanet-count", "zero-cores",
-        "negative-cores", "dims-count", "dims-zero", "zero-minutes"])
+        "negative-cores", "dims-count", "dims-zero", "zero-minutes", "patch-too-large"])
 def test_plan_refuses_a_size_no_model_takes_in_one_sentence(arguments, sentence):
     from pipelines import cli
 
@@ -58,6 +61,27 @@ def test_plan_compiles_exactly_the_layout_given():
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)["rows"]
     assert row["input_partition_dims"] == [1, 2, 2, 1, 1] and row["partitions"] == 4 and row["halo_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_a_patch_plan_sizes_the_step_on_the_patch_and_reads_the_data_as_crops(demo_data):
+    """`--patch-size` plans the step `fullres train --patch-size` compiles (crops, not the volumes it used to size),
+    measures `--data` as that run reads it (crops of the records), and still measures the field over the volumes."""
+    from pipelines import cli
+
+    def plan(*arguments):
+        result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--image-size", "16,16,16",
+                                              "--input-partition-dims", "1,2,1,1,1", "--json", *arguments])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    whole, patches = plan(), plan("--patch-size", "8,8,8", "--data", demo_data["train"])
+    assert patches["header"].startswith("segmentation UNetConfig [8, 8, 8] patches of [16, 16, 16] volumes")
+    assert patches["rows"][0]["total_bytes"] < whole["rows"][0]["total_bytes"] / 2
+    share = patches["input"]["share"]
+    assert share["patch"] == [8, 8, 8] and share["depth"] == [0, 8] and share["bytes_per_example"] == 8**3 * 3
+    assert patches["input"]["records"]["examples_per_second"] > 0 and "of 8x8x8 crops" in patches["input"]["line"]
+    assert patches["receptive_field"]["size"] == [16, 16, 16]
 
 
 @pytest.mark.parametrize("target, sentence", [
