@@ -274,8 +274,41 @@ def slice_stack(frames: list[Frame], spacing_tolerance: float = DEFAULT_SPACING_
     along = along_normal(frames)
     order = np.argsort(along, kind="stable")
     frames, along = [frames[i] for i in order], along[order]
+    check_untilted(frames, along)
     step, resample = slice_grid(along, spacing_tolerance)
     return SliceStack(tuple(frames), tuple(float(v) for v in along), step, resample)
+
+
+def check_untilted(frames: list[Frame], along: np.ndarray) -> None:
+    """Refuses slices whose positions drift within their own plane (a gantry-tilted acquisition), in one sentence.
+
+    The volume is stacked along the slice normal from the first slice's
+    position; a tilted series' slices also shift along their rows or columns
+    (by step × tan(tilt) each), so stacking would place the last slice that far
+    from where the scanner says it is. Drift up to half a voxel over the whole
+    series (scanners' rounding of positions) is accepted.
+
+    Raises:
+        CaseError: `gantry_tilt`, naming the first and last file, the drift in mm and voxels, the tilt and the fix.
+    """
+    orientation = np.asarray(frames[0].orientation)
+    offsets = np.array([frame.position for frame in frames]) - np.asarray(frames[0].position)
+    row_spacing, column_spacing = frames[0].pixel_spacing
+    # Position moves along the row direction (x, voxels of column spacing) and the column direction (y, row spacing).
+    drift = np.stack([offsets @ orientation[:3], offsets @ orientation[3:]], axis=1)
+    in_voxels = np.abs(drift / np.array([column_spacing, row_spacing])).max()
+    if in_voxels <= 0.5:
+        return
+    worst = int(np.argmax(np.abs(drift).max(axis=1)))
+    millimetres = float(np.hypot(*drift[worst]))
+    depth = abs(float(along[worst] - along[0]))
+    tilt = float(np.degrees(np.arctan2(millimetres, depth))) if depth > 0 else 90.0
+    raise dead_letters.CaseError(
+        "read", "gantry_tilt",
+        f"{frames[worst].name} lies {millimetres:.2f} mm ({in_voxels:.1f} voxels) off the line through "
+        f"{frames[0].name} along the slice normal: a gantry tilt of {tilt:.1f}°, which stacking along the normal "
+        "would misplace; correct the tilt first (e.g. dcm2niix, which resamples tilted series to an untilted grid) and "
+        "convert the NIfTI it writes")
 
 
 def read_series(files: tuple[str, ...], spacing_tolerance: float = DEFAULT_SPACING_TOLERANCE) -> sitk.Image:

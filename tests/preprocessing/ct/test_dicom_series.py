@@ -93,6 +93,33 @@ def test_slice_jitter_within_tolerance_is_accepted(tmp_path):
     assert dicom_series.slice_grid(np.sort(2.0 * np.arange(7) + jitter), 0.005)[1]
 
 
+def _tilt(paths, degrees, jitter=None):
+    """Shifts slice k along its column direction by k × 2 mm × tan(degrees) (+ jitter[k] mm): a gantry-tilted series
+    as scanners write it, the slices still 2 mm apart along the table."""
+    for k, path in enumerate(paths):
+        dataset = pydicom.dcmread(path)
+        column = np.asarray([float(v) for v in dataset.ImageOrientationPatient[3:]])
+        shift = k * 2.0 * np.tan(np.radians(degrees)) + (0.0 if jitter is None else jitter[k])
+        dataset.ImagePositionPatient = list(np.asarray([float(v) for v in dataset.ImagePositionPatient]) + shift * column)
+        dataset.save_as(path)
+
+
+def test_a_gantry_tilted_series_is_refused_not_stacked_off_its_positions(tmp_path):
+    paths = _series(tmp_path / "tilted", _volume())
+    _tilt(paths, 15.0)
+    _, source = _discover_one(tmp_path)
+    with pytest.raises(dead_letters.CaseError) as refused:
+        ct_io.read_volume(source)
+    assert refused.value.reason == "gantry_tilt"
+    assert refused.value.detail.startswith(f"{paths[-1]} lies 3.22 mm (3.6 voxels) off the line through {paths[0]}")
+    assert "a gantry tilt of 15.0°" in refused.value.detail and "dcm2niix" in refused.value.detail
+    # Positions rounded in the plane (a few hundredths of a mm) are not a tilt: read as written.
+    rounded = _series(tmp_path / "rounded", _volume())
+    _tilt(rounded, 0.0, np.random.default_rng(3).uniform(-0.03, 0.03, len(rounded)))
+    np.testing.assert_array_equal(sitk.GetArrayFromImage(ct_io.read_volume(_discover_one(tmp_path / "rounded")[1])),
+                                  _volume())
+
+
 def test_missing_slice_is_resampled_from_true_positions_and_noted(tmp_path):
     volume = _volume()
     paths = _series(tmp_path / "scan", volume)
