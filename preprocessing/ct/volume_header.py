@@ -225,3 +225,45 @@ def _check_nifti_fields(source: ct_io.VolumeSource) -> None:
                 "read", "invalid_geometry",
                 f"{name} has a non-finite qform in its header (NIfTI quatern_b/c/d, qoffset_x/y/z); fullres does not "
                 "guess orientation, so write the scan's true orientation into its header")
+    _check_nifti_transforms(header, name)
+
+
+def _check_nifti_transforms(header, name: str) -> None:
+    """Refuses a sheared sform, and a qform and sform that place the volume differently, naming both.
+
+    ITK (and so fullres's reader) holds only perpendicular axes: a sheared
+    sform is dropped for the qform, the nearest rotation, without a word (or
+    the file is unreadable where there is no qform). Where both transforms are
+    set and disagree, readers choose differently (ITK took the qform where
+    nibabel and FSL take the sform), so the masks written back would sit
+    elsewhere for one of them. Agreement within half a voxel at every corner
+    of the volume (float32 rounding of the quaternion) passes.
+    """
+    sform = header.get_sform() if int(header["sform_code"]) > 0 else None
+    qform = header.get_qform() if int(header["qform_code"]) > 0 else None
+    if sform is not None:
+        axes = sform[:3, :3] / np.linalg.norm(sform[:3, :3], axis=0)
+        cosines = np.abs(axes.T @ axes - np.eye(3))
+        if cosines.max() > 1e-3:
+            first, second = np.unravel_index(int(np.argmax(cosines)), cosines.shape)
+            angle = float(np.degrees(np.arccos(np.clip(axes[:, first] @ axes[:, second], -1, 1))))
+            raise dead_letters.CaseError(
+                "read", "sheared_geometry",
+                f"{name} has a sheared affine in its header (NIfTI sform: its voxel axes {'ijk'[first]} and "
+                f"{'ijk'[second]} meet at {angle:.2f}° instead of 90°), which ITK-based readers and fullres's records "
+                "cannot hold (ITK would silently take the qform's rotation instead); resample the scan onto a grid with "
+                "perpendicular axes first (e.g. 3D Slicer's Resample Scalar Volume, or antsApplyTransforms)")
+    if sform is None or qform is None:
+        return
+    size = [max(1, int(n)) for n in header["dim"][1:4]]
+    corners = np.array([[i, j, k, 1] for i in (0, size[0] - 1) for j in (0, size[1] - 1) for k in (0, size[2] - 1)],
+                       np.float64).T
+    apart = float(np.linalg.norm((sform - qform)[:3] @ corners, axis=0).max())
+    voxel = float(np.min(np.linalg.norm(sform[:3, :3], axis=0)))
+    if apart > 0.5 * voxel:
+        raise dead_letters.CaseError(
+            "read", "conflicting_geometry",
+            f"{name} has a qform and an sform that place the volume up to {apart:.1f} mm apart (NIfTI qform_code "
+            f"{int(header['qform_code'])}, sform_code {int(header['sform_code'])}); readers choose between them "
+            "differently, so fullres does not guess: make them agree, e.g. with nibabel "
+            "(image.set_qform(image.get_sform())) or FSL (fslorient -copysform2qform)")

@@ -62,6 +62,20 @@ def _zero_sform(header):
         header[f"srow_{axis}"][:] = 0
 
 
+def _sheared_sform(header):
+    """An sform whose rows slant (each row of voxels 0.24 mm further along x), its qform the nearest rotation: as
+    nibabel writes a sheared affine, and as ITK would then read it, silently."""
+    sheared = np.array([[0.8, 0.24, 0, 10], [0, 0.8, 0, 20], [0, 0, 2.0, -30], [0, 0, 0, 1]])
+    header.set_sform(sheared, code=2)
+    header.set_qform(sheared, code=1)
+
+
+def _conflicting_forms(header):
+    """A qform and an sform 5 mm apart along each axis (a registration that updated only the sform)."""
+    header.set_sform(np.array([[0.8, 0, 0, 10], [0, 0.8, 0, 20], [0, 0, 2.0, -30], [0, 0, 0, 1]]), code=2)
+    header.set_qform(np.array([[0.8, 0, 0, 15], [0, 0.8, 0, 25], [0, 0, 2.0, -25], [0, 0, 0, 1]]), code=1)
+
+
 def _metaimage(path, replace):
     sitk.WriteImage(sitk.GetImageFromArray(np.full((6, 7, 8), -500.0, np.float32)), str(path))
     stored = open(path, "rb").read()
@@ -90,6 +104,15 @@ def _refusal(case, config=CONFIG):
     ("sform.nii.gz", lambda p: _nifti(p, _volume(), _zero_sform), "invalid_geometry",
      "sform.nii.gz has a zero or non-finite affine in its header (NIfTI sform: srow_x, srow_y, srow_z); "
      f"{ORIENTATION_FIX}"),
+    ("sheared.nii.gz", lambda p: _nifti(p, _volume(), _sheared_sform), "sheared_geometry",
+     "sheared.nii.gz has a sheared affine in its header (NIfTI sform: its voxel axes i and j meet at 73.30° instead "
+     "of 90°), which ITK-based readers and fullres's records cannot hold (ITK would silently take the qform's "
+     "rotation instead); resample the scan onto a grid with perpendicular axes first (e.g. 3D Slicer's Resample "
+     "Scalar Volume, or antsApplyTransforms)"),
+    ("forms.nii.gz", lambda p: _nifti(p, _volume(), _conflicting_forms), "conflicting_geometry",
+     "forms.nii.gz has a qform and an sform that place the volume up to 8.7 mm apart (NIfTI qform_code 1, "
+     "sform_code 2); readers choose between them differently, so fullres does not guess: make them agree, e.g. with "
+     "nibabel (image.set_qform(image.get_sform())) or FSL (fslorient -copysform2qform)"),
     ("spacing.mha", lambda p: _metaimage(p, (b"ElementSpacing = 1 1 1", b"ElementSpacing = 0 0 0")),
      "invalid_geometry", f"spacing.mha has voxel spacing 0 x 0 x 0 mm in its header (ElementSpacing); {GEOMETRY_FIX}"),
     ("direction.mha", lambda p: _metaimage(p, (b"TransformMatrix = 1 0 0 0 1 0 0 0 1",
