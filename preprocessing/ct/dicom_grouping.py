@@ -56,6 +56,9 @@ class LabelObject:
     referenced_series_uid: str
 
 
+MEDIA_STORAGE_DIRECTORY = "1.2.840.10008.1.3.10"  # the SOP class of a DICOMDIR
+
+
 def is_label_object(header: pydicom.Dataset) -> bool:
     return str(getattr(header, "Modality", "")).upper() in LABEL_MODALITIES
 
@@ -89,6 +92,9 @@ def _index(paths: list[str]
     for path in paths:
         try:
             header = pydicom.dcmread(path, stop_before_pixels=True)
+            if MEDIA_STORAGE_DIRECTORY in (str(getattr(header, "SOPClassUID", "")),
+                                           str(getattr(getattr(header, "file_meta", None), "MediaStorageSOPClassUID", ""))):
+                continue  # a DICOMDIR index under another name: the series it lists are read from their own files
             uid = str(header.SeriesInstanceUID)
             if is_label_object(header):
                 labels.append(LabelObject(path, str(header.Modality).upper(), referenced_series_uid(header)))

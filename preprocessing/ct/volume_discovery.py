@@ -24,6 +24,9 @@ from preprocessing.ct import ct_io, ct_layouts, dicom_grouping, dicom_series, vo
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
 # Files that sit next to images but are never images themselves.
 IGNORED_SUFFIXES = (".raw", ".zraw", ".json", ".txt", ".md", ".csv")
+# Files a CD or PACS export and desktops put beside the series: the DICOMDIR index (the series it lists are read
+# from their own files) and the operating systems' thumbnail and folder settings.
+IGNORED_NAMES = frozenset({"dicomdir", "thumbs.db", "desktop.ini"})
 
 
 def case_id_of(path: str) -> str:
@@ -94,7 +97,7 @@ def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: froze
         lower = path.lower()
         if lower.endswith(VOLUME_SUFFIXES):
             volume_files.append((path, case_id_of(path)))
-        elif not lower.endswith(IGNORED_SUFFIXES):
+        elif not lower.endswith(IGNORED_SUFFIXES) and os.path.basename(lower) not in IGNORED_NAMES:
             other_files.append(path)
     if not os.path.isdir(root):
         path, stem = volume_files[0] if volume_files else (None, None)

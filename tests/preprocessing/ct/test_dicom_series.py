@@ -120,6 +120,25 @@ def test_a_gantry_tilted_series_is_refused_not_stacked_off_its_positions(tmp_pat
                                   _volume())
 
 
+def test_a_cd_export_with_its_dicomdir_and_desktop_litter_reads_its_series_and_fails_nothing(tmp_path):
+    """A CD/PACS export as pydicom's FileSet writes it (DICOMDIR, files without extension in PT/ST/SE folders), with
+    a Windows Thumbs.db and the index copied under another name: every series is read, nothing is a dead letter."""
+    from pydicom.fileset import FileSet
+
+    export = FileSet()
+    for number in (1, 2):
+        for path in _series(tmp_path / "written" / f"s{number}", _volume(seed=number), SeriesNumber=number,
+                            SeriesInstanceUID=generate_uid()):
+            export.add(pydicom.dcmread(path))
+    export.write(str(tmp_path / "cd"))
+    shutil.rmtree(tmp_path / "written")
+    (tmp_path / "cd" / "Thumbs.db").write_bytes(b"\x00" * 64)
+    shutil.copy(tmp_path / "cd" / "DICOMDIR", tmp_path / "cd" / "INDEX")
+    volumes, dead = volume_discovery.discover(str(tmp_path / "cd"))
+    assert dead == [] and len(volumes) == 2
+    assert sorted(len(source.dicom_files) for source in volumes.values()) == [7, 7]
+
+
 def test_missing_slice_is_resampled_from_true_positions_and_noted(tmp_path):
     volume = _volume()
     paths = _series(tmp_path / "scan", volume)
