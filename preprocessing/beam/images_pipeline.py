@@ -80,6 +80,31 @@ def _over_budget(image: annotations_lib.ImageAnnotations, pixels: int, descripti
         "bomb, or a genuinely huge image: raise --max-pixels to convert it)")
 
 
+DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")  # PIL's modes of grey values deeper than 8 bits
+
+
+def _deeper_than_8_bits(image: annotations_lib.ImageAnnotations, decoded: Image.Image, encoded: bytes) -> dict | None:
+    """The dead letter for an image of more than 8 bits a sample (a 16-bit or float TIFF, a 16-bit PNG), else None.
+
+    Records hold 8-bit images, as the detection models take them. Converting
+    such an image to RGB clips it (a 16-bit X-ray became all white, a float
+    image all black), and TensorFlow reads a 16-bit PNG scaled by 1/257 (12-bit
+    data in 16 grey levels): a window is the user's to choose, not ours.
+    """
+    sixteen_bit_png = (decoded.format == "PNG" and encoded[12:16] == b"IHDR" and encoded[24] == 16)
+    if decoded.mode not in DEEP_MODES and not sixteen_bit_png:
+        return None
+    values = np.asarray(decoded)
+    kind = "floating-point" if decoded.mode == "F" else ("16-bit" if sixteen_bit_png or "16" in decoded.mode
+                                                         else "32-bit")
+    seen = f", values {values.min():g} to {values.max():g}" if decoded.mode in DEEP_MODES else ""
+    return dead_letters.dead_letter(
+        image.path, "read", "not_8_bit",
+        f"the image holds {kind} samples ({decoded.format} mode {decoded.mode}{seen}); fullres stores 8-bit images, as "
+        "the detection models take them, and does not choose a window for you: convert it to 8 bits with the window "
+        "you read it at (e.g. numpy: np.clip((a - low) / (high - low) * 255, 0, 255).astype(np.uint8))")
+
+
 class ConvertImageFn(beam.DoFn):
     """One `ImageAnnotations` in; a serialized record and/or dead letters out.
 
@@ -112,6 +137,10 @@ class ConvertImageFn(beam.DoFn):
                                                          f"is {decoded.width}×{decoded.height} =", self.max_pixels))
                     return
                 decoded.load()
+                deep = _deeper_than_8_bits(image, decoded, encoded)
+                if deep is not None:
+                    yield counting.reject(deep)
+                    return
                 width, height, image_format = decoded.width, decoded.height, decoded.format
                 if image_format not in KEPT_FORMATS:  # store what TensorFlow decodes everywhere
                     buffer = io.BytesIO()

@@ -211,6 +211,38 @@ def test_the_pixel_budget_is_the_users(tmp_path, monkeypatch):
     assert len(_convert(item, max_pixels=2400)[0]) == 1
 
 
+def _rgb16_png(path, width, height):
+    """A 16-bit RGB PNG (PIL reads it as 8-bit RGB, TensorFlow as uint16): every sample 3000."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = zlib.compress((b"\x00" + struct.pack(">H", 3000) * 3 * width) * height)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0))
+                     + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+
+
+def test_an_image_deeper_than_8_bits_is_a_dead_letter_not_a_blank_record(tmp_path):
+    """A 16-bit X-ray TIFF became all white and a float TIFF all black (clipped by the conversion to RGB); a 16-bit
+    PNG reached the model at 1/257 of its values. Each is refused, saying what it holds; 8-bit grey still converts."""
+    grey = np.full((24, 32), 300, np.uint16)
+    grey[5:15, 10:25] = 2000
+    Image.fromarray(grey).save(tmp_path / "xray.tif")
+    Image.fromarray(grey.astype(np.float32) / 4000).save(tmp_path / "float.tif")
+    Image.fromarray(grey).save(tmp_path / "xray.png")
+    _rgb16_png(tmp_path / "rgb16.png", 8, 6)
+    Image.fromarray((grey // 8).astype(np.uint8)).save(tmp_path / "eight.tif")
+    said = {}
+    for name in ("xray.tif", "float.tif", "xray.png", "rgb16.png"):
+        records, dead = _convert(annotations.ImageAnnotations("1", str(tmp_path / name), None, None))
+        assert records == [] and [d["reason"] for d in dead] == ["not_8_bit"]
+        said[name] = dead[0]["detail"].split("; fullres")[0]
+    assert said == {"xray.tif": "the image holds 16-bit samples (TIFF mode I;16, values 300 to 2000)",
+                    "float.tif": "the image holds floating-point samples (TIFF mode F, values 0.075 to 0.5)",
+                    "xray.png": "the image holds 16-bit samples (PNG mode I;16, values 300 to 2000)",
+                    "rgb16.png": "the image holds 16-bit samples (PNG mode RGB)"}
+    assert "convert it to 8 bits with the window you read it at" in dead[0]["detail"]
+    assert len(_convert(annotations.ImageAnnotations("1", str(tmp_path / "eight.tif"), None, None))[0]) == 1
+
+
 def test_a_file_name_that_is_a_folder_is_a_dead_letter(tmp_path):
     (tmp_path / "folder.png").mkdir()
     records, dead = _convert(annotations.ImageAnnotations("1", str(tmp_path / "folder.png"), None, None))
