@@ -152,7 +152,12 @@ _NRRD_TYPES = {**dict.fromkeys(("signed char", "int8", "int8_t", "uchar", "unsig
                                 "uint64", "uint64_t", "double"), 8)}
 
 
-def _nrrd(path: str):
+def nrrd_fields(path: str) -> tuple[dict[str, str], int]:
+    """A NRRD header's fields (keys lower-case) and the byte offset where its data begin.
+
+    Raises:
+        ValueError: no end of header.
+    """
     def end_of_header(head: bytes):
         for separator in (b"\n\n", b"\r\n\r\n"):
             at = head.find(separator)
@@ -166,6 +171,11 @@ def _nrrd(path: str):
         key, separator, value = line.partition(":")
         if separator and not line.startswith("#"):
             fields[key.strip().lower()] = value.strip()
+    return fields, end
+
+
+def _nrrd(path: str):
+    fields, end = nrrd_fields(path)
     size = _NRRD_TYPES.get(fields.get("type", "").lower())
     encoding = {"raw": "raw", "gzip": "gzip", "gz": "gzip", "bzip2": "bzip2", "bz2": "bzip2"}.get(
         fields.get("encoding", "").lower())
@@ -185,7 +195,12 @@ _META_TYPES = {"MET_CHAR": 1, "MET_UCHAR": 1, "MET_SHORT": 2, "MET_USHORT": 2, "
                "MET_LONG": 4, "MET_ULONG": 4, "MET_LONG_LONG": 8, "MET_ULONG_LONG": 8, "MET_FLOAT": 4, "MET_DOUBLE": 8}
 
 
-def _meta(path: str):
+def meta_fields(path: str) -> tuple[dict[str, str], int]:
+    """A MetaImage header's fields and the byte offset where its data begin (after ElementDataFile).
+
+    Raises:
+        ValueError: no ElementDataFile line.
+    """
     def end_of_header(head: bytes):
         at = head.find(b"ElementDataFile")
         newline = head.find(b"\n", at) if at >= 0 else -1
@@ -197,6 +212,11 @@ def _meta(path: str):
         key, separator, value = line.partition("=")
         if separator:
             fields[key.strip()] = value.strip()
+    return fields, end
+
+
+def _meta(path: str):
+    fields, end = meta_fields(path)
     size = _META_TYPES.get(fields.get("ElementType", ""))
     if size is None or not fields.get("DimSize") or fields.get("BinaryData", "True").lower() != "true":
         return None

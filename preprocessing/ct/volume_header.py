@@ -88,6 +88,8 @@ def read_header(source: ct_io.VolumeSource) -> VolumeHeader:
     kind = format_of(source.path)
     if kind == "nifti":
         _check_nifti_fields(source)
+    elif kind in ("nrrd", "meta"):
+        _check_spacing_is_given(source, kind)
     reader = sitk.ImageFileReader()
     reader.SetFileName(source.path)
     try:
@@ -191,6 +193,21 @@ def _dicom_header(source: ct_io.VolumeSource) -> VolumeHeader:
     stored = np.dtype(f"int{max(8, bits)}") if bits in (8, 16, 32, 64) else np.dtype(np.float64)
     return VolumeHeader(size, (column_spacing, row_spacing, float(getattr(header, "SliceThickness", None) or 1.0)),
                         tuple(np.eye(3).reshape(-1).tolist()), stored.name, stored.itemsize, 1, samples, "dicom")
+
+
+def _check_spacing_is_given(source: ct_io.VolumeSource, kind: str) -> None:
+    """Refuses a NRRD or MetaImage header that gives no voxel spacing at all (readers would take 1 mm, as a NIfTI
+    reader takes a zero pixdim: `_check_nifti_fields`)."""
+    try:
+        fields, _ = (volume_bytes.nrrd_fields if kind == "nrrd" else volume_bytes.meta_fields)(source.path)
+    except Exception:  # no header this module can read: SimpleITK's reader says what is wrong in its own words
+        return
+    spacing = ("space directions", "spacings") if kind == "nrrd" else ("ElementSpacing", "ElementSize")
+    if not any(fields.get(field) for field in spacing):
+        raise dead_letters.CaseError(
+            "read", "invalid_geometry",
+            f"{name_of(source)} gives no voxel spacing in its header ({' or '.join(spacing)}), which readers take as "
+            "1 mm; fullres does not guess geometry, so write the scan's true voxel size into its header")
 
 
 def _check_nifti_fields(source: ct_io.VolumeSource) -> None:

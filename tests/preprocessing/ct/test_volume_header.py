@@ -86,6 +86,19 @@ def _metaimage(path, replace):
     return str(path)
 
 
+def _without_spacing(path):
+    """A MetaImage or NRRD whose header says nothing of the voxel size (hand-written headers, converters that drop
+    it): readers take 1 mm."""
+    voxels = np.full((6, 7, 8), -500, np.int16).tobytes()
+    if str(path).endswith(".mha"):
+        header = (b"ObjectType = Image\nNDims = 3\nBinaryData = True\nBinaryDataByteOrderMSB = False\n"
+                  b"DimSize = 8 7 6\nElementType = MET_SHORT\nElementDataFile = LOCAL\n")
+    else:
+        header = b"NRRD0004\ntype: short\ndimension: 3\nsizes: 8 7 6\nendian: little\nencoding: raw\n\n"
+    path.write_bytes(header + voxels)
+    return str(path)
+
+
 def _volume():
     return np.full((6, 7, 8), -500.0, np.float32)  # (z, y, x) as nibabel takes (x, y, z): any order does here
 
@@ -113,6 +126,12 @@ def _refusal(case, config=CONFIG):
      "forms.nii.gz has a qform and an sform that place the volume up to 8.7 mm apart (NIfTI qform_code 1, "
      "sform_code 2); readers choose between them differently, so fullres does not guess: make them agree, e.g. with "
      "nibabel (image.set_qform(image.get_sform())) or FSL (fslorient -copysform2qform)"),
+    ("unsized.mha", _without_spacing, "invalid_geometry",
+     f"unsized.mha gives no voxel spacing in its header (ElementSpacing or ElementSize), which readers take as 1 mm; "
+     f"{GEOMETRY_FIX}"),
+    ("unsized.nrrd", _without_spacing, "invalid_geometry",
+     f"unsized.nrrd gives no voxel spacing in its header (space directions or spacings), which readers take as 1 mm; "
+     f"{GEOMETRY_FIX}"),
     ("spacing.mha", lambda p: _metaimage(p, (b"ElementSpacing = 1 1 1", b"ElementSpacing = 0 0 0")),
      "invalid_geometry", f"spacing.mha has voxel spacing 0 x 0 x 0 mm in its header (ElementSpacing); {GEOMETRY_FIX}"),
     ("direction.mha", lambda p: _metaimage(p, (b"TransformMatrix = 1 0 0 0 1 0 0 0 1",
