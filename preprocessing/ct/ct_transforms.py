@@ -13,7 +13,9 @@ values checked and counted).
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import logging
+import math
 import os
 
 import numpy as np
@@ -159,13 +161,31 @@ def check_volume(source: ct_io.VolumeSource, max_voxels: int, max_decoded_bytes:
             f"voxel as stored and {volume_header.WORKING_BYTES_PER_VOXEL} as float32), more than --max-decoded-bytes "
             f"{sizes.human_bytes(max_decoded_bytes)}; raise --max-decoded-bytes if {holder} has that memory to spare")
     if spacing is not None:
-        resampled = [max(1, int(round(n * s / t))) for n, s, t in zip(header.size, header.spacing, spacing)]
-        voxels = int(np.prod(resampled, dtype=np.int64))
+        along = [max(1.0, n * s / t) for n, s, t in zip(header.size, header.spacing, spacing)]
+        if not all(math.isfinite(v) for v in along):  # a grid so fine the count is not even a float
+            raise dead_letters.CaseError("read", "too_many_voxels",
+                                         f"{name}{resampled_to} would hold more voxels than can be counted, {advice}")
+        resampled = [max(1, int(round(v))) for v in along]
+        voxels = math.prod(resampled)  # Python's integers: numpy's int64 wrapped around for very fine grids
         if voxels > max_voxels:
             raise dead_letters.CaseError("read", "too_many_voxels",
-                                         f"{name}{resampled_to} would hold {' x '.join(map(str, resampled))} = "
-                                         f"{voxels:,} voxels, {advice}")
+                                         f"{name}{resampled_to} would hold {' x '.join(map(_size, resampled))} = "
+                                         f"{_count(voxels)} voxels, {advice}")
         volume_header.check_minimum(resampled, name, resampled_to)
+
+
+def _count(number: int) -> str:
+    """A count as people read it: digits grouped, or (from 10^15) three significant digits, however large.
+
+    >>> _count(336_000_000_000), _count(8 * 10**900)
+    ('336,000,000,000', '8.00e+900')
+    """
+    return f"{number:,}" if number < 10**15 else f"{decimal.Decimal(number):.3g}"
+
+
+def _size(number: int) -> str:
+    """One axis's voxels: the digits, or (from 10^15) three significant digits."""
+    return str(number) if number < 10**15 else f"{decimal.Decimal(number):.3g}"
 
 
 def read_scan(source: ct_io.VolumeSource, modality: str, spacing_tolerance: float

@@ -411,6 +411,13 @@ def test_resampling_beyond_the_voxel_budget_is_refused_from_the_header(tmp_path)
     assert error.value.detail == (
         "small.nii.gz resampled to --spacing 0.25,0.25,0.25 would hold 24 x 24 x 16 = 9,216 voxels, "
         "more than --max-voxels 5,000; raise --max-voxels if each worker has about 20 bytes per voxel of memory")
+    # A grid so fine that numpy's int64 count wrapped around (1e-6 mm) slipped past the budget into ITK's allocator;
+    # finer still (1e-300 mm) the count was an OverflowError. Both are refused by the same rule, readably.
+    for spacing, sizes in (((1e-6,) * 3, "6000000 x 6000000 x 4000000 = 1.44e+20"),
+                           ((1e-300,) * 3, "6.00e+300 x 6.00e+300 x 4.00e+300 = 1.44e+902")):
+        with pytest.raises(dead_letters.CaseError) as error:
+            ct_transforms.preprocess_case(case, ct_transforms.CtPreprocessConfig(spacing=spacing))
+        assert error.value.reason == "too_many_voxels" and f" would hold {sizes} voxels, more than" in error.value.detail
 
 
 def _off_centre_case(tmp_path):
