@@ -39,9 +39,10 @@ def valid_boxes(image: annotations_lib.ImageAnnotations, width: int, height: int
     """Splits an image's boxes into kept (clipped, normalized) boxes and dead letters.
 
     Returns:
-        (boxes (N, 4) float32 ymin, xmin, ymax, xmax in [0, 1], labels, texts, dead letters).
+        (boxes (N, 4) float32 ymin, xmin, ymax, xmax in [0, 1], labels, texts, dead letters, flags: the kept boxes'
+        `{"crowd": (N,), "difficult": (N,)}` as 0/1).
     """
-    kept, labels, texts, dead = [], [], [], []
+    kept, labels, texts, dead, flags = [], [], [], [], {"crowd": [], "difficult": []}
     for box in image.boxes:
         if box.x_max <= box.x_min or box.y_max <= box.y_min:
             dead.append(dead_letters.dead_letter(box.source, "boxes", "box_non_positive_size",
@@ -57,7 +58,10 @@ def valid_boxes(image: annotations_lib.ImageAnnotations, width: int, height: int
         kept.append([y_min / height, x_min / width, y_max / height, x_max / width])
         labels.append(box.label)
         texts.append(box.text)
-    return np.asarray(kept, np.float32).reshape(-1, 4), tuple(labels), tuple(texts), dead
+        flags["crowd"].append(int(box.crowd))
+        flags["difficult"].append(int(box.difficult))
+    return (np.asarray(kept, np.float32).reshape(-1, 4), tuple(labels), tuple(texts), dead,
+            {name: tuple(values) for name, values in flags.items()})
 
 
 def _open_error(image: annotations_lib.ImageAnnotations, error: OSError) -> dict:
@@ -159,12 +163,13 @@ class ConvertImageFn(beam.DoFn):
                 image.path, "validate", "size_mismatch",
                 f"annotations say {image.width or '?'}×{image.height or '?'}, the file is {width}×{height}"))
             return
-        boxes, labels, texts, dead = valid_boxes(image, width, height)
+        boxes, labels, texts, dead, flags = valid_boxes(image, width, height)
         for letter in dead:
             yield counting.reject(letter)
         record = tfrecord_schema.DetectionRecord(
             source_id=image.source_id, filename=os.path.basename(image.path), encoded=encoded,
             image_format=KEPT_FORMATS[image_format], height=height, width=width, boxes=boxes, labels=labels, texts=texts,
+            crowd=flags["crowd"], difficult=flags["difficult"],
         )
         yield counting.accept(tfrecord_schema.encode_detection_example(record))
 

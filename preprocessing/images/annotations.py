@@ -42,6 +42,8 @@ class Box:
     label: int
     text: str
     source: str  # where it came from, for dead letters: "file#annotation"
+    crowd: bool = False  # COCO `iscrowd` 1: a region of many objects, not one
+    difficult: bool = False  # Pascal VOC `<difficult>1</difficult>`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,8 @@ class _Object:
     corners: tuple[float, float, float, float]
     name: str
     source: str
+    crowd: bool = False
+    difficult: bool = False
 
 
 def safe_image_path(image_dir: str, file_name: str) -> str | None:
@@ -250,7 +254,8 @@ def read_coco(path: str, image_dir: str, label_map: str | None = None, extend_la
         if bad_box:
             dead.append(bad_box)
             continue
-        image["objects"].append(_Object(corners, categories[category], source))
+        crowd = parse_whole_number(annotation.get("iscrowd")) == 1
+        image["objects"].append(_Object(corners, categories[category], source, crowd=crowd))
     # Ids as the file gives them (TF OD API: from 1); a set counting from 0 moves up by one, so 0 is a class too.
     shift = 1 if 0 in categories else 0
     if shift:
@@ -262,7 +267,8 @@ def read_coco(path: str, image_dir: str, label_map: str | None = None, extend_la
     label_ids = resolve_label_map(used, default, path, label_map, extend_label_map, log)
     result = [
         ImageAnnotations(str(image["id"]), image["path"], image["width"], image["height"],
-                         tuple(Box(*o.corners, label_ids[o.name], o.name, o.source) for o in image["objects"]))
+                         tuple(Box(*o.corners, label_ids[o.name], o.name, o.source, crowd=o.crowd)
+                               for o in image["objects"]))
         for image in sorted(images.values(), key=lambda image: _sort_key(image["id"]))
     ]
     return result, dead, label_ids
@@ -302,7 +308,7 @@ def read_voc(directory: str, image_dir: str, label_map: str | None = None, exten
                 if not text:
                     raise ValueError("an <object> without <name>")
                 corners = tuple(_voc_number(obj.find("bndbox"), k) for k in ("xmin", "ymin", "xmax", "ymax"))
-                objects.append((text, corners))
+                objects.append((text, corners, (obj.findtext("difficult") or "0").strip() == "1"))
         except (ElementTree.ParseError, ValueError, AttributeError, TypeError, OSError) as error:
             dead.append(dead_letters.dead_letter(xml_path, "annotations", "unreadable_annotation", f"not a readable VOC file ({error})"))
             continue
@@ -312,13 +318,14 @@ def read_voc(directory: str, image_dir: str, label_map: str | None = None, exten
                                     f"file name {file_name!r} escapes the image directory {image_dir}"))
             continue
         parsed.append((xml_path, file_name, image_path, width, height, objects))
-    names = sorted({n for *_, objects in parsed for n, _ in objects})
+    names = sorted({n for *_, objects in parsed for n, _, _ in objects})
     label_ids = resolve_label_map(names, {name: i + 1 for i, name in enumerate(names)}, directory, label_map,
                                   extend_label_map, log)
     images = [
         ImageAnnotations(
             os.path.splitext(file_name)[0], image_path, width, height,
-            tuple(Box(*corners, label_ids[text], text, f"{xml_path}#object{i}") for i, (text, corners) in enumerate(objects)),
+            tuple(Box(*corners, label_ids[text], text, f"{xml_path}#object{i}", difficult=difficult)
+                  for i, (text, corners, difficult) in enumerate(objects)),
         )
         for xml_path, file_name, image_path, width, height, objects in parsed
     ]

@@ -41,8 +41,8 @@ are refused by the trainer with the command that converts them again
 (`OLD_CT_RECORDS`).
 
 Detection records use the TF Object Detection API keys (`image/encoded`,
-`image/object/bbox/ymin` ..., `image/object/class/label`; `encode_detection_example`)
-so existing tools read them.
+`image/object/bbox/ymin` ..., `image/object/class/label`, `image/object/is_crowd`,
+`image/object/difficult`; `encode_detection_example`) so existing tools read them.
 
 Writing needs no TensorFlow (`example_proto`), so Beam workers start fast;
 the parsers, used inside `tf.data`, import it when first called.
@@ -265,6 +265,8 @@ class DetectionRecord:
     boxes: np.ndarray  # (N, 4) float32 ymin, xmin, ymax, xmax in [0, 1]
     labels: tuple[int, ...] = ()
     texts: tuple[str, ...] = ()
+    crowd: tuple[int, ...] = ()  # per box, 1: a COCO crowd region (`iscrowd`); () : none is
+    difficult: tuple[int, ...] = ()  # per box, 1: a Pascal VOC difficult object; (): none is
 
 
 def encode_detection_example(record: DetectionRecord) -> bytes:
@@ -283,6 +285,8 @@ def encode_detection_example(record: DetectionRecord) -> bytes:
         "image/object/bbox/xmax": _floats(boxes[:, 3]),
         "image/object/class/label": _ints(record.labels),
         "image/object/class/text": _bytes([t.encode() for t in record.texts]),
+        "image/object/is_crowd": _ints(record.crowd or (0,) * len(boxes)),
+        "image/object/difficult": _ints(record.difficult or (0,) * len(boxes)),
     }
     return example_proto.serialize_example(features)
 
@@ -322,6 +326,8 @@ def _detection_features() -> dict:
         "image/object/bbox/xmax": tf.io.VarLenFeature(tf.float32),
         "image/object/class/label": tf.io.VarLenFeature(tf.int64),
         "image/object/class/text": tf.io.VarLenFeature(tf.string),
+        "image/object/is_crowd": tf.io.VarLenFeature(tf.int64),
+        "image/object/difficult": tf.io.VarLenFeature(tf.int64),
     }
 
 
@@ -330,7 +336,10 @@ def parse_detection_example(serialized) -> dict:
 
     Returns:
         `image` (H, W, 3) uint8, `boxes` (N, 4) float32 normalized (ymin, xmin,
-        ymax, xmax), `labels` (N,) int32, `texts` (N,), `source_id`, `height`, `width`.
+        ymax, xmax), `labels` (N,) int32, `texts` (N,), `ignore` (N,) bool (a
+        COCO crowd region or a VOC difficult object: not trained on, and ignored
+        by the evaluation, as COCO and VOC evaluate; records without the flags:
+        none), `source_id`, `height`, `width`.
     """
     import tensorflow as tf
 
@@ -338,9 +347,16 @@ def parse_detection_example(serialized) -> dict:
     image = tf.io.decode_image(parsed["image/encoded"], channels=3, expand_animations=False)  # (H, W, 3)
     dense = {k: tf.sparse.to_dense(v) for k, v in parsed.items() if isinstance(v, tf.sparse.SparseTensor)}
     boxes = tf.stack([dense[f"image/object/bbox/{k}"] for k in ("ymin", "xmin", "ymax", "xmax")], axis=-1)  # (N, 4)
+    count = tf.shape(boxes)[0]
+
+    def flag(key):  # absent (records written before the flags, other tools' records): no box is flagged
+        values = dense[key] > 0
+        return tf.cond(tf.shape(values)[0] == count, lambda: values, lambda: tf.zeros([count], tf.bool))
+
     return {
         "image": image,
         "boxes": boxes,
+        "ignore": tf.logical_or(flag("image/object/is_crowd"), flag("image/object/difficult")),
         "labels": tf.cast(dense["image/object/class/label"], tf.int32),
         "texts": dense["image/object/class/text"],
         "source_id": parsed["image/source_id"],

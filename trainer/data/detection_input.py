@@ -24,6 +24,7 @@ def _transform(example: dict, canvas: tuple[int, int], max_boxes: int, augment: 
     source = tf.cast(tf.shape(image)[:2], tf.float32)
     boxes = example["boxes"] * tf.concat([source, source], axis=0)  # (N, 4) yxyx pixels of the source image
     classes = example["labels"] - 1  # 0-based; the TF OD API counts from 1
+    ignore = tf.cast(example["ignore"], tf.int32)  # crowd regions and difficult objects
     scale = tf.minimum(height / source[0], width / source[1])
     if augment:
         seeds = tf.random.experimental.stateless_split(seed, 4)
@@ -54,15 +55,18 @@ def _transform(example: dict, canvas: tuple[int, int], max_boxes: int, augment: 
     area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     kept_area = (clipped[:, 2] - clipped[:, 0]) * (clipped[:, 3] - clipped[:, 1])
     keep = kept_area >= 0.25 * area
-    boxes, classes = tf.boolean_mask(clipped, keep), tf.boolean_mask(classes, keep)
+    boxes, classes, ignore = (tf.boolean_mask(clipped, keep), tf.boolean_mask(classes, keep),
+                              tf.boolean_mask(ignore, keep))
     dropped = tf.maximum(tf.shape(classes)[0] - max_boxes, 0)  # boxes beyond max_boxes, left out below
-    boxes, classes = boxes[:max_boxes], classes[:max_boxes]
+    boxes, classes, ignore = boxes[:max_boxes], classes[:max_boxes], ignore[:max_boxes]
     count = tf.shape(classes)[0]
     boxes = tf.pad(boxes, [[0, max_boxes - count], [0, 0]])  # (M, 4)
     classes = tf.pad(classes, [[0, max_boxes - count]], constant_values=-1)  # (M,), -1 = no box
+    ignore = tf.pad(ignore, [[0, max_boxes - count]])  # (M,), 1: a crowd region or difficult object
     image = tf.ensure_shape(image, [height, width, 3])
     return {"image": image, "boxes": tf.ensure_shape(boxes, [max_boxes, 4]),
-            "classes": tf.ensure_shape(classes, [max_boxes]), "source_id": example["source_id"], "boxes_dropped": dropped}
+            "classes": tf.ensure_shape(classes, [max_boxes]), "ignore": tf.ensure_shape(ignore, [max_boxes]),
+            "source_id": example["source_id"], "boxes_dropped": dropped}
 
 
 def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, seed: int = 0) -> tf.data.Dataset:

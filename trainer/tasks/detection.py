@@ -155,7 +155,9 @@ class DetectionTask:
                     f"{unreported_images} training images ({self.boxes_dropped_max_boxes} in this run so far); raise "
                     "max_boxes to train on them")
                 unreported = unreported_images = 0
-            targets = retinanet.encode_targets(batch["boxes"], batch["classes"], config.image_size, config.model)
+            # Crowd regions and difficult objects are no training target (the TF OD API leaves crowd boxes out too).
+            trained = np.where(batch["ignore"] > 0, -1, batch["classes"])
+            targets = retinanet.encode_targets(batch["boxes"], trained, config.image_size, config.model)
             yield batches_lib.HostBatch(batch["image"], targets, [i.decode() for i in batch["source_id"]])
 
     def receptive_field(self, model, size=None) -> None:
@@ -191,7 +193,8 @@ class DetectionTask:
             for index in range(real):
                 count = int(found["num_detections"][index])
                 keep = batch["classes"][index] >= 0
-                truth = {"boxes": batch["boxes"][index][keep], "classes": batch["classes"][index][keep]}
+                truth = {"boxes": batch["boxes"][index][keep], "classes": batch["classes"][index][keep],
+                         "ignore": batch["ignore"][index][keep] > 0}
                 detections = {"boxes": found["boxes"][index][:count], "scores": found["confidence"][index][:count],
                               "classes": found["classes"][index][:count]}
                 yield batch["image"][index], truth, detections, batch["source_id"][index].decode()

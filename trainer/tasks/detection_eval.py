@@ -106,7 +106,9 @@ def coco_metrics(detections: list[dict], ground_truth: list[dict], class_names: 
 
     Args:
         detections: per image `{"boxes": (K, 4) yxyx, "scores": (K,), "classes": (K,)}` (0-based classes).
-        ground_truth: per image `{"boxes": (M, 4) yxyx, "classes": (M,)}`; the same order as `detections`.
+        ground_truth: per image `{"boxes": (M, 4) yxyx, "classes": (M,)}` and optionally `"ignore"` (M,) (crowd
+            regions and difficult objects: COCO's `iscrowd`, so a detection on one is neither right nor wrong);
+            the same order as `detections`.
         class_names: names of the 0-based classes.
 
     Returns:
@@ -124,11 +126,12 @@ def coco_metrics(detections: list[dict], ground_truth: list[dict], class_names: 
     results = []
     for image_id, (truth, found) in enumerate(zip(ground_truth, detections), start=1):
         dataset["images"].append({"id": image_id})
-        for box, label in zip(truth["boxes"], truth["classes"]):
+        ignore = truth.get("ignore", np.zeros(len(truth["classes"]), bool))
+        for box, label, crowd in zip(truth["boxes"], truth["classes"], ignore):
             x, y, w, h = xywh(box)
             dataset["annotations"].append({"id": len(dataset["annotations"]) + 1, "image_id": image_id,
                                            "category_id": int(label) + 1, "bbox": [x, y, w, h], "area": w * h,
-                                           "iscrowd": 0})
+                                           "iscrowd": int(bool(crowd))})
         for box, score, label in zip(found["boxes"], found["scores"], found["classes"]):
             results.append({"image_id": image_id, "category_id": int(label) + 1, "bbox": xywh(box), "score": float(score)})
     if not results:

@@ -158,7 +158,7 @@ def test_valid_boxes_as_a_plain_function():
         annotations.Box(100, 0, 120, 10, 1, "a", "s#3"),  # touches the right border from outside
         annotations.Box(5, 5, 5, 9, 1, "a", "s#4"),  # zero width
     ))
-    boxes, labels, texts, dead = images_pipeline.valid_boxes(image, width=100, height=50)
+    boxes, labels, texts, dead, _ = images_pipeline.valid_boxes(image, width=100, height=50)
     np.testing.assert_allclose(boxes, [[0.1, 0.1, 0.5, 0.3], [0.8, 0.0, 1.0, 0.2]], rtol=1e-6)
     assert labels == (1, 2) and texts == ("a", "b")
     assert [(d["source"], d["reason"]) for d in dead] == [("s#3", "box_outside_image"), ("s#4", "box_non_positive_size")]

@@ -177,3 +177,52 @@ def test_a_label_map_with_id_zero_is_refused(tmp_path):
         f"{tmp_path / 'old' / 'label_map.json'} maps 'zero' to 0, but class ids count from 1 (0 is the background in "
         "the TF Object Detection API); convert the data again with fullres preprocess images, which stores COCO "
         "category 0 as 1.")
+
+
+@pytest.fixture
+def crowd_and_difficult_records(tmp_path):
+    """One image as COCO (a person, a crowd of people, a zebra) and as Pascal VOC (the crowd a difficult object)."""
+    (tmp_path / "images").mkdir()
+    Image.fromarray(np.full((128, 128, 3), 70, np.uint8)).save(tmp_path / "images" / "a.png")
+    boxes = [[8, 8, 30, 30], [60, 10, 50, 40], [30, 80, 40, 40]]  # [x, y, w, h]: person, crowd, zebra
+    coco = {"images": [{"id": 1, "file_name": "a.png", "width": 128, "height": 128}],
+            "categories": [{"id": 1, "name": "person"}, {"id": 2, "name": "zebra"}],
+            "annotations": [{"id": k + 1, "image_id": 1, "category_id": category, "bbox": box, "iscrowd": crowd}
+                            for k, (box, category, crowd) in enumerate(zip(boxes, (1, 1, 2), (0, 1, 0)))]}
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    (tmp_path / "voc").mkdir()
+    (tmp_path / "voc" / "a.xml").write_text("<annotation><filename>a.png</filename>" + "".join(
+        f"<object><name>{name}</name><difficult>{difficult}</difficult><bndbox><xmin>{x}</xmin><ymin>{y}</ymin>"
+        f"<xmax>{x + w}</xmax><ymax>{y + h}</ymax></bndbox></object>"
+        for (x, y, w, h), name, difficult in zip(boxes, ("person", "person", "zebra"), (0, 1, 0))) + "</annotation>")
+    patterns = {}
+    for kind, annotations_path in (("coco", tmp_path / "coco.json"), ("voc", tmp_path / "voc")):
+        images_pipeline.run(str(annotations_path), str(tmp_path / "images"), str(tmp_path / f"{kind}-records"),
+                            num_shards=1, pipeline_args=IN_PROCESS, log=lambda line: None)
+        patterns[kind] = str(tmp_path / f"{kind}-records" / "data-*.tfrecord")
+    return patterns
+
+
+@pytest.mark.parametrize("kind", ["coco", "voc"])
+def test_crowd_regions_and_difficult_objects_are_neither_trained_on_nor_counted_against(crowd_and_difficult_records,
+                                                                                        kind, tmp_path):
+    """They were plain boxes: trained on as one person, and a miss in the evaluation (COCO and VOC ignore them)."""
+    pattern = crowd_and_difficult_records[kind]
+    batch = next(detection_input.detection_dataset(pattern, 1, (128, 128), max_boxes=4).as_numpy_iterator())
+    assert list(batch["ignore"][0]) == [0, 1, 0, 0] and list(batch["classes"][0]) == [0, 0, 1, -1]
+    # Training: no anchor on the crowd is a person; the person and the zebra are still positives.
+    config = config_lib.detection_demo(train_data=pattern, output_dir=str(tmp_path / "run"), image_size=(128, 128),
+                                       batch_size=1, augment=False,
+                                       model=dataclasses.replace(config_lib.DETECTION_DEMO_MODEL, num_classes=2))
+    trained = next(detection.DetectionTask(config).batches(0, log=lambda line: None)).labels
+    expected = retinanet.encode_targets(batch["boxes"], np.array([[0, -1, 1, -1]]), (128, 128), config.model)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(trained[key], value)
+    # Evaluation: the person found and the crowd not: person AP 1 (it was 0.5 with the crowd a box to find).
+    keep = batch["classes"][0] >= 0
+    truth = {"boxes": batch["boxes"][0][keep], "classes": batch["classes"][0][keep], "ignore": batch["ignore"][0][keep] > 0}
+    found = {"boxes": truth["boxes"][[0, 2]], "scores": np.ones(2), "classes": truth["classes"][[0, 2]]}
+    assert detection_eval.coco_metrics([found], [truth], ["person", "zebra"])["per_class_AP"] == pytest.approx(
+        {"person": 1.0, "zebra": 1.0})
+    plain = {key: value for key, value in truth.items() if key != "ignore"}
+    assert detection_eval.coco_metrics([found], [plain], ["person", "zebra"])["per_class_AP"]["person"] < 0.6
