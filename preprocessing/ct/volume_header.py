@@ -246,7 +246,8 @@ def _check_nifti_fields(source: ct_io.VolumeSource) -> None:
 
 
 def _check_nifti_transforms(header, name: str) -> None:
-    """Refuses a sheared sform, and a qform and sform that place the volume differently, naming both.
+    """Refuses a header with neither transform, a sheared sform, and a qform and sform that place the volume
+    differently, naming them.
 
     ITK (and so fullres's reader) holds only perpendicular axes: a sheared
     sform is dropped for the qform, the nearest rotation, without a word (or
@@ -258,6 +259,13 @@ def _check_nifti_transforms(header, name: str) -> None:
     """
     sform = header.get_sform() if int(header["sform_code"]) > 0 else None
     qform = header.get_qform() if int(header["qform_code"]) > 0 else None
+    if sform is None and qform is None:
+        raise dead_letters.CaseError(
+            "read", "invalid_geometry",
+            f"{name} has neither a qform nor an sform in its header (NIfTI qform_code and sform_code 0), so where it "
+            "lies and which way it faces are unknown (ITK and nibabel would place it mirrored left to right); fullres "
+            "does not guess orientation, so write the scan's true orientation into its header (e.g. nibabel: "
+            "image.set_sform(affine, code=1))")
     if sform is not None:
         axes = sform[:3, :3] / np.linalg.norm(sform[:3, :3], axis=0)
         cosines = np.abs(axes.T @ axes - np.eye(3))

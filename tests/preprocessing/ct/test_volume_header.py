@@ -70,6 +70,11 @@ def _sheared_sform(header):
     header.set_qform(sheared, code=1)
 
 
+def _no_transform(header):
+    """Neither qform nor sform (codes 0): the ANALYZE-era 'method 1', orientation unknown."""
+    header["qform_code"], header["sform_code"] = 0, 0
+
+
 def _conflicting_forms(header):
     """A qform and an sform 5 mm apart along each axis (a registration that updated only the sform)."""
     header.set_sform(np.array([[0.8, 0, 0, 10], [0, 0.8, 0, 20], [0, 0, 2.0, -30], [0, 0, 0, 1]]), code=2)
@@ -122,6 +127,11 @@ def _refusal(case, config=CONFIG):
      "of 90°), which ITK-based readers and fullres's records cannot hold (ITK would silently take the qform's "
      "rotation instead); resample the scan onto a grid with perpendicular axes first (e.g. 3D Slicer's Resample "
      "Scalar Volume, or antsApplyTransforms)"),
+    ("unplaced.nii.gz", lambda p: _nifti(p, _volume(), _no_transform), "invalid_geometry",
+     "unplaced.nii.gz has neither a qform nor an sform in its header (NIfTI qform_code and sform_code 0), so where it "
+     "lies and which way it faces are unknown (ITK and nibabel would place it mirrored left to right); fullres does "
+     "not guess orientation, so write the scan's true orientation into its header (e.g. nibabel: "
+     "image.set_sform(affine, code=1))"),
     ("forms.nii.gz", lambda p: _nifti(p, _volume(), _conflicting_forms), "conflicting_geometry",
      "forms.nii.gz has a qform and an sform that place the volume up to 8.7 mm apart (NIfTI qform_code 1, "
      "sform_code 2); readers choose between them differently, so fullres does not guess: make them agree, e.g. with "
