@@ -134,6 +134,11 @@ class ConvertImageFn(beam.DoFn):
         except OSError as error:
             yield counting.reject(_open_error(image, error))
             return
+        if not encoded:
+            yield counting.reject(dead_letters.dead_letter(
+                image.path, "read", "empty_file",
+                "the image file is empty (0 bytes): a copy or download that never wrote it; copy it again"))
+            return
         try:
             with Image.open(io.BytesIO(encoded)) as decoded:
                 if decoded.width * decoded.height > self.max_pixels:  # the header only: nothing decoded yet

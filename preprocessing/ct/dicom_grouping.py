@@ -90,6 +90,10 @@ def _index(paths: list[str]
     groups: dict[tuple, list[dicom_series.Frame]] = collections.defaultdict(list)
     headers, labels, dead = {}, [], []
     for path in paths:
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            dead.append(dead_letters.dead_letter(path, "discover", "empty_file", "the file is empty (0 bytes): a copy or "
+                                                 "download that never wrote it; copy it again from its source"))
+            continue
         try:
             header = pydicom.dcmread(path, stop_before_pixels=True)
             if MEDIA_STORAGE_DIRECTORY in (str(getattr(header, "SOPClassUID", "")),

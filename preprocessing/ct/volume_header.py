@@ -85,11 +85,14 @@ def read_header(source: ct_io.VolumeSource) -> VolumeHeader:
     if source.is_dicom:
         return _dicom_header(source)
     volume_bytes.check_regular(source.path)  # a named pipe would block the header reader for ever
+    if os.path.isfile(source.path) and os.path.getsize(source.path) == 0:
+        raise dead_letters.CaseError("read", "empty_file", f"{name_of(source)} is empty (0 bytes): a copy or download "
+                                                           "that never wrote it; copy it again from its source")
     kind = format_of(source.path)
     if kind == "nifti":
         _check_nifti_fields(source)
     elif kind in ("nrrd", "meta"):
-        _check_spacing_is_given(source, kind)
+        _check_text_header(source, kind)
     reader = sitk.ImageFileReader()
     reader.SetFileName(source.path)
     try:
@@ -195,13 +198,21 @@ def _dicom_header(source: ct_io.VolumeSource) -> VolumeHeader:
                         tuple(np.eye(3).reshape(-1).tolist()), stored.name, stored.itemsize, 1, samples, "dicom")
 
 
-def _check_spacing_is_given(source: ct_io.VolumeSource, kind: str) -> None:
-    """Refuses a NRRD or MetaImage header that gives no voxel spacing at all (readers would take 1 mm, as a NIfTI
-    reader takes a zero pixdim: `_check_nifti_fields`)."""
+def _check_text_header(source: ct_io.VolumeSource, kind: str) -> None:
+    """Refuses a NRRD or MetaImage header whose data file is missing (naming it), or that gives no voxel spacing at
+    all (readers would take 1 mm, as a NIfTI reader takes a zero pixdim: `_check_nifti_fields`)."""
     try:
         fields, _ = (volume_bytes.nrrd_fields if kind == "nrrd" else volume_bytes.meta_fields)(source.path)
     except Exception:  # no header this module can read: SimpleITK's reader says what is wrong in its own words
         return
+    field, data_file = next(((key, fields[key]) for key in ("data file", "datafile", "ElementDataFile")
+                             if fields.get(key)), (None, ""))
+    one_file = data_file and data_file.upper() not in ("LOCAL", "LIST") and not any(c in data_file for c in " %")
+    if one_file and not os.path.exists(os.path.join(os.path.dirname(source.path), data_file)):
+        raise dead_letters.CaseError(
+            "read", "missing_data_file",
+            f"{name_of(source)} keeps its voxels in {data_file} (its header's {field}), which does not exist beside "
+            "it; copy the data file next to the header, or correct the header's file name")
     spacing = ("space directions", "spacings") if kind == "nrrd" else ("ElementSpacing", "ElementSize")
     if not any(fields.get(field) for field in spacing):
         raise dead_letters.CaseError(

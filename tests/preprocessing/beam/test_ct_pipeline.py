@@ -180,7 +180,7 @@ def bad_inputs(tmp_path_factory):
 EXPECTED_REASONS = {
     "corrupt.nii.gz": "unreadable",
     "notes.dcm": "unreadable",
-    "empty.nii.gz": "unreadable",
+    "empty.nii.gz": "empty_file",
     "duplicate_slice": "duplicate_slice",
     "shape_mismatch.nii.gz": "geometry_mismatch",
     "moved.nii.gz": "geometry_mismatch",
@@ -202,7 +202,7 @@ def test_every_bad_case_is_a_dead_letter_and_no_good_case_is_lost(bad_inputs, tm
     assert sorted(_read_output(str(output / "data-*.tfrecord"))) == ["good1", "good2"]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["ok"] == 2 and summary["failed"] == 8
-    assert summary["reasons"]["geometry_mismatch"] == 2 and summary["reasons"]["unreadable"] == 3
+    assert summary["reasons"]["geometry_mismatch"] == 2 and summary["reasons"]["unreadable"] == 2
 
 
 def test_empty_input_is_refused(tmp_path):

@@ -243,6 +243,14 @@ def test_an_image_deeper_than_8_bits_is_a_dead_letter_not_a_blank_record(tmp_pat
     assert len(_convert(annotations.ImageAnnotations("1", str(tmp_path / "eight.tif"), None, None))[0]) == 1
 
 
+def test_an_empty_image_file_is_named_as_such(tmp_path):
+    (tmp_path / "empty.png").write_bytes(b"")  # it was "cannot identify image file <_io.BytesIO object at 0x...>"
+    records, dead = _convert(annotations.ImageAnnotations("1", str(tmp_path / "empty.png"), None, None))
+    assert records == [] and dead == [{
+        "source": str(tmp_path / "empty.png"), "stage": "read", "reason": "empty_file",
+        "detail": "the image file is empty (0 bytes): a copy or download that never wrote it; copy it again"}]
+
+
 def test_a_file_name_that_is_a_folder_is_a_dead_letter(tmp_path):
     (tmp_path / "folder.png").mkdir()
     records, dead = _convert(annotations.ImageAnnotations("1", str(tmp_path / "folder.png"), None, None))

@@ -137,6 +137,11 @@ def test_a_cd_export_with_its_dicomdir_and_desktop_litter_reads_its_series_and_f
     volumes, dead = volume_discovery.discover(str(tmp_path / "cd"))
     assert dead == [] and len(volumes) == 2
     assert sorted(len(source.dicom_files) for source in volumes.values()) == [7, 7]
+    # An empty file in the export is named as such (it was "not a readable DICOM" in pydicom's words).
+    (tmp_path / "cd" / "IM_EMPTY").write_bytes(b"")
+    _, dead = volume_discovery.discover(str(tmp_path / "cd"))
+    assert [(d["reason"], d["detail"]) for d in dead] == [("empty_file", "the file is empty (0 bytes): a copy or "
+                                                           "download that never wrote it; copy it again from its source")]
 
 
 def test_missing_slice_is_resampled_from_true_positions_and_noted(tmp_path):

@@ -104,6 +104,18 @@ def _without_spacing(path):
     return str(path)
 
 
+def _missing_data_file(path):
+    """A MetaImage header whose .raw was not copied with it."""
+    sitk.WriteImage(sitk.GetImageFromArray(np.full((6, 7, 8), -500, np.int16)), str(path))
+    os.remove(str(path)[:-4] + ".raw")
+    return str(path)
+
+
+def _empty(path):
+    path.write_bytes(b"")
+    return str(path)
+
+
 def _volume():
     return np.full((6, 7, 8), -500.0, np.float32)  # (z, y, x) as nibabel takes (x, y, z): any order does here
 
@@ -142,6 +154,11 @@ def _refusal(case, config=CONFIG):
     ("unsized.nrrd", _without_spacing, "invalid_geometry",
      f"unsized.nrrd gives no voxel spacing in its header (space directions or spacings), which readers take as 1 mm; "
      f"{GEOMETRY_FIX}"),
+    ("alone.mhd", _missing_data_file, "missing_data_file",
+     "alone.mhd keeps its voxels in alone.raw (its header's ElementDataFile), which does not exist beside it; copy "
+     "the data file next to the header, or correct the header's file name"),
+    ("empty.nii.gz", _empty, "empty_file",
+     "empty.nii.gz is empty (0 bytes): a copy or download that never wrote it; copy it again from its source"),
     ("spacing.mha", lambda p: _metaimage(p, (b"ElementSpacing = 1 1 1", b"ElementSpacing = 0 0 0")),
      "invalid_geometry", f"spacing.mha has voxel spacing 0 x 0 x 0 mm in its header (ElementSpacing); {GEOMETRY_FIX}"),
     ("direction.mha", lambda p: _metaimage(p, (b"TransformMatrix = 1 0 0 0 1 0 0 0 1",
