@@ -38,6 +38,16 @@ Workers = Annotated[int | None, typer.Option(help="DirectRunner worker processes
 FollowLinks = Annotated[bool, typer.Option("--follow-links", help="Also read what symbolic links under --input lead to outside it (by default such links are left alone and named in a note; links inside --input are always followed).")]
 
 
+def _check_counts(num_shards: int, workers: int | None, max_pixels: int | None = None) -> None:
+    """Refuses a negative shard count, fewer than one worker, or a pixel budget below one, in one sentence."""
+    if num_shards < 0:
+        console.fail(f"--num-shards {num_shards} must be 0 (the runner decides) or more, e.g. --num-shards 16.")
+    if workers is not None and workers < 1:
+        console.fail(f"--workers {workers} must be 1 or more (leave it out for one per core), e.g. --workers 2.")
+    if max_pixels is not None and max_pixels < 1:
+        console.fail(f"--max-pixels {max_pixels} must be 1 or more, e.g. --max-pixels 100000000.")
+
+
 def _beam_args(runner: str, workers: int | None, extra: list[str]) -> list[str]:
     """Beam pipeline options: the runner, local worker count, and whatever else the user passed."""
     from preprocessing.beam import local_workers
@@ -132,6 +142,7 @@ def preprocess_ct(
         dead_letters.check_failed_fraction(max_failed_fraction)
     except ValueError as error:
         console.fail(str(error))
+    _check_counts(num_shards, workers)
     for name, path in (("--input", input_path), ("--labels", labels)):
         if path is not None and "://" not in path and not os.path.exists(path):
             console.fail(f"{name} {path!r} does not exist.")
@@ -180,6 +191,7 @@ def preprocess_images(
         dead_letters.check_failed_fraction(max_failed_fraction)
     except ValueError as error:
         console.fail(str(error))
+    _check_counts(num_shards, workers, max_pixels)
     for name, path in (("--annotations", annotations), ("--images", images), ("--label-map", label_map)):
         if path is not None and "://" not in path and not os.path.exists(path):
             console.fail(f"{name} {path!r} does not exist.")

@@ -157,6 +157,24 @@ def test_a_failed_fraction_outside_0_to_1_is_refused_by_every_command(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("extra, sentence", [
+    (["--num-shards", "-1"], "--num-shards -1 must be 0 (the runner decides) or more, e.g. --num-shards 16."),
+    (["--workers", "0"], "--workers 0 must be 1 or more (leave it out for one per core), e.g. --workers 2."),
+])
+@pytest.mark.parametrize("command", ["ct", "images"])
+def test_shard_and_worker_counts_below_their_floor_are_refused(tmp_path, command, extra, sentence):
+    """Both were taken as 'let the runner decide' without a word."""
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    given = (["--input", str(tmp_path)] if command == "ct" else ["--annotations", str(tmp_path), "--images",
+                                                                  str(tmp_path)])
+    result = CliRunner().invoke(cli.app, ["preprocess", command, *given, "--output", str(tmp_path / "out"), *extra])
+    assert result.exit_code == 2 and result.stderr.strip() == f"fullres: error: {sentence}"
+    assert not (tmp_path / "out").exists()
+
+
 def test_dataflow_workers_get_a_wheel_of_this_checkout():
     import zipfile
 
