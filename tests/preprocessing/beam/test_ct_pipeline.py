@@ -311,6 +311,7 @@ def _gzip_bomb(path, shape_xyz=(2048, 2048, 512)):
     header.set_data_dtype(np.uint8)
     header.set_data_shape(shape_xyz)
     header.set_zooms((0.7, 0.7, 1.0))
+    header.set_sform(np.diag([0.7, 0.7, 1.0, 1.0]), code=1)  # placed like a scan: refused for its size, not geometry
     header["vox_offset"] = 352
     prefix = header.binaryblock + b"\0" * (int(header["vox_offset"]) - len(header.binaryblock))
     chunk = 64 * 2**20
