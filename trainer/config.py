@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping, Sequence
 
@@ -121,8 +122,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.epochs must be >= 1, got {self.epochs}.")
         if self.batch_size < 1:
             raise ValueError(f"TrainConfig.batch_size must be >= 1, got {self.batch_size}.")
-        if self.learning_rate <= 0:
-            raise ValueError(f"TrainConfig.learning_rate must be > 0, got {self.learning_rate}.")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):  # nan passed a `<= 0` test
+            raise ValueError(f"TrainConfig.learning_rate must be a finite number > 0, got {self.learning_rate}.")
         if self.warmup_steps < 0:
             raise ValueError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}.")
         if self.schedule not in SCHEDULES:
@@ -131,8 +132,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"TrainConfig.momentum must be in [0, 1), got {self.momentum}.")
-        if self.weight_decay < 0:
-            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}.")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"TrainConfig.weight_decay must be a finite number >= 0, got {self.weight_decay}.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}.")
         if self.checkpoint_every < 1:
