@@ -260,6 +260,11 @@ def plan(
             counts = asked = (math.prod(dims),)
         if max_minutes is not None and max_minutes <= 0:
             raise ValueError(f"--max-minutes {max_minutes:g} must be more than 0, e.g. --max-minutes 30.")
+        if device_memory is not None:
+            from common import sizes
+
+            if sizes.parse_bytes(device_memory, "--device-memory") <= 0:
+                raise ValueError(f"--device-memory {device_memory} must be more than 0, e.g. --device-memory 16GiB.")
     except ValueError as error:
         console.fail(str(error))
     if not _jax_backend_started():

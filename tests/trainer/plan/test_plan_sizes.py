@@ -39,11 +39,13 @@ from typer.testing import CliRunner
      "1,4,1,1,1."),
     (["--model", "unet3d", "--image-size", "16,16,16", "--max-minutes", "0"],
      "--max-minutes 0 must be more than 0, e.g. --max-minutes 30."),
+    (["--model", "unet3d", "--image-size", "16,16,16", "--device-memory", "0"],
+     "--device-memory 0 must be more than 0, e.g. --device-memory 16GiB."),
     (["--model", "unet3d", "--image-size", "16,16,16", "--patch-size", "8,32,8"],
      "--patch-size 8,32,8 is larger than the 16x16x16 volumes of --image-size 16,16,16; give a patch at most the "
      "volume's size along every axis, or leave --patch-size out to train on whole volumes."),
 ], ids=["zero-depth", "negative-width", "zero-canvas", "3d-count", "2d-count", "retinanet-count", "zero-cores",
-        "negative-cores", "dims-count", "dims-zero", "zero-minutes", "patch-too-large"])
+        "negative-cores", "dims-count", "dims-zero", "zero-minutes", "zero-memory", "patch-too-large"])
 def test_plan_refuses_a_size_no_model_takes_in_one_sentence(arguments, sentence):
     from pipelines import cli
 
