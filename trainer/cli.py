@@ -243,6 +243,7 @@ def plan(
     plug-in) on this machine: each layout is first sized on the CPU, layouts whose CPU figure already exceeds
     the target's memory are not compiled for it, and the plan ends with what to launch.
     """
+    from common import sizes
     from trainer.plan import targets
 
     try:
@@ -261,8 +262,6 @@ def plan(
         if max_minutes is not None and max_minutes <= 0:
             raise ValueError(f"--max-minutes {max_minutes:g} must be more than 0, e.g. --max-minutes 30.")
         if device_memory is not None:
-            from common import sizes
-
             if sizes.parse_bytes(device_memory, "--device-memory") <= 0:
                 raise ValueError(f"--device-memory {device_memory} must be more than 0, e.g. --device-memory 16GiB.")
     except ValueError as error:
@@ -275,7 +274,6 @@ def plan(
             import jax  # (JAX reads JAX_PLATFORMS when it is imported, which `trainer` may have done)
 
             jax.config.update("jax_platforms", "cpu")
-    from common import sizes
     from trainer.plan import memory_plan
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,

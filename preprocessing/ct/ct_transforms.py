@@ -169,23 +169,19 @@ def check_volume(source: ct_io.VolumeSource, max_voxels: int, max_decoded_bytes:
         voxels = math.prod(resampled)  # Python's integers: numpy's int64 wrapped around for very fine grids
         if voxels > max_voxels:
             raise dead_letters.CaseError("read", "too_many_voxels",
-                                         f"{name}{resampled_to} would hold {' x '.join(map(_size, resampled))} = "
+                                         f"{name}{resampled_to} would hold {' x '.join(_count(n, grouped=False) for n in resampled)} = "
                                          f"{_count(voxels)} voxels, {advice}")
         volume_header.check_minimum(resampled, name, resampled_to)
 
 
-def _count(number: int) -> str:
-    """A count as people read it: digits grouped, or (from 10^15) three significant digits, however large.
+def _count(number: int, grouped: bool = True) -> str:
+    """A count as people read it: the digits (grouped, unless not `grouped`), or (from 10^15) three significant
+    digits, however large.
 
-    >>> _count(336_000_000_000), _count(8 * 10**900)
-    ('336,000,000,000', '8.00e+900')
+    >>> _count(336_000_000_000), _count(8000, grouped=False), _count(8 * 10**900)
+    ('336,000,000,000', '8000', '8.00e+900')
     """
-    return f"{number:,}" if number < 10**15 else f"{decimal.Decimal(number):.3g}"
-
-
-def _size(number: int) -> str:
-    """One axis's voxels: the digits, or (from 10^15) three significant digits."""
-    return str(number) if number < 10**15 else f"{decimal.Decimal(number):.3g}"
+    return (f"{number:,}" if grouped else str(number)) if number < 10**15 else f"{decimal.Decimal(number):.3g}"
 
 
 def read_scan(source: ct_io.VolumeSource, modality: str, spacing_tolerance: float

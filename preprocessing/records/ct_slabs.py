@@ -34,6 +34,9 @@ import numpy as np
 from preprocessing.records import example_layout, tfrecord_files, tfrecord_schema as schema
 
 
+VOXEL_BYTES = 3  # a voxel as read: its int16 image value and its uint8 label
+
+
 @dataclasses.dataclass(frozen=True)
 class CtLayout:
     """Where one CT record's slabs lie, and what a reader needs to know of it before reading them."""
@@ -49,7 +52,7 @@ class CtLayout:
 
     def share_bytes(self, depth: int) -> int:
         """Bytes of `depth` depth voxels of this record, image (int16) and label (uint8)."""
-        return depth * self.shape[1] * self.shape[2] * 3
+        return depth * self.shape[1] * self.shape[2] * VOXEL_BYTES
 
 
 def read_layout(records: tfrecord_files.RecordFile, number: int) -> CtLayout:

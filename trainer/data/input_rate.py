@@ -14,6 +14,7 @@ import dataclasses
 import os
 import time
 
+from preprocessing.records import ct_slabs
 from trainer.data import batches, ct_input
 
 
@@ -59,7 +60,7 @@ def measure(records: ct_input.CtRecords, depth: tuple[int, int] | None = None, *
     share = batches.Share((0,), depth)
     crop = tuple(patch) if patch is not None else records.shape
     start, stop = share.depth_of(crop[0])
-    example_bytes = (stop - start) * crop[1] * crop[2] * 3  # int16 image and uint8 label voxels
+    example_bytes = (stop - start) * crop[1] * crop[2] * ct_slabs.VOXEL_BYTES
     with pinned_to(cores):
         stream = ct_input.CtBatches(records, 1, share, seed=0, cache="on" if cached else "off", workers=cores,
                                     patch=patch)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from common import sizes
+from preprocessing.records import ct_slabs
 from trainer.data import batches, ct_input, input_rate
 from trainer.engine import placement
 
@@ -81,7 +82,7 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
         share = placed_share(dims, image_shape, devices, processes)
         start, stop = share.depth_of(image_shape[1])
         plane = patch[1:] if patch else records.shape[1:]
-        share_bytes = (stop - start) * math.prod(plane) * 3  # int16 image and uint8 label voxels, as read
+        share_bytes = (stop - start) * math.prod(plane) * ct_slabs.VOXEL_BYTES
         cores = batches.usable_cores()
         crops = f" of {'x'.join(map(str, patch))} crops" if patch else ""
         log(f"measuring this host's input from {data}: depths {start}-{stop - 1}{crops} of {records.shape[0]} "
