@@ -45,3 +45,9 @@ def test_the_readme_python_example_runs_as_a_program(tmp_path):
     row = re.search(r"^ +4 1,4,1,1,1 .* (\d+) +([\d.]+) (B|KiB|MiB) +[\d.]+ +[\d.]+ (B|KiB|MiB) *$", result.stdout,
                     re.MULTILINE)
     assert row and row.group(1) == "0" and float(row.group(2)) > 0, result.stdout[-2000:]
+
+
+def test_the_readme_stays_within_12_kb():
+    """The README is the front door (≤ 12 KB); detail belongs in docs/."""
+    size = len(_read("README.md").encode("utf-8"))
+    assert size <= 12 * 1024, f"README.md is {size} bytes, over 12 KiB: move detail into docs/"
