@@ -135,6 +135,7 @@ def train(
     saved_model: Annotated[
         bool, typer.Option("--saved-model/--no-saved-model", help="At the end, export the TensorFlow SavedModel into OUTPUT/saved_model (--no-saved-model: model.keras only, as the pipeline's train step leaves it to its export step; a run that never exports never imports TensorFlow).")
     ] = True,
+    continue_with_changes: Annotated[bool, typer.Option("--continue-with-changes", help="Rerun into an earlier run's --output with a setting that defines it changed (data preprocessing, model, patches, augmentation, partition, schedule): go on from its checkpoint under the new meaning, recorded in its run_record.json (without this, such a rerun is refused).")] = False,
     context: typer.Context = None,
 ) -> None:
     """Train a UNet (segmentation), a RetinaNet (detection) or your own network (--model FILE.py:FUNCTION), spatially
@@ -201,7 +202,7 @@ def train(
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
                                     overrides={**flags, **parsing.parse_settings(settings or [])},
                                     model_source=model)
-        train_lib.train(config, log=console.say, export_saved_model=saved_model)
+        train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes)
     except distributed.Preempted as preempted:
         console.say(f"fullres: {preempted}")
         raise typer.Exit(code=distributed.PREEMPTED_EXIT_CODE) from None
@@ -377,8 +378,8 @@ def _options_without(context: typer.Context, *left_out: str) -> list[str]:
         value = context.params.get(parameter.name)
         if parameter.name in left_out or value is None:
             continue
-        if parameter.is_flag and parameter.secondary_opts:
-            arguments.append(parameter.opts[0] if value else parameter.secondary_opts[0])
+        if parameter.is_flag:  # --a/--no-a as given; a lone flag (--continue-with-changes) only when set
+            arguments += [parameter.opts[0]] if value else parameter.secondary_opts[:1]
         elif isinstance(value, (list, tuple)):
             arguments += [part for item in value for part in (parameter.opts[0], str(item))]
         else:

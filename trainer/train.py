@@ -35,14 +35,19 @@ import numpy as np
 from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
-from trainer.engine import checkpoints, placement, program, run_files, scalars
+from trainer.engine import checkpoints, placement, program, run_files, run_record, scalars
 from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
 
 
-def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True) -> dict:
+def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True,
+          continue_with_changes: bool = False) -> dict:
     """Trains (or resumes) the model `config` describes; returns the metrics dict.
+
+    A rerun into an earlier run's folder resumes it only as it was: a change of what defines it (the training
+    data's preprocessing, the model, patches, augmentation, partition, schedule, ...: `engine.run_record`) is
+    refused unless `continue_with_changes`, which records the change in the run's history.
 
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
@@ -63,6 +68,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         ValueError: data the task cannot use (`Task.check_data`: unlabelled, mixed shapes, another task's records,
             data sets that differ).
         output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
+        run_record.RunChanged: the rerun changes a setting that defines the run, or asks for fewer steps than done.
         ValueError: the run's newest checkpoint was written by another configuration.
         user_model.UserModelError: a user's network (`--model FILE.py:FUNCTION`) cannot be loaded or breaks the
             contract (a ValueError).
@@ -90,7 +96,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
                                                          "evaluation data": config.eval_data})
     chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
     with chief_lock:
-        return _train(config, log, export_saved_model)
+        return _train(config, log, export_saved_model, continue_with_changes)
 
 
 @dataclasses.dataclass
@@ -118,9 +124,10 @@ class _Run:
     input_cache: str | None = None  # the input cache's decision, in words
 
 
-def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool) -> dict:
+def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool,
+           continue_with_changes: bool) -> dict:
     """`train`, once the output directory is known to be safe and this process holds it."""
-    run = _set_up(config, log)
+    run = _set_up(config, log, continue_with_changes)
     writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief else None
     try:
         train_seconds = _loop(run, writer, log)
@@ -146,7 +153,7 @@ def _seed(seed: int) -> None:
     np.random.seed(seed)
 
 
-def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
+def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_with_changes: bool = False) -> _Run:
     """Task, layout, mesh, model and the state to start from; the run's config files written (process 0)."""
     import jax
 
@@ -167,6 +174,8 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
     )
+    # A rerun into a run's folder keeps to what the run means, checked before anything is built or written.
+    rerun = run_record.check_rerun(config, total_steps, len(devices), continue_with_changes, log)
     distribution = partitioning.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(
@@ -213,6 +222,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     is_chief = jax.process_index() == 0
     if is_chief:
         trained_run.save_description(config.output_dir, config, task, image_shape[1:])
+        run_record.record(config.output_dir, {**rerun, "step": start_step})
         if choice is not None and not choice.cached:
             layout_choice.save_choice(choice, config.output_dir)
     return _Run(config, task, total_steps, num_examples, image_shape, choice, distribution, model, optimizer, schedule,

@@ -1,0 +1,88 @@
+"""A rerun into a run's folder keeps to what the run means (`engine.run_record`): other data, patches, augmentation
+or fewer steps are refused in one sentence before anything is written; `continue_with_changes` goes on and the
+run's history records the change."""
+
+import dataclasses
+import json
+
+import pytest
+
+from preprocessing.ct import demo_ct
+from trainer import train
+from trainer.engine import run_record
+from tests.files import snapshot
+
+
+@pytest.fixture
+def short_run(segmentation_run):
+    """The session's run (tests/conftest.py: 40 steps of the smoke preset): read-only, as a refused rerun leaves it."""
+    config, _, lines = segmentation_run
+    return config, lines
+
+
+def _refused(config, **changes) -> str:
+    before = snapshot(config.output_dir)
+    with pytest.raises(run_record.RunChanged) as refused:
+        train.train(dataclasses.replace(config, **changes), log=lambda line: None, export_saved_model=False)
+    assert snapshot(config.output_dir) == before  # nothing written, not even the history
+    return str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_rerun_on_data_preprocessed_at_another_spacing_is_refused(short_run, tmp_path):
+    config, _ = short_run
+    other = demo_ct.write_demo_tfrecords(str(tmp_path / "coarse"), num_train=2, num_eval=0, shape=(16, 16, 16),
+                                         seed=1, spacing=(3.0, 3.0, 3.0))
+    sentence = _refused(config, train_data=other["train"])
+    assert sentence.startswith(f"--output {config.output_dir} was trained with training data spacing [1.5, 1.5, 2.5] "
+                               "but this rerun has [3.0, 3.0, 3.0] (--train ")
+    assert sentence.endswith("pass the run's own training data (--train), train into a new --output, or pass "
+                             "--continue-with-changes to go on from step 40 under the new setting (the run's "
+                             "run_record.json then records the change).")
+
+
+@pytest.mark.slow
+def test_a_rerun_with_patches_or_another_augmentation_is_refused(short_run):
+    config, _ = short_run
+    sentence = _refused(config, patch_size=(8, 8, 8))
+    assert sentence.startswith(f"--output {config.output_dir} was trained with patch_size none but this rerun has "
+                               "[8, 8, 8] (--patch-size); a rerun only resumes the run as it was, so pass the run's own "
+                               "setting (--patch-size), train into a new --output, or pass --continue-with-changes")
+    from trainer.augment import recipe
+
+    sentence = _refused(config, augmentation=recipe.preset("nnunet"))
+    assert sentence.startswith(f"--output {config.output_dir} was trained with augmentation \"flips\" but this rerun "
+                               "has \"nnunet\" (--augmentation); ")
+
+
+@pytest.mark.slow
+def test_fewer_steps_than_done_is_refused_as_nothing_to_train(short_run):
+    config, _ = short_run
+    assert _refused(config, steps=30) == (
+        f"nothing to train: the run in {config.output_dir} is at step 40 of the 30 that --steps 30 asks for; pass "
+        "--steps 40 or more to go on training it, or a new --output to train 30 steps from the start.")
+
+
+@pytest.mark.slow
+def test_more_steps_resume_and_a_change_of_meaning_is_recorded_when_asked(short_run, tmp_path):
+    import shutil
+
+    config, _ = short_run
+    copy = tmp_path / "run"
+    shutil.copytree(config.output_dir, copy)
+    from trainer.augment import recipe
+
+    changed = dataclasses.replace(config, output_dir=str(copy), eval_data=None, steps=42, log_every=2,
+                                  augmentation=recipe.preset("intensity"))
+    lines = []
+    results = train.train(changed, log=lines.append, export_saved_model=False, continue_with_changes=True)
+    assert results["resumed_from_step"] == 40 and results["steps"] == 42
+    assert "continuing the run from step 40 with changed settings (--continue-with-changes): augmentation \"flips\" " \
+           "-> \"intensity\"" in lines
+    assert "resuming with 42 steps in all (was 40; the learning-rate schedule is stretched to the new end), " \
+           f"--log-every 2 (was {config.log_every}), --eval none (was \"{config.eval_data}\")" in lines
+    history = json.loads((copy / "run_record.json").read_text())["history"]
+    assert [line["event"] for line in history] == ["started", "continued with changes"]
+    assert history[1]["step"] == 40 and history[1]["changed"] == {"augmentation": ["flips", "intensity"]}
+    assert history[0]["fingerprint"]["preprocessing"]["spacing"] == [1.5, 1.5, 2.5]
+    assert json.loads((copy / "train_config.json").read_text())["steps"] == 42
