@@ -303,7 +303,7 @@ def predict(
     output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: each input's own format; NIfTI for DICOM).")] = None,
     dicom_seg: Annotated[bool, typer.Option("--dicom-seg/--no-dicom-seg", help="For DICOM input, also write a DICOM SEG of the series.")] = True,
     probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
-    input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
+    input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training where the devices hold it, else the same axes in fewer parts; the log and summary.json say which).")] = None,
     virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="A scan whose modality or intensity range differs from the model's training scans is a dead letter (default: predicted, with a warning in its problems).")] = False,
     max_failed_fraction: preprocessing_cli.MaxFailedFraction = 0.1,
