@@ -135,6 +135,7 @@ def train(
     saved_model: Annotated[
         bool, typer.Option("--saved-model/--no-saved-model", help="At the end, export the TensorFlow SavedModel into OUTPUT/saved_model (--no-saved-model: model.keras only, as the pipeline's train step leaves it to its export step; a run that never exports never imports TensorFlow).")
     ] = True,
+    eval_across_preprocessings: Annotated[bool, typer.Option("--eval-across-preprocessings", help="Score --eval data preprocessed otherwise than --train (another spacing, window, orientation, modality or label map); without this they are refused, and with it metrics.json says so.")] = False,
     continue_with_changes: Annotated[bool, typer.Option("--continue-with-changes", help="Rerun into an earlier run's --output with a setting that defines it changed (data preprocessing, model, patches, augmentation, partition, schedule): go on from its checkpoint under the new meaning, recorded in its run_record.json (without this, such a rerun is refused).")] = False,
     context: typer.Context = None,
 ) -> None:
@@ -202,7 +203,8 @@ def train(
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
                                     overrides={**flags, **parsing.parse_settings(settings or [])},
                                     model_source=model)
-        train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes)
+        train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,
+                        eval_across_preprocessings=eval_across_preprocessings)
     except distributed.Preempted as preempted:
         console.say(f"fullres: {preempted}")
         raise typer.Exit(code=distributed.PREEMPTED_EXIT_CODE) from None

@@ -42,12 +42,11 @@ from trainer.tasks import registry
 
 
 def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True,
-          continue_with_changes: bool = False) -> dict:
+          continue_with_changes: bool = False, eval_across_preprocessings: bool = False) -> dict:
     """Trains (or resumes) the model `config` describes; returns the metrics dict.
 
-    A rerun into an earlier run's folder resumes it only as it was: a change of what defines it (the training
-    data's preprocessing, the model, patches, augmentation, partition, schedule, ...: `engine.run_record`) is
-    refused unless `continue_with_changes`, which records the change in the run's history.
+    A rerun into a run's folder resumes it only as it was (`engine.run_record`) unless `continue_with_changes`;
+    `--eval` data preprocessed otherwise than `--train` are refused unless `eval_across_preprocessings`.
 
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
@@ -86,8 +85,11 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     # The data are judged before the output: a run refused for its data leaves no run folder behind.
     task = registry.make_task(config)
     task.check_data(config.train_data, "--train", training=True)
+    eval_note = None
     if config.eval_data:
         task.check_data(config.eval_data, "--eval", training=False)
+        eval_note = run_record.check_eval(run_record.data_fingerprint(config.train_data), f"--train {config.train_data}",
+                                          config.eval_data, eval_across_preprocessings)
     # The network's own checks (a user's: its file, its function, its output; measured downsampling), before the
     # output is touched.
     partitioning.per_axis(config.model.downsampling_levels, config.model.spatial_dims)
@@ -96,7 +98,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
                                                          "evaluation data": config.eval_data})
     chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
     with chief_lock:
-        return _train(config, log, export_saved_model, continue_with_changes)
+        return _train(config, log, export_saved_model, continue_with_changes, eval_note)
 
 
 @dataclasses.dataclass
@@ -122,12 +124,14 @@ class _Run:
     input_wait_seconds: float = 0.0  # the loop's time waiting for its next batch, after the first step (the compile)
     input_wait_fraction: float = 0.0  # of the run's time after the first step
     input_cache: str | None = None  # the input cache's decision, in words
+    eval_note: str | None = None  # --eval scored across preprocessings (`run_record.check_eval`), in words
 
 
 def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool,
-           continue_with_changes: bool) -> dict:
+           continue_with_changes: bool, eval_note: str | None = None) -> dict:
     """`train`, once the output directory is known to be safe and this process holds it."""
     run = _set_up(config, log, continue_with_changes)
+    run.eval_note = eval_note
     writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief else None
     try:
         train_seconds = _loop(run, writer, log)
@@ -371,7 +375,9 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
     if config.eval_data:
         log(f"evaluating on {config.eval_data}")
         scores = task.evaluate(run.model, run.state, run.distribution, log)
-        results.update(scores)
+        results.update(scores, **({"across_preprocessings": run.eval_note} if run.eval_note else {}))
+        if run.eval_note:
+            log(f"warning: {run.eval_note}")
         if writer is not None:
             writer.scalars(run.total_steps, task.headline(scores))
     # Every process takes the weights to its host (replicated, so no communication); process 0 alone exports,

@@ -51,6 +51,10 @@ LOCAL = [  # (parameters beyond the good inputs, the sentence)
      "--param train_overrides='{{\"model.num_classes\": 3}}' or more."),
     (["--param", "preset=ct_256"],  # its UNet has 3 classes: fits
      None),
+    (["--param", "class_names=background,liver,spleen,kidney,lung"],  # the report's names: one per class
+     "--param class_names 'background,liver,spleen,kidney,lung' names 5 classes but the model has 3 (background "
+     "included); give one name per class, background first, or set the model's classes with --param "
+     "train_overrides='{{\"model.num_classes\": 5}}'."),
     (["--param", "preset=huge"], "preset 'huge' is not known; use default or one of ct_256, demo, smoke, nnunet, "
                                  "detection, detection_2560, detection_demo."),
     (["--param", "augmentation=heavy"], "augmentation 'heavy' is not known; use one of nnunet, flips, intensity, none."),

@@ -166,24 +166,45 @@ def _fix(key: str) -> str:
     return f"setting ({option(key)})"
 
 
+def trained_fingerprint(run_dir: str) -> dict:
+    """The fingerprint of the data the run in `run_dir` trained on last (`data_fingerprint`); for a run from before
+    run_record.json, what its model_info.json kept of them (summary.json's preprocessing), else {}."""
+    lines = [line for line in run_files.read_run_record(run_dir).get("history") or [] if "fingerprint" in line]
+    if lines:
+        return lines[-1]["fingerprint"]
+    info = run_files.read_model_info(run_dir) if os.path.isfile(run_files.path(run_dir, run_files.MODEL_INFO)) else {}
+    return {"preprocessing": info["preprocessing"]} if info.get("preprocessing") is not None else {}
+
+
+def differences(trained: dict, other: dict, ignore: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
+    """[(what, trained's value, other's)] where two data fingerprints differ: each preprocessing field
+    (`spacing`, `window`, ...), the record `kind`, each class of `label_map` (`label_map.liver`). Only what
+    `trained` records is compared; a label map only where both data sets have one; `ignore` leaves fields out."""
+    found = []
+    for section in trained:
+        was, now = trained.get(section), other.get(section)
+        if section == "label_map" and (was is None or now is None):
+            continue
+        if not isinstance(was, dict) or not isinstance(now, dict):
+            if was != now and section not in ignore:
+                found.append((section, was, now))
+            continue
+        for key in sorted(set(was) | set(now)):
+            name = key if section == "preprocessing" else f"{section}.{key}"
+            if was.get(key) != now.get(key) and key not in ignore:
+                found.append((name, was.get(key), now.get(key)))
+    return found
+
+
 def _changes(run_dir: str, recorded: dict, config: config_lib.TrainConfig, fingerprint: dict,
              source: str | None) -> dict[str, tuple[object, object, str]]:
     """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs."""
     from trainer import config as config_lib
 
     changes: dict[str, tuple[object, object, str]] = {}
-    record = run_files.read_run_record(run_dir)
-    lines = [line for line in record.get("history") or [] if "fingerprint" in line]
-    trained_on = lines[-1]["fingerprint"] if lines else None
-    if trained_on is None:  # a run from before run_record.json: its model_info.json holds summary.json's preprocessing
-        info = run_files.read_model_info(run_dir) if os.path.isfile(run_files.path(run_dir, run_files.MODEL_INFO)) \
-            else {}
-        trained_on = {"preprocessing": info.get("preprocessing")} if info.get("preprocessing") is not None else {}
     summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
-    was, now = parsing.flatten(json.loads(json.dumps(trained_on))), parsing.flatten(json.loads(json.dumps(fingerprint)))
-    for key in sorted(was):
-        if was[key] != now.get(key):
-            changes[f"training data {key.replace('preprocessing.', '')}"] = (was[key], now.get(key), summary)
+    for key, was, now in differences(trained_fingerprint(run_dir), fingerprint):
+        changes[f"training data {key}"] = (was, now, summary)
     values = config_lib.to_dict(config)
     before, after = _settings(recorded), _settings(values)
     differ = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
@@ -243,3 +264,36 @@ def record(run_dir: str, line: dict) -> None:
     content = run_files.read_run_record(run_dir)
     stamped = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **line}
     run_files.write_run_record(run_dir, {**content, "history": [*content.get("history", []), stamped]})
+
+
+EVAL_OPTION = "--eval-across-preprocessings"
+
+
+def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = False) -> str | None:
+    """Refuses held-out data preprocessed otherwise than the training data (`differences`; the shape aside: a
+    volume's padding or crop does not change what a voxel is), whose scores would not be the model's.
+
+    Args:
+        trained: the training data's fingerprint; `trained_from`: where it comes from, for the sentence.
+        eval_data: the held-out data (`--eval`).
+        across: score them anyway (`--eval-across-preprocessings`).
+
+    Returns:
+        None where they agree; else, with `across`, the note the scores carry (`across_preprocessings`).
+
+    Raises:
+        ValueError: they differ and `across` is False.
+    """
+    found = differences(trained, data_fingerprint(eval_data), ignore=("shape",))
+    if not found:
+        return None
+    key, was, now = found[0]
+    more = f" (and {', '.join(k for k, _, _ in found[1:])} differ too)" if len(found) > 1 else ""
+    if not across:
+        raise ValueError(
+            f"--eval {eval_data} holds data preprocessed with {key} {_shown(now)} but the model trains on {key} "
+            f"{_shown(was)} ({trained_from}){more}, so its scores would not be the model's; convert the held-out "
+            f"scans as the training data were (fullres preprocess ct with the same settings), or pass {EVAL_OPTION} "
+            "to score them anyway (the scores then say so).")
+    return (f"scored across preprocessings: --eval {eval_data} has {key} {_shown(now)}, the training data "
+            f"{_shown(was)}{more}")

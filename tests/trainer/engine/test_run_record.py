@@ -8,7 +8,7 @@ import json
 import pytest
 
 from preprocessing.ct import demo_ct
-from trainer import train
+from trainer import config as config_lib, evaluate, train
 from trainer.engine import run_record
 from tests.files import snapshot
 
@@ -20,6 +20,13 @@ def short_run(segmentation_run):
     return config, lines
 
 
+@pytest.fixture(scope="module")
+def coarse_data(tmp_path_factory):
+    """The demo records again, preprocessed at 3 mm (the session's are at 1.5 x 1.5 x 2.5 mm)."""
+    return demo_ct.write_demo_tfrecords(str(tmp_path_factory.mktemp("coarse")), num_train=2, num_eval=2,
+                                        shape=(16, 16, 16), seed=1, spacing=(3.0, 3.0, 3.0))
+
+
 def _refused(config, **changes) -> str:
     before = snapshot(config.output_dir)
     with pytest.raises(run_record.RunChanged) as refused:
@@ -29,11 +36,9 @@ def _refused(config, **changes) -> str:
 
 
 @pytest.mark.slow
-def test_a_rerun_on_data_preprocessed_at_another_spacing_is_refused(short_run, tmp_path):
+def test_a_rerun_on_data_preprocessed_at_another_spacing_is_refused(short_run, coarse_data):
     config, _ = short_run
-    other = demo_ct.write_demo_tfrecords(str(tmp_path / "coarse"), num_train=2, num_eval=0, shape=(16, 16, 16),
-                                         seed=1, spacing=(3.0, 3.0, 3.0))
-    sentence = _refused(config, train_data=other["train"])
+    sentence = _refused(config, train_data=coarse_data["train"], eval_data=None)
     assert sentence.startswith(f"--output {config.output_dir} was trained with training data spacing [1.5, 1.5, 2.5] "
                                "but this rerun has [3.0, 3.0, 3.0] (--train ")
     assert sentence.endswith("pass the run's own training data (--train), train into a new --output, or pass "
@@ -86,3 +91,31 @@ def test_more_steps_resume_and_a_change_of_meaning_is_recorded_when_asked(short_
     assert history[1]["step"] == 40 and history[1]["changed"] == {"augmentation": ["flips", "intensity"]}
     assert history[0]["fingerprint"]["preprocessing"]["spacing"] == [1.5, 1.5, 2.5]
     assert json.loads((copy / "train_config.json").read_text())["steps"] == 42
+
+
+def test_eval_data_preprocessed_otherwise_than_the_training_data_are_refused_before_a_run_starts(demo_data, coarse_data,
+                                                                                               tmp_path):
+    output = tmp_path / "run"
+    config = config_lib.smoke(train_data=demo_data["train"], eval_data=coarse_data["eval"], output_dir=str(output))
+    with pytest.raises(ValueError) as refused:
+        train.train(config, log=lambda line: None)
+    assert str(refused.value) == (
+        f"--eval {coarse_data['eval']} holds data preprocessed with spacing [3.0, 3.0, 3.0] but the model trains on "
+        f"spacing [1.5, 1.5, 2.5] (--train {demo_data['train']}), so its scores would not be the model's; convert the "
+        "held-out scans as the training data were (fullres preprocess ct with the same settings), or pass "
+        "--eval-across-preprocessings to score them anyway (the scores then say so).")
+    assert not output.exists()
+
+
+@pytest.mark.slow  # evaluates the session's run
+def test_evaluating_a_run_on_data_preprocessed_otherwise_is_refused_or_said(segmentation_run, coarse_data):
+    config, _, _ = segmentation_run
+    with pytest.raises(ValueError, match=r"^--eval .* holds data preprocessed with spacing \[3.0, 3.0, 3.0\] but the "
+                                         r"model trains on spacing \[1.5, 1.5, 2.5\] \(.*/run_record.json\), so"):
+        evaluate.evaluate_trained(config.output_dir, coarse_data["eval"], log=lambda line: None)
+    lines = []
+    scores = evaluate.evaluate_trained(config.output_dir, coarse_data["eval"], log=lines.append,
+                                       across_preprocessings=True)
+    note = (f"scored across preprocessings: --eval {coarse_data['eval']} has spacing [3.0, 3.0, 3.0], the training "
+            "data [1.5, 1.5, 2.5]")
+    assert scores["across_preprocessings"] == note and f"warning: {note}" in lines and scores["cases"] == 2
