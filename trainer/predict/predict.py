@@ -126,7 +126,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         ModelRefused: `model_dir` is not a fullres segmentation run with recorded preprocessing.
         FileNotFoundError: `input_path` does not exist.
         partitioning.PartitionError: the split asked for needs more devices than are present.
-        output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs.
+        output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs, or two
+            scans would write one file (`outputs.check_distinct`).
         TooManyFailed: more than `max_failed_fraction` of the scans are dead letters.
     """
     dead_letters.check_failed_fraction(max_failed_fraction)
@@ -157,6 +158,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     import jax
 
     run = trained_run.open_run(model_dir)
+    outputs.check_distinct({case.case_id: outputs.planned_outputs(
+        case.case_id, case.image, output_format_name, probabilities, dicom_seg,
+        _class_names(info, run.config.model.num_classes)) for case in named.cases}, probabilities)
     devices = jax.devices()
     dims, split_reason = device_split.choose(run.config.partition.input_partition_dims, input_partition_dims,
                                              len(devices))
