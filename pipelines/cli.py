@@ -67,7 +67,7 @@ def demo(
     output = output.resolve()
     try:
         output_guard.check_owned_directory(str(output), "demo", {})
-        _use_virtual_devices(virtual_devices)  # inherited by every step the local runner starts
+        _use_virtual_devices(virtual_devices, least=0)  # inherited by every step the local runner starts
         output.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(output), "demo")
         with output_guard.lock(str(output)):

@@ -58,8 +58,12 @@ def _jax_backend_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
-def _use_virtual_devices(count: int | None) -> None:
-    """Makes XLA present the CPU as `count` devices (must run before JAX is imported)."""
+def _use_virtual_devices(count: int | None, least: int = 1) -> None:
+    """Makes XLA present the CPU as `count` devices (must run before JAX is imported); 0 (where `least` is 0) or None:
+    the devices present."""
+    if count is not None and count < least:
+        console.fail(f"--virtual-devices {count} is not a number of devices; pass {least} or more, or leave it out to "
+                     "use the devices present.")
     if not count:
         return
     if _jax_backend_started():

@@ -149,7 +149,17 @@ def register(function) -> str:
     return f"{os.path.abspath(file)}:{name}"
 
 
-def _digest(path: str) -> str:
+def _digest(path: str, given: str | None = None, function: str = "build") -> str:
+    """The SHA-256 of the user's file `path` (`given` as the user wrote it, for the sentence).
+
+    Raises:
+        UserModelError: it does not exist, or is a folder (`dir.py/`).
+    """
+    given = given or path
+    if not os.path.isfile(path):
+        what = "is a folder, not a Python file" if os.path.isdir(path) else "does not exist"
+        raise UserModelError(f"--model {given}:{function}: {given} {what}; pass the path of the Python file that "
+                             f"defines {function} ({SOURCE_FORM}).")
     with open(path, "rb") as file:
         return hashlib.sha256(file.read()).hexdigest()
 
@@ -173,10 +183,7 @@ def load_function(file: str, function: str):
     if (path, function) in _GIVEN:
         return _GIVEN[(path, function)]
     where = f"--model {file}:{function}"
-    if not os.path.isfile(path):
-        raise UserModelError(f"{where}: {file} does not exist; pass the path of the Python file that defines "
-                             f"{function} ({SOURCE_FORM}).")
-    digest = _digest(path)
+    digest = _digest(path, file, function)
     module = _MODULES.get((path, digest))
     if module is None:
         name = f"fullres_user_model_{digest[:16]}"  # unique: never shadows a module of the user's or of fullres
@@ -296,8 +303,8 @@ def measure(config: UserModelConfig) -> tuple[int, ...]:
         UserModelError: a downsampling by a factor that is not a power of two (fullres's divisibility check and
             predict's padding count halvings).
     """
-    key = (_digest(os.path.abspath(config.file)), config.function, config.num_classes, config.in_channels,
-           config.spatial_dims)
+    key = (_digest(os.path.abspath(config.file), config.file, config.function), config.function, config.num_classes,
+           config.in_channels, config.spatial_dims)
     if key not in _LEVELS:
         from trainer.parallel import halo
 
