@@ -31,7 +31,7 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
 
     run = trained_run.open_run(model_dir)
     run.task.check_data(pattern, "--eval", training=False)  # before the model is placed: one sentence, no traceback
-    note = run_record.check_eval(run_record.trained_fingerprint(model_dir),
+    note = run_record.check_eval(run_record.trained_fingerprint(trained_run.read_record(model_dir)),
                                  f"{run_files.path(model_dir, run_files.RUN_RECORD)}", pattern, across_preprocessings)
     task = run.task
     names = task.report_class_names(class_names)  # checked before the (long) evaluation

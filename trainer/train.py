@@ -179,7 +179,8 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
     )
     # A rerun into a run's folder keeps to what the run means, checked before anything is built or written.
-    rerun = run_record.check_rerun(config, total_steps, len(devices), continue_with_changes, log)
+    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
+                                   continue_with_changes, log)
     distribution = partitioning.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(

@@ -101,12 +101,13 @@ def _shown(value) -> str:
     return json.dumps(value) if isinstance(value, (list, dict, str)) else str(value)
 
 
-def check_rerun(config: config_lib.TrainConfig, total_steps: int, devices: int, continue_with_changes: bool = False,
-                log: Callable[[str], None] = print) -> dict:
+def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devices: int,
+                continue_with_changes: bool = False, log: Callable[[str], None] = print) -> dict:
     """Refuses a rerun into `config.output_dir` that would change what the run there means; nothing is written.
 
     Args:
         config: the rerun's config, its partition resolved.
+        recorded: what `config.output_dir` records (`trained_run.read_record`).
         total_steps: the steps it asks for in all (from `steps` or `epochs`).
         devices: how many devices it runs on.
         continue_with_changes: go on under the changed settings (the history records them) instead of refusing.
@@ -125,8 +126,7 @@ def check_rerun(config: config_lib.TrainConfig, total_steps: int, devices: int, 
     fingerprint = data_fingerprint(config.train_data)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
     line = {"event": "started", "step": 0, "steps": total_steps, "devices": devices, "data": config.train_data}
-    recorded = run_files.read_train_config_dict(run_dir)
-    if recorded is None:  # no run here yet
+    if recorded.train_config is None:  # no run here yet
         return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
     done = _done_steps(run_dir)
     if total_steps < done:
@@ -136,7 +136,7 @@ def check_rerun(config: config_lib.TrainConfig, total_steps: int, devices: int, 
             f"nothing to train: the run in {run_dir} is at step {done} of the {total_steps} that {asked} asks for; "
             f"pass --steps {done} or more to go on training it, or a new --output to train {total_steps} steps "
             "from the start.")
-    changes = _changes(run_dir, recorded, config, fingerprint, source)
+    changes = _changes(recorded, config, fingerprint, source)
     if changes and not continue_with_changes:
         key, (before, now, where) = next(iter(changes.items()))
         more = f" (and {', '.join(list(changes)[1:])} differ too)" if len(changes) > 1 else ""
@@ -145,8 +145,7 @@ def check_rerun(config: config_lib.TrainConfig, total_steps: int, devices: int, 
             f"{more}; a rerun only resumes the run as it was, so pass the run's own {_fix(key)}, train into a new "
             f"--output, or pass {CONTINUE_OPTION} to go on from step {done} under the new setting (the run's "
             f"{run_files.RUN_RECORD} then records the change).")
-    previous = run_files.read_run_record(run_dir).get("history") or [{}]
-    _log_changed_freely(recorded, config, total_steps, devices, previous[-1], log)
+    _log_changed_freely(recorded.train_config, config, total_steps, devices, (recorded.history or [{}])[-1], log)
     line = {**line, "event": "continued with changes" if changes else "resumed", "step": done,
             "fingerprint": fingerprint, "model_source_sha256": source}
     if changes:
@@ -166,14 +165,14 @@ def _fix(key: str) -> str:
     return f"setting ({option(key)})"
 
 
-def trained_fingerprint(run_dir: str) -> dict:
-    """The fingerprint of the data the run in `run_dir` trained on last (`data_fingerprint`); for a run from before
-    run_record.json, what its model_info.json kept of them (summary.json's preprocessing), else {}."""
-    lines = [line for line in run_files.read_run_record(run_dir).get("history") or [] if "fingerprint" in line]
+def trained_fingerprint(recorded) -> dict:
+    """The fingerprint of the data a run (`trained_run.Record`) trained on last (`data_fingerprint`); for a run from
+    before run_record.json, what its model_info.json kept of them (summary.json's preprocessing), else {}."""
+    lines = [line for line in recorded.history if "fingerprint" in line]
     if lines:
         return lines[-1]["fingerprint"]
-    info = run_files.read_model_info(run_dir) if os.path.isfile(run_files.path(run_dir, run_files.MODEL_INFO)) else {}
-    return {"preprocessing": info["preprocessing"]} if info.get("preprocessing") is not None else {}
+    preprocessing = recorded.info.get("preprocessing")
+    return {"preprocessing": preprocessing} if preprocessing is not None else {}
 
 
 def differences(trained: dict, other: dict, ignore: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
@@ -196,21 +195,22 @@ def differences(trained: dict, other: dict, ignore: tuple[str, ...] = ()) -> lis
     return found
 
 
-def _changes(run_dir: str, recorded: dict, config: config_lib.TrainConfig, fingerprint: dict,
+def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
              source: str | None) -> dict[str, tuple[object, object, str]]:
     """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs."""
     from trainer import config as config_lib
 
     changes: dict[str, tuple[object, object, str]] = {}
     summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
-    for key, was, now in differences(trained_fingerprint(run_dir), fingerprint):
+    for key, was, now in differences(trained_fingerprint(recorded), fingerprint):
         changes[f"training data {key}"] = (was, now, summary)
     values = config_lib.to_dict(config)
-    before, after = _settings(recorded), _settings(values)
+    before, after = _settings(recorded.train_config), _settings(values)
     differ = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
     recipe = [key for key in differ if key.startswith("augmentation.")]
     if recipe:  # the recipe as a whole: a preset's name where it is one, else the fields that differ
-        was_named, now_named = _recipe_name(recorded.get("augmentation")), _recipe_name(values["augmentation"])
+        was_named = _recipe_name(recorded.train_config.get("augmentation"))
+        now_named = _recipe_name(values["augmentation"])
         if was_named and now_named:
             changes["augmentation"] = (was_named, now_named, " (--augmentation)")
         else:
@@ -219,7 +219,7 @@ def _changes(run_dir: str, recorded: dict, config: config_lib.TrainConfig, finge
     for key in differ:
         if key not in recipe:
             changes[key] = (before.get(key), after.get(key), f" ({option(key)})")
-    copy = run_files.path(run_dir, run_files.MODEL_SOURCE)
+    copy = run_files.path(recorded.directory, run_files.MODEL_SOURCE)
     if source is not None and os.path.isfile(copy) and source_hash(copy) != source:
         changes["model source"] = (f"sha256 {source_hash(copy)[:12]}", f"sha256 {source[:12]}",
                                    f" ({config.model.file}; the run's copy is {copy})")
