@@ -195,6 +195,20 @@ def user_network(values: dict, where: Where = Where()) -> str | None:
     return f"network.py:{function}"
 
 
+def network_file(values: dict, file: str | None) -> None:
+    """The user's own network file (`fullres pipeline run --model FILE.py:FUNCTION`) imported and built as the
+    train step will build it, and held to the contract (`user_model.measure`: one channels-last input, logits of
+    the model's classes at its resolution, halvings by powers of two), before the first step; errors name `file`.
+    Nothing to do without one (or where `check` refused it already)."""
+    import dataclasses
+
+    from trainer.models import user_model
+
+    if file is None or user_network(values) is None:
+        return
+    user_model.measure(dataclasses.replace(train_configuration(values).model, file=file))
+
+
 def placement(values: dict, where: Where) -> None:
     """Accelerator type and TPU topology against what Vertex AI offers: its client's accelerator types, or a TPU
     slice of a generation Vertex rents (`targets`: the slices each generation comes in)."""
