@@ -119,3 +119,39 @@ def test_evaluating_a_run_on_data_preprocessed_otherwise_is_refused_or_said(segm
     note = (f"scored across preprocessings: --eval {coarse_data['eval']} has spacing [3.0, 3.0, 3.0], the training "
             "data [1.5, 1.5, 2.5]")
     assert scores["across_preprocessings"] == note and f"warning: {note}" in lines and scores["cases"] == 2
+
+
+def _recorded(run, config):
+    from trainer import trained_run
+
+    return trained_run.Record(str(run), config_lib.to_dict(config), {}, [])
+
+
+def test_another_network_file_or_partition_is_refused_by_what_the_run_records(demo_data, tmp_path):
+    """Judged on the record alone (no training): the network file's hash against the run's copy, and the split."""
+    import dataclasses as dc
+
+    from trainer.models import user_model
+    from trainer.parallel import partitioning
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model_source.py").write_text("def build(num_classes, in_channels):\n    return 1\n")
+    mine = tmp_path / "net.py"
+    mine.write_text("def build(num_classes, in_channels):\n    return 2\n")
+    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(run),
+                              model=user_model.UserModelConfig(str(mine), "build"))
+    with pytest.raises(run_record.RunChanged) as refused:
+        run_record.check_rerun(config, _recorded(run, config), 6, 8)
+    copy, theirs = run_record.source_hash(str(run / "model_source.py")), run_record.source_hash(str(mine))
+    assert str(refused.value).startswith(
+        f"--output {run} was trained with model source \"sha256 {copy[:12]}\" but this rerun has \"sha256 "
+        f"{theirs[:12]}\" ({mine}; the run's copy is {run}/model_source.py); a rerun only resumes the run as it was, so "
+        "pass the run's own network file (--model), ")
+    split = dc.replace(config, partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)))
+    (run / "model_source.py").write_text(mine.read_text())
+    with pytest.raises(run_record.RunChanged, match=r"trained with partition.input_partition_dims \[1, 1, 1, 1, 1\] but "
+                                                    r"this rerun has \[1, 2, 1, 1, 1\] \(--input-partition-dims\)"):
+        run_record.check_rerun(split, _recorded(run, config), 6, 8)
+    line = run_record.check_rerun(config, _recorded(run, config), 6, 8)  # the same run: resumed, nothing changed
+    assert line["event"] == "resumed" and "changed" not in line and line["model_source_sha256"] == theirs
