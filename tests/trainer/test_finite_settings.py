@@ -32,3 +32,14 @@ def test_an_augmentation_range_of_nan_is_refused_from_python_too():
         recipe.AugmentationConfig(scale=(math.nan, math.nan))
     with pytest.raises(ValueError, match=r"^AugmentationConfig.noise_sigma must be a range .* got \[0.0, inf\]\.$"):
         recipe.AugmentationConfig(noise_sigma=(0.0, math.inf))
+
+
+@pytest.mark.parametrize("field, value, sentence", [
+    ("learning_rate", math.nan, "TrainConfig.learning_rate must be a finite number > 0, got nan."),
+    ("learning_rate", math.inf, "TrainConfig.learning_rate must be a finite number > 0, got inf."),
+    ("weight_decay", math.nan, "TrainConfig.weight_decay must be a finite number >= 0, got nan."),
+])
+def test_the_config_itself_refuses_what_python_gives_it(field, value, sentence):
+    with pytest.raises(ValueError) as refused:
+        config_lib.smoke(**{field: value})
+    assert str(refused.value) == sentence
