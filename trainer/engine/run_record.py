@@ -1,7 +1,7 @@
 """What defines a training run, and the rule a rerun into its folder keeps (`fullres train --output RUN` again).
 
 A run folder means one thing: this model, trained on these data, this way. The
-record of that is what the run already keeps, read back here:
+record of that is what the run keeps (read back by `trained_run.read_record`):
 
 * `train_config.json`: the model, patch mode, augmentation recipe, partition,
   schedule, optimizer, batch, precision and seed (every setting but those in
