@@ -64,3 +64,16 @@ def test_a_folder_named_like_a_python_file_is_one_sentence(tmp_path):
         user_model.load_function(str(folder), "build")
     with pytest.raises(user_model.UserModelError, match=r"net.py is a folder, not a Python file; pass the path"):
         user_model.measure(user_model.UserModelConfig(str(folder), "build"))
+
+
+def test_the_pipeline_s_temporary_copy_of_a_network_is_named_as_the_parameter_it_came_from():
+    """The train step writes `--param model_code` to /tmp/fullres-network-*/network.py; its sentences named that."""
+    from components import runtime
+
+    source = runtime.model_source("def build(num_classes, in_channels):\n    return None\n", "make")
+    file, function = source.rsplit(":", 1)
+    with pytest.raises(user_model.UserModelError) as refused:
+        user_model.load_function(file, function)
+    assert str(refused.value) == ("--param model_code:make: --param model_code defines no function make (it defines "
+                                  "build); name the function that returns the network, e.g. --param model_code:build.")
+    assert user_model.TEMPORARY_PREFIX not in str(refused.value)

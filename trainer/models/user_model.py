@@ -28,6 +28,7 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import sys
 
 SOURCE_FORM = "FILE.py:FUNCTION"
@@ -37,8 +38,18 @@ TASKS = ("segmentation",)
 PROBE_SIZE = 256  # voxels per spatial axis of the input the network is traced with (shapes only; nothing runs)
 
 
+# The pipeline's train step gets the network as text (`--param model_code`) and writes it to a file of its own in a
+# temporary folder of this prefix (`components.runtime.model_source`); a sentence names the parameter instead.
+TEMPORARY_PREFIX = "fullres-network-"
+_TEMPORARY_COPY = re.compile(r"(?:--model )?\S*/" + TEMPORARY_PREFIX + r"[^/\s]*/network\.py")
+
+
 class UserModelError(ValueError):
-    """The user's network cannot be loaded or does not keep the contract; the message names the file and the fix."""
+    """The user's network cannot be loaded or does not keep the contract; the message names the file and the fix
+    (the pipeline's temporary copy of it as `--param model_code`, what the user gave)."""
+
+    def __init__(self, message: str):
+        super().__init__(_TEMPORARY_COPY.sub("--param model_code", message))
 
 
 @dataclasses.dataclass(frozen=True)
