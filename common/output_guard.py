@@ -95,6 +95,12 @@ def _check_not_a_file(output: str, option: str) -> None:
     if _is_local(output) and (os.path.isfile(output) or (os.path.lexists(output) and not os.path.isdir(output))):
         raise OutputRefused(f"{option} {output} is an existing file, not a directory; fullres does not replace files "
                             f"it did not write, so pass a new directory path as {option}.")
+    parent = os.path.dirname(os.path.abspath(output)) if _is_local(output) else ""
+    while parent and not os.path.lexists(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):  # a folder cannot be made under a file (NotADirectoryError)
+        raise OutputRefused(f"{option} {output} lies under {parent}, which is a file, not a folder; pass an {option} "
+                            "whose parent folders are folders (or do not exist yet).")
 
 
 def _entries(directory: str) -> list[str]:

@@ -9,6 +9,7 @@ error type) checks or catches what this returns.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -103,12 +104,17 @@ def typed(value, hint, name: str, what: str = "train override"):
             number = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{what} {name} must be a whole number, got {value!r}.") from None
+        if not math.isfinite(number):  # round(nan) would raise from inside the sentence below
+            raise ValueError(f"{what} {name} must be a whole number, got {value!r}.")
         if not number.is_integer():
             raise ValueError(f"{what} {name} must be a whole number, got {value}; write it like {round(number)}.")
         return int(number)
     if kind is float:
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{what} {name} must be a number, got {value!r}.") from None
+        if not math.isfinite(number):  # nan passes every `<` a range check makes, and inf overflows what it scales
+            raise ValueError(f"{what} {name} must be a finite number, got {value!r}; give a number such as 0.5.")
+        return number
     return value if not isinstance(value, str) else value.strip()

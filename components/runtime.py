@@ -87,9 +87,11 @@ def model_source(model_code: str, model_function: str) -> str | None:
     import os
     import tempfile
 
+    from trainer.models import user_model
+
     if not user_network_given(model_code, model_function):
         return None
-    path = os.path.join(tempfile.mkdtemp(prefix="fullres-network-"), "network.py")
+    path = os.path.join(tempfile.mkdtemp(prefix=user_model.TEMPORARY_PREFIX), "network.py")  # its errors: model_code
     with open(path, "w", encoding="utf-8") as file:
         file.write(model_code)
     return f"{path}:{model_function}"

@@ -67,7 +67,7 @@ def demo(
     output = output.resolve()
     try:
         output_guard.check_owned_directory(str(output), "demo", {})
-        _use_virtual_devices(virtual_devices)  # inherited by every step the local runner starts
+        _use_virtual_devices(virtual_devices, least=0)  # inherited by every step the local runner starts
         output.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(output), "demo")
         with output_guard.lock(str(output)):
@@ -157,6 +157,11 @@ def _check_pipeline_name(name: str) -> None:
         console.fail(f"--pipeline {name!r} is not known; use one of {', '.join(PIPELINE_NAMES)}.")
 
 
+def user_model_file(model: str | None) -> str | None:
+    """The file of `--model FILE.py:FUNCTION`, or None."""
+    return model.rpartition(":")[0] if model else None
+
+
 def _network_parameters(name: str, model: str | None) -> dict:
     """`--model FILE.py:FUNCTION` as the pipeline's parameters: the file's text (`model_code`) and `model_function`.
 
@@ -230,7 +235,8 @@ def pipeline_run(
     try:
         arguments = {**_network_parameters(name, model), **vertex.parse_parameters(name, param or [])}
         # Before anything is created or started: a parameter a step would refuse is refused here, in its words.
-        parameter_checks.check(name, arguments, parameter_checks.Where(log=console.say))
+        values = parameter_checks.check(name, arguments, parameter_checks.Where(log=console.say))
+        parameter_checks.network_file(values, user_model_file(model))
         inputs = {f"--param {key}": value for key, value in arguments.items() if key.endswith("_uri") and value}
         output_guard.check_owned_directory(str(pipeline_root), "pipeline-root", inputs, option="--pipeline-root")
         pipeline_root.mkdir(parents=True, exist_ok=True)
@@ -281,7 +287,8 @@ def pipeline_submit(
     try:
         planned = vertex.plan_parameters(name, str(plan)) if plan is not None else {}
         arguments = {**planned, **_network_parameters(name, model), **vertex.parse_parameters(name, param or [])}
-        parameter_checks.check(name, arguments, parameter_checks.Where(vertex=True))
+        parameter_checks.network_file(parameter_checks.check(name, arguments, parameter_checks.Where(vertex=True)),
+                                      user_model_file(model))
         labels = vertex.parse_labels(label or [])
         template = ROOT / definitions.COMPILED_FILES[name]
         if image is not None or not template.exists():

@@ -195,6 +195,20 @@ def user_network(values: dict, where: Where = Where()) -> str | None:
     return f"network.py:{function}"
 
 
+def network_file(values: dict, file: str | None) -> None:
+    """The user's own network file (`fullres pipeline run --model FILE.py:FUNCTION`) imported and built as the
+    train step will build it, and held to the contract (`user_model.measure`: one channels-last input, logits of
+    the model's classes at its resolution, halvings by powers of two), before the first step; errors name `file`.
+    Nothing to do without one (or where `check` refused it already)."""
+    import dataclasses
+
+    from trainer.models import user_model
+
+    if file is None or user_network(values) is None:
+        return
+    user_model.measure(dataclasses.replace(train_configuration(values).model, file=file))
+
+
 def placement(values: dict, where: Where) -> None:
     """Accelerator type and TPU topology against what Vertex AI offers: its client's accelerator types, or a TPU
     slice of a generation Vertex rents (`targets`: the slices each generation comes in)."""
@@ -257,6 +271,22 @@ def classes_against_labels(values: dict, where: Where) -> None:
             f"{max(found) + 1}}}' or more.")
 
 
+def class_names_against_model(values: dict, where: Where) -> None:
+    """The report's `class_names` (comma-separated, background first), one per class of the model the train step
+    resolves: the evaluate step refuses another count only after training."""
+    from common import parsing
+
+    names = parsing.parse_list(values.get("class_names") or "", str, "class_names")
+    if not names or values["task"] != "segmentation":  # detection's class count comes from the data's label map
+        return
+    classes = train_configuration(values).model.num_classes
+    if len(names) != classes:
+        raise ValueError(f"{parameter('class_names')} {values['class_names']!r} names {len(names)} classes but the "
+                         f"model has {classes} (background included); give one name per class, background first, or "
+                         f"set the model's classes with {parameter('train_overrides')}='{{\"model.num_classes\": "
+                         f"{len(names)}}}'.")
+
+
 TRAIN = ("preset", "steps", "batch_size", "learning_rate", "input_partition_dims", "precision", "train_overrides",
          "model_code", "model_function", "augmentation")  # augmentation: the segmentation pipeline's only
 # Each rule over several parameters, with the parameters it judges.
@@ -265,10 +295,11 @@ TOGETHER: dict[Callable[[dict, Where], None], tuple[str, ...]] = {
     train_configuration: TRAIN,
     placement: ("accelerator_type", "tpu_topology", "accelerator_count"),
     classes_against_labels: (*TRAIN, "train_input_uri", "train_labels_uri"),
+    class_names_against_model: (*TRAIN, "class_names"),
 }
 # Parameters no rule needs to judge: their type is all there is to them (checked as they are parsed), or any text
-# will do (a machine type Vertex names, class names for the report).
-FREE = ("pseudonymize", "restart_job_on_worker_restart", "machine_type", "class_names")
+# will do (a machine type Vertex names).
+FREE = ("pseudonymize", "restart_job_on_worker_restart", "machine_type")
 
 
 def check(pipeline: str, arguments: dict, where: Where = Where()) -> dict:

@@ -58,8 +58,12 @@ def _jax_backend_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
-def _use_virtual_devices(count: int | None) -> None:
-    """Makes XLA present the CPU as `count` devices (must run before JAX is imported)."""
+def _use_virtual_devices(count: int | None, least: int = 1) -> None:
+    """Makes XLA present the CPU as `count` devices (must run before JAX is imported); 0 (where `least` is 0) or None:
+    the devices present."""
+    if count is not None and count < least:
+        console.fail(f"--virtual-devices {count} is not a number of devices; pass {least} or more, or leave it out to "
+                     "use the devices present.")
     if not count:
         return
     if _jax_backend_started():
@@ -135,6 +139,8 @@ def train(
     saved_model: Annotated[
         bool, typer.Option("--saved-model/--no-saved-model", help="At the end, export the TensorFlow SavedModel into OUTPUT/saved_model (--no-saved-model: model.keras only, as the pipeline's train step leaves it to its export step; a run that never exports never imports TensorFlow).")
     ] = True,
+    eval_across_preprocessings: Annotated[bool, typer.Option("--eval-across-preprocessings", help="Score --eval data preprocessed otherwise than --train (another spacing, window, orientation, modality or label map); without this they are refused, and with it metrics.json says so.")] = False,
+    continue_with_changes: Annotated[bool, typer.Option("--continue-with-changes", help="Rerun into an earlier run's --output with a setting that defines it changed (data preprocessing, model, patches, augmentation, partition, schedule): go on from its checkpoint under the new meaning, recorded in its run_record.json (without this, such a rerun is refused).")] = False,
     context: typer.Context = None,
 ) -> None:
     """Train a UNet (segmentation), a RetinaNet (detection) or your own network (--model FILE.py:FUNCTION), spatially
@@ -201,7 +207,8 @@ def train(
         config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
                                     overrides={**flags, **parsing.parse_settings(settings or [])},
                                     model_source=model)
-        train_lib.train(config, log=console.say, export_saved_model=saved_model)
+        train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,
+                        eval_across_preprocessings=eval_across_preprocessings)
     except distributed.Preempted as preempted:
         console.say(f"fullres: {preempted}")
         raise typer.Exit(code=distributed.PREEMPTED_EXIT_CODE) from None
@@ -302,7 +309,7 @@ def predict(
     output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: each input's own format; NIfTI for DICOM).")] = None,
     dicom_seg: Annotated[bool, typer.Option("--dicom-seg/--no-dicom-seg", help="For DICOM input, also write a DICOM SEG of the series.")] = True,
     probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
-    input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training, one replica).")] = None,
+    input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training where the devices hold it, else the same axes in fewer parts; the log and summary.json say which).")] = None,
     virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="A scan whose modality or intensity range differs from the model's training scans is a dead letter (default: predicted, with a warning in its problems).")] = False,
     max_failed_fraction: preprocessing_cli.MaxFailedFraction = 0.1,
@@ -377,8 +384,8 @@ def _options_without(context: typer.Context, *left_out: str) -> list[str]:
         value = context.params.get(parameter.name)
         if parameter.name in left_out or value is None:
             continue
-        if parameter.is_flag and parameter.secondary_opts:
-            arguments.append(parameter.opts[0] if value else parameter.secondary_opts[0])
+        if parameter.is_flag:  # --a/--no-a as given; a lone flag (--continue-with-changes) only when set
+            arguments += [parameter.opts[0]] if value else parameter.secondary_opts[:1]
         elif isinstance(value, (list, tuple)):
             arguments += [part for item in value for part in (parameter.opts[0], str(item))]
         else:

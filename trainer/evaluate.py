@@ -7,11 +7,12 @@ COCO AP), through the one forward pass (`engine.inference`).
 from __future__ import annotations
 
 from trainer import trained_run
-from trainer.engine import run_files
+from trainer.engine import run_files, run_record
 
 
 def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = None, class_names: list[str] | None = None,
-                     report_examples: int = 4, pseudonymize: bool = False, log=print) -> dict:
+                     report_examples: int = 4, pseudonymize: bool = False, log=print,
+                     across_preprocessings: bool = False) -> dict:
     """Scores a trained model (the output directory of `fullres train`) on `pattern`; writes the HTML report.
 
     The model runs at full resolution under its training partitioning (see
@@ -20,6 +21,9 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     that is not a pseudonym (data preprocessed without `--pseudonymize`: ids are
     folder and file names) is shown as "held-out case N" instead.
 
+    Data preprocessed otherwise than the run's training data (`run_record.check_eval`) are refused unless
+    `across_preprocessings`; the scores then carry `across_preprocessings`, saying how they differ.
+
     Returns:
         The scores, with `class_names` and, when a report was written, `report`.
     """
@@ -27,6 +31,8 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
 
     run = trained_run.open_run(model_dir)
     run.task.check_data(pattern, "--eval", training=False)  # before the model is placed: one sentence, no traceback
+    note = run_record.check_eval(run_record.trained_fingerprint(trained_run.read_record(model_dir)),
+                                 f"{run_files.path(model_dir, run_files.RUN_RECORD)}", pattern, across_preprocessings)
     task = run.task
     names = task.report_class_names(class_names)  # checked before the (long) evaluation
     loaded = trained_run.load(run)
@@ -34,6 +40,9 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     scores = task.evaluate(loaded.model, loaded.state, loaded.distribution, log, pattern=pattern, samples=samples,
                            keep=report_examples)
     scores["class_names"] = names
+    if note:
+        scores["across_preprocessings"] = note
+        log(f"warning: {note}")
     if pseudonymize:
         samples = [_without_names(sample, number) for number, sample in enumerate(samples, 1)]
     history = run_files.loss_curve(model_dir)

@@ -35,14 +35,18 @@ import numpy as np
 from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
-from trainer.engine import checkpoints, placement, program, run_files, scalars
+from trainer.engine import checkpoints, placement, program, run_files, run_record, scalars
 from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
 
 
-def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True) -> dict:
+def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True,
+          continue_with_changes: bool = False, eval_across_preprocessings: bool = False) -> dict:
     """Trains (or resumes) the model `config` describes; returns the metrics dict.
+
+    A rerun into a run's folder resumes it only as it was (`engine.run_record`) unless `continue_with_changes`;
+    `--eval` data preprocessed otherwise than `--train` are refused unless `eval_across_preprocessings`.
 
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
@@ -63,6 +67,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         ValueError: data the task cannot use (`Task.check_data`: unlabelled, mixed shapes, another task's records,
             data sets that differ).
         output_guard.OutputRefused: the output is unsafe (see `output_guard.check_run_directory`) or in use.
+        run_record.RunChanged: the rerun changes a setting that defines the run, or asks for fewer steps than done.
         ValueError: the run's newest checkpoint was written by another configuration.
         user_model.UserModelError: a user's network (`--model FILE.py:FUNCTION`) cannot be loaded or breaks the
             contract (a ValueError).
@@ -80,8 +85,11 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     # The data are judged before the output: a run refused for its data leaves no run folder behind.
     task = registry.make_task(config)
     task.check_data(config.train_data, "--train", training=True)
+    eval_note = None
     if config.eval_data:
         task.check_data(config.eval_data, "--eval", training=False)
+        eval_note = run_record.check_eval(run_record.data_fingerprint(config.train_data), f"--train {config.train_data}",
+                                          config.eval_data, eval_across_preprocessings)
     # The network's own checks (a user's: its file, its function, its output; measured downsampling), before the
     # output is touched.
     partitioning.per_axis(config.model.downsampling_levels, config.model.spatial_dims)
@@ -90,7 +98,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
                                                          "evaluation data": config.eval_data})
     chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
     with chief_lock:
-        return _train(config, log, export_saved_model)
+        return _train(config, log, export_saved_model, continue_with_changes, eval_note)
 
 
 @dataclasses.dataclass
@@ -116,11 +124,14 @@ class _Run:
     input_wait_seconds: float = 0.0  # the loop's time waiting for its next batch, after the first step (the compile)
     input_wait_fraction: float = 0.0  # of the run's time after the first step
     input_cache: str | None = None  # the input cache's decision, in words
+    eval_note: str | None = None  # --eval scored across preprocessings (`run_record.check_eval`), in words
 
 
-def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool) -> dict:
+def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool,
+           continue_with_changes: bool, eval_note: str | None = None) -> dict:
     """`train`, once the output directory is known to be safe and this process holds it."""
-    run = _set_up(config, log)
+    run = _set_up(config, log, continue_with_changes)
+    run.eval_note = eval_note
     writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief else None
     try:
         train_seconds = _loop(run, writer, log)
@@ -146,7 +157,7 @@ def _seed(seed: int) -> None:
     np.random.seed(seed)
 
 
-def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
+def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_with_changes: bool = False) -> _Run:
     """Task, layout, mesh, model and the state to start from; the run's config files written (process 0)."""
     import jax
 
@@ -167,6 +178,9 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
     )
+    # A rerun into a run's folder keeps to what the run means, checked before anything is built or written.
+    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
+                                   continue_with_changes, log)
     distribution = partitioning.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(
@@ -213,6 +227,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None]) -> _Run:
     is_chief = jax.process_index() == 0
     if is_chief:
         trained_run.save_description(config.output_dir, config, task, image_shape[1:])
+        run_record.record(config.output_dir, {**rerun, "step": start_step})
         if choice is not None and not choice.cached:
             layout_choice.save_choice(choice, config.output_dir)
     return _Run(config, task, total_steps, num_examples, image_shape, choice, distribution, model, optimizer, schedule,
@@ -361,7 +376,9 @@ def _finish(run: _Run, writer, train_seconds: float, export_saved_model: bool, l
     if config.eval_data:
         log(f"evaluating on {config.eval_data}")
         scores = task.evaluate(run.model, run.state, run.distribution, log)
-        results.update(scores)
+        results.update(scores, **({"across_preprocessings": run.eval_note} if run.eval_note else {}))
+        if run.eval_note:
+            log(f"warning: {run.eval_note}")
         if writer is not None:
             writer.scalars(run.total_steps, task.headline(scores))
     # Every process takes the weights to its host (replicated, so no communication); process 0 alone exports,

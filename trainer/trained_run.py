@@ -58,6 +58,24 @@ class Loaded:
     distribution: partitioning.SpatialParallel
 
 
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What a run folder records of what defines it, read without building anything (`engine.run_record` holds a
+    rerun, and held-out data, to it)."""
+
+    directory: str
+    train_config: dict | None  # train_config.json as written; None where no readable run is there yet
+    info: dict  # model_info.json; {} where there is none
+    history: list[dict]  # run_record.json's history; [] for a run from before it was written
+
+
+def read_record(run_dir: str) -> Record:
+    """The `Record` of `run_dir` (empty where no run is there)."""
+    info = read_info(run_dir) if os.path.isfile(run_files.path(run_dir, run_files.MODEL_INFO)) else {}
+    return Record(run_dir, run_files.read_train_config_dict(run_dir), info,
+                  run_files.read_run_record(run_dir).get("history") or [])
+
+
 def save_description(run_dir: str, config: config_lib.TrainConfig, task: base.Task, image_shape: Sequence[int]
                      ) -> None:
     """What a run is, written when training starts: its config (with a copy of a user's network) and model_info.json."""

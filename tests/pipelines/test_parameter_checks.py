@@ -51,6 +51,10 @@ LOCAL = [  # (parameters beyond the good inputs, the sentence)
      "--param train_overrides='{{\"model.num_classes\": 3}}' or more."),
     (["--param", "preset=ct_256"],  # its UNet has 3 classes: fits
      None),
+    (["--param", "class_names=background,liver,spleen,kidney,lung"],  # the report's names: one per class
+     "--param class_names 'background,liver,spleen,kidney,lung' names 5 classes but the model has 3 (background "
+     "included); give one name per class, background first, or set the model's classes with --param "
+     "train_overrides='{{\"model.num_classes\": 5}}'."),
     (["--param", "preset=huge"], "preset 'huge' is not known; use default or one of ct_256, demo, smoke, nnunet, "
                                  "detection, detection_2560, detection_demo."),
     (["--param", "augmentation=heavy"], "augmentation 'heavy' is not known; use one of nnunet, flips, intensity, none."),
@@ -222,4 +226,28 @@ def test_a_network_file_that_does_not_parse_is_refused_before_anything_starts(sc
     assert _one_sentence(result) == (
         "--param model_code is not Python the train step can import (line 5): '(' was never closed; fix the file and "
         "pass it again (fullres pipeline run --model FILE.py:FUNCTION passes its text).")
+    assert not root.exists()
+
+
+@pytest.mark.slow  # builds the network (Keras, JAX) in the CLI's process: 6.6 s here
+def test_a_network_that_breaks_the_contract_is_refused_before_anything_starts_naming_the_user_s_file(scans,
+                                                                                                      tmp_path):
+    """A network that parses, but whose function is missing or returns the wrong logits, was found only by the train
+    step after preprocessing, and its sentence named the step's temporary copy (/tmp/fullres-network-*/network.py)."""
+    network = tmp_path / "net.py"
+    network.write_text("import keras\n\n\ndef build(num_classes, in_channels):\n"
+                       "    i = keras.Input((None, None, None, in_channels))\n"
+                       "    return keras.Model(i, keras.layers.Conv3D(num_classes + 1, 1)(i))\n")
+    root = tmp_path / "root"
+    result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root),
+                                          "--model", f"{network}:build", *_inputs(scans)])
+    said = _one_sentence(result)
+    assert said == (f"--model {network}:build: the network turns a (1, 256, 256, 256, 1) input into (1, 256, 256, "
+                    "256, 4); fullres segments with logits of num_classes=3 channels at the input's resolution, (1, "
+                    "256, 256, 256, 3).")
+    assert not root.exists()
+    result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root),
+                                          "--model", f"{network}:make", *_inputs(scans)])
+    assert _one_sentence(result) == (f"--model {network}:make: {network} defines no function make (it defines build); "
+                                     f"name the function that returns the network, e.g. --model {network}:build.")
     assert not root.exists()

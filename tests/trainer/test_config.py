@@ -61,10 +61,13 @@ def test_detection_keys_are_the_detector_s():
     ({"remat": "maybe"}, "train override remat is true or false, got 'maybe'."),
     ({"partition.input_partition_dims": "1,x,1"}, "partition.input_partition_dims '1,x,1' is not a comma-separated "
                                                   "list of ints; write it like 1,4,1,1,1."),
-    # nan passed `learning_rate <= 0` and would have trained into nan losses
-    ({"learning_rate": "nan"}, "TrainConfig.learning_rate must be a finite number > 0, got nan."),
-    ({"learning_rate": "inf"}, "TrainConfig.learning_rate must be a finite number > 0, got inf."),
-    ({"weight_decay": "nan"}, "TrainConfig.weight_decay must be a finite number >= 0, got nan."),
+    # nan passed `learning_rate <= 0` and would have trained into nan losses; every float setting is finite (#43)
+    ({"learning_rate": "nan"}, "train override learning_rate must be a finite number, got 'nan'; give a number such "
+                               "as 0.5."),
+    ({"learning_rate": "inf"}, "train override learning_rate must be a finite number, got 'inf'; give a number such "
+                               "as 0.5."),
+    ({"weight_decay": "nan"}, "train override weight_decay must be a finite number, got 'nan'; give a number such as "
+                              "0.5."),
 ])
 def test_bad_values_are_one_sentence(overrides, message):
     with pytest.raises(ValueError) as refused:

@@ -207,6 +207,8 @@ def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
 
 @pytest.mark.slow
 def test_refused_rerun_leaves_the_finished_run_byte_identical(segmentation_run, demo_data):
+    """Another model is refused for what it changes (`engine.run_record`); asked to continue with the change, the
+    checkpoint that does not fit it is refused; neither writes anything."""
     from trainer import evaluate
 
     config, _, _ = segmentation_run
@@ -215,6 +217,11 @@ def test_refused_rerun_leaves_the_finished_run_byte_identical(segmentation_run, 
     wider = dataclasses.replace(config, model=dataclasses.replace(config.model, base_filters=8), learning_rate=1e-3)
     with pytest.raises(ValueError) as refused:
         train.train(wider, log=lambda line: None)
+    assert str(refused.value).startswith(f"--output {run} was trained with learning_rate 0.01 but this rerun has "
+                                         "0.001 (--learning-rate) (and model.base_filters differ too); ")
+    assert snapshot(run) == before
+    with pytest.raises(ValueError) as refused:
+        train.train(wider, log=lambda line: None, continue_with_changes=True)
     assert str(refused.value).startswith(f"checkpoint {run}/checkpoints/00000040 does not match this model (")
     assert str(refused.value).endswith("resume with the configuration that wrote it, or train into a new --output "
                                        "directory.")

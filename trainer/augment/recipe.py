@@ -86,9 +86,9 @@ class AugmentationConfig:
             if isinstance(value, (tuple, list)) and field.name != "mirror_axes":
                 value = tuple(float(v) for v in value)
                 object.__setattr__(self, field.name, value)
-                if len(value) != 2 or value[0] > value[1] or value[0] < 0:
-                    raise ValueError(f"AugmentationConfig.{field.name} must be a range LOW,HIGH with 0 <= LOW <= "
-                                     f"HIGH, got {list(value)}.")
+                if len(value) != 2 or not all(math.isfinite(v) for v in value) or value[0] > value[1] or value[0] < 0:
+                    raise ValueError(f"AugmentationConfig.{field.name} must be a range LOW,HIGH of finite numbers "
+                                     f"with 0 <= LOW <= HIGH, got {list(value)}.")
         object.__setattr__(self, "mirror_axes", tuple(int(a) for a in self.mirror_axes or ()))
         if len(set(self.mirror_axes)) != len(self.mirror_axes) or any(a < 0 for a in self.mirror_axes):
             raise ValueError(f"AugmentationConfig.mirror_axes must be distinct spatial axes (0 = the first), got "

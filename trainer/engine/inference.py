@@ -118,11 +118,13 @@ class VolumePredictor:
             padded shape is compiled ahead of time and its memory checked before anything runs.
         patch_size: predict by nnU-Net's sliding window of this (D, H, W) (`sliding_window`: a patch-trained
             model, or one asked to), each window one partitioned pass; None: the whole volume in one pass.
+        pad_as: pad volumes as this split would too (the training split, where predict splits fewer ways than it:
+            the padding is part of what the model sees, so the masks are then those of the training split).
     """
 
     def __init__(self, model, state: placement.TrainState, partition: partitioning.PartitionConfig, devices,
                  downsampling_levels: int | Sequence[int], device_memory: int | None = None,
-                 patch_size: Sequence[int] | None = None):
+                 patch_size: Sequence[int] | None = None, pad_as: Sequence[int] | None = None):
         cores = partition.num_cores_per_replica
         partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(partition.input_partition_dims)}")
         self.partition = partition
@@ -130,6 +132,9 @@ class VolumePredictor:
         self.model = model
         self.state = placement.place_state(state, self.distribution)
         self.multiples = spatial_multiples(partition.input_partition_dims, downsampling_levels)
+        if pad_as is not None:
+            self.multiples = tuple(math.lcm(a, b) for a, b in zip(self.multiples,
+                                                                  spatial_multiples(pad_as, downsampling_levels)))
         self.device_memory = device_memory if device_memory is not None else device_memory_limit(devices[0])
         self._forward = None
         self._compiled: dict[tuple[int, ...], object] = {}

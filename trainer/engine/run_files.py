@@ -8,6 +8,8 @@
     model.keras         the trained weights
     model_source.py     a user's own network (`--model FILE.py:FUNCTION`): a copy of its file, which
                         train_config.json names, so the run rebuilds it wherever it is read
+    run_record.json     the training data's fingerprint and the run's history of starts, resumes and changes
+                        (`engine.run_record` keeps a rerun to what the run means)
 
 Every reader and writer of these files is here, so each has one rule; `trainer.trained_run` loads a run
 through them.
@@ -34,6 +36,7 @@ HISTORY = "history.jsonl"
 METRICS = "metrics.json"
 MODEL = "model.keras"
 MODEL_SOURCE = "model_source.py"
+RUN_RECORD = "run_record.json"
 CHECKPOINTS = "checkpoints"
 
 
@@ -100,12 +103,40 @@ def check_resumable(run_dir: str) -> None:
     file_path = path(run_dir, TRAIN_CONFIG)
     if "://" in run_dir or not os.path.isfile(file_path):
         return
-    own_files = (MODEL_INFO, HISTORY, METRICS, MODEL, MODEL_SOURCE, CHECKPOINTS)  # a user's network: its copy too
+    own_files = (MODEL_INFO, HISTORY, METRICS, MODEL, MODEL_SOURCE, RUN_RECORD, CHECKPOINTS)  # a user's network: its copy too
     if not any(os.path.exists(path(run_dir, name)) for name in own_files):
         return  # a lone file of that name: the output guard judges the folder
     _, problem = _read_config(file_path)
     if problem is not None:
         raise output_guard.OutputRefused(_damaged(file_path, problem, "resume the run"))
+
+
+def read_train_config_dict(run_dir: str) -> dict | None:
+    """`train_config.json` as written (paths as the run gave them), or None where it is missing or damaged."""
+    file_path = path(run_dir, TRAIN_CONFIG)
+    return _read_config(file_path)[0] if os.path.isfile(file_path) else None
+
+
+def read_run_record(run_dir: str) -> dict:
+    """`run_record.json` (`engine.run_record`): {"history": [...]}; {} for a run from before it was written."""
+    file_path = path(run_dir, RUN_RECORD)
+    if not os.path.isfile(file_path):
+        return {}
+    try:
+        with open(file_path, encoding="utf-8") as file:
+            content = json.load(file)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        content = f"{type(error).__name__}: {error}"
+    if not isinstance(content, dict) or not isinstance(content.get("history", []), list):
+        raise output_guard.OutputRefused(
+            f"{file_path} is damaged ({content if isinstance(content, str) else 'it holds no history list'}), so "
+            "fullres cannot tell what the run was trained on; copy it again from where the run came from (or a "
+            "backup), or train into a new --output.")
+    return content
+
+
+def write_run_record(run_dir: str, content: dict) -> None:
+    _write_json(path(run_dir, RUN_RECORD), content)
 
 
 def _read_config(file_path: str) -> tuple[dict | None, str | None]:

@@ -143,8 +143,18 @@ def support(apply: Callable, input_shape: Sequence[int], seed: int = 0,
     return tuple(extents)
 
 
+def _declared_size(model, spatial_dims: int) -> tuple[int, ...] | None:
+    """The spatial size a network's one input is fixed to (`keras.Input((24, 24, 24, 1))`); None where any is taken."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs or len(inputs) != 1 or len(inputs[0].shape) != spatial_dims + 2:
+        return None
+    spatial = tuple(inputs[0].shape[1:-1])
+    return None if any(s is None for s in spatial) else tuple(int(s) for s in spatial)
+
+
 def measure(model, size: Sequence[int], multiples: Sequence[int], in_channels: int = 1) -> ReceptiveField:
-    """The receptive field of `model` (a Keras model, any input size it accepts) on inputs of `size`.
+    """The receptive field of `model` (a Keras model, any input size it accepts, or one fixed size) on inputs of
+    `size`.
 
     Args:
         size: the spatial size of the inputs it is judged against, e.g. (256, 256, 256).
@@ -158,8 +168,10 @@ def measure(model, size: Sequence[int], multiples: Sequence[int], in_channels: i
         return model.stateless_call(trainable, non_trainable, images, training=False)[0]
 
     size = tuple(int(s) for s in size)
-    if math.prod(size) <= WHOLE_VOLUME_VOXELS:  # the whole input: every axis in one gradient
-        extents = support(apply, (*size, in_channels))
+    declared = _declared_size(model, len(size))
+    if declared is not None or math.prod(size) <= WHOLE_VOLUME_VOXELS:  # the whole input: every axis in one gradient
+        # A network of a fixed input size takes nothing else: it is probed at its size (the data's, to be trained).
+        extents = support(apply, (*(declared or size), in_channels))
         return ReceptiveField(tuple(min(high - low + 1, n) for (low, high), n in zip(extents, size)), size)
     seen = []
     for axis, length in enumerate(size):

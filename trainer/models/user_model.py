@@ -28,6 +28,7 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import sys
 
 SOURCE_FORM = "FILE.py:FUNCTION"
@@ -37,8 +38,18 @@ TASKS = ("segmentation",)
 PROBE_SIZE = 256  # voxels per spatial axis of the input the network is traced with (shapes only; nothing runs)
 
 
+# The pipeline's train step gets the network as text (`--param model_code`) and writes it to a file of its own in a
+# temporary folder of this prefix (`components.runtime.model_source`); a sentence names the parameter instead.
+TEMPORARY_PREFIX = "fullres-network-"
+_TEMPORARY_COPY = re.compile(r"(?:--model )?\S*/" + TEMPORARY_PREFIX + r"[^/\s]*/network\.py")
+
+
 class UserModelError(ValueError):
-    """The user's network cannot be loaded or does not keep the contract; the message names the file and the fix."""
+    """The user's network cannot be loaded or does not keep the contract; the message names the file and the fix
+    (the pipeline's temporary copy of it as `--param model_code`, what the user gave)."""
+
+    def __init__(self, message: str):
+        super().__init__(_TEMPORARY_COPY.sub("--param model_code", message))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +160,17 @@ def register(function) -> str:
     return f"{os.path.abspath(file)}:{name}"
 
 
-def _digest(path: str) -> str:
+def _digest(path: str, given: str | None = None, function: str = "build") -> str:
+    """The SHA-256 of the user's file `path` (`given` as the user wrote it, for the sentence).
+
+    Raises:
+        UserModelError: it does not exist, or is a folder (`dir.py/`).
+    """
+    given = given or path
+    if not os.path.isfile(path):
+        what = "is a folder, not a Python file" if os.path.isdir(path) else "does not exist"
+        raise UserModelError(f"--model {given}:{function}: {given} {what}; pass the path of the Python file that "
+                             f"defines {function} ({SOURCE_FORM}).")
     with open(path, "rb") as file:
         return hashlib.sha256(file.read()).hexdigest()
 
@@ -173,10 +194,7 @@ def load_function(file: str, function: str):
     if (path, function) in _GIVEN:
         return _GIVEN[(path, function)]
     where = f"--model {file}:{function}"
-    if not os.path.isfile(path):
-        raise UserModelError(f"{where}: {file} does not exist; pass the path of the Python file that defines "
-                             f"{function} ({SOURCE_FORM}).")
-    digest = _digest(path)
+    digest = _digest(path, file, function)
     module = _MODULES.get((path, digest))
     if module is None:
         name = f"fullres_user_model_{digest[:16]}"  # unique: never shadows a module of the user's or of fullres
@@ -296,8 +314,8 @@ def measure(config: UserModelConfig) -> tuple[int, ...]:
         UserModelError: a downsampling by a factor that is not a power of two (fullres's divisibility check and
             predict's padding count halvings).
     """
-    key = (_digest(os.path.abspath(config.file)), config.function, config.num_classes, config.in_channels,
-           config.spatial_dims)
+    key = (_digest(os.path.abspath(config.file), config.file, config.function), config.function, config.num_classes,
+           config.in_channels, config.spatial_dims)
     if key not in _LEVELS:
         from trainer.parallel import halo
 

@@ -251,8 +251,13 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     for count in partitions:
         if layouts_to_try == "all":
             kept, pruned = prune(layouts(count, spatial), config, shape)
-        else:
-            kept, pruned = [compiled_step.default_partition_dims(count, spatial + 2)], []
+        else:  # checked too: a count that cannot divide is refused before the first compile, not after the others
+            default = compiled_step.default_partition_dims(count, spatial + 2)
+            kept, pruned = prune([default], config, shape)
+            if not kept:
+                raise partitioning.PartitionError(f"--partitions {count} (split {','.join(map(str, default))}): "
+                                                  f"{pruned[0][1]}")
+            pruned = []
         if not kept:
             raise partitioning.PartitionError(f"no layout of {count} cores divides {list(shape[:-1])} at every "
                                               f"resolution level: {pruned[0][1]}")

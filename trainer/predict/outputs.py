@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import SimpleITK as sitk
 
-from common import file_writes
+from common import file_writes, output_guard
 from trainer.predict import scan_grid
 
 SUMMARY = "summary.json"  # what predict writes beside the masks (its own; not a data set's summary.json)
@@ -81,3 +81,26 @@ def planned_outputs(case_id, source, format_name, probabilities, dicom_seg, name
         planned.add(case_id + ".seg.dcm")
     # The names they have while written (`write_image`): one a killed run left is fullres's, not the user's.
     return planned | {file_writes.PARTIAL_PREFIX + name for name in planned}
+
+
+def check_distinct(planned: dict[str, set[str]], probabilities: bool) -> None:
+    """Refuses, before anything is written, two cases that would write one file (`planned`: case id -> its
+    `planned_outputs`): scan `x_probability_background`'s mask is scan `x`'s probability map of background, and
+    `a.nii.gz` and `a.nrrd` are both `a.nii.gz` under `--output-format nifti`.
+
+    Raises:
+        output_guard.OutputRefused: the sentence names both cases, the file and the fix.
+    """
+    owner: dict[str, str] = {}
+    for case_id, names in planned.items():
+        for name in sorted(names):
+            if name.startswith(file_writes.PARTIAL_PREFIX):
+                continue
+            other = owner.setdefault(name, case_id)
+            if other != case_id:
+                fix = "rename one of the scans (or its folder), or predict them into separate --output folders"
+                if probabilities and "_probability_" in name:
+                    fix += ", or leave out --probabilities"
+                raise output_guard.OutputRefused(
+                    f"scans {other!r} and {case_id!r} would both write {name} (a mask or probability map of each), "
+                    f"so one would overwrite the other; {fix}.")

@@ -20,7 +20,7 @@ from preprocessing.records import dataset_files
 from trainer import config as config_lib, trained_run
 from trainer.engine import inference, run_files
 from trainer.parallel import partitioning
-from trainer.predict import outputs, scan_grid
+from trainer.predict import device_split, outputs, scan_grid
 
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
 PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
@@ -106,7 +106,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             is written then (a SEG carries the series' patient attributes).
         pseudonym_key_file: the key; default `identifiers.key_path(output_dir)`, created if missing (pass the
             key file of the preprocessed data for the same pseudonyms).
-        input_partition_dims: how each volume is split (None: the training's split, one replica).
+        input_partition_dims: how each volume is split (None: the training's split where the devices hold it, else
+            the same axes in fewer parts: `device_split.choose`; one replica).
         device_memory: bytes one device holds (None: as the accelerator says; unchecked on CPUs); a scan whose
             compiled pass needs more is a dead letter that names the cores it would need.
         max_voxels, max_decoded_bytes: a scan over either, read from its header before decoding (as in
@@ -124,8 +125,9 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     Raises:
         ModelRefused: `model_dir` is not a fullres segmentation run with recorded preprocessing.
         FileNotFoundError: `input_path` does not exist.
-        partitioning.PartitionError: the split needs more devices than are present.
-        output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs.
+        partitioning.PartitionError: the split asked for needs more devices than are present.
+        output_guard.OutputRefused: `output_dir` holds files fullres did not write, or overlaps the inputs, or two
+            scans would write one file (`outputs.check_distinct`).
         TooManyFailed: more than `max_failed_fraction` of the scans are dead letters.
     """
     dead_letters.check_failed_fraction(max_failed_fraction)
@@ -156,8 +158,13 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     import jax
 
     run = trained_run.open_run(model_dir)
-    config = run.config if input_partition_dims is None else config_lib.with_dims(run.config, input_partition_dims)
+    outputs.check_distinct({case.case_id: outputs.planned_outputs(
+        case.case_id, case.image, output_format_name, probabilities, dicom_seg,
+        _class_names(info, run.config.model.num_classes)) for case in named.cases}, probabilities)
     devices = jax.devices()
+    dims, split_reason = device_split.choose(run.config.partition.input_partition_dims, input_partition_dims,
+                                             len(devices))
+    config = config_lib.with_dims(run.config, dims)
     cores = config.partition.num_cores_per_replica
     partitioning.require_devices(cores, len(devices),
                                  f"input_partition_dims {list(config.partition.input_partition_dims)}",
@@ -165,9 +172,11 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)  # one replica
     patch, why = _window(config, info, sliding_window)
     predictor = inference.VolumePredictor(loaded.model, loaded.state, config.partition, devices,
-                                          config.model.downsampling_levels, device_memory, patch_size=patch)
+                                          config.model.downsampling_levels, device_memory, patch_size=patch,
+                                          pad_as=run.config.partition.input_partition_dims if input_partition_dims is None
+                                          else None)
     names = _class_names(info, config.model.num_classes)
-    dims = ",".join(map(str, config.partition.input_partition_dims))
+    shown_dims = ",".join(map(str, dims))
     if not info.get("data_modality"):
         log(f"note: {run_files.MODEL_INFO} does not record what the model's training scans were (trained before "
             "fullres recorded it), so scans are not checked against their modality")
@@ -177,8 +186,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         log(f"pseudonymized {len(named.cases)} case ids (no DICOM SEG: it would carry the series' patient "
             f"attributes); the mapping back is in {mapping} (keep it off shared storage)")
     log(f"fullres predict: {len(scans)} scan(s) from {'--input' if pseudonymize else input_path}, model {model_dir} ({len(names)} classes: "
-        f"{', '.join(names)}), each split {dims} over {config.partition.num_cores_per_replica} "
-        f"{devices[0].platform} device(s), {predictor.describe()}{why}; {len(dead)} input(s) set aside")
+        f"{', '.join(names)}), each split {shown_dims} over {config.partition.num_cores_per_replica} "
+        f"{devices[0].platform} device(s) ({split_reason}), {predictor.describe()}{why}; {len(dead)} input(s) set aside")
     notes = [named.scrubber(note) for note in found.notes]  # e.g. links left alone
     for note in notes:
         log(f"note: {note}")
@@ -229,6 +238,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "pseudonymized": pseudonymize, "ok": len(cases),
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
+               "split": {"input_partition_dims": list(dims), "trained_with": list(
+                   run.config.partition.input_partition_dims), "devices_present": len(devices), "why": split_reason},
                "class_names": names, "inference": {"method": "whole" if patch is None else "sliding_window",
                                                    "patch_size": None if patch is None else list(patch),
                                                    "described": predictor.describe() + why},

@@ -28,11 +28,14 @@ class SegmentationTask:
     """UNet on CT volumes: Dice + cross-entropy, per-class Dice."""
 
     name = "segmentation"
-    class_names: list[str] | None = None  # the report's names come from --class-names or the run's model_info.json
-
     def __init__(self, config: config_lib.TrainConfig):
         self.config = config
         self._records: dict[str, ct_input.CtRecords] = {}
+        # Named by the training data's label_map.json (`preprocess ct --classes`), recorded in model_info.json for the
+        # report and the DICOM SEG's segment labels; None without one (then background, class_1, ...).
+        label_map = dataset_files.read_label_map(config.train_data) if config.train_data else None
+        self.class_names = ([dataset_files.BACKGROUND, *dataset_files.class_names(
+            label_map, config.model.num_classes - 1)] if label_map and len(label_map) > 1 else None)
 
     def records(self, pattern: str | None = None) -> ct_input.CtRecords:
         """The records of `pattern` (default: the training data), indexed once per task."""
@@ -229,13 +232,14 @@ class SegmentationTask:
         return {"dice_mean": scores["dice_mean"]} if scores.get("dice_mean") is not None else {}
 
     def report_class_names(self, given: list[str] | None) -> list[str]:
-        """One name per class, background first: `given`, or background, class_1, ...
+        """One name per class, background first: `given`, or the run's (its training data's label map), or
+        background, class_1, ...
 
         Raises:
             ValueError: `given` names another number of classes than the model predicts.
         """
         num_classes = self.config.model.num_classes
-        names = list(given or dataset_files.segmentation_class_names(num_classes))
+        names = list(given or self.class_names or dataset_files.segmentation_class_names(num_classes))
         if len(names) != num_classes:
             raise ValueError(f"{len(names)} class names given for a model of {num_classes} classes; give one name per "
                              "class, background first.")

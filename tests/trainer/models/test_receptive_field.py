@@ -48,3 +48,16 @@ def test_a_narrow_unet_is_not_measured_through_one_inputs_dead_relus():
     low, high = receptive_field.support(lambda x: model.stateless_call(trainable, non_trainable, x)[0],
                                         (8, 8, 64, 1), samples=1)[2]
     assert high - low + 1 == 1  # what one input alone would have said
+
+
+def test_a_network_of_a_fixed_input_size_is_probed_at_that_size(monkeypatch):
+    """A network built for exactly the data's shape takes nothing else: the per-axis probe's thin inputs failed in
+    Keras (issue #43 item 6). Volumes above the whole-volume limit are measured per axis, so the limit is lowered."""
+    monkeypatch.setattr(receptive_field, "WHOLE_VOLUME_VOXELS", 100)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12, 10, 14, 1))  # fixed: the data's shape
+    x = keras.layers.Conv3D(4, 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.Reshape((12, 10, 14, 4))(keras.layers.Flatten()(x))  # only this size passes
+    outputs = keras.layers.Conv3D(2, 3, padding="same")(x)
+    field = receptive_field.measure(keras.Model(inputs, outputs), (12, 10, 14), (1, 1, 1))
+    assert field.seen == (5, 5, 5) and field.size == (12, 10, 14)

@@ -1,0 +1,45 @@
+"""Every numeric setting is finite before anything runs (issue #43 item 3): nan passes every `<` a range check makes,
+so `--set augmentation.scale=nan,nan` trained on destroyed examples and exited 0."""
+
+import math
+
+import pytest
+
+from trainer import config as config_lib
+from trainer.augment import recipe
+
+
+@pytest.mark.parametrize("key, value, sentence", [
+    ("augmentation.scale", "nan,nan", "train override augmentation.scale[0] must be a finite number, got nan; give "
+                                      "a number such as 0.5."),
+    ("augmentation.gamma", "0.7,inf", "train override augmentation.gamma[1] must be a finite number, got inf; give "
+                                      "a number such as 0.5."),
+    ("augmentation.blur_probability", "nan", "train override augmentation.blur_probability must be a finite number, "
+                                             "got 'nan'; give a number such as 0.5."),
+    ("momentum", "-inf", "train override momentum must be a finite number, got '-inf'; give a number such as 0.5."),
+    ("model.num_levels", "nan", "train override model.num_levels must be a whole number, got 'nan'."),
+    ("steps", "inf", "train override steps must be a whole number, got 'inf'."),
+])
+def test_a_setting_that_is_not_a_finite_number_is_one_sentence(key, value, sentence):
+    with pytest.raises(ValueError) as refused:
+        config_lib.resolve(preset="smoke", overrides={key: value})
+    assert str(refused.value) == sentence
+
+
+def test_an_augmentation_range_of_nan_is_refused_from_python_too():
+    with pytest.raises(ValueError, match=r"^AugmentationConfig.scale must be a range LOW,HIGH of finite numbers with "
+                                         r"0 <= LOW <= HIGH, got \[nan, nan\]\.$"):
+        recipe.AugmentationConfig(scale=(math.nan, math.nan))
+    with pytest.raises(ValueError, match=r"^AugmentationConfig.noise_sigma must be a range .* got \[0.0, inf\]\.$"):
+        recipe.AugmentationConfig(noise_sigma=(0.0, math.inf))
+
+
+@pytest.mark.parametrize("field, value, sentence", [
+    ("learning_rate", math.nan, "TrainConfig.learning_rate must be a finite number > 0, got nan."),
+    ("learning_rate", math.inf, "TrainConfig.learning_rate must be a finite number > 0, got inf."),
+    ("weight_decay", math.nan, "TrainConfig.weight_decay must be a finite number >= 0, got nan."),
+])
+def test_the_config_itself_refuses_what_python_gives_it(field, value, sentence):
+    with pytest.raises(ValueError) as refused:
+        config_lib.smoke(**{field: value})
+    assert str(refused.value) == sentence

@@ -1,0 +1,299 @@
+"""What defines a training run, and the rule a rerun into its folder keeps (`fullres train --output RUN` again).
+
+A run folder means one thing: this model, trained on these data, this way. The
+record of that is what the run keeps (read back by `trained_run.read_record`):
+
+* `train_config.json`: the model, patch mode, augmentation recipe, partition,
+  schedule, optimizer, batch, precision and seed (every setting but those in
+  `MAY_CHANGE` and the paths);
+* `model_source.py`: the run's copy of a user's network, compared by its SHA-256;
+* `run_record.json`: the training data's fingerprint, which is what its
+  preprocessing recorded (`summary.json`'s `preprocessing`: spacing, orientation,
+  window, modality, shape; the record kind; `label_map.json`), and the run's
+  history: one line per start, resume or change of meaning.
+
+`check_rerun` refuses, in one sentence naming the setting, both values and the
+fix, a rerun that would change any of them, before anything is written; with
+`continue_with_changes` (`fullres train --continue-with-changes`) it goes on, and
+the change is recorded in the history. Settings in `MAY_CHANGE` change freely
+and are logged. A rerun asking for fewer steps than the run has done is refused:
+there is nothing to train.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from common import parsing
+from preprocessing.records import data_set, dataset_files
+from trainer.engine import checkpoints, run_files
+
+if TYPE_CHECKING:
+    from trainer import config as config_lib
+
+# May differ between the runs of one folder: how long to train, how often to save and log, memory and input
+# tricks that do not change the arithmetic, and the held-out data (scored at the end, checked on its own).
+MAY_CHANGE = ("steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "input_cache", "allow_gathers",
+              "remat", "eval_data")
+_PATHS = ("train_data", "output_dir", "model.file")  # where things are; the data are judged by their fingerprint
+# Settings with an option of their own on `fullres train` (the others are `--set KEY=VALUE`).
+_FLAGS = {"steps", "epochs", "batch_size", "learning_rate", "warmup_steps", "schedule", "optimizer", "weight_decay",
+          "precision", "remat", "checkpoint_every", "log_every", "augment", "augmentation", "seed", "input_cache",
+          "patch_size", "image_size", "max_boxes", "allow_gathers", "model.num_classes", "model.num_levels",
+          "model.base_filters", "model.stem", "model.normalization", "model.encoder", "model.deep_supervision",
+          "partition.input_partition_dims", "partition.label_partition_dims", "task"}
+CONTINUE_OPTION = "--continue-with-changes"
+
+
+class RunChanged(ValueError):
+    """A rerun into a run's folder would change what the run means; the message names the setting and the fix."""
+
+
+def option(key: str) -> str:
+    """The option of `fullres train` that sets `key` (a dotted TrainConfig key).
+
+    >>> option("patch_size"), option("model.num_levels"), option("augmentation.rotation_probability")
+    ('--patch-size', '--num-levels', '--set augmentation.rotation_probability')
+    """
+    if key in ("train_data", "eval_data"):
+        return "--train" if key == "train_data" else "--eval"
+    if key in _FLAGS:
+        return "--" + key.rpartition(".")[2].replace("_", "-")
+    return f"--set {key}"
+
+
+def data_fingerprint(pattern: str) -> dict:
+    """What the preprocessing of the data set `pattern` names recorded: its record kind, `summary.json`'s
+    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none)."""
+    data = data_set.resolve(pattern)
+    return {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
+
+
+def source_hash(file_path: str) -> str:
+    """The SHA-256 of a user's network file."""
+    with open(file_path, "rb") as file:
+        return hashlib.sha256(file.read()).hexdigest()
+
+
+def _settings(values: dict) -> dict:
+    """The defining settings of a TrainConfig dict (`config.to_dict`, or train_config.json) as dotted keys, JSON
+    values (tuples as lists)."""
+    flat = parsing.flatten(json.loads(json.dumps(values)))
+    return {key: value for key, value in flat.items() if key not in MAY_CHANGE and key not in _PATHS}
+
+
+def _done_steps(run_dir: str) -> int:
+    """The step of the run's newest checkpoint; 0 when it has none."""
+    directory = run_files.path(run_dir, run_files.CHECKPOINTS)
+    steps = checkpoints.list_steps(directory) if os.path.isdir(directory) or "://" in run_dir else []
+    return steps[-1] if steps else 0
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "none"
+    return json.dumps(value) if isinstance(value, (list, dict, str)) else str(value)
+
+
+def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devices: int,
+                continue_with_changes: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Refuses a rerun into `config.output_dir` that would change what the run there means; nothing is written.
+
+    Args:
+        config: the rerun's config, its partition resolved.
+        recorded: what `config.output_dir` records (`trained_run.read_record`).
+        total_steps: the steps it asks for in all (from `steps` or `epochs`).
+        devices: how many devices it runs on.
+        continue_with_changes: go on under the changed settings (the history records them) instead of refusing.
+
+    Returns:
+        The history line `record` writes once training starts: `{"event": "started" | "resumed" | "continued with
+        changes", "step", "steps", "devices", "data", "fingerprint", "model_source_sha256", "changed": {key:
+        [before, now]}}` ("started" where the output holds no run yet).
+
+    Raises:
+        RunChanged: a defining setting differs (without `continue_with_changes`), or fewer steps than done.
+    """
+    from trainer.models import user_model
+
+    run_dir = config.output_dir
+    fingerprint = data_fingerprint(config.train_data)
+    source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
+    line = {"event": "started", "step": 0, "steps": total_steps, "devices": devices, "data": config.train_data}
+    if recorded.train_config is None:  # no run here yet
+        return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
+    done = _done_steps(run_dir)
+    if total_steps < done:
+        asked = (f"--epochs {config.epochs} ({total_steps} steps)" if config.epochs is not None
+                 else f"--steps {total_steps}")
+        raise RunChanged(
+            f"nothing to train: the run in {run_dir} is at step {done} of the {total_steps} that {asked} asks for; "
+            f"pass --steps {done} or more to go on training it, or a new --output to train {total_steps} steps "
+            "from the start.")
+    changes = _changes(recorded, config, fingerprint, source)
+    if changes and not continue_with_changes:
+        key, (before, now, where) = next(iter(changes.items()))
+        more = f" (and {', '.join(list(changes)[1:])} differ too)" if len(changes) > 1 else ""
+        raise RunChanged(
+            f"--output {run_dir} was trained with {key} {_shown(before)} but this rerun has {_shown(now)}{where}"
+            f"{more}; a rerun only resumes the run as it was, so pass the run's own {_fix(key)}, train into a new "
+            f"--output, or pass {CONTINUE_OPTION} to go on from step {done} under the new setting (the run's "
+            f"{run_files.RUN_RECORD} then records the change).")
+    _log_changed_freely(recorded.train_config, config, total_steps, devices, (recorded.history or [{}])[-1], log)
+    line = {**line, "event": "continued with changes" if changes else "resumed", "step": done,
+            "fingerprint": fingerprint, "model_source_sha256": source}
+    if changes:
+        line["changed"] = {key: [before, now] for key, (before, now, _) in changes.items()}
+        log(f"continuing the run from step {done} with changed settings ({CONTINUE_OPTION}): " + "; ".join(
+            f"{key} {_shown(before)} -> {_shown(now)}" for key, (before, now, _) in changes.items()))
+    return line
+
+
+def _fix(key: str) -> str:
+    if key == "augmentation":
+        return "augmentation (--augmentation)"
+    if key.startswith("training data"):
+        return "training data (--train)"
+    if key == "model source":
+        return "network file (--model)"
+    return f"setting ({option(key)})"
+
+
+def trained_fingerprint(recorded) -> dict:
+    """The fingerprint of the data a run (`trained_run.Record`) trained on last (`data_fingerprint`); for a run from
+    before run_record.json, what its model_info.json kept of them (summary.json's preprocessing), else {}."""
+    lines = [line for line in recorded.history if "fingerprint" in line]
+    if lines:
+        return lines[-1]["fingerprint"]
+    preprocessing = recorded.info.get("preprocessing")
+    return {"preprocessing": preprocessing} if preprocessing is not None else {}
+
+
+def differences(trained: dict, other: dict, ignore: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
+    """[(what, trained's value, other's)] where two data fingerprints differ: each preprocessing field
+    (`spacing`, `window`, ...), the record `kind`, each class of `label_map` (`label_map.liver`). Only what
+    `trained` records is compared; a label map only where both data sets have one; `ignore` leaves fields out."""
+    found = []
+    for section in trained:
+        was, now = trained.get(section), other.get(section)
+        if section == "label_map" and (was is None or now is None):
+            continue
+        if not isinstance(was, dict) or not isinstance(now, dict):
+            if was != now and section not in ignore:
+                found.append((section, was, now))
+            continue
+        for key in sorted(set(was) | set(now)):
+            name = key if section == "preprocessing" else f"{section}.{key}"
+            if was.get(key) != now.get(key) and key not in ignore:
+                found.append((name, was.get(key), now.get(key)))
+    return found
+
+
+def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
+             source: str | None) -> dict[str, tuple[object, object, str]]:
+    """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs."""
+    from trainer import config as config_lib
+
+    changes: dict[str, tuple[object, object, str]] = {}
+    summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
+    for key, was, now in differences(trained_fingerprint(recorded), fingerprint):
+        changes[f"training data {key}"] = (was, now, summary)
+    values = config_lib.to_dict(config)
+    before, after = _settings(recorded.train_config), _settings(values)
+    differ = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    recipe = [key for key in differ if key.startswith("augmentation.")]
+    if recipe:  # the recipe as a whole: a preset's name where it is one, else the fields that differ
+        was_named = _recipe_name(recorded.train_config.get("augmentation"))
+        now_named = _recipe_name(values["augmentation"])
+        if was_named and now_named:
+            changes["augmentation"] = (was_named, now_named, " (--augmentation)")
+        else:
+            changes["augmentation"] = ({key[13:]: before.get(key) for key in recipe},
+                                       {key[13:]: after.get(key) for key in recipe}, " (--set augmentation.FIELD)")
+    for key in differ:
+        if key not in recipe:
+            changes[key] = (before.get(key), after.get(key), f" ({option(key)})")
+    copy = run_files.path(recorded.directory, run_files.MODEL_SOURCE)
+    if source is not None and os.path.isfile(copy) and source_hash(copy) != source:
+        changes["model source"] = (f"sha256 {source_hash(copy)[:12]}", f"sha256 {source[:12]}",
+                                   f" ({config.model.file}; the run's copy is {copy})")
+    return changes
+
+
+def _recipe_name(values: dict | None) -> str | None:
+    """The name of the augmentation preset `values` (a recipe as JSON) is, or None."""
+    from trainer.augment import recipe
+
+    if values is None:
+        return None
+    values = json.loads(json.dumps(values))
+    return next((name for name in recipe.NAMES
+                 if json.loads(json.dumps(dataclasses.asdict(recipe.preset(name)))) == values), None)
+
+
+def _log_changed_freely(recorded: dict, config: config_lib.TrainConfig, total_steps: int, devices: int,
+                        previous: dict, log: Callable[[str], None]) -> None:
+    """Logs the settings in `MAY_CHANGE` (and the device count) that this rerun changes."""
+    from trainer import config as config_lib
+
+    now = json.loads(json.dumps(config_lib.to_dict(config)))
+    said = []
+    if previous.get("steps") is not None and previous["steps"] != total_steps:
+        said.append(f"{total_steps} steps in all (was {previous['steps']}; the learning-rate schedule is stretched "
+                    "to the new end)" if config.schedule != "constant" else
+                    f"{total_steps} steps in all (was {previous['steps']})")
+    for key in MAY_CHANGE:
+        if key in ("steps", "epochs"):
+            continue
+        if key in recorded and recorded[key] != now.get(key):
+            said.append(f"{option(key)} {_shown(now.get(key))} (was {_shown(recorded[key])})")
+    if previous.get("devices") is not None and previous["devices"] != devices:
+        said.append(f"{devices} devices (was {previous['devices']}; the partition is the run's)")
+    if said:
+        log("resuming with " + ", ".join(said))
+
+
+def record(run_dir: str, line: dict) -> None:
+    """Appends `line` (from `check_rerun`), stamped with the time, to the run's history in `run_record.json`."""
+    content = run_files.read_run_record(run_dir)
+    stamped = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **line}
+    run_files.write_run_record(run_dir, {**content, "history": [*content.get("history", []), stamped]})
+
+
+EVAL_OPTION = "--eval-across-preprocessings"
+
+
+def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = False) -> str | None:
+    """Refuses held-out data preprocessed otherwise than the training data (`differences`; the shape aside: a
+    volume's padding or crop does not change what a voxel is), whose scores would not be the model's.
+
+    Args:
+        trained: the training data's fingerprint; `trained_from`: where it comes from, for the sentence.
+        eval_data: the held-out data (`--eval`).
+        across: score them anyway (`--eval-across-preprocessings`).
+
+    Returns:
+        None where they agree; else, with `across`, the note the scores carry (`across_preprocessings`).
+
+    Raises:
+        ValueError: they differ and `across` is False.
+    """
+    found = differences(trained, data_fingerprint(eval_data), ignore=("shape",))
+    if not found:
+        return None
+    key, was, now = found[0]
+    more = f" (and {', '.join(k for k, _, _ in found[1:])} differ too)" if len(found) > 1 else ""
+    if not across:
+        raise ValueError(
+            f"--eval {eval_data} holds data preprocessed with {key} {_shown(now)} but the model trains on {key} "
+            f"{_shown(was)} ({trained_from}){more}, so its scores would not be the model's; convert the held-out "
+            f"scans as the training data were (fullres preprocess ct with the same settings), or pass {EVAL_OPTION} "
+            "to score them anyway (the scores then say so).")
+    return (f"scored across preprocessings: --eval {eval_data} has {key} {_shown(now)}, the training data "
+            f"{_shown(was)}{more}")
