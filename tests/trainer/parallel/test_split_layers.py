@@ -146,3 +146,22 @@ def test_layer_splits_exactly_without_gathers(reference, split):
     assert abs(loss - reference_loss) / abs(reference_loss) <= TOLERANCE
     worst = max(_relative(g, r) for g, r in zip(grads, reference_grads) if np.linalg.norm(r) > 0)
     assert worst <= TOLERANCE, f"largest relative gradient difference {worst:.2e}"
+
+
+def test_bilinear_upsampling_from_one_eighth_resolution_split_4_ways():
+    """KerasHub's ResNet at 64² upsampled ×8 bilinear (tests/trainer/user_networks.py:hub_backbone), split 1,4,1,1: XLA
+    gathered the 8-row input of the upsampling (4 KiB); computed as a stencil, it is exact without gathers."""
+    from tests.trainer import user_networks
+
+    keras.utils.set_random_seed(0)
+    model = user_networks.hub_backbone(num_classes=3, in_channels=1)
+    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(1, 64, 64, 1)).astype(np.float32)
+    targets = rng.normal(size=(1, 64, 64, 3)).astype(np.float32)
+    reference_loss, reference_grads, _ = jax.jit(step.make_loss_and_grads(model, _mean_squared))(state, images, targets)
+    loss, grads, found = split_step(model, state, (1, 4, 1, 1), images, targets)
+    assert found == [], gathers.summary(found)
+    assert abs(loss - float(reference_loss)) / abs(float(reference_loss)) <= TOLERANCE
+    assert max(_relative(g, np.asarray(r)) for g, r in zip(grads, reference_grads) if np.linalg.norm(r) > 0) \
+        <= TOLERANCE
