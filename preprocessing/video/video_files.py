@@ -100,7 +100,7 @@ def decode(path: str, fit: Callable[[tuple[int, int]], tuple[float, float, float
 
 
 def _constant_rate(times: list, stream) -> float:
-    """The frame rate, checked constant from the frames' own times (`VFR_TOLERANCE`)."""
+    """The stated frame rate (else the frames' own), checked constant from the frames' times (`VFR_TOLERANCE`)."""
     known = [t for t in times if t is not None]
     if len(known) == len(times) and len(times) > 2:
         durations = np.diff(np.asarray(known, np.float64))
@@ -112,8 +112,9 @@ def _constant_rate(times: list, stream) -> float:
             raise _error("variable_frame_rate", f"its frames last from {durations.min() * 1000:.1f} to "
                          f"{durations.max() * 1000:.1f} ms (a variable frame rate), so frame numbers are not times; "
                          f"{CONSTANT_RATE_FIX}")
+    rate = stream.average_rate or stream.guessed_rate  # the stated rate: frame times may be rounded (MKV: to 1 ms)
+    if not rate and len(known) == len(times) and len(times) > 2:
         return round(1.0 / median, 3)
-    rate = stream.average_rate or stream.guessed_rate
     if not rate:
         raise _error("variable_frame_rate", f"it states no frame rate; {CONSTANT_RATE_FIX}")
     return round(float(rate), 3)
