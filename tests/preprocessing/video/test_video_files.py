@@ -90,7 +90,7 @@ def test_mask_trouble_is_named(tmp_path):
 
 def test_clips_record_their_source_frames_and_rate(tmp_path):
     count = 20
-    path = video_makers.encode(str(tmp_path / "walk.mp4"), video_makers.frames(count, (48, 64)), 12)
+    video_makers.encode(str(tmp_path / "walk.mp4"), video_makers.frames(count, (48, 64)), 12)
     masks = np.zeros((count, 48, 64), np.uint8)
     masks[:, 10:20, 30:40] = 2
     video_makers.write_masks(tmp_path / "walk", masks)
