@@ -35,11 +35,12 @@ ENCODER_HELP = ("UNet encoder: plain (two convolutions per level) or residual (n
                 "blocks per level, set by --set model.residual_blocks=...).")
 AUGMENTATION_HELP = ("Segmentation: the augmentations run on the accelerator, a preset: nnunet (nnU-Net's whole set: "
                      "rotation, scaling, noise, blur, brightness, contrast, low resolution, gamma, mirroring), flips "
-                     "(mirroring only), intensity (no mirroring or resampling) or none; --set augmentation.FIELD=... "
+                     "(mirroring only), intensity (no mirroring or resampling), video (height and width mirrored alike in every "
+                     "frame, intensity per clip; no temporal reversal unless mirror_axes names 0) or none; --set augmentation.FIELD=... "
                      "changes one (e.g. augmentation.mirror_axes=0,1 keeps left and right).")
 DEEP_SUPERVISION_HELP = ("Deep supervision (nnU-Net's): the decoder's lower resolutions predict too, their losses "
                          "weighted 1/2 per level; needs 4 levels without the stem, 3 with it.")
-PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "nnunet", "detection", "detection_2560", "detection_demo")
+PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "nnunet", "detection", "detection_2560", "detection_demo", "video")
 
 
 @app.callback()

@@ -52,6 +52,7 @@ class CtLayout:
     label_crcs: tuple[int, ...]
     channels: int = 1  # video clips: 3 (RGB), stored as uint8
     stored: np.dtype = STORED_TYPES["int16"]
+    kind: str = schema.CT_RECORDS  # or schema.VIDEO_RECORDS: the first axis is time
 
     @property
     def voxel_bytes(self) -> int:
@@ -98,7 +99,8 @@ def read_layout(records: tfrecord_files.RecordFile, number: int) -> CtLayout:
     layout = CtLayout(case, shape, int(features[schema.IMAGE_SLAB_DEPTH][0]), float(features[schema.IMAGE_SCALE][0]),
                       tuple(features[schema.IMAGE_SLABS]), tuple(features[schema.LABEL_SLABS]),
                       tuple(int(c) for c in features[schema.IMAGE_SLAB_CRC]),
-                      tuple(int(c) for c in features[schema.LABEL_SLAB_CRC]), channels, STORED_TYPES[stored])
+                      tuple(int(c) for c in features[schema.LABEL_SLAB_CRC]), channels, STORED_TYPES[stored],
+                      schema.record_kind(features))
     slabs = -(-shape[0] // layout.slab_depth)
     plane = shape[1] * shape[2]
     expected = [(min(layout.slab_depth, shape[0] - k * layout.slab_depth) * plane) for k in range(slabs)]

@@ -9,6 +9,7 @@ and int32 on the device and augments them there (`trainer.augment`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -211,7 +212,9 @@ class SegmentationTask:
         training data's whole volumes, patches or not), measured (`models.receptive_field`)."""
         model_config = self.config.model
         multiples = inference.spatial_multiples((1,) * (model_config.spatial_dims + 2), model_config.downsampling_levels)
-        return receptive_field.measure(model, size or self.records().shape, multiples, model_config.in_channels)
+        field = receptive_field.measure(model, size or self.records().shape, multiples, model_config.in_channels)
+        video = bool(self.config.train_data) and self.records().layout(0).kind == tfrecord_schema.VIDEO_RECORDS
+        return dataclasses.replace(field, video=video)
 
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json: nothing (volumes are cropped at preprocessing, and say so)."""
