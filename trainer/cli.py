@@ -298,7 +298,7 @@ def plan(
 
 def predict(
     model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation model).")],
-    input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases.")],
+    input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases; for a video model, videos or DAVIS frame folders.")],
     output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl (new, or written by fullres predict).")],
     output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: each input's own format; NIfTI for DICOM).")] = None,
     dicom_seg: Annotated[bool, typer.Option("--dicom-seg/--no-dicom-seg", help="For DICOM input, also write a DICOM SEG of the series.")] = True,
@@ -314,6 +314,7 @@ def predict(
     max_decoded_bytes: Annotated[str | None, typer.Option(help="Scans that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB, as in preprocess ct).")] = None,
     follow_links: preprocessing_cli.FollowLinks = False,
     sliding_window: Annotated[bool, typer.Option("--sliding-window", help="Predict a whole-volume model patch by patch too (nnU-Net's sliding window of its training shape, half overlap, Gaussian weights); a model trained with --patch-size always predicts that way.")] = False,
+    clips: Annotated[bool, typer.Option("--clips", help="Video models: predict in overlapping clips of the training clip's length even where the whole video fits one pass.")] = False,
 ) -> None:
     """Segment new scans with a trained model: whole volume, one partitioned pass (a patch-trained model: a sliding
     window of its patch), masks in each scan's own geometry.
@@ -352,8 +353,10 @@ def predict(
     if refusal is not None:
         console.fail(refusal)
     from common import output_guard
-    from trainer.predict import predict as predict_lib
+    from trainer.predict import predict as predict_lib, video_predict
 
+    if video_predict.is_video_run(str(model)):  # trained on video clips: whole videos, PNG masks and an overlay
+        return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction)
     try:
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,

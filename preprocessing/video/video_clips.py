@@ -74,6 +74,38 @@ def _decode_folder(source: video_discovery.VideoSource, config: VideoPreprocessC
     return video_files.Decoded(np.stack(frames), config.folder_fps, tuple(size), box)
 
 
+def decode(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -> video_files.Decoded:
+    """Every frame of a video file or frame folder, fitted to `config.size` (`fullres predict` decodes so too).
+
+    Raises:
+        dead_letters.CaseError: the video cannot be used (`video_files`).
+    """
+    if source.frames:
+        return _decode_folder(source, config)
+    return video_files.decode(source.path, functools.partial(frames_lib.crop_box, size=config.size, fit=config.fit),
+                              lambda frame, box: frames_lib.fit_frame(frame, config.size, box))
+
+
+def source_frames(source: video_discovery.VideoSource):
+    """The source's frames as they are, (H, W, 3) uint8 one at a time (for predict's overlay video)."""
+    if source.frames:
+        for path in source.frames:
+            with Image.open(path) as image:
+                yield np.asarray(image.convert("RGB"))
+        return
+    import av
+
+    with av.open(source.path) as container:
+        for frame in container.decode(container.streams.video[0]):
+            yield frame.to_ndarray(format="rgb24")
+
+
+def config_of(record: dict) -> VideoPreprocessConfig:
+    """The config a summary's `preprocessing` (`preprocessing_record`) was written from."""
+    return VideoPreprocessConfig(clip_length=int(record["clip_length"]), clip_stride=int(record["clip_stride"]),
+                                 size=tuple(int(s) for s in record["size"]), fit=record["fit"])
+
+
 def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -> list[clip_records.VideoClip]:
     """The clips of one video (see the module docstring).
 
@@ -81,14 +113,9 @@ def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessC
         dead_letters.CaseError: the video or its masks cannot be used (`video_files`, `mask_frames`), or it has
             fewer frames than one clip.
     """
-    if source.frames:
-        if source.masks:
-            mask_frames.pair_names(list(source.frames), list(source.masks))  # before decoding anything
-        decoded = _decode_folder(source, config)
-    else:
-        decoded = video_files.decode(
-            source.path, functools.partial(frames_lib.crop_box, size=config.size, fit=config.fit),
-            lambda frame, box: frames_lib.fit_frame(frame, config.size, box))
+    if source.frames and source.masks:
+        mask_frames.pair_names(list(source.frames), list(source.masks))  # before decoding anything
+    decoded = decode(source, config)
     count = len(decoded.frames)
     if source.masks:
         if not source.frames:
