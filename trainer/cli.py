@@ -224,6 +224,7 @@ def plan(
     batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
+    in_channels: Annotated[int | None, typer.Option(help="Input channels: 1 (CT, the default), 3 (RGB video clips: T,H,W as --image-size).")] = None,
     stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
     encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
     deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
@@ -278,7 +279,7 @@ def plan(
     from trainer.plan import memory_plan
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
-             "model.base_filters": base_filters, "model.stem": stem, "model.encoder": encoder,
+             "model.base_filters": base_filters, "model.in_channels": in_channels, "model.stem": stem, "model.encoder": encoder,
              "model.deep_supervision": deep_supervision, "augmentation": augmentation, "patch_size": patch_size}
     try:
         plan = memory_plan.run(
