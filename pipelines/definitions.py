@@ -212,6 +212,9 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
                                   "(Dice, HTML report) → export (SavedModel).", parameters, body)
 
 
+# The video pipeline trains the `video` preset (a 3D UNet over RGB frames) unless told otherwise.
+VIDEO_TRAIN = tuple((parameter.replace(default="video"), target) if target == "preset" else (parameter, target)
+                    for parameter, target in SEGMENTATION_TRAIN)
 PREPROCESS_VIDEO = tuple(_passed(steps.preprocess_video, name)
                          for name in ("clip_length", "clip_stride", "size", "beam_args", "max_failed_fraction"))
 
@@ -225,7 +228,7 @@ def video_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
         _passed(steps.preprocess_video, "labels_uri", "train_labels_uri"),
         _passed(steps.preprocess_video, "labels_uri", "eval_labels_uri"),
         *PREPROCESS_VIDEO,
-        *SEGMENTATION_TRAIN,
+        *VIDEO_TRAIN,
         *USER_NETWORK,
         _passed(steps.evaluate, "class_names"),
         *PLACEMENT,
@@ -241,7 +244,7 @@ def video_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
             task.set_display_name(f"preprocess {split}")
             preprocessed[split] = task.outputs["dataset"]
         _train_evaluate_export(components, preprocessed,
-                               dict(task="segmentation", **_arguments(values, SEGMENTATION_TRAIN),
+                               dict(task="segmentation", **_arguments(values, VIDEO_TRAIN),
                                     **_arguments(values, USER_NETWORK)),
                                values["class_names"], values, dict(input_uri=values["predict_input_uri"]))
 
