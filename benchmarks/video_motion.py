@@ -110,9 +110,12 @@ def main(argv=None) -> None:
 
     work = args.work or tempfile.mkdtemp(prefix="video_motion-")
     data = make_data(work, args.train_videos, args.eval_videos)
-    runs = []
+    previous = json.load(open(args.json)) if os.path.exists(args.json) else {"runs": []}
+    runs = [r for r in previous["runs"] if r["steps"] == args.steps]  # earlier seeds of the same length stay
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in args.arms.split(","):
+            if any((r["arm"], r["seed"]) == (arm, seed) for r in runs):
+                continue
             print(f"[{arm} seed {seed}] {args.steps} steps", flush=True)
             runs.append(run_arm(data, arm, seed, args.steps, work))
             summary = {name: round(statistics.mean(r["look_alike_dice_mean"] for r in runs if r["arm"] == name), 4)
