@@ -80,6 +80,36 @@ def preprocess_images(
     runtime.describe_dataset(dataset, summary, output)
 
 
+def preprocess_video(
+    input_uri: str,
+    dataset: Output[Dataset],
+    labels_uri: str = "",
+    clip_length: int = 16,
+    clip_stride: int = 0,
+    size: str = "128,128",
+    beam_args: list = [],  # noqa: B006
+    max_failed_fraction: float = 0.1,
+):
+    """Videos (MP4, MOV, AVI, MKV, or DAVIS / YouTube-VOS frame folders) with per-frame masks to clip records with
+    Beam; `clip_stride` 0 puts clips side by side."""
+    from common import startup
+
+    startup.collect_after_imports()  # before the heavy imports below
+    from common import parsing
+    from components import runtime
+    from preprocessing.beam import video_pipeline
+    from preprocessing.video import video_clips
+
+    output = runtime.output_location(dataset, beam_args)
+    config = video_clips.VideoPreprocessConfig(clip_length, clip_stride or None,
+                                               tuple(parsing.parse_list(size, int, "size") or ()))
+    summary = video_pipeline.run(input_path=runtime.readable(input_uri), output=output,
+                                 labels=runtime.readable(labels_uri) or None, config=config,
+                                 pipeline_args=runtime.beam_arguments(beam_args),
+                                 max_failed_fraction=max_failed_fraction, log=runtime.log)
+    runtime.describe_dataset(dataset, summary, output)
+
+
 def train(
     train_data: Input[Dataset],
     model: Output[Model],
@@ -178,7 +208,8 @@ def predict(
     dicom_seg: bool = True,
     pseudonymize: bool = False,
 ):
-    """Segments the scans at `input_uri` (a scan, a DICOM series, or a folder of cases) with the trained model.
+    """Segments the scans at `input_uri` (a scan, a DICOM series, or a folder of cases) with the trained model; a
+    model trained on video clips segments the videos there (PNG masks per frame and an overlay MP4 per video).
 
     Masks in each scan's own geometry (and DICOM SEG for DICOM input), with
     `summary.json` and `dead_letter.jsonl`; "" keeps the training's split and
@@ -190,13 +221,18 @@ def predict(
     startup.collect_after_imports()  # before the heavy imports below
     from components import runtime
     from trainer.parallel import partitioning
-    from trainer.predict import predict as predict_lib
+    from trainer.predict import predict as predict_lib, video_predict
 
-    summary = predict_lib.predict(model.path, runtime.readable(input_uri), masks.path,
-                                  output_format_name=output_format or None,
-                                  probabilities=probabilities, dicom_seg=dicom_seg,
-                                  input_partition_dims=partitioning.parse_dims(input_partition_dims),
-                                  pseudonymize=pseudonymize, log=runtime.log)
+    if video_predict.is_video_run(model.path):
+        summary = video_predict.predict_videos(model.path, runtime.readable(input_uri), masks.path,
+                                               input_partition_dims=partitioning.parse_dims(input_partition_dims),
+                                               log=runtime.log)
+    else:
+        summary = predict_lib.predict(model.path, runtime.readable(input_uri), masks.path,
+                                      output_format_name=output_format or None,
+                                      probabilities=probabilities, dicom_seg=dicom_seg,
+                                      input_partition_dims=partitioning.parse_dims(input_partition_dims),
+                                      pseudonymize=pseudonymize, log=runtime.log)
     masks.metadata.update({"content": "segmentation masks", "cases": summary["ok"], "failed": summary["failed"],
                            "input_partition_dims": summary["input_partition_dims"], "location": masks.path})
     if summary["ok"] == 0:
@@ -213,6 +249,7 @@ def worker_replicas(replica_count: int) -> int:
 class Components(NamedTuple):
     preprocess_ct: object
     preprocess_images: object
+    preprocess_video: object
     train: object
     evaluate: object
     export: object
@@ -226,5 +263,5 @@ def make_components(image: str = image_name.DEFAULT_IMAGE) -> Components:
     def bind(function):
         return dsl.component(function, base_image=image, install_kfp_package=False)
 
-    return Components(*(bind(f) for f in (preprocess_ct, preprocess_images, train, evaluate, export, worker_replicas,
-                                          predict)))
+    return Components(*(bind(f) for f in (preprocess_ct, preprocess_images, preprocess_video, train, evaluate, export,
+                                          worker_replicas, predict)))

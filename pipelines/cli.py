@@ -145,10 +145,10 @@ app.add_typer(preprocessing_cli.demo_data_app, name="demo-data")
 pipeline_app = typer.Typer(rich_markup_mode=None, help="Compile the KFP pipelines, run one here (kfp.local), or submit one to Vertex AI.",
                            no_args_is_help=True)
 app.add_typer(pipeline_app, name="pipeline")
-PIPELINE_NAMES = ("ct-segmentation", "detection")
+PIPELINE_NAMES = ("ct-segmentation", "detection", "video-segmentation")
 ROOT = Path(__file__).resolve().parent.parent
 Params = Annotated[list[str] | None, typer.Option("--param", help="A pipeline parameter KEY=VALUE (repeatable); lists and dicts as JSON.")]
-PipelineName = Annotated[str, typer.Option("--pipeline", help="ct-segmentation or detection.")]
+PipelineName = Annotated[str, typer.Option("--pipeline", help="ct-segmentation, detection or video-segmentation.")]
 Network = Annotated[str | None, typer.Option("--model", help="ct-segmentation: train your own network, FILE.py:FUNCTION (as fullres train --model); the file's text is passed as the model_code parameter and FUNCTION as model_function, since the steps run where this path does not exist.")]
 
 
@@ -172,8 +172,8 @@ def _network_parameters(name: str, model: str | None) -> dict:
         return {}
     from trainer.models import user_model
 
-    if name != "ct-segmentation":
-        raise ValueError(f"--model {model} applies to the ct-segmentation pipeline; the {name} pipeline trains "
+    if name not in ("ct-segmentation", "video-segmentation"):
+        raise ValueError(f"--model {model} applies to the segmentation pipelines; the {name} pipeline trains "
                          "fullres's RetinaNet.")
     file, function = user_model.parse_source(model)
     if not os.path.isfile(file):
@@ -184,9 +184,9 @@ def _network_parameters(name: str, model: str | None) -> dict:
 @pipeline_app.command("compile")
 def pipeline_compile(
     image: Annotated[str, typer.Option(help="Container image with fullres installed, e.g. us-docker.pkg.dev/PROJECT/REPO/fullres:gpu.")] = image_name.DEFAULT_IMAGE,
-    output_dir: Annotated[Path, typer.Option(help="Where pipeline.yaml (ct-segmentation) and detection-pipeline.yaml go.")] = ROOT,
+    output_dir: Annotated[Path, typer.Option(help="Where pipeline.yaml (ct-segmentation), detection-pipeline.yaml and video-pipeline.yaml go.")] = ROOT,
 ) -> None:
-    """Compile both pipelines to KFP IR YAML (deterministic: the same sources give the same bytes)."""
+    """Compile the pipelines to KFP IR YAML (deterministic: the same sources give the same bytes)."""
     from common import output_guard
     from pipelines import definitions
 

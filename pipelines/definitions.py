@@ -1,4 +1,5 @@
-"""The two pipelines, `ct-segmentation` and `detection`: preprocess → train → evaluate → export.
+"""The pipelines, `ct-segmentation`, `video-segmentation` and `detection`: preprocess → train → evaluate → export
+(→ predict, for segmentation).
 
 Training runs where the `accelerator_type` parameter says, decided when the
 pipeline runs (so one compiled file serves the laptop and the cloud):
@@ -38,6 +39,7 @@ from components import image_name, steps
 
 CT_PIPELINE = "ct-segmentation"
 DETECTION_PIPELINE = "detection"
+VIDEO_PIPELINE = "video-segmentation"
 
 
 def _custom_job(components: steps.Components, component=None, display_name: str = "fullres-train"):
@@ -210,6 +212,47 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
                                   "(Dice, HTML report) → export (SavedModel).", parameters, body)
 
 
+# The video pipeline trains the `video` preset (a 3D UNet over RGB frames) unless told otherwise.
+VIDEO_TRAIN = tuple((parameter.replace(default="video"), target) if target == "preset" else (parameter, target)
+                    for parameter, target in SEGMENTATION_TRAIN)
+PREPROCESS_VIDEO = tuple(_passed(steps.preprocess_video, name)
+                         for name in ("clip_length", "clip_stride", "size", "beam_args", "max_failed_fraction"))
+
+
+def video_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
+    """The video segmentation pipeline bound to a container image: CT's, with the video reader and outputs."""
+    components = steps.make_components(image)
+    parameters = (
+        _passed(steps.preprocess_video, "input_uri", "train_input_uri"),
+        _passed(steps.preprocess_video, "input_uri", "eval_input_uri"),
+        _passed(steps.preprocess_video, "labels_uri", "train_labels_uri"),
+        _passed(steps.preprocess_video, "labels_uri", "eval_labels_uri"),
+        *PREPROCESS_VIDEO,
+        *VIDEO_TRAIN,
+        *USER_NETWORK,
+        _passed(steps.evaluate, "class_names"),
+        *PLACEMENT,
+        _own("predict_input_uri", str, ""),  # "" skips predict
+    )
+
+    def body(values: dict):
+        preprocessed = {}
+        for split in ("train", "eval"):
+            task = components.preprocess_video(input_uri=values[f"{split}_input_uri"],
+                                               labels_uri=values[f"{split}_labels_uri"],
+                                               **_arguments(values, PREPROCESS_VIDEO))
+            task.set_display_name(f"preprocess {split}")
+            preprocessed[split] = task.outputs["dataset"]
+        _train_evaluate_export(components, preprocessed,
+                               dict(task="segmentation", **_arguments(values, VIDEO_TRAIN),
+                                    **_arguments(values, USER_NETWORK)),
+                               values["class_names"], values, dict(input_uri=values["predict_input_uri"]))
+
+    return _pipeline(VIDEO_PIPELINE, "Videos to a 3D UNet split over time and space: preprocess (Beam, clips) → "
+                                     "train → evaluate (Dice, HTML report) → export (SavedModel) → predict (masks "
+                                     "per frame, overlay MP4).", parameters, body)
+
+
 def detection_pipeline(image: str = image_name.DEFAULT_IMAGE):
     """The detection pipeline bound to a container image."""
     components = steps.make_components(image)
@@ -239,7 +282,8 @@ def detection_pipeline(image: str = image_name.DEFAULT_IMAGE):
                      parameters, body)
 
 
-PIPELINES = {CT_PIPELINE: ct_segmentation_pipeline, DETECTION_PIPELINE: detection_pipeline}
+PIPELINES = {CT_PIPELINE: ct_segmentation_pipeline, DETECTION_PIPELINE: detection_pipeline,
+             VIDEO_PIPELINE: video_segmentation_pipeline}
 
 
 @functools.cache
@@ -247,7 +291,8 @@ def parameters(name: str) -> dict:
     """`{parameter: its InputSpec (type, default, optional)}` of pipeline `name`, built once per process."""
     return dict(PIPELINES[name]().component_spec.inputs)
 # Where `fullres pipeline compile` writes each pipeline (relative to the repository root).
-COMPILED_FILES = {CT_PIPELINE: "pipeline.yaml", DETECTION_PIPELINE: "detection-pipeline.yaml"}
+COMPILED_FILES = {CT_PIPELINE: "pipeline.yaml", DETECTION_PIPELINE: "detection-pipeline.yaml",
+                  VIDEO_PIPELINE: "video-pipeline.yaml"}
 
 
 def compile_pipeline(name: str, path: str, image: str = image_name.DEFAULT_IMAGE) -> str:

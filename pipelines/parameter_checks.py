@@ -34,7 +34,8 @@ _DURATION = re.compile(r"^[0-9]+(\.[0-9]+)?s$")  # protobuf's Duration as JSON: 
 _TOPOLOGY = re.compile(r"^[0-9]+x[0-9]+(x[0-9]+)?$")
 _REGION = re.compile(r"^[a-z]+(-[a-z]+)+[0-9]+$")  # us-central1, europe-west4, northamerica-northeast2
 GPUS_PER_MACHINE = (1, 2, 4, 8, 16)  # what Vertex AI's GPU machine types carry
-TASKS = {definitions.CT_PIPELINE: "segmentation", definitions.DETECTION_PIPELINE: "detection"}
+TASKS = {definitions.CT_PIPELINE: "segmentation", definitions.DETECTION_PIPELINE: "detection",
+         definitions.VIDEO_PIPELINE: "segmentation"}
 REQUIRED_WHAT = {"train_input_uri": "the training scans", "eval_input_uri": "the held-out scans",
                  "train_annotations_uri": "the training boxes", "train_images_uri": "the training images",
                  "eval_annotations_uri": "the held-out boxes", "eval_images_uri": "the held-out images"}
@@ -157,6 +158,16 @@ def ct_grid(values: dict, where: Where) -> None:
         ct_settings.grid_from_text(values["spacing"], values["window"], values["shape"], ct_settings.parameter_name)
 
 
+def video_clips(values: dict, where: Where) -> None:
+    """Clip length, stride and size, read as the preprocess_video component reads them."""
+    if "clip_length" in values:
+        from common import parsing
+        from preprocessing.video import video_clips as clips
+
+        clips.VideoPreprocessConfig(values["clip_length"], values["clip_stride"] or None,
+                                    tuple(parsing.parse_list(values["size"], int, parameter("size")) or ()))
+
+
 def train_configuration(values: dict, where: Where = Where()):
     """The training settings resolved exactly as the train component resolves them (`config.resolve`), with the
     user's network in place of the preset's when one is given (its settings are not the UNet's)."""
@@ -248,8 +259,8 @@ def placement(values: dict, where: Where) -> None:
 def classes_against_labels(values: dict, where: Where) -> None:
     """The model's classes against the label values of the training label maps, where this machine can read them
     (a local run); the train step refuses the same in the same words when it cannot be checked here."""
-    if where.vertex or values["task"] != "segmentation" or not values.get("train_input_uri"):
-        return
+    if where.vertex or values["task"] != "segmentation" or not values.get("train_input_uri") or "clip_length" in values:
+        return  # video masks are read by the preprocess step, whose summary training checks the classes against
     from preprocessing.ct import label_pairing, label_maps
 
     config = train_configuration(values)
@@ -292,6 +303,7 @@ TRAIN = ("preset", "steps", "batch_size", "learning_rate", "input_partition_dims
 # Each rule over several parameters, with the parameters it judges.
 TOGETHER: dict[Callable[[dict, Where], None], tuple[str, ...]] = {
     ct_grid: ("spacing", "window", "shape"),
+    video_clips: ("clip_length", "clip_stride", "size"),
     train_configuration: TRAIN,
     placement: ("accelerator_type", "tpu_topology", "accelerator_count"),
     classes_against_labels: (*TRAIN, "train_input_uri", "train_labels_uri"),

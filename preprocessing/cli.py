@@ -1,4 +1,4 @@
-"""The preprocessing layer's commands (`fullres preprocess ct|images`, `fullres demo-data ct|images`).
+"""The preprocessing layer's commands (`fullres preprocess ct|images|video`, `fullres demo-data ct|images|video`).
 
 `pipelines/cli.py` adds them to the `fullres` command line. Beam, TensorFlow
 and the medical-format libraries are imported only when a command runs, so
@@ -17,7 +17,7 @@ import typer
 from common import console
 
 preprocess_app = typer.Typer(
-    rich_markup_mode=None, help="Convert CT scans or annotated images into sharded TFRecords with Apache Beam.",
+    rich_markup_mode=None, help="Convert CT scans, annotated images or videos into sharded TFRecords with Apache Beam.",
                              no_args_is_help=True)
 demo_data_app = typer.Typer(
     rich_markup_mode=None, help="Write synthetic demo data (no downloads).", no_args_is_help=True)
@@ -207,6 +207,48 @@ def preprocess_images(
     )
 
 
+@preprocess_app.command("video", context_settings=_BEAM_CONTEXT)
+def preprocess_video(
+    context: typer.Context,
+    input_path: Annotated[str, typer.Option("--input", help="A video file (MP4, MOV, AVI, MKV), a folder of them (masks: a PNG folder named like each video, beside it), or a DAVIS / YouTube-VOS folder (JPEGImages/<video>/00000.jpg, Annotations/<video>/00000.png).")],
+    output: ConversionOutput,
+    labels: Annotated[str | None, typer.Option(help="Where the masks are, if not beside the videos (or in Annotations/): LABELS/<video>/00000.png, palette PNGs whose indices are the classes.")] = None,
+    clip_length: Annotated[int, typer.Option(help="Frames per clip (T).")] = 16,
+    clip_stride: Annotated[int | None, typer.Option(help="Frames from one clip's start to the next (default: --clip-length, clips side by side).")] = None,
+    size: Annotated[str, typer.Option(help="H,W of every clip frame.")] = "128,128",
+    fit: Annotated[str, typer.Option(help="crop (scale to cover H,W and cut the middle: aspect kept) or resize (stretch).")] = "crop",
+    folder_fps: Annotated[float, typer.Option(help="Frame rate recorded for frame folders, which state none (DAVIS: 24).")] = 24.0,
+    num_classes: Annotated[int | None, typer.Option(help="Classes including background: mask values must be 0..N-1 (default: 0..255).")] = None,
+    num_shards: NumShards = 0,
+    compress: Compress = False,
+    max_failed_fraction: MaxFailedFraction = 0.1,
+    runner: Runner = "DirectRunner",
+    workers: Workers = None,
+) -> None:
+    """Cut videos (+ per-frame masks) into fixed-size uint8 RGB clips; bad videos go to dead_letter.jsonl."""
+    from common import dead_letters, parsing
+    from preprocessing.video import video_clips
+
+    try:
+        dead_letters.check_failed_fraction(max_failed_fraction)
+        config = video_clips.VideoPreprocessConfig(
+            clip_length, clip_stride, tuple(parsing.parse_list(size, int, "--size") or ()), fit, folder_fps,
+            255 if num_classes is None else num_classes - 1)
+    except ValueError as error:
+        console.fail(str(error))
+    _check_counts(num_shards, workers)
+    for name, path in (("--input", input_path), ("--labels", labels)):
+        if path is not None and not os.path.exists(path):
+            console.fail(f"{name} {path!r} does not exist.")
+    from preprocessing.beam import video_pipeline
+
+    _run_conversion(
+        video_pipeline.run, input_path=input_path, output=output, labels=labels, config=config,
+        pipeline_args=_beam_args(runner, workers, context.args), num_shards=num_shards, compress=compress,
+        max_failed_fraction=max_failed_fraction,
+    )
+
+
 def _write_demo_data(output: Path, kind: str, planned: list[str], write):
     """Runs `write` (which writes `planned`, paths relative to `output`) under the output rules every command follows.
 
@@ -276,3 +318,30 @@ def demo_data_images(
     written = _write_demo_data(output, "demo-data-images", demo_images.demo_coco_files(images),
                                lambda: demo_images.write_demo_coco(str(output), images, (size, size), seed))
     console.say(f"wrote {images} images to {written['images']} and boxes to {written['annotations']}")
+
+
+@demo_data_app.command("video")
+def demo_data_video(
+    output: Annotated[Path, typer.Option(help="Directory to write videos/ into.")] = Path("fullres-demo-video"),
+    videos: Annotated[int, typer.Option(help="Number of videos.")] = 8,
+    frames: Annotated[int, typer.Option(help="Frames of each video.")] = 24,
+    size: Annotated[str, typer.Option(help="H,W of the frames (even numbers: H.264).")] = "64,64",
+    fps: Annotated[int, typer.Option(help="Frame rate.")] = 24,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Synthetic MP4 videos where only motion tells the classes apart (two identical squares, class = direction),
+    with per-frame palette PNG masks beside each."""
+    from common import parsing
+    from preprocessing.video import demo_video
+
+    try:
+        shape = tuple(parsing.parse_list(size, int, "--size") or ())
+        if len(shape) != 2 or min(shape) < 16 or videos < 1 or frames < 2 or fps < 1:
+            raise ValueError(f"--size {size} must be H,W of 16 or more, --videos {videos} 1 or more, --frames {frames} "
+                             f"2 or more and --fps {fps} 1 or more, e.g. --size 64,64 --videos 8 --frames 24 --fps 24.")
+    except ValueError as error:
+        console.fail(str(error))
+    written = _write_demo_data(output, "demo-data-video", demo_video.demo_video_files(videos, frames),
+                               lambda: demo_video.write_demo_videos(str(output), videos, frames, shape, fps, seed))
+    console.say(f"wrote {videos} videos of {frames} frames to {written['videos']} (masks beside each; classes "
+                f"{', '.join(demo_video.CLASSES)})")

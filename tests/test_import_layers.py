@@ -21,6 +21,7 @@ LAYERS = (
     "preprocessing.records",
     "preprocessing.ct",
     "preprocessing.images",
+    "preprocessing.video",
     "preprocessing.beam",
     "preprocessing.cli",
     "trainer.parallel",

@@ -35,11 +35,12 @@ ENCODER_HELP = ("UNet encoder: plain (two convolutions per level) or residual (n
                 "blocks per level, set by --set model.residual_blocks=...).")
 AUGMENTATION_HELP = ("Segmentation: the augmentations run on the accelerator, a preset: nnunet (nnU-Net's whole set: "
                      "rotation, scaling, noise, blur, brightness, contrast, low resolution, gamma, mirroring), flips "
-                     "(mirroring only), intensity (no mirroring or resampling) or none; --set augmentation.FIELD=... "
+                     "(mirroring only), intensity (no mirroring or resampling), video (height and width mirrored alike in every "
+                     "frame, intensity per clip; no temporal reversal unless mirror_axes names 0) or none; --set augmentation.FIELD=... "
                      "changes one (e.g. augmentation.mirror_axes=0,1 keeps left and right).")
 DEEP_SUPERVISION_HELP = ("Deep supervision (nnU-Net's): the decoder's lower resolutions predict too, their losses "
                          "weighted 1/2 per level; needs 4 levels without the stem, 3 with it.")
-PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "nnunet", "detection", "detection_2560", "detection_demo")
+PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "nnunet", "detection", "detection_2560", "detection_demo", "video")
 
 
 @app.callback()
@@ -230,6 +231,7 @@ def plan(
     batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
+    in_channels: Annotated[int | None, typer.Option(help="Input channels: 1 (CT, the default), 3 (RGB video clips: T,H,W as --image-size).")] = None,
     stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
     encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
     deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
@@ -284,7 +286,7 @@ def plan(
     from trainer.plan import memory_plan
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
-             "model.base_filters": base_filters, "model.stem": stem, "model.encoder": encoder,
+             "model.base_filters": base_filters, "model.in_channels": in_channels, "model.stem": stem, "model.encoder": encoder,
              "model.deep_supervision": deep_supervision, "augmentation": augmentation, "patch_size": patch_size}
     try:
         plan = memory_plan.run(
@@ -304,7 +306,7 @@ def plan(
 
 def predict(
     model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation model).")],
-    input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases.")],
+    input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases; for a video model, videos or DAVIS frame folders.")],
     output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl (new, or written by fullres predict).")],
     output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: each input's own format; NIfTI for DICOM).")] = None,
     dicom_seg: Annotated[bool, typer.Option("--dicom-seg/--no-dicom-seg", help="For DICOM input, also write a DICOM SEG of the series.")] = True,
@@ -320,6 +322,7 @@ def predict(
     max_decoded_bytes: Annotated[str | None, typer.Option(help="Scans that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB, as in preprocess ct).")] = None,
     follow_links: preprocessing_cli.FollowLinks = False,
     sliding_window: Annotated[bool, typer.Option("--sliding-window", help="Predict a whole-volume model patch by patch too (nnU-Net's sliding window of its training shape, half overlap, Gaussian weights); a model trained with --patch-size always predicts that way.")] = False,
+    clips: Annotated[bool, typer.Option("--clips", help="Video models: predict in overlapping clips of the training clip's length even where the whole video fits one pass.")] = False,
 ) -> None:
     """Segment new scans with a trained model: whole volume, one partitioned pass (a patch-trained model: a sliding
     window of its patch), masks in each scan's own geometry.
@@ -358,8 +361,10 @@ def predict(
     if refusal is not None:
         console.fail(refusal)
     from common import output_guard
-    from trainer.predict import predict as predict_lib
+    from trainer.predict import predict as predict_lib, video_predict
 
+    if video_predict.is_video_run(str(model)):  # trained on video clips: whole videos, PNG masks and an overlay
+        return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction)
     try:
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,

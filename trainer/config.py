@@ -171,13 +171,9 @@ class TrainConfig:
 
 def ct_256(**overrides) -> TrainConfig:
     """Full-resolution 256³ CT: the default (TPU-shaped) UNet, 16-way split over depth × height."""
-    defaults = dict(
-        model=unet.UNetConfig(spatial_dims=3, num_classes=3),  # TPU-shaped: 2×2×2 stem, 128, 256, 512 filters
-        partition=partitioning.PartitionConfig((1, 4, 4, 1, 1)),
-        steps=20000,
-        learning_rate=1e-3,
-        warmup_steps=500,
-    )
+    defaults = dict(model=unet.UNetConfig(spatial_dims=3, num_classes=3),  # TPU-shaped: 2×2×2 stem, 128-512 filters
+                    partition=partitioning.PartitionConfig((1, 4, 4, 1, 1)), steps=20000, learning_rate=1e-3,
+                    warmup_steps=500)
     return TrainConfig(**{**defaults, **overrides})
 
 
@@ -221,15 +217,15 @@ def demo(**overrides) -> TrainConfig:
 
 def smoke(**overrides) -> TrainConfig:
     """A tiny run for smoke tests: seconds on a CPU."""
-    defaults = dict(
-        model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=2, base_filters=4, stem="none"),
-        steps=6,
-        batch_size=2,
-        learning_rate=1e-2,
-        checkpoint_every=2,
-        log_every=1,
-    )
+    defaults = dict(model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=2, base_filters=4, stem="none"),
+                    steps=6, batch_size=2, learning_rate=1e-2, checkpoint_every=2, log_every=1)
     return TrainConfig(**{**defaults, **overrides})
+
+
+def video(**overrides) -> TrainConfig:
+    """Video clips (`fullres preprocess video`): the demo's small 3D UNet over (T, H, W) RGB frames, video augmentation."""
+    model = unet.UNetConfig(spatial_dims=3, num_classes=3, in_channels=3, num_levels=3, base_filters=8, stem="none")
+    return demo(**{"model": model, "augmentation": augment_recipe.preset("video"), "steps": 300, **overrides})
 
 
 def detection(**overrides) -> TrainConfig:
@@ -284,7 +280,7 @@ AUGMENTED_ON_DEVICE = ("segmentation",)  # tasks whose `augmentation` runs in th
 CLASSES_FROM_LABEL_MAP = ("detection",)
 
 PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "nnunet": nnunet, "detection": detection, "detection_2560": detection_2560,
-           "detection_demo": detection_demo}
+           "detection_demo": detection_demo, "video": video}
 
 
 def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",

@@ -35,6 +35,7 @@ from preprocessing.records import example_layout, tfrecord_files, tfrecord_schem
 
 
 VOXEL_BYTES = 3  # a voxel as read: its int16 image value and its uint8 label
+STORED_TYPES = {"int16": np.dtype("<i2"), "uint8": np.dtype(np.uint8)}  # `image/dtype`: CT int16, video uint8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +50,23 @@ class CtLayout:
     label_slabs: tuple[example_layout.BytesValue, ...]
     image_crcs: tuple[int, ...]
     label_crcs: tuple[int, ...]
+    channels: int = 1  # video clips: 3 (RGB), stored as uint8
+    stored: np.dtype = STORED_TYPES["int16"]
+    kind: str = schema.CT_RECORDS  # or schema.VIDEO_RECORDS: the first axis is time
+
+    @property
+    def voxel_bytes(self) -> int:
+        """Bytes of one voxel as read: its image values (every channel) and its uint8 label."""
+        return self.stored.itemsize * self.channels + 1
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """(D, H, W, C) of the image as read (a video clip: (T, H, W, 3))."""
+        return (*self.shape, self.channels)
 
     def share_bytes(self, depth: int) -> int:
-        """Bytes of `depth` depth voxels of this record, image (int16) and label (uint8)."""
-        return depth * self.shape[1] * self.shape[2] * VOXEL_BYTES
+        """Bytes of `depth` depth voxels of this record, image (every channel) and label (uint8)."""
+        return depth * self.shape[1] * self.shape[2] * self.voxel_bytes
 
 
 def read_layout(records: tfrecord_files.RecordFile, number: int) -> CtLayout:
@@ -69,21 +83,28 @@ def read_layout(records: tfrecord_files.RecordFile, number: int) -> CtLayout:
         raise tfrecord_files.RecordFileDamaged(
             f"{records.path}: record {number + 1} is not a tf.train.Example ({error}); convert the scans again "
             "with fullres preprocess ct.") from None
-    if schema.record_kind(features) != schema.CT_RECORDS:
+    if schema.record_kind(features) not in (schema.CT_RECORDS, schema.VIDEO_RECORDS):
         raise tfrecord_files.RecordFileDamaged(
             f"{records.path}: record {number + 1} is not a CT record of this fullres "
             f"({schema.record_kind(features) or 'keys ' + ', '.join(sorted(features)[:4])}); convert the scans "
             "again with fullres preprocess ct.")
     shape = tuple(int(s) for s in features[schema.IMAGE_SHAPE])
     case = features[schema.CASE_ID][0].data.decode()
+    channels = int(features[schema.IMAGE_CHANNELS][0]) if schema.IMAGE_CHANNELS in features else 1
+    stored = features[schema.IMAGE_DTYPE][0].data.decode() if schema.IMAGE_DTYPE in features else "int16"
+    if stored not in STORED_TYPES:
+        raise tfrecord_files.RecordFileDamaged(
+            f"{records.path}: record {number + 1} (case {case}) stores its image as {stored}, which this fullres does "
+            f"not read ({', '.join(STORED_TYPES)}); convert the data again with this fullres.")
     layout = CtLayout(case, shape, int(features[schema.IMAGE_SLAB_DEPTH][0]), float(features[schema.IMAGE_SCALE][0]),
                       tuple(features[schema.IMAGE_SLABS]), tuple(features[schema.LABEL_SLABS]),
                       tuple(int(c) for c in features[schema.IMAGE_SLAB_CRC]),
-                      tuple(int(c) for c in features[schema.LABEL_SLAB_CRC]))
+                      tuple(int(c) for c in features[schema.LABEL_SLAB_CRC]), channels, STORED_TYPES[stored],
+                      schema.record_kind(features))
     slabs = -(-shape[0] // layout.slab_depth)
     plane = shape[1] * shape[2]
     expected = [(min(layout.slab_depth, shape[0] - k * layout.slab_depth) * plane) for k in range(slabs)]
-    if ([v.length for v in layout.image_slabs] != [2 * n for n in expected]
+    if ([v.length for v in layout.image_slabs] != [layout.stored.itemsize * channels * n for n in expected]
             or [v.length for v in layout.label_slabs] != expected
             or len(layout.image_crcs) != slabs or len(layout.label_crcs) != slabs):
         raise tfrecord_files.RecordFileDamaged(
@@ -110,14 +131,15 @@ def _read_slabs(records, number: int, slabs, crcs, first: int, views: list, what
 
 def read_depths(records: tfrecord_files.RecordFile, number: int, layout: CtLayout, start: int, stop: int,
                 image: np.ndarray, label: np.ndarray) -> None:
-    """Reads depths [start, stop) of record `number` into `image` (stop - start, H, W) int16 and `label` uint8.
+    """Reads depths [start, stop) of record `number` into `image` (stop - start, H, W) int16 and `label` uint8
+    (a record of several channels, a video clip: `image` (stop - start, H, W, C) of `layout.stored`).
 
     Only the slabs that hold those depths are read; a slab the range cuts is
     read into a scratch array (and checked whole) and the part needed copied.
     """
     depth = layout.slab_depth
     first, last = start // depth, -(-stop // depth)  # slabs [first, last)
-    for stored, out, slabs, crcs, what in ((np.int16, image, layout.image_slabs, layout.image_crcs, "image"),
+    for stored, out, slabs, crcs, what in ((layout.stored, image, layout.image_slabs, layout.image_crcs, "image"),
                                            (np.uint8, label, layout.label_slabs, layout.label_crcs, "label")):
         views, partial = [], []
         for slab in range(first, last):
@@ -125,7 +147,7 @@ def read_depths(records: tfrecord_files.RecordFile, number: int, layout: CtLayou
             if start <= low and high <= stop:
                 views.append(memoryview(out[low - start:high - start]).cast("B"))
             else:  # cut by the range: read whole into scratch, copy the part
-                scratch = np.empty((high - low, *layout.shape[1:]), stored)
+                scratch = np.empty((high - low, *out.shape[1:]), stored)
                 views.append(memoryview(scratch).cast("B"))
                 partial.append((scratch, low, high))
         _read_slabs(records, number, slabs, crcs, first, views, what, layout.case_id)

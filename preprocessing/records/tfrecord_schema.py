@@ -76,6 +76,8 @@ LABEL_SLAB_CRC = "label/slab_crc32"
 LABEL_VALUES = "label/values"
 LABEL_CROPPED_CLASSES = "label/cropped_classes"
 LABEL_CROPPED_VOXELS = "label/cropped_voxels"
+IMAGE_CHANNELS = "image/channels"  # absent: 1 (CT); video clips: 3 (RGB), `preprocessing.records.video_clips`
+IMAGE_DTYPE = "image/dtype"  # absent: int16 (CT); video clips: uint8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +160,7 @@ def dequantize(stored: np.ndarray, scale) -> np.ndarray:
     return stored.astype(np.float32) * np.float32(scale)
 
 
-def _slabs(volume: np.ndarray, depth: int) -> tuple[list[bytes], list[int]]:
+def slabs_of(volume: np.ndarray, depth: int) -> tuple[list[bytes], list[int]]:
     """The (depth, H, W) slabs of `volume` as bytes, and the zlib CRC-32 of each."""
     slabs = [np.ascontiguousarray(volume[start:start + depth]).tobytes() for start in range(0, len(volume), depth)]
     return slabs, [zlib.crc32(slab) for slab in slabs]
@@ -173,8 +175,8 @@ def encode_ct_example(record: CtRecord) -> bytes:
     label = np.asarray(record.label, dtype=np.uint8)
     original_shape = record.original_shape or image.shape
     depth = slab_depth(image.shape[0])
-    image_slabs, image_crcs = _slabs(image, depth)
-    label_slabs, label_crcs = _slabs(label, depth)
+    image_slabs, image_crcs = slabs_of(image, depth)
+    label_slabs, label_crcs = slabs_of(label, depth)
     features = {
         CASE_ID: _bytes(record.case_id.encode()),
         SOURCE_PATH: _bytes(record.source_path.encode()),
@@ -291,7 +293,8 @@ def encode_detection_example(record: DetectionRecord) -> bytes:
     return example_proto.serialize_example(features)
 
 
-CT_RECORDS, DETECTION_RECORDS = "CT volumes", "images with boxes"  # the two kinds of records, as users read them
+CT_RECORDS, DETECTION_RECORDS = "CT volumes", "images with boxes"  # the kinds of records, as users read them
+VIDEO_RECORDS = "video clips"  # CT's slab layout, time as depth, uint8 RGB (`preprocessing.records.video_clips`)
 OLD_CT_RECORDS = "CT volumes of an earlier fullres (whole float32 volumes)"  # refused by the trainer
 
 
@@ -302,6 +305,8 @@ def record_kind(feature_keys) -> str | None:
     True
     """
     keys = set(feature_keys)
+    if IMAGE_SHAPE in keys and LABEL_SLABS in keys and "video/fps" in keys:
+        return VIDEO_RECORDS
     if IMAGE_SHAPE in keys and LABEL_SLABS in keys:
         return CT_RECORDS
     if IMAGE_SHAPE in keys and "label/encoded" in keys:

@@ -90,6 +90,37 @@ def predict(tmp_path, demo_data):
             "case000.nii.gz", MOVE_AWAY)
 
 
+def demo_data_video(tmp_path, demo_data):
+    output = tmp_path / "mine"
+    return (["demo-data", "video", "--output", str(output), "--videos", "1", "--frames", "4", "--size", "16,16"],
+            output, "videos/motion_000/00003.png", MOVE_AWAY)
+
+
+def _videos(root) -> str:
+    from preprocessing.video import demo_video
+
+    return demo_video.write_demo_videos(str(root), videos=1, frames=4, size=(16, 16), seed=3)["videos"]
+
+
+def preprocess_video(tmp_path, demo_data):
+    videos, output = _videos(tmp_path / "videos"), tmp_path / "mine"
+    return (["preprocess", "video", "--input", videos, "--output", str(output), "--clip-length", "4", "--size",
+             "16,16", "--workers", "1"], output, "summary.json", MOVE_AWAY)
+
+
+def predict_video(tmp_path, demo_data):
+    from preprocessing.video import video_clips
+
+    videos, output, model = _videos(tmp_path / "videos"), tmp_path / "mine", tmp_path / "model"
+    model.mkdir()  # a video run's two files: predict refuses the output before it loads the model
+    (model / "model.keras").write_bytes(b"")
+    preprocessing = video_clips.preprocessing_record(video_clips.VideoPreprocessConfig(clip_length=4, size=(16, 16)))
+    (model / "model_info.json").write_text(json.dumps({"task": "segmentation", "image_shape": [4, 16, 16, 3],
+                                                       "class_names": None, "preprocessing": preprocessing}))
+    return (["predict", "--model", str(model), "--input", videos, "--output", str(output)], output,
+            "motion_000.overlay.mp4", MOVE_AWAY)
+
+
 def demo(tmp_path, demo_data):
     output = tmp_path / "mine"
     return (["demo", "--output", str(output)], output, "data/train/nifti/images/case000.nii.gz",
@@ -112,7 +143,8 @@ def pipeline_compile(tmp_path, demo_data):
 
 @pytest.mark.parametrize("case", [demo_data_ct_over_a_slice, demo_data_ct_beside_a_series, demo_data_images,
                                   preprocess_ct, preprocess_images, train, predict, demo, pipeline_run,
-                                  pipeline_compile], ids=lambda case: case.__name__)
+                                  pipeline_compile, demo_data_video, preprocess_video, predict_video],
+                         ids=lambda case: case.__name__)
 def test_a_users_file_where_a_command_writes_survives_and_the_command_says_why(tmp_path, demo_data, case):
     from typer.testing import CliRunner
 
@@ -148,4 +180,5 @@ def test_rerunning_a_command_into_its_own_output_still_works(tmp_path):
         for _ in range(2):
             result = CliRunner().invoke(cli.app, arguments)
             assert result.exit_code == 0, result.output
-    assert sorted(os.listdir(tmp_path / "compiled")) == ["detection-pipeline.yaml", "pipeline.yaml"]
+    assert sorted(os.listdir(tmp_path / "compiled")) == ["detection-pipeline.yaml", "pipeline.yaml",
+                                                         "video-pipeline.yaml"]

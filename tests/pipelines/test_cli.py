@@ -406,7 +406,7 @@ def test_disk_full_while_exporting_leaves_no_cut_short_model(demo_data, tmp_path
 
 @pytest.mark.parametrize("args, message", [
     (["--pipeline", "detection", "--model", "nets/net.py:build"],
-     "--model nets/net.py:build applies to the ct-segmentation pipeline; the detection pipeline trains fullres's "
+     "--model nets/net.py:build applies to the segmentation pipelines; the detection pipeline trains fullres's "
      "RetinaNet."),
     (["--model", "nets/missing.py:build"], "--model nets/missing.py:build: nets/missing.py does not exist; pass the "
                                           "Python file that defines build."),

@@ -83,7 +83,7 @@ def test_every_custom_job_is_scheduled_by_the_pipeline_parameters():
                      for task in component.get("dag", {}).get("tasks", {}).values()
                      if "worker_pool_specs" in task.get("inputs", {}).get("parameters", {})]
         names = sorted(task["taskInfo"]["name"].split(" ")[0] for task in job_tasks)
-        predicts = 3 if file_name == "pipeline.yaml" else 0  # segmentation predicts new scans, detection does not
+        predicts = 0 if file_name == "detection-pipeline.yaml" else 3  # segmentation predicts, detection does not
         assert names == ["predict"] * predicts + ["train"] * 3, file_name
         for task in job_tasks:
             for name in ("strategy", "max_wait_duration", "restart_job_on_worker_restart"):

@@ -56,8 +56,8 @@ LOCAL = [  # (parameters beyond the good inputs, the sentence)
      "included); give one name per class, background first, or set the model's classes with --param "
      "train_overrides='{{\"model.num_classes\": 5}}'."),
     (["--param", "preset=huge"], "preset 'huge' is not known; use default or one of ct_256, demo, smoke, nnunet, "
-                                 "detection, detection_2560, detection_demo."),
-    (["--param", "augmentation=heavy"], "augmentation 'heavy' is not known; use one of nnunet, flips, intensity, none."),
+                                 "detection, detection_2560, detection_demo, video."),
+    (["--param", "augmentation=heavy"], "augmentation 'heavy' is not known; use one of nnunet, flips, intensity, video, none."),
     (["--param", "accelerator_type=TPU_V9_QUANTUM", "--param", "accelerator_count=-2"],
      "--param accelerator_count -2 must be 1 or more: the accelerators each host gets (Vertex AI machines carry 1, "
      "2, 4, 8, 16 GPUs; a TPU slice is its topology)."),

@@ -123,7 +123,7 @@ def test_a_run_from_before_the_augmentation_setting_reads_back_with_flips():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"augmentation": "heavy"}, r"augmentation 'heavy' is not known; use one of nnunet, flips, intensity, none"),
+    ({"augmentation": "heavy"}, r"augmentation 'heavy' is not known; use one of nnunet, flips, intensity, video, none"),
     ({"augmentation.mirror_axes": "0,3"}, r"mirror_axes \[0, 3\] names axis 3, which a 3D model does not have"),
     ({"augmentation.scale": "1.4,0.7"}, r"augmentation.scale|AugmentationConfig.scale must be a range LOW,HIGH"),
     ({"augmentation.rotation_degrees": "60"}, r"rotation_degrees must be in \[0, 45\)"),

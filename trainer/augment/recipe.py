@@ -31,7 +31,7 @@ import math
 
 from trainer.augment import intensity, mirror, spatial
 
-NAMES = ("nnunet", "flips", "intensity", "none")
+NAMES = ("nnunet", "flips", "intensity", "video", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +104,9 @@ class AugmentationConfig:
 def preset(name: str) -> AugmentationConfig:
     """A named augmentation recipe: `nnunet` (every augmentation, nnU-Net's defaults), `flips` (mirroring only,
     fullres's recipe before), `intensity` (noise, blur, brightness, contrast, low resolution, gamma; no mirroring
-    or resampling) or `none`.
+    or resampling), `video` (clips (T, H, W): mirroring of height and width, the same in every frame; noise,
+    brightness, contrast and gamma drawn per clip; nothing that resamples across frames, and no temporal reversal
+    (mirroring axis 0) unless `mirror_axes` names it) or `none`.
 
     Raises:
         ValueError: an unknown name (the known ones listed).
@@ -116,6 +118,8 @@ def preset(name: str) -> AugmentationConfig:
         "nnunet": full,
         "flips": dataclasses.replace(full, **off),
         "intensity": dataclasses.replace(full, mirror_axes=(), **spatial_off),
+        "video": dataclasses.replace(full, mirror_axes=(1, 2), **spatial_off, blur_probability=0.0,
+                                     low_resolution_probability=0.0),
         "none": dataclasses.replace(full, mirror_axes=(), **off),
     }
     if name not in recipes:

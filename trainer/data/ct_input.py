@@ -9,8 +9,8 @@ process would, and the decoded cache changes nothing but the speed.
 What one process reads (`batches.Share`): the rows of every global batch its
 devices hold and, when depth is split across processes, only the depth slabs
 they hold (`ct_slabs.read_depths`: nothing else of a record is read or parsed).
-Images stay int16 as stored and labels uint8 all the way to the device, where
-the training step makes them float32 (`SegmentationTask.prepare`).
+Images stay as stored (CT int16, video clips uint8 RGB) and labels uint8 all the
+way to the device, where the training step makes them float32 (`SegmentationTask.prepare`).
 
 The decoded cache (MLPerf's approach: the data set decoded in host memory) holds
 this process's share of every example once it has been read; `cache` "auto"
@@ -95,7 +95,7 @@ class CtRecords:
             file, number = self._where[index]
             layout = self._layouts[index] = ct_slabs.read_layout(file, number)
             first = self._layouts[0] or self.layout(0)
-            if layout.shape != first.shape:
+            if layout.image_shape != first.image_shape:
                 raise ValueError(
                     f"{file.path}: case {layout.case_id} is {'x'.join(map(str, layout.shape))} voxels but the data set's "
                     f"first is {'x'.join(map(str, first.shape))}; preprocess with --shape D,H,W so that every volume "
@@ -107,8 +107,11 @@ class CtRecords:
         """(D, H, W) of every volume."""
         return self.layout(0).shape
 
+    channels = property(lambda self: self.layout(0).channels, doc="Image channels: 1 (CT), 3 (video clips' RGB).")
+    stored = property(lambda self: self.layout(0).stored, doc="The images' stored (and sent) type: CT int16, video uint8.")
+
     def read(self, index: int, start: int, stop: int, image: np.ndarray, label: np.ndarray) -> None:
-        """Depths [start, stop) of record `index` into `image` (int16) and `label` (uint8), (stop - start, H, W)."""
+        """Depths [start, stop) of record `index` into `image` (stop - start, H, W, C) as stored, `label` uint8."""
         file, number = self._where[index]
         ct_slabs.read_depths(file, number, self.layout(index), start, stop, image, label)
 
@@ -123,7 +126,7 @@ class CtRecords:
 
 
 def read_examples(pattern: str) -> Iterator[dict]:
-    """Every record of `pattern`, whole and in order, as numpy: `{"case_id", "image" (D, H, W, 1) float32,
+    """Every record of `pattern`, whole and in order, as numpy: `{"case_id", "image" (D, H, W, C) float32,
     "label" (D, H, W) uint8}` (for looking at a data set; training reads through `CtBatches`).
 
     Raises:
@@ -133,10 +136,9 @@ def read_examples(pattern: str) -> Iterator[dict]:
     try:
         for index in range(len(records)):
             layout = records.layout(index)
-            image, label = np.empty(layout.shape, np.int16), np.empty(layout.shape, np.uint8)
+            image, label = np.empty(layout.image_shape, layout.stored), np.empty(layout.shape, np.uint8)
             records.read(index, 0, layout.shape[0], image, label)
-            yield {"case_id": layout.case_id, "image": tfrecord_schema.dequantize(image, layout.scale)[..., None],
-                   "label": label}
+            yield {"case_id": layout.case_id, "image": tfrecord_schema.dequantize(image, layout.scale), "label": label}
     finally:
         records.close()
 
@@ -144,10 +146,9 @@ def read_examples(pattern: str) -> Iterator[dict]:
 def count_examples(pattern: str) -> int:
     """The records matching `pattern` (indexes every file)."""
     records = CtRecords(pattern)
-    try:
-        return len(records)
-    finally:
-        records.close()
+    count = len(records)
+    records.close()
+    return count
 
 
 def memory_available() -> int | None:
@@ -186,11 +187,11 @@ def choose_cache(mode: str, needed: int, available: int | None) -> tuple[bool, s
 
 
 class _Cache:
-    """This process's share of each example, decoded, kept once read: int16 image, uint8 label per index. Each depth
-    is read by one thread; a thread needing depths another is reading waits, and reads them if that read fails."""
+    """This process's share of each example, decoded, kept once read: image as stored, uint8 label per index. Each
+    depth is read by one thread; a thread needing depths another is reading waits, and reads them if that read fails."""
 
-    def __init__(self, depth: int, plane: tuple[int, int]):
-        self._shape = (depth, *plane)
+    def __init__(self, depth: int, plane: tuple[int, int], channels: int = 1, stored: np.dtype = np.dtype(np.int16)):
+        self._shape, self._channels, self._stored = (depth, *plane), channels, stored
         self._entries: dict[int, tuple[np.ndarray, ...]] = {}
         self._changed = threading.Condition()
 
@@ -201,7 +202,7 @@ class _Cache:
         if entry is None:
             with self._changed:
                 entry = self._entries.setdefault(index, (
-                    np.empty(self._shape, np.int16), np.empty(self._shape, np.uint8),
+                    np.empty((*self._shape, self._channels), self._stored), np.empty(self._shape, np.uint8),
                     np.zeros(self._shape[0], bool), np.zeros(self._shape[0], bool)))  # image, label, filled, claimed
         image, label, filled, claimed = entry
         while not filled[low:high].all():
@@ -286,7 +287,8 @@ class CtBatches:
         self._cached = (self.start, self.stop) if self.patch is None else (0, depth)
         use, self.cache_reason = choose_cache(cache, records.share_bytes(self._cached[1] - self._cached[0]),
                                               memory_available())
-        self._cache = _Cache(self._cached[1] - self._cached[0], (height, width)) if use else None
+        self._cache = (_Cache(self._cached[1] - self._cached[0], (height, width), records.channels, records.stored)
+                       if use else None)
         if log is not None:
             log(f"input cache {self.cache_reason}")
         order = _Order(seed, len(records), shuffle)
@@ -313,12 +315,13 @@ class CtBatches:
 
     def _new_buffer(self):
         shape = (len(self.share.rows), self.stop - self.start, *self._plane)
-        return np.empty(shape, np.int16), np.empty(shape, np.uint8), np.empty(len(self.share.rows), np.float32)
+        return (np.empty((*shape, self.records.channels), self.records.stored), np.empty(shape, np.uint8),
+                np.empty(len(self.share.rows), np.float32))
 
     def _whole_label(self, index: int) -> np.ndarray:
         """Example `index`'s whole label map (for the foreground crops' centres; read once per example)."""
         shape = self.records.shape
-        image, label = np.empty(shape, np.int16), np.empty(shape, np.uint8)
+        image, label = np.empty((*shape, self.records.channels), self.records.stored), np.empty(shape, np.uint8)
         self.records.read(index, 0, shape[0], image, label)
         return label
 
@@ -346,8 +349,8 @@ class CtBatches:
             if self.patch is None:  # straight into the batch
                 self.records.read(index, first, last, image, label)
                 return
-            whole_image = np.empty((last - first, *self.records.shape[1:]), np.int16)
-            whole_label = np.empty(whole_image.shape, np.uint8)
+            whole_label = np.empty((last - first, *self.records.shape[1:]), np.uint8)
+            whole_image = np.empty((*whole_label.shape, self.records.channels), self.records.stored)
             self.records.read(index, first, last, whole_image, whole_label)
             image[...], label[...] = whole_image[(slice(None), *plane)], whole_label[(slice(None), *plane)]
             return
@@ -364,8 +367,8 @@ class CtBatches:
         images, labels, scales = buffer
         count = len(plan)
         ids = [self.records.layout(index).case_id for index, _ in plan]
-        return batches.HostBatch({"image": images[:count, ..., None], "scale": scales[:count]}, labels[:count], ids,
-                                 release)  # image (R, d, H, W, 1) int16, scale (R,), label (R, d, H, W) uint8
+        return batches.HostBatch({"image": images[:count], "scale": scales[:count]}, labels[:count], ids,
+                                 release)  # image (R, d, H, W, C) int16 (video: uint8), scale (R,), label (R, d, H, W) uint8
 
     def __iter__(self) -> Iterator[batches.HostBatch]:
         return self._prefetcher

@@ -57,6 +57,7 @@ class ReceptiveField:
 
     seen: tuple[int, ...]
     size: tuple[int, ...]
+    video: bool = False  # the first axis is time: said in frames and pixels
 
     @property
     def covers(self) -> bool:
@@ -64,6 +65,13 @@ class ReceptiveField:
         return all(s >= n for s, n in zip(self.seen, self.size))
 
     def __str__(self) -> str:
+        """
+        >>> print(ReceptiveField(seen=(5, 32, 9), size=(16, 32, 32), video=True))
+        each output pixel sees 5 of 16 frames, all 32 pixels of height, 9 of 32 of width
+        """
+        if self.video:
+            frames, *plane = [f"all {n}" if s >= n else f"{s} of {n}" for s, n in zip(self.seen, self.size)]
+            return (f"each output pixel sees {frames} frames, {plane[0]} pixels of height, {plane[1]} of width")
         names = AXIS_NAMES[len(self.size)]
         parts = [f"all {n}" if s >= n else f"{s} of {n}" for s, n in zip(self.seen, self.size)]
         parts = [f"{part} voxels of {name}" if i == 0 else f"{part} of {name}"
@@ -71,7 +79,8 @@ class ReceptiveField:
         return "each output voxel sees " + ", ".join(parts)
 
     def to_json(self) -> dict:
-        return {"seen": list(self.seen), "size": list(self.size)}
+        return {"seen": list(self.seen), "size": list(self.size), **({"axes": ["frames", "height", "width"]}
+                                                                      if self.video else {})}
 
 
 def _interpret(jaxpr, consts, *args):

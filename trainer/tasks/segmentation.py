@@ -9,6 +9,7 @@ and int32 on the device and augments them there (`trainer.augment`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -53,9 +54,14 @@ class SegmentationTask:
             raise ValueError(f"{flag} {value} holds CT records of an earlier fullres (whole float32 volumes), which "
                              "this one does not read (it reads int16 depth slabs, a process only those its devices "
                              "hold); convert the scans again with fullres preprocess ct.")
-        if data.kind != tfrecord_schema.CT_RECORDS:
+        if data.kind == tfrecord_schema.DETECTION_RECORDS:
             raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess images), not CT volumes; train "
                              "them with --task detection, or pass the records of fullres preprocess ct.")
+        channels = 3 if data.kind == tfrecord_schema.VIDEO_RECORDS else 1  # video clips: RGB frames
+        if channels != self.config.model.in_channels:
+            raise ValueError(f"{flag} {value} holds {data.kind} of {channels} channel(s) but the model takes "
+                             f"{self.config.model.in_channels}; pass --set model.in_channels={channels}"
+                             f"{' (or --preset video)' if channels == 3 else ''}.")
         if training:
             values, num_classes = data.label_values, self.config.model.num_classes
             if values and max(values) >= num_classes:
@@ -86,8 +92,9 @@ class SegmentationTask:
         return len(self.records())
 
     def example_shape(self) -> tuple[int, ...]:
-        """(D, H, W, 1) of one training example: the records' volumes, or the patch cut from them (`patch_size`)."""
-        shape = (*self.records().shape, 1)
+        """(D, H, W, C) of one training example: the records' volumes (video: (T, H, W, 3) clips), or the patch cut
+        from them (`patch_size`)."""
+        shape = (*self.records().shape, self.records().channels)
         if len(shape) != self.config.model.spatial_dims + 1:
             raise ValueError(
                 f"{self.config.train_data} holds {len(shape) - 1}-D images but the model is "
@@ -95,7 +102,7 @@ class SegmentationTask:
             )
         if self.config.patch_size is not None:
             patches.check_fits(self.config.patch_size, shape[:-1], self.config.train_data)
-            return (*self.config.patch_size, 1)
+            return (*self.config.patch_size, shape[-1])
         return shape
 
     def preprocessing(self) -> dict | None:
@@ -124,18 +131,19 @@ class SegmentationTask:
         return placement.sharding(distribution, image_layout.axes[:-1])
 
     def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int) -> dict:
-        """The int16 image split as the distribution says; each row's scale over the replicas."""
+        """The image (int16, video uint8) split as the distribution says; each row's scale over the replicas."""
         return {"image": distribution.get_data_layout((0,) * image_ndim).backend_layout,
                 "scale": placement.sharding(distribution, (partitioning.REPLICA_AXIS,))}
 
     def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel) -> dict:
         """The inputs of a batch of `image_shape` as the train step receives them, shapes only."""
         shardings = self.input_sharding(distribution, len(image_shape))
-        return {"image": jax.ShapeDtypeStruct(image_shape, np.int16, sharding=shardings["image"]),
+        stored = self.records().stored if self.config.train_data else np.int16  # `fullres plan` reads no data
+        return {"image": jax.ShapeDtypeStruct(image_shape, stored, sharding=shardings["image"]),
                 "scale": jax.ShapeDtypeStruct(image_shape[:1], np.float32, sharding=shardings["scale"])}
 
     def prepare(self, inputs: dict, labels, step, distribution: partitioning.SpatialParallel | None = None):
-        """On the device: int16 × scale -> float32 images, uint8 -> int32 labels, then the augmentation.
+        """On the device: int16 (video: uint8) × scale -> float32 images, uint8 -> int32 labels, then the augmentation.
 
         `config.augmentation` (`trainer.augment.recipe.compose`), drawn per (seed, `step`, row), on the batch as
         `distribution` splits it (rotation and scaling move a split aside where they resample along it).
@@ -207,7 +215,9 @@ class SegmentationTask:
         training data's whole volumes, patches or not), measured (`models.receptive_field`)."""
         model_config = self.config.model
         multiples = inference.spatial_multiples((1,) * (model_config.spatial_dims + 2), model_config.downsampling_levels)
-        return receptive_field.measure(model, size or self.records().shape, multiples, model_config.in_channels)
+        field = receptive_field.measure(model, size or self.records().shape, multiples, model_config.in_channels)
+        video = bool(self.config.train_data) and self.records().layout(0).kind == tfrecord_schema.VIDEO_RECORDS
+        return dataclasses.replace(field, video=video)
 
     def input_counts(self) -> dict:
         """What the input left out, for metrics.json: nothing (volumes are cropped at preprocessing, and say so)."""

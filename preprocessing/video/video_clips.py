@@ -1,0 +1,140 @@
+"""One video into clips: decode (file or frame folder), fit to --size, pair its masks, cut T-frame clips.
+
+Clips start at frames 0, S, 2S, ... (`--clip-stride S`) while T frames
+remain (`--clip-length T`); each records its source frames and the video's
+frame rate. A frame folder has no frame rate of its own: `folder_fps` (DAVIS
+is 24 frames per second) is recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from common import dead_letters
+from preprocessing.records import video_clips as clip_records
+from preprocessing.video import frames as frames_lib, mask_frames, video_discovery, video_files
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoPreprocessConfig:
+    """How `fullres preprocess video` cuts and sizes clips.
+
+    Example:
+        >>> VideoPreprocessConfig(clip_length=8, size=(64, 64)).clip_stride
+        8
+    """
+
+    clip_length: int = 16
+    clip_stride: int | None = None  # None: clip_length (clips side by side)
+    size: tuple[int, int] = (128, 128)  # (H, W) of every clip frame
+    fit: str = "crop"  # `frames.FITS`
+    folder_fps: float = 24.0  # recorded for frame folders, which state none (DAVIS: 24)
+    max_label: int = 255
+
+    def __post_init__(self):
+        if self.clip_stride is None:
+            object.__setattr__(self, "clip_stride", self.clip_length)
+        if self.clip_length < 1 or self.clip_stride < 1:
+            raise ValueError(f"--clip-length {self.clip_length} and --clip-stride {self.clip_stride} must be 1 or "
+                             "more, e.g. --clip-length 16 --clip-stride 8.")
+        if len(self.size) != 2 or min(self.size) < 1:
+            raise ValueError(f"--size {','.join(map(str, self.size))} must be two positive sizes H,W, e.g. --size 128,128.")
+        if self.fit not in frames_lib.FITS:
+            raise ValueError(f"--fit {self.fit!r} is not known; use one of {', '.join(frames_lib.FITS)}.")
+        if not self.folder_fps > 0:
+            raise ValueError(f"--folder-fps {self.folder_fps} must be a positive frame rate, e.g. 24.")
+
+
+def preprocessing_record(config: VideoPreprocessConfig) -> dict:
+    """summary.json's `preprocessing`: what predict repeats on new videos, and what data sets must agree in."""
+    return {"kind": "video", "clip_length": config.clip_length, "clip_stride": config.clip_stride,
+            "size": list(config.size), "fit": config.fit, "shape": [config.clip_length, *config.size]}
+
+
+def _decode_folder(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -> video_files.Decoded:
+    frames, size, box = [], None, None
+    for path in source.frames:
+        try:
+            with Image.open(path) as image:
+                rgb = np.asarray(image.convert("RGB"))
+        except (OSError, UnidentifiedImageError, SyntaxError) as error:
+            raise dead_letters.CaseError("read", "undecodable", f"frame {path.rsplit('/', 1)[-1]} is not a readable "
+                                         f"image ({error}); copy it again") from None
+        if size is None:
+            size, box = rgb.shape[:2], frames_lib.crop_box(rgb.shape[:2], config.size, config.fit)
+        elif rgb.shape[:2] != size:
+            raise dead_letters.CaseError("read", "frame_size_changes", (
+                f"frame {path.rsplit('/', 1)[-1]} is {rgb.shape[1]}×{rgb.shape[0]} but the first is {size[1]}×{size[0]}; "
+                "give every frame of a video one size"))
+        frames.append(frames_lib.fit_frame(rgb, config.size, box))
+    return video_files.Decoded(np.stack(frames), config.folder_fps, tuple(size), box)
+
+
+def decode(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -> video_files.Decoded:
+    """Every frame of a video file or frame folder, fitted to `config.size` (`fullres predict` decodes so too).
+
+    Raises:
+        dead_letters.CaseError: the video cannot be used (`video_files`).
+    """
+    if source.frames:
+        return _decode_folder(source, config)
+    return video_files.decode(source.path, functools.partial(frames_lib.crop_box, size=config.size, fit=config.fit),
+                              lambda frame, box: frames_lib.fit_frame(frame, config.size, box))
+
+
+def source_frames(source: video_discovery.VideoSource):
+    """The source's frames as they are, (H, W, 3) uint8 one at a time (for predict's overlay video)."""
+    if source.frames:
+        for path in source.frames:
+            with Image.open(path) as image:
+                yield np.asarray(image.convert("RGB"))
+        return
+    import av
+
+    with av.open(source.path) as container:
+        for frame in container.decode(container.streams.video[0]):
+            yield frame.to_ndarray(format="rgb24")
+
+
+def config_of(record: dict) -> VideoPreprocessConfig:
+    """The config a summary's `preprocessing` (`preprocessing_record`) was written from."""
+    return VideoPreprocessConfig(clip_length=int(record["clip_length"]), clip_stride=int(record["clip_stride"]),
+                                 size=tuple(int(s) for s in record["size"]), fit=record["fit"])
+
+
+def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -> list[clip_records.VideoClip]:
+    """The clips of one video (see the module docstring).
+
+    Raises:
+        dead_letters.CaseError: the video or its masks cannot be used (`video_files`, `mask_frames`), or it has
+            fewer frames than one clip.
+    """
+    if source.frames and source.masks:
+        mask_frames.pair_names(list(source.frames), list(source.masks))  # before decoding anything
+    decoded = decode(source, config)
+    count = len(decoded.frames)
+    if source.masks:
+        if not source.frames:
+            mask_frames.count_masks(count, list(source.masks))
+        masks = mask_frames.read_masks(list(source.masks), decoded.source_size,
+                                       functools.partial(frames_lib.fit_mask, size=config.size, box=decoded.crop_box),
+                                       config.max_label)
+    else:
+        masks = np.zeros(decoded.frames.shape[:3], np.uint8)
+    if count < config.clip_length:
+        raise dead_letters.CaseError("clips", "too_few_frames", (
+            f"it has {count} frames, fewer than one clip of --clip-length {config.clip_length}; pass --clip-length "
+            f"{count} or less, or leave it out"))
+    clips = []
+    for start in range(0, count - config.clip_length + 1, config.clip_stride):
+        stop = start + config.clip_length
+        label = masks[start:stop]
+        values = tuple(int(v) for v in np.unique(label)) if source.masks else ()
+        clips.append(clip_records.VideoClip(
+            f"{source.video_id}@{start:05d}", source.relative, decoded.frames[start:stop], label, decoded.fps,
+            tuple(range(start, stop)), count, tuple(decoded.source_size), tuple(decoded.crop_box), values))
+    return clips

@@ -1,0 +1,96 @@
+"""`fullres predict` with a video model: a 300-frame video gives 300 masks (DAVIS layout) and a 300-frame overlay MP4;
+whole in one pass when it fits, in overlapping clips when it does not (and the summary says which, and why)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from preprocessing.records import dataset_files, tfrecord_files, video_clips as clip_records
+from preprocessing.video import demo_video, video_clips
+from tests.preprocessing.video import video_makers
+from trainer import config as trainer_config, train, trained_run
+from trainer.engine import inference
+from trainer.models import unet
+from trainer.parallel import partitioning
+from trainer.predict import video_outputs, video_predict
+
+pytestmark = pytest.mark.slow  # trains a tiny video model (2 steps) and predicts 340 frames
+
+CLIP = (8, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def video_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("video_run")
+    rng = np.random.default_rng(0)
+    clips = []
+    for index in range(2):
+        frames, masks = demo_video.motion_video(rng, CLIP[0], CLIP[1:])
+        clips.append(clip_records.encode_video_clip(clip_records.VideoClip(
+            f"motion_{index}@00000", f"motion_{index}.mp4", frames, masks, 24.0, tuple(range(CLIP[0])), CLIP[0],
+            CLIP[1:], label_values=(0, 1, 2))))
+    data = folder / "clips"
+    data.mkdir()
+    tfrecord_files.write_records(str(data / "data-00000-of-00001.tfrecord"), clips)
+    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
+    dataset_files.write_summary(str(data), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
+                                            "label_values": {"0": 2, "1": 2, "2": 2},
+                                            "preprocessing": video_clips.preprocessing_record(settings)})
+    config = trainer_config.video(
+        train_data=str(data), output_dir=str(folder / "run"), steps=2, checkpoint_every=2, log_every=1,
+        model=unet.UNetConfig(spatial_dims=3, num_classes=3, in_channels=3, num_levels=2, base_filters=4, stem="none"),
+        partition=partitioning.PartitionConfig((1, 2, 2, 1, 1)))  # 2 replicas on 8 devices
+    lines = []
+    train.train(config, log=lines.append, export_saved_model=False)
+    return folder, lines
+
+
+def test_training_on_clips_says_its_reach_in_frames_and_pixels(video_run):
+    _, lines = video_run
+    assert any(line.startswith("receptive field: each output pixel sees") and "frames" in line for line in lines)
+
+
+def test_a_300_frame_video_gives_300_masks_and_an_overlay(video_run, tmp_path):
+    folder, _ = video_run
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    video_makers.encode(str(videos / "long.mp4"), video_makers.frames(300, (36, 50)), 30)
+    video_makers.encode(str(videos / "short.avi"), video_makers.frames(20, (24, 24)), 10, codec="mpeg4")
+    (videos / "broken.mp4").write_bytes(b"")
+    output = tmp_path / "masks"
+    summary = video_predict.predict_videos(str(folder / "run"), str(videos), str(output), max_failed_fraction=0.5,
+                                           log=lambda line: None)
+    by_name = {video["video"]: video for video in summary["videos"]}
+    assert sorted(os.listdir(output / "long")) == [f"{t:05d}.png" for t in range(300)]
+    mask = Image.open(output / "long" / "00123.png")
+    assert mask.mode == "P" and mask.size == (50, 36)  # the source's own frame size
+    assert mask.getpalette()[:9] == video_outputs.davis_palette()[:9]
+    assert video_makers.ffmpeg_probe(str(output / "long.overlay.mp4")) == {"frames": 300, "size": (36, 50), "fps": 30.0}
+    assert by_name["long"]["method"] == "whole" and by_name["long"]["why"].startswith("whole video in one pass (300")
+    assert by_name["short"]["frames"] == 20 and len(os.listdir(output / "short")) == 20
+    assert [letter["reason"] for letter in summary["dead_letters"]] == ["empty_file"]
+    assert json.load(open(output / "summary.json"))["ok"] == 2
+
+
+def test_a_video_that_does_not_fit_one_pass_goes_in_overlapping_clips(video_run, tmp_path):
+    folder, _ = video_run
+    loaded = trained_run.load(str(folder / "run"), jax.devices()[:4])
+    levels = loaded.config.model.downsampling_levels
+    shape = (1, 64, *CLIP[1:], 3)
+    probe = inference.VolumePredictor(loaded.model, loaded.state, loaded.config.partition, jax.devices(), levels)
+    memory = probe.compiled(shape).memory_analysis()
+    whole_bytes = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
+    tight = inference.VolumePredictor(loaded.model, loaded.state, loaded.config.partition, jax.devices(), levels,
+                                      device_memory=whole_bytes // 2)
+    in_one, why = video_predict._method(tight, 64, CLIP[1:], CLIP[0], forced=False)
+    assert not in_one and why.startswith("overlapping clips of 8 frames") and "does not fit" in why
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    video_makers.encode(str(videos / "walk.mp4"), video_makers.frames(40, (16, 16)), 25)
+    summary = video_predict.predict_videos(str(folder / "run"), str(videos), str(tmp_path / "out"), clips=True,
+                                           log=lambda line: None)
+    assert summary["videos"][0]["method"] == "clips" and len(os.listdir(tmp_path / "out" / "walk")) == 40
