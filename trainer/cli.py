@@ -19,6 +19,7 @@ import typer
 
 from common import console, parsing, sizes
 from preprocessing import cli as preprocessing_cli
+from trainer import cli_help
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -29,17 +30,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-STEM_HELP = ("UNet stem: space_to_depth (the default model's: 2x2x2 voxels folded into channels, so TPU lanes are "
-             "full) or none (the first level at full resolution; cheaper on CPUs and GPUs).")
-ENCODER_HELP = ("UNet encoder: plain (two convolutions per level) or residual (nnU-Net's ResEnc: 1, 3, 4, ... residual "
-                "blocks per level, set by --set model.residual_blocks=...).")
-AUGMENTATION_HELP = ("Segmentation: the augmentations run on the accelerator, a preset: nnunet (nnU-Net's whole set: "
-                     "rotation, scaling, noise, blur, brightness, contrast, low resolution, gamma, mirroring), flips "
-                     "(mirroring only), intensity (no mirroring or resampling), video (height and width mirrored alike in every "
-                     "frame, intensity per clip; no temporal reversal unless mirror_axes names 0) or none; --set augmentation.FIELD=... "
-                     "changes one (e.g. augmentation.mirror_axes=0,1 keeps left and right).")
-DEEP_SUPERVISION_HELP = ("Deep supervision (nnU-Net's): the decoder's lower resolutions predict too, their losses "
-                         "weighted 1/2 per level; needs 4 levels without the stem, 3 with it.")
 PRESET_NAMES = ("default", "demo", "smoke", "ct_256", "nnunet", "detection", "detection_2560", "detection_demo", "video")
 
 
@@ -108,14 +98,14 @@ def train(
     num_classes: Annotated[int | None, typer.Option(help="Segmentation: classes including background. Detection: object classes (default: from label_map.json beside the data).")] = None,
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (depth of the UNet).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="Filters at the first UNet level.")] = None,
-    stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
+    stem: Annotated[str | None, typer.Option(help=cli_help.STEM_HELP)] = None,
     normalization: Annotated[str | None, typer.Option(help="instance, group, batch or none.")] = None,
-    encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
-    deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
+    encoder: Annotated[str | None, typer.Option(help=cli_help.ENCODER_HELP)] = None,
+    deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=cli_help.DEEP_SUPERVISION_HELP)] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Save a checkpoint every N steps.")] = None,
     log_every: Annotated[int | None, typer.Option(help="Log the loss every N steps.")] = None,
     augment: Annotated[bool | None, typer.Option("--augment/--no-augment", help="Segmentation: the --augmentation set (off: none). Detection: scale jitter and left-right flips.")] = None,
-    augmentation: Annotated[str | None, typer.Option(help=AUGMENTATION_HELP)] = None,
+    augmentation: Annotated[str | None, typer.Option(help=cli_help.AUGMENTATION_HELP)] = None,
     input_cache: Annotated[str | None, typer.Option(help="Segmentation: keep this process's share of the decoded training data in memory after its first read: auto (when it fits half the memory available; the log says which was chosen and why), on or off.")] = None,
     image_size: Annotated[str | None, typer.Option(help="Detection: the H,W canvas every image is fitted to, e.g. 2560,2560.")] = None,
     max_boxes: Annotated[int | None, typer.Option(help="Detection: boxes kept per training image.")] = None,
@@ -232,10 +222,10 @@ def plan(
     num_levels: Annotated[int | None, typer.Option(help="UNet resolution levels (default: the preset's).")] = None,
     base_filters: Annotated[int | None, typer.Option(help="UNet filters at the first level.")] = None,
     in_channels: Annotated[int | None, typer.Option(help="Input channels: 1 (CT, the default), 3 (RGB video clips: T,H,W as --image-size).")] = None,
-    stem: Annotated[str | None, typer.Option(help=STEM_HELP)] = None,
-    encoder: Annotated[str | None, typer.Option(help=ENCODER_HELP)] = None,
-    deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=DEEP_SUPERVISION_HELP)] = None,
-    augmentation: Annotated[str | None, typer.Option(help=AUGMENTATION_HELP)] = None,
+    stem: Annotated[str | None, typer.Option(help=cli_help.STEM_HELP)] = None,
+    encoder: Annotated[str | None, typer.Option(help=cli_help.ENCODER_HELP)] = None,
+    deep_supervision: Annotated[bool | None, typer.Option("--deep-supervision/--no-deep-supervision", help=cli_help.DEEP_SUPERVISION_HELP)] = None,
+    augmentation: Annotated[str | None, typer.Option(help=cli_help.AUGMENTATION_HELP)] = None,
     patch_size: Annotated[str | None, typer.Option(help="Segmentation: size the step for D,H,W crops, as fullres train --patch-size compiles it (--image-size is then the volumes' size, and --data is read as crops).")] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
