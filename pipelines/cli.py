@@ -178,7 +178,14 @@ def _network_parameters(name: str, model: str | None) -> dict:
     file, function = user_model.parse_source(model)
     if not os.path.isfile(file):
         raise ValueError(f"--model {model}: {file} does not exist; pass the Python file that defines {function}.")
-    return {"model_code": Path(file).read_text(encoding="utf-8"), "model_function": function}
+    code = Path(file).read_text(encoding="utf-8")
+    try:  # parsed only, as the model_code check does, but named as the user gave it
+        compile(code, file, "exec")
+    except (SyntaxError, ValueError) as error:  # ValueError: a null byte
+        line = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        raise ValueError(f"--model {model}: {file} is not Python the train step can import{line}: "
+                         f"{getattr(error, 'msg', error)}; fix the file and pass it again.") from None
+    return {"model_code": code, "model_function": function}
 
 
 @pipeline_app.command("compile")

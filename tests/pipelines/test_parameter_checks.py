@@ -223,9 +223,9 @@ def test_a_network_file_that_does_not_parse_is_refused_before_anything_starts(sc
     root = tmp_path / "root"
     result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root),
                                           "--model", f"{network}:build", *_inputs(scans)])
-    assert _one_sentence(result) == (
-        "--param model_code is not Python the train step can import (line 5): '(' was never closed; fix the file and "
-        "pass it again (fullres pipeline run --model FILE.py:FUNCTION passes its text).")
+    assert _one_sentence(result) == (  # the user's file, not the parameter the CLI made of it (issue #43 item 6)
+        f"--model {network}:build: {network} is not Python the train step can import (line 5): '(' was never closed; "
+        "fix the file and pass it again.")
     assert not root.exists()
 
 
