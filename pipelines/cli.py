@@ -176,6 +176,9 @@ def _network_parameters(name: str, model: str | None) -> dict:
         raise ValueError(f"--model {model} applies to the ct-segmentation pipeline; the {name} pipeline trains "
                          "fullres's RetinaNet.")
     file, function = user_model.parse_source(model)
+    if os.path.isdir(file):  # as fullres train says it (user_model)
+        raise ValueError(f"--model {model}: {file} is a folder, not a Python file; pass the path of the Python file "
+                         f"that defines {function} (FILE.py:FUNCTION).")
     if not os.path.isfile(file):
         raise ValueError(f"--model {model}: {file} does not exist; pass the Python file that defines {function}.")
     code = Path(file).read_text(encoding="utf-8")

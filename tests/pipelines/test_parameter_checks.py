@@ -229,6 +229,18 @@ def test_a_network_file_that_does_not_parse_is_refused_before_anything_starts(sc
     assert not root.exists()
 
 
+def test_a_network_file_that_is_a_folder_is_called_a_folder(scans, tmp_path):
+    """`--model dir.py:build` where dir.py is a folder said "dir.py does not exist" (issue #43 item 6: as train says)."""
+    folder = tmp_path / "dir.py"
+    folder.mkdir()
+    root = tmp_path / "root"
+    result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root),
+                                          "--model", f"{folder}:build", *_inputs(scans)])
+    assert _one_sentence(result) == (f"--model {folder}:build: {folder} is a folder, not a Python file; pass the path "
+                                     "of the Python file that defines build (FILE.py:FUNCTION).")
+    assert not root.exists()
+
+
 @pytest.mark.slow  # builds the network (Keras, JAX) in the CLI's process: 6.6 s here
 def test_a_network_that_breaks_the_contract_is_refused_before_anything_starts_naming_the_user_s_file(scans,
                                                                                                       tmp_path):
