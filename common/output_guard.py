@@ -95,10 +95,15 @@ def _check_not_a_file(output: str, option: str) -> None:
     if _is_local(output) and (os.path.isfile(output) or (os.path.lexists(output) and not os.path.isdir(output))):
         raise OutputRefused(f"{option} {output} is an existing file, not a directory; fullres does not replace files "
                             f"it did not write, so pass a new directory path as {option}.")
+    _check_parents(output, option)
+
+
+def _check_parents(output: str, option: str) -> None:
+    """Refuses a local `output` under a regular file: no folder can be made there (NotADirectoryError)."""
     parent = os.path.dirname(os.path.abspath(output)) if _is_local(output) else ""
     while parent and not os.path.lexists(parent) and parent != os.path.dirname(parent):
         parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):  # a folder cannot be made under a file (NotADirectoryError)
+    if parent and not os.path.isdir(parent):
         raise OutputRefused(f"{option} {output} lies under {parent}, which is a file, not a folder; pass an {option} "
                             "whose parent folders are folders (or do not exist yet).")
 
@@ -315,11 +320,12 @@ def lock(output: str, option: str = "--output"):
     without `flock` support (some network mounts) is used unguarded as well.
 
     Raises:
-        OutputRefused: another live process holds the lock.
+        OutputRefused: another live process holds the lock, or `output` lies under a regular file.
     """
     if not _is_local(output):
         yield
         return
+    _check_parents(output, option)  # the lock is taken before the command's own output checks
     path = os.path.abspath(output).rstrip("/") + LOCK_SUFFIX
     os.makedirs(os.path.dirname(path), exist_ok=True)
     while True:

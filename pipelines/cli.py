@@ -176,9 +176,19 @@ def _network_parameters(name: str, model: str | None) -> dict:
         raise ValueError(f"--model {model} applies to the segmentation pipelines; the {name} pipeline trains "
                          "fullres's RetinaNet.")
     file, function = user_model.parse_source(model)
+    if os.path.isdir(file):  # as fullres train says it (user_model)
+        raise ValueError(f"--model {model}: {file} is a folder, not a Python file; pass the path of the Python file "
+                         f"that defines {function} (FILE.py:FUNCTION).")
     if not os.path.isfile(file):
         raise ValueError(f"--model {model}: {file} does not exist; pass the Python file that defines {function}.")
-    return {"model_code": Path(file).read_text(encoding="utf-8"), "model_function": function}
+    code = Path(file).read_text(encoding="utf-8")
+    try:  # parsed only, as the model_code check does, but named as the user gave it
+        compile(code, file, "exec")
+    except (SyntaxError, ValueError) as error:  # ValueError: a null byte
+        line = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        raise ValueError(f"--model {model}: {file} is not Python the train step can import{line}: "
+                         f"{getattr(error, 'msg', error)}; fix the file and pass it again.") from None
+    return {"model_code": code, "model_function": function}
 
 
 @pipeline_app.command("compile")

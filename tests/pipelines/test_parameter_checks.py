@@ -223,9 +223,21 @@ def test_a_network_file_that_does_not_parse_is_refused_before_anything_starts(sc
     root = tmp_path / "root"
     result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root),
                                           "--model", f"{network}:build", *_inputs(scans)])
-    assert _one_sentence(result) == (
-        "--param model_code is not Python the train step can import (line 5): '(' was never closed; fix the file and "
-        "pass it again (fullres pipeline run --model FILE.py:FUNCTION passes its text).")
+    assert _one_sentence(result) == (  # the user's file, not the parameter the CLI made of it (issue #43 item 6)
+        f"--model {network}:build: {network} is not Python the train step can import (line 5): '(' was never closed; "
+        "fix the file and pass it again.")
+    assert not root.exists()
+
+
+def test_a_network_file_that_is_a_folder_is_called_a_folder(scans, tmp_path):
+    """`--model dir.py:build` where dir.py is a folder said "dir.py does not exist" (issue #43 item 6: as train says)."""
+    folder = tmp_path / "dir.py"
+    folder.mkdir()
+    root = tmp_path / "root"
+    result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root),
+                                          "--model", f"{folder}:build", *_inputs(scans)])
+    assert _one_sentence(result) == (f"--model {folder}:build: {folder} is a folder, not a Python file; pass the path "
+                                     "of the Python file that defines build (FILE.py:FUNCTION).")
     assert not root.exists()
 
 

@@ -77,3 +77,15 @@ def test_the_pipeline_s_temporary_copy_of_a_network_is_named_as_the_parameter_it
     assert str(refused.value) == ("--param model_code:make: --param model_code defines no function make (it defines "
                                   "build); name the function that returns the network, e.g. --param model_code:build.")
     assert user_model.TEMPORARY_PREFIX not in str(refused.value)
+
+
+def test_the_output_lock_refuses_a_path_under_a_file(tmp_path):
+    # fullres predict (and every command) takes OUTPUT.fullres-lock before its output checks run: the lock's folder
+    # under a file was a FileExistsError traceback (`predict --output notes.txt/pred`).
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(output_guard.OutputRefused, match=r"--output .*notes.txt/pred lies under .*notes.txt, which is "
+                                                          r"a file, not a folder"):
+        with output_guard.lock(str(a_file / "pred")):
+            pass
+    assert a_file.read_text() == "mine" and os.listdir(tmp_path) == ["notes.txt"]

@@ -177,14 +177,19 @@ def trained_fingerprint(recorded) -> dict:
 
 def differences(trained: dict, other: dict, ignore: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
     """[(what, trained's value, other's)] where two data fingerprints differ: each preprocessing field
-    (`spacing`, `window`, ...), the record `kind`, each class of `label_map` (`label_map.liver`). Only what
-    `trained` records is compared; a label map only where both data sets have one; `ignore` leaves fields out."""
+    (`spacing`, `window`, ...), the record `kind`, the `label_map` as a whole (a class's name is only read beside
+    the others: {liver: 1, tumor: 2} against {kidney: 1, cyst: 2}). Only what `trained` records is compared; a
+    label map only where both data sets have one; `ignore` leaves fields out.
+
+    >>> differences({"label_map": {"background": 0, "liver": 1}}, {"label_map": {"background": 0, "kidney": 1}})
+    [('label_map', {'background': 0, 'liver': 1}, {'background': 0, 'kidney': 1})]
+    """
     found = []
     for section in trained:
         was, now = trained.get(section), other.get(section)
         if section == "label_map" and (was is None or now is None):
             continue
-        if not isinstance(was, dict) or not isinstance(now, dict):
+        if section == "label_map" or not isinstance(was, dict) or not isinstance(now, dict):
             if was != now and section not in ignore:
                 found.append((section, was, now))
             continue

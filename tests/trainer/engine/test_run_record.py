@@ -155,3 +155,13 @@ def test_another_network_file_or_partition_is_refused_by_what_the_run_records(de
         run_record.check_rerun(split, _recorded(run, config), 6, 8)
     line = run_record.check_rerun(config, _recorded(run, config), 6, 8)  # the same run: resumed, nothing changed
     assert line["event"] == "resumed" and "changed" not in line and line["model_source_sha256"] == theirs
+
+
+def test_another_label_map_is_named_as_a_whole():
+    # Two label maps that give ids 1 and 2 other names were told class by class ("label_map.cyst none but this
+    # rerun has 2 (and label_map.kidney, label_map.liver, label_map.tumor differ too)"): each map is read whole.
+    trained = {"preprocessing": {"spacing": [2.0, 2.0, 2.0]}, "label_map": {"background": 0, "liver": 1, "tumor": 2}}
+    other = {"preprocessing": {"spacing": [2.0, 2.0, 2.0]}, "label_map": {"background": 0, "kidney": 1, "cyst": 2}}
+    assert run_record.differences(trained, other) == [("label_map", trained["label_map"], other["label_map"])]
+    assert run_record.differences(trained, {**other, "label_map": dict(trained["label_map"])}) == []
+    assert run_record.differences(trained, {**other, "label_map": None}) == []  # records without a label map
