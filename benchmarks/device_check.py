@@ -1,0 +1,353 @@
+"""The plan meets a device: measure an available GPU against `fullres plan`, in one command, within 8 minutes.
+
+Parts, each under its own time limit (seconds on one H100, compilation included; `--limit PART=SECONDS`):
+  train    330  the training step `fullres train` runs, on one device, for the default UNet and for
+                `--stem none --num-levels 4 --base-filters 16`; at 128³ and at the largest cube that fits;
+                float32 and bfloat16; `--augmentation nnunet` and `none`. Per row: median step time over 20
+                steps after 3 of warm-up, peak device memory (the allocator's peak_bytes_in_use), examples/s;
+                beside them what `fullres plan --target h100x1` said (memory, roofline step time) and
+                measured ÷ planned. A row gets 60 s (the largest cube 120 s) or what is left of the part.
+  predict   60  `fullres predict`'s pass of one 256³ volume whole: time, peak memory, against its plan.
+  input     60  the CT input path (synthetic records, the project's reader) feeding the default UNet's
+                128³ step: the input wait over 20 measured steps.
+
+Every row runs in a process of its own (`device_check_rows.py`): one that runs out of memory, hangs past its
+limit or fails is reported as such, with what the plan said, and the next row runs. Rows a part has no time
+left for are listed as not run. One JSON (`--json`: device name, driver, JAX version, date, every row) and
+a table.
+
+The largest cube that fits: the plan first, then the device. `benchmarks/device_plan.py` (run ahead, on a
+machine without a GPU) records `fullres plan --target h100x1` at growing cubes, 32 voxels apart; the largest
+the plan says fits is compiled on the device, and, where the device's own compiler needs more than the
+allocator holds, the next size down, until one fits; then it runs. Without a plan row the 128³ row's
+compiler figure, scaled by volume, gives the first size tried. The "planned" columns are the plan file's
+(`fullres plan`, ahead of time, no GPU); where it has no row, the device compiler's own figures on the
+target's published peaks, marked so in `planned.source`.
+
+On the device machine (Python 3.12, JAX with its CUDA 13 plug-in; no Keras, no TensorFlow and no network):
+the few wheels fullres's training step needs beyond that image travel in `.whl` (docs/measurements.md, "On a
+device", says how to fetch them here); the lead's one call of the `run` tool, carry [".whl"], timeout_s 540:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+      .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 \\
+      benchmarks/device_check.py --json $OUT/device_check.json 2>&1 | tee $OUT/device_check.log
+
+On a CPU, at tiny sizes, in seconds (the suite runs this): `python benchmarks/device_check.py --tiny --json F`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROWS = os.path.join(HERE, "device_check_rows.py")
+DEFAULT_PLAN = os.path.join(HERE, "results", "device_plan_h100x1.json")
+LIMITS = {"train": 330, "predict": 60, "input": 60}  # seconds per part: 450 in all, inside the 8 minutes
+ROW_LIMIT, LARGEST_LIMIT = 60, 120  # seconds per training row
+STATUSES = ("ok", "out_of_memory", "timed_out", "failed", "not_run")
+GPU = {"models": ("default", "plain16"), "size": 128, "predict_size": 256, "step": 32, "steps": 20, "warmup": 3,
+       "examples": 8, "precisions": ("float32", "bfloat16"), "augmentations": ("none", "nnunet")}
+# --tiny: the same parts on a CPU in seconds; a 4 MiB "device" makes the largest-cube search step down (32³ to 24³).
+TINY = {"models": ("tiny",), "size": 16, "predict_size": 16, "step": 8, "steps": 3, "warmup": 1, "examples": 2,
+        "precisions": ("float32",), "augmentations": ("none",), "memory_limit_bytes": 4 * 2**20, "largest": 32}
+
+
+def planned_for(plan: dict | None, row: dict, size: int) -> dict | None:
+    """The plan file's row for `row` at `size`³ (`device_plan.py`): bytes, roofline seconds, whether it fits."""
+    for entry in (plan or {}).get("rows", []):
+        if all(entry.get(k) == row[k] for k in ("part", "model", "precision", "augmentation")) and entry["size"] == size:
+            return {"total_bytes": entry["total_bytes"], "step_seconds": entry["step_seconds"],
+                    "bound": entry.get("bound"), "fits": entry.get("fits"), "source": plan["source"]}
+    return None
+
+
+def largest_candidates(plan: dict | None, row: dict, first: dict | None, settings: dict) -> tuple[list[int], str]:
+    """Sizes to try for the largest cube, largest first, and how they were found (the plan first)."""
+    step = settings["step"]
+    if "largest" in settings:
+        top = settings["largest"]
+        return [top - step * k for k in range(3) if top - step * k > 0], f"--tiny: from {top}³ down"
+    fitting = [e["size"] for e in (plan or {}).get("rows", []) if e.get("fits") and
+               all(e.get(k) == row[k] for k in ("part", "model", "precision", "augmentation"))]
+    if fitting:
+        top = max(fitting)
+        return [top - step * k for k in range(3)], f"the plan's largest that fits ({top}³), then the device"
+    measured = (first or {}).get("measured") or {}
+    compiler = (measured.get("device_compiler") or {}).get("total_bytes")
+    if not compiler or not measured.get("bytes_limit"):
+        return [], "no plan row and no 128³ figure to scale"
+    top = int(settings["size"] * (measured["bytes_limit"] / compiler) ** (1 / 3)) // step * step
+    return [top + step, top, top - step], f"the 128³ compiler figure scaled by volume ({top}³), then the device"
+
+
+def with_ratios(row: dict) -> dict:
+    """The row with measured ÷ planned memory and step time, where both figures are there."""
+    measured, planned = row.get("measured") or {}, row.get("planned") or {}
+    seconds = measured.get("median_step_seconds", measured.get("median_seconds"))
+    ratios = {}
+    if measured.get("peak_bytes") and planned.get("total_bytes"):
+        ratios["memory"] = measured["peak_bytes"] / planned["total_bytes"]
+    if seconds and planned.get("step_seconds"):
+        ratios["step_time"] = seconds / planned["step_seconds"]
+    return {**row, "ratios": ratios}
+
+
+def fallback_plan(measured: dict) -> dict | None:
+    """Where the plan file has no row: the device compiler's bytes and its counts' roofline, marked so."""
+    compiler, roof = measured.get("device_compiler") or {}, measured.get("device_roofline") or {}
+    if not compiler.get("total_bytes"):
+        return None
+    return {"total_bytes": compiler["total_bytes"], "step_seconds": roof.get("step_seconds"), "bound": roof.get("bound"),
+            "fits": None, "source": "the device's own compiler (memory_analysis; cost_analysis on the target's "
+                                    "published peaks): no fullres plan row for this size"}
+
+
+def run_row(spec: dict, limit: float) -> dict:
+    """Runs one row in its own process under `limit` seconds; its figures, or why there are none."""
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, ROWS, json.dumps(spec)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=max(limit, 1))
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the row and anything it started
+        process.communicate()
+        return {"status": "timed_out", "error": f"no result within its {limit:.0f} s", "wall_seconds": round(
+            time.perf_counter() - started, 1)}
+    lines = [line for line in output.splitlines() if line.startswith("ROW_RESULT ")]
+    if not lines:
+        tail = " | ".join(output.strip().splitlines()[-3:])[-600:]
+        oom = "RESOURCE_EXHAUSTED" in output or "out of memory" in output.lower()
+        return {"status": "out_of_memory" if oom else "failed", "error": f"exit {process.returncode}: {tail}",
+                "wall_seconds": round(time.perf_counter() - started, 1)}
+    result = json.loads(lines[-1][len("ROW_RESULT "):])
+    return {**result, "wall_seconds": round(time.perf_counter() - started, 1)}
+
+
+def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
+    """`row` measured (`run_row`) with what the plan said beside it and the ratios."""
+    if limit < 5:
+        planned = planned_for(plan, row, spec["sizes"][0])
+        return with_ratios({**row, "status": "not_run", "planned": planned, "error": "its part's time ran out"})
+    result = run_row(spec, limit)
+    here, status = result.pop("here", None), result.pop("status")
+    error, wall = result.pop("error", None), result.pop("wall_seconds")
+    size = result.get("size", spec["sizes"][0])
+    planned = planned_for(plan, row, size) or fallback_plan(result)
+    out = {**row, "size": size, "status": status, "wall_seconds": wall, "measured": result, "planned": planned}
+    if error:
+        out["error"] = error
+    if here:
+        out["here"] = here
+    return with_ratios(out)
+
+
+def training_rows(settings: dict) -> list[dict]:
+    """The training rows in the order they run: per augmentation and precision, both models at 128³, then both at
+    their largest cube (so that a part that runs out of time has still measured both sizes of the first ones)."""
+    rows = []
+    for augmentation in settings["augmentations"]:
+        for precision in settings["precisions"]:
+            for size_from in ("fixed", "largest"):
+                rows += [{"part": "train", "model": model, "precision": precision, "augmentation": augmentation,
+                          "size_from": size_from} for model in settings["models"]]
+    return rows
+
+
+def run_parts(args, settings: dict, plan: dict | None) -> list[dict]:
+    """Every part in turn, each within its limit; the rows."""
+    base = {"platform": "cpu" if args.tiny else "gpu", "hardware": args.target_kind, "steps": settings["steps"],
+            "warmup": settings["warmup"], "memory_limit_bytes": settings.get("memory_limit_bytes")}
+    out = []
+    for part in args.parts:
+        deadline = time.perf_counter() + args.limits[part]
+        if part == "train":
+            done = {}
+            for row in training_rows(settings):
+                key = (row["model"], row["precision"], row["augmentation"])
+                how, fit = "fixed", False
+                sizes = [settings["size"]]
+                if row["size_from"] == "largest":
+                    sizes, how = largest_candidates(plan, row, done.get(key), settings)
+                    fit = True
+                left = deadline - time.perf_counter()
+                if not sizes:
+                    result = {**row, "status": "not_run", "planned": None, "error": how, "ratios": {}}
+                else:
+                    spec = {**base, **row, "sizes": sizes, "fit": fit}
+                    result = measure_row(row, spec, min(left, LARGEST_LIMIT if fit else ROW_LIMIT), plan)
+                result["size_found_by"] = how
+                done.setdefault(key, result)
+                out.append(result)
+                print(table_line(result), flush=True)
+        else:
+            model = settings["models"][0]
+            row = {"part": part, "model": model, "precision": "float32", "augmentation": "none"}
+            size = settings["predict_size"] if part == "predict" else settings["size"]
+            spec = {**base, **row, "sizes": [size], "examples": settings["examples"],
+                    "steps": 3 if part == "predict" else settings["steps"]}
+            result = measure_row(row, spec, deadline - time.perf_counter(), plan)
+            out.append(result)
+            print(table_line(result), flush=True)
+    return out
+
+
+def _gib(value) -> str:
+    return "" if value is None else f"{value / 2**30:.2f}"
+
+
+def _ms(value) -> str:
+    return "" if value is None else f"{value * 1e3:.4g}"
+
+
+def _ratio(value) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+HEADER = (f"{'part':<8}{'model':<9}{'size':>5} {'prec':<9}{'aug':<7}{'status':<14}{'step ms':>9}{'ex/s':>8}"
+          f"{'peak GiB':>9}{'plan GiB':>9}{'mem ÷':>9}{'roof ms':>9}{'time ÷':>9}  note")
+
+
+def table_line(row: dict) -> str:
+    """One row of the printed table (memory in GiB, times in ms, ratios measured ÷ planned)."""
+    measured, planned, ratios = row.get("measured") or {}, row.get("planned") or {}, row.get("ratios") or {}
+    seconds = measured.get("median_step_seconds", measured.get("median_seconds"))
+    if row["part"] == "input":
+        seconds = measured.get("median_wait_seconds")
+    note = row.get("error") or ""
+    if row["part"] == "input" and row["status"] == "ok":
+        note = f"input wait {measured['input_wait_fraction']:.1%} of {measured['measured_seconds']:.1f} s (ms column: median wait)"
+    elif planned.get("source", "").startswith("the device's"):
+        note = note or "planned = device compiler"
+    examples = measured.get("examples_per_second")
+    return (f"{row['part']:<8}{row['model']:<9}{row.get('size', ''):>5} {row['precision']:<9}{row['augmentation']:<7}"
+            f"{row['status']:<14}{_ms(seconds):>9}{'' if examples is None else f'{examples:.2f}':>8}"
+            f"{_gib(measured.get('peak_bytes')):>9}{_gib(planned.get('total_bytes')):>9}{_ratio(ratios.get('memory')):>9}"
+            f"{_ms(planned.get('step_seconds')):>9}{_ratio(ratios.get('step_time')):>9}  {note[:90]}")
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi), None where there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        found = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else None
+
+
+REQUIRED = {"part", "model", "size", "precision", "augmentation", "status", "planned", "ratios"}
+
+
+def check(result: dict) -> list[str]:
+    """Problems with a device_check JSON: missing fields, figures not in their units, ratios not from the figures."""
+    problems = [f"missing {key}" for key in ("date", "device", "software", "rows", "units", "limits_seconds")
+                if key not in result]
+    for number, row in enumerate(result.get("rows", [])):
+        where = f"row {number} ({row.get('part')} {row.get('model')} {row.get('size')})"
+        problems += [f"{where}: missing {key}" for key in sorted(REQUIRED - set(row))]
+        if row.get("status") not in STATUSES:
+            problems.append(f"{where}: status {row.get('status')!r} is not one of {STATUSES}")
+        measured = row.get("measured") or {}
+        for key, value in [*measured.items(), *(row.get("planned") or {}).items()]:
+            if key.endswith("_bytes") and value is not None and not (isinstance(value, int) and value >= 0):
+                problems.append(f"{where}: {key} {value!r} is not a whole number of bytes")
+            if key.endswith("_seconds") and value is not None and not (isinstance(value, (int, float)) and value >= 0):
+                problems.append(f"{where}: {key} {value!r} is not a number of seconds")
+        if row.get("status") == "ok" and row.get("part") == "train":
+            problems += [f"{where}: measured has no {key}" for key in ("median_step_seconds", "peak_bytes",
+                         "examples_per_second", "peak_bytes_source") if measured.get(key) is None]
+            if measured.get("steps", 0) < result.get("settings", {}).get("steps", 1):
+                problems.append(f"{where}: {measured.get('steps')} steps measured")
+        expected = with_ratios(row)["ratios"] if row.get("status") == "ok" else {}
+        for key, value in expected.items():
+            got = (row.get("ratios") or {}).get(key)
+            if got is None or not math.isclose(got, value, rel_tol=1e-9):
+                problems.append(f"{where}: ratio {key} {got!r} is not measured ÷ planned ({value!r})")
+    return problems
+
+
+def parse_limits(texts: list[str]) -> dict:
+    limits = dict(LIMITS)
+    for text in texts:
+        part, _, seconds = text.partition("=")
+        if part not in LIMITS or not seconds.replace(".", "", 1).isdigit():
+            raise SystemExit(f"--limit {text!r}: give PART=SECONDS with PART one of {', '.join(LIMITS)}, e.g. train=300.")
+        limits[part] = float(seconds)
+    return limits
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", required=True, help="where the JSON goes (a new file, or one this command wrote)")
+    parser.add_argument("--plan", default=DEFAULT_PLAN, help="device_plan.py's JSON (default: benchmarks/results/device_plan_h100x1.json)")
+    parser.add_argument("--target", default="h100x1", help="the plan's target; its GPU's peaks give the roofline")
+    parser.add_argument("--parts", default="train,predict,input", help="which parts, in order")
+    parser.add_argument("--limit", action="append", default=[], metavar="PART=SECONDS", help="a part's time limit")
+    parser.add_argument("--tiny", action="store_true", help="on this machine's CPU at tiny sizes, in seconds")
+    parser.add_argument("--models", help="only these of the training rows' models (default, plain16)")
+    parser.add_argument("--precisions", help="only these precisions (float32, bfloat16)")
+    parser.add_argument("--augmentations", help="only these augmentations (none, nnunet)")
+    args = parser.parse_args(argv)
+    args.parts = [p for p in args.parts.split(",") if p]
+    bad = [p for p in args.parts if p not in LIMITS]
+    if bad:
+        parser.error(f"--parts {bad[0]!r} is not a part; use some of {', '.join(LIMITS)}")
+    args.limits = parse_limits(args.limit)
+    args.target_kind = args.target.split("x")[0]
+    if os.path.exists(args.json) and "device_check" not in open(args.json, encoding="utf-8").read(200):
+        parser.error(f"--json {args.json} exists and is not a device_check result; name a new file")
+    settings = dict(TINY if args.tiny else GPU)
+    for key in ("models", "precisions", "augmentations"):
+        chosen = getattr(args, key)
+        if chosen:
+            unknown = [v for v in chosen.split(",") if v not in settings[key]]
+            if unknown:
+                parser.error(f"--{key} {unknown[0]!r} is not one of {', '.join(settings[key])}")
+            settings[key] = tuple(chosen.split(","))
+    plan = None
+    if os.path.exists(args.plan) and not args.tiny:
+        with open(args.plan, encoding="utf-8") as file:
+            plan = json.load(file)
+    print(f"device_check: parts {', '.join(args.parts)}; limits {args.limits} s; plan "
+          f"{args.plan if plan else 'none (the device compiler stands in)'}", flush=True)
+    print(HEADER, flush=True)
+    started = time.perf_counter()
+    rows = run_parts(args, settings, plan)
+    here = next((r.pop("here") for r in rows if r.get("here")), {})
+    for row in rows:
+        row.pop("here", None)
+    result = {"about": "device_check: measured ÷ planned for fullres's training step, predict and input path",
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(["python benchmarks/device_check.py", *(argv if argv is not None else sys.argv[1:])]),
+              "device": {"name": here.get("device_kind"), "platform": here.get("platform"),
+                         "count": here.get("device_count"), "driver": driver_version()},
+              "software": {"python": here.get("python"), **here.get("versions", {})},
+              "target": args.target, "plan_file": os.path.relpath(args.plan) if plan else None,
+              "settings": {k: v for k, v in settings.items()}, "limits_seconds": args.limits,
+              "units": {"*_bytes": "bytes", "*_seconds": "seconds", "examples_per_second": "examples/s",
+                        "ratios": "measured ÷ planned (memory: peak_bytes ÷ total_bytes; step_time: median step "
+                                  "seconds ÷ roofline seconds)"},
+              "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows}
+    with open(args.json, "w", encoding="utf-8") as file:
+        json.dump(result, file, indent=1)
+    problems = check(result)
+    print(f"{len(rows)} rows in {result['wall_seconds']} s; {sum(r['status'] == 'ok' for r in rows)} ran; "
+          f"JSON {args.json}" + (f"; problems: {problems}" if problems else ""), flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

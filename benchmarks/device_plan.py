@@ -1,0 +1,147 @@
+"""What `fullres plan --target h100x1` says for every row of `device_check.py`, written ahead, without a GPU.
+
+For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then at
+growing cubes 32 voxels apart from the size its 128³ figure scales to, until the plan says one fits and the next
+does not (that is the largest cube the plan says fits). Each point is `memory_plan.run`, `fullres plan`'s own
+code (the CPU compile for the roofline's counts, then the target's compiler). Then `fullres predict`'s pass of
+one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has.
+
+    uv sync --group cuda
+    nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1] [--json FILE]
+
+One target point takes 30-60 s on the 2-core machine; all of them, about half an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import device_check  # noqa: E402
+import device_check_rows  # noqa: E402
+
+STEP = 32
+
+
+def plan_point(row: dict, size: int, target: str) -> dict:
+    """`fullres plan --target` of `row`'s step at size³, one device: the plan's bytes, roofline and verdict."""
+    from trainer.plan import memory_plan
+
+    settings = {"precision": row["precision"], "augmentation": row["augmentation"],
+                **device_check_rows.MODELS[row["model"]]}
+    plan = memory_plan.run(model="unet3d", settings=settings, image_size=(size,) * 3, partitions=(1,), target=target)
+    found = plan.to_json()
+    if found["over_cpu_estimate"]:  # the plan does not compile it for the target: its CPU figure exceeds the memory
+        cpu = found["over_cpu_estimate"][0]["cpu_total_bytes"]
+        return {**row, "size": size, "total_bytes": None, "cpu_total_bytes": cpu, "fits": False, "step_seconds": None,
+                "note": "not compiled for the target: its CPU figure already exceeds the device's memory"}
+    if not found["rows"]:  # the target's compiler refused it for memory
+        refused = found["refused"][0]
+        return {**row, "size": size, "total_bytes": refused["needed_bytes"], "fits": False, "step_seconds": None,
+                "note": "the target's compiler refuses it"}
+    top = found["rows"][0]
+    estimate = top.get("estimate") or {}
+    return {**row, "size": size, "total_bytes": top["total_bytes"], "temp_bytes": top["temp_bytes"],
+            "argument_bytes": top["argument_bytes"], "fits": top["fits"], "step_seconds": estimate.get("seconds"),
+            "bound": estimate.get("bound"), "flops": top["flops"], "bytes_accessed": top["bytes_accessed"],
+            "compile_seconds": top["compile_seconds"]}
+
+
+def predict_point(size: int, target: str) -> dict:
+    """The bytes per device `fullres predict`'s whole-volume pass of one size³ volume needs on the target."""
+    import jax
+    import numpy as np
+
+    from trainer.engine import inference, placement, program
+    from trainer.parallel import partitioning
+    from trainer.plan import target_compile, targets
+    from trainer.tasks import registry
+
+    row = {"part": "predict", "model": "default", "precision": "float32", "augmentation": "none"}
+    config = device_check_rows.make_config(row)
+    task = registry.make_task(config)
+    model, _, _, state = program.build_model(config, task, 1)
+    devices = targets.devices(targets.parse(target))[:1]
+    with target_compile.compile_only():
+        distribution = partitioning.make_distribution(config.partition, devices)
+        shardings = placement.state_shardings(state, distribution)
+        shapes = jax.tree_util.tree_map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state, shardings)
+        batch = (1, size, size, size, 1)
+        images = jax.ShapeDtypeStruct(batch, np.float32, sharding=distribution.get_data_layout(batch).backend_layout)
+        forward = inference.make_forward(model, distribution, state, len(batch), "probabilities")
+        compiled = forward.lower(shapes, images).compile()
+    figures = device_check_rows.compiler_figures(compiled)
+    hardware = targets.hardware(targets.parse(target).kind)
+    return {**row, "size": size, "total_bytes": figures["total_bytes"], "fits": figures["total_bytes"] <= hardware[
+        "memory_bytes"], "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
+
+
+def largest(row: dict, first: dict, target: str, log) -> list[dict]:
+    """The plan at growing cubes, from where the 128³ figure scales to, until it fits and the next does not."""
+    from trainer.plan import targets
+
+    limit = targets.memory_per_device(targets.parse(target))
+    scale = ((limit - first["argument_bytes"]) / first["temp_bytes"]) ** (1 / 3)
+    size = max(STEP, int(128 * scale) // STEP * STEP)
+    points, seen = [], {}
+    while size not in seen and STEP <= size <= 1024:
+        seen[size] = point = plan_point(row, size, target)
+        points.append(point)
+        log(point)
+        if point["fits"] and (size + STEP) in seen and not seen[size + STEP]["fits"]:
+            break
+        if not point["fits"] and (size - STEP) in seen and seen[size - STEP]["fits"]:
+            break
+        size = size + STEP if point["fits"] else size - STEP
+    return points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="h100x1")
+    parser.add_argument("--json", default=device_check.DEFAULT_PLAN)
+    args = parser.parse_args()
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("jax", "jax-cuda12-plugin"))
+    result = {"about": "device_plan: fullres plan --target for device_check.py's rows, ahead of time, no GPU",
+              "source": f"fullres plan --target {args.target} (its compiler's figures, without cuDNN workspace; "
+                        f"step: roofline estimate; {versions})", "target": args.target, "rows": []}
+    if os.path.exists(args.json):
+        with open(args.json, encoding="utf-8") as file:
+            result["rows"] = json.load(file)["rows"]
+    keys = {(r["part"], r["model"], r["precision"], r["augmentation"], r["size"]) for r in result["rows"]}
+
+    def save(point: dict) -> None:
+        print(json.dumps(point), flush=True)
+        if (point["part"], point["model"], point["precision"], point["augmentation"], point["size"]) not in keys:
+            result["rows"].append(point)
+        result["date"] = datetime.date.today().isoformat()
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(result, file, indent=1)
+
+    for row in device_check.training_rows(device_check.GPU):
+        if row.pop("size_from") == "largest":
+            continue
+        mine = [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)]
+        first = next((r for r in mine if r["size"] == 128 and "temp_bytes" in r), None)
+        if first is None:
+            first = plan_point(row, 128, args.target)
+            save(first)
+        if not (any(r["fits"] for r in mine if r["size"] > 128) and any(not r["fits"] for r in mine)):
+            largest(row, first, args.target, save)
+    if not any(r["part"] == "predict" for r in result["rows"]):
+        save(predict_point(device_check.GPU["predict_size"], args.target))
+
+
+if __name__ == "__main__":
+    main()
