@@ -53,6 +53,7 @@ ROWS = os.path.join(HERE, "device_check_rows.py")
 DEFAULT_PLAN = os.path.join(HERE, "results", "device_plan_h100x1.json")
 LIMITS = {"train": 330, "predict": 60, "input": 60}  # seconds per part: 450 in all, inside the 8 minutes
 ROW_LIMIT, LARGEST_LIMIT = 60, 120  # seconds per training row
+MIN_ROW_SECONDS = 5  # a row is not started with less of its part's time left
 STATUSES = ("ok", "out_of_memory", "timed_out", "failed", "not_run")
 GPU = {"models": ("default", "plain16"), "size": 128, "predict_size": 256, "step": 32, "steps": 20, "warmup": 3,
        "examples": 8, "precisions": ("float32", "bfloat16"), "augmentations": ("none", "nnunet")}
@@ -135,7 +136,7 @@ def run_row(spec: dict, limit: float) -> dict:
 
 def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
     """`row` measured (`run_row`) with what the plan said beside it and the ratios."""
-    if limit < 5:
+    if limit < MIN_ROW_SECONDS:
         planned = planned_for(plan, row, spec["sizes"][0])
         return with_ratios({**row, "status": "not_run", "planned": planned, "error": "its part's time ran out"})
     result = run_row(spec, limit)
@@ -224,7 +225,7 @@ def table_line(row: dict) -> str:
     if row["part"] == "input":
         seconds = measured.get("median_wait_seconds")
     note = row.get("error") or ""
-    if row["part"] == "input" and row["status"] == "ok":
+    if row["part"] == "input" and "input_wait_fraction" in measured:
         note = f"input wait {measured['input_wait_fraction']:.1%} of {measured['measured_seconds']:.1f} s (ms column: median wait)"
     elif planned.get("source", "").startswith("the device's"):
         note = note or "planned = device compiler"
