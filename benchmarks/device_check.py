@@ -50,7 +50,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = os.path.join(HERE, "device_check_rows.py")
-DEFAULT_PLAN = os.path.join(HERE, "results", "device_plan_h100x1.json")
 LIMITS = {"train": 330, "predict": 60, "input": 60}  # seconds per part: 450 in all, inside the 8 minutes
 ROW_LIMIT, LARGEST_LIMIT = 60, 120  # seconds per training row
 MIN_ROW_SECONDS = 5  # a row is not started with less of its part's time left
@@ -186,6 +185,15 @@ def run_parts(args, settings: dict, plan: dict | None) -> list[dict]:
                 else:
                     spec = {**base, **row, "sizes": sizes, "fit": fit}
                     result = measure_row(row, spec, min(left, LARGEST_LIMIT if fit else ROW_LIMIT), plan)
+                    ran_out = []
+                    while fit and result["status"] == "out_of_memory" and any(s < result["size"] for s in sizes):
+                        # Verified on the device: it ran out at this size, so the next one down, in a fresh process.
+                        ran_out.append({"size": result["size"], "error": result.get("error")})
+                        sizes = [s for s in sizes if s < result["size"]]
+                        left = deadline - time.perf_counter()
+                        result = measure_row(row, {**spec, "sizes": sizes}, min(left, LARGEST_LIMIT), plan)
+                    if ran_out:
+                        result["ran_out_of_memory_at"] = ran_out
                 result["size_found_by"] = how
                 done.setdefault(key, result)
                 out.append(result)
@@ -236,16 +244,22 @@ def table_line(row: dict) -> str:
             f"{_ms(planned.get('step_seconds')):>9}{_ratio(ratios.get('step_time')):>9}  {note[:90]}")
 
 
-def driver_version() -> str | None:
-    """The NVIDIA driver's version (nvidia-smi), None where there is none."""
+def nvidia_smi(field: str) -> str | None:
+    """One field of the first GPU as nvidia-smi reports it (driver_version, name), None where there is none."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        found = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        found = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
                                capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     return found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else None
+
+
+def target_here() -> str:
+    """`h100x1`, `h200x1`, ...: the plan target of this machine's first GPU (`h100x1` where none is named)."""
+    name = (nvidia_smi("name") or "").lower()
+    return next((f"{model}x1" for model in ("h200", "h100", "b200", "a100") if model in name), "h100x1")
 
 
 REQUIRED = {"part", "model", "size", "precision", "augmentation", "status", "planned", "ratios"}
@@ -293,8 +307,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", required=True, help="where the JSON goes (a new file, or one this command wrote)")
-    parser.add_argument("--plan", default=DEFAULT_PLAN, help="device_plan.py's JSON (default: benchmarks/results/device_plan_h100x1.json)")
-    parser.add_argument("--target", default="h100x1", help="the plan's target; its GPU's peaks give the roofline")
+    parser.add_argument("--target", default=None, help="the plan's target, e.g. h100x1 (default: this machine's GPU, "
+                        "as nvidia-smi names it); its published peaks give the roofline")
+    parser.add_argument("--plan", default=None, help="device_plan.py's JSON for the target (default: "
+                        "benchmarks/results/device_plan_TARGET.json, where there is one)")
     parser.add_argument("--parts", default="train,predict,input", help="which parts, in order")
     parser.add_argument("--limit", action="append", default=[], metavar="PART=SECONDS", help="a part's time limit")
     parser.add_argument("--tiny", action="store_true", help="on this machine's CPU at tiny sizes, in seconds")
@@ -307,7 +323,9 @@ def main(argv=None) -> int:
     if bad:
         parser.error(f"--parts {bad[0]!r} is not a part; use some of {', '.join(LIMITS)}")
     args.limits = parse_limits(args.limit)
+    args.target = args.target or target_here()
     args.target_kind = args.target.split("x")[0]
+    args.plan = args.plan or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
     if os.path.exists(args.json) and "device_check" not in open(args.json, encoding="utf-8").read(200):
         parser.error(f"--json {args.json} exists and is not a device_check result; name a new file")
     settings = dict(TINY if args.tiny else GPU)
@@ -334,8 +352,9 @@ def main(argv=None) -> int:
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(["python benchmarks/device_check.py", *(argv if argv is not None else sys.argv[1:])]),
               "device": {"name": here.get("device_kind"), "platform": here.get("platform"),
-                         "count": here.get("device_count"), "driver": driver_version()},
-              "software": {"python": here.get("python"), **here.get("versions", {})},
+                         "count": here.get("device_count"), "driver": nvidia_smi("driver_version")},
+              "software": {"python": here.get("python"), **here.get("versions", {}),
+                           "xla_flags": os.environ.get("XLA_FLAGS")},
               "target": args.target, "plan_file": os.path.relpath(args.plan) if plan else None,
               "settings": {k: v for k, v in settings.items()}, "limits_seconds": args.limits,
               "units": {"*_bytes": "bytes", "*_seconds": "seconds", "examples_per_second": "examples/s",

@@ -43,6 +43,12 @@ def out_of_memory(error: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "Out of memory" in text
 
 
+def first_line(error: BaseException) -> str:
+    """'XlaRuntimeError: RESOURCE_EXHAUSTED: ...', the error's first line, for the row."""
+    first = (str(error).strip().splitlines() or [""])[0][:500]
+    return f"{type(error).__name__}: {first}"
+
+
 def make_config(row: dict):
     """The `TrainConfig` of `row`: the default preset with the row's model, precision and augmentation."""
     from trainer.plan import compiled_step
@@ -157,16 +163,21 @@ def train_row(row: dict) -> dict:
                     "error": f"the compiler's figure for every size tried exceeds the allocator's {limit} bytes"}
     result = {"size": size, "tried": tried, "fit_limit_bytes": limit if row.get("fit") else None, "compile_seconds": round(seconds, 3), "device_compiler": figures,
               "device_roofline": roofline_seconds(figures, row)}
-    state = placement.place_state(step.state, step.distribution)
-    inputs, labels = step.synthetic_batch(arguments, image_shape)
-    step_sharding = arguments[3].sharding
-    times = []
-    for number in range(row["warmup"] + row["steps"]):
-        started = time.perf_counter()
-        state, metrics = compiled(state, inputs, labels, jax.device_put(np.int32(number), step_sharding))
-        jax.block_until_ready((state, metrics))
-        if number >= row["warmup"]:
-            times.append(time.perf_counter() - started)
+    try:
+        state = placement.place_state(step.state, step.distribution)
+        inputs, labels = step.synthetic_batch(arguments, image_shape)
+        step_sharding = arguments[3].sharding
+        times = []
+        for number in range(row["warmup"] + row["steps"]):
+            started = time.perf_counter()
+            state, metrics = compiled(state, inputs, labels, jax.device_put(np.int32(number), step_sharding))
+            jax.block_until_ready((state, metrics))
+            if number >= row["warmup"]:
+                times.append(time.perf_counter() - started)
+    except Exception as error:  # noqa: BLE001  (the size it ran out at, for device_check to step down from)
+        if not out_of_memory(error):
+            raise
+        return {**result, "status": "out_of_memory", "error": first_line(error), **device_figures(device)}
     loss = float(metrics["loss"])
     median = statistics.median(times)
     result.update(status="ok", median_step_seconds=median, steps=len(times), warmup_steps=row["warmup"],
@@ -279,7 +290,7 @@ def about_here() -> dict:
 
     device = jax.devices()[0]
     versions = {}
-    for name in ("jax", "jaxlib", "keras", "jax-cuda12-plugin", "jax-cuda13-plugin", "numpy"):
+    for name in ("jax", "jaxlib", "keras", "jax-cuda12-plugin", "jax-cuda13-plugin", "jax-cuda13-pjrt", "numpy"):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -304,9 +315,8 @@ def main() -> None:
     try:
         result = run(row)
     except Exception as error:  # noqa: BLE001  (reported in the row; the next row still runs)
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
-        result = {"status": "out_of_memory" if out_of_memory(error) else "failed",
-                  "error": f"{type(error).__name__}: {first}", **device_figures(jax.devices()[0])}
+        result = {"status": "out_of_memory" if out_of_memory(error) else "failed", "error": first_line(error),
+                  **device_figures(jax.devices()[0])}
     result["here"] = about_here()
     print(MARK + json.dumps(result), flush=True)
 

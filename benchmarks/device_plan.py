@@ -7,7 +7,7 @@ code (the CPU compile for the roofline's counts, then the target's compiler). Th
 one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has.
 
     uv sync --group cuda
-    nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1] [--json FILE]
+    nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1]  # results/device_plan_h100x1.json
 
 One target point takes 30-60 s on the 2-core machine; all of them, about half an hour.
 """
@@ -107,8 +107,10 @@ def largest(row: dict, first: dict, target: str, log) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="h100x1")
-    parser.add_argument("--json", default=device_check.DEFAULT_PLAN)
+    parser.add_argument("--json", default=None, help="default: benchmarks/results/device_plan_TARGET.json, which "
+                        "device_check.py reads")
     args = parser.parse_args()
+    args.json = args.json or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
     import jax
 
     jax.config.update("jax_platforms", "cpu")
