@@ -5,8 +5,8 @@ Parts, each under its own time limit (seconds on one H100, compilation included;
                 `--stem none --num-levels 4 --base-filters 16`; at 128³ and at the largest cube that fits;
                 float32 and bfloat16; `--augmentation nnunet` and `none`. Per row: median step time over 20
                 steps after 3 of warm-up, peak device memory (the allocator's peak_bytes_in_use), examples/s;
-                beside them what `fullres plan --target h100x1` said (memory, roofline step time) and
-                measured ÷ planned. A row gets 60 s (the largest cube 120 s) or what is left of the part.
+                beside them what `fullres plan --target` said for that GPU (h100x1 on an H100: memory,
+                roofline step time) and measured ÷ planned. A row gets 60 s (the largest cube 120 s) or what is left of the part.
   predict   60  `fullres predict`'s pass of one 256³ volume whole: time, peak memory, against its plan.
   input     60  the CT input path (synthetic records, the project's reader) feeding the default UNet's
                 128³ step: the input wait over 20 measured steps.
@@ -26,7 +26,8 @@ target's published peaks, marked so in `planned.source`.
 
 On the device machine (Python 3.12, JAX with its CUDA 13 plug-in; no Keras, no TensorFlow and no network):
 the few wheels fullres's training step needs beyond that image travel in `.whl` (docs/measurements.md, "On a
-device", says how to fetch them here); the lead's one call of the `run` tool, carry [".whl"], timeout_s 540:
+device", says how to fetch them here); the lead's one call of the `run` tool, kind nvidia-h100-x1, carry
+[".whl"], timeout_s 540:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
       .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 \\
