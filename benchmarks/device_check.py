@@ -47,6 +47,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -341,11 +342,21 @@ def main(argv=None) -> int:
     if os.path.exists(args.plan) and not args.tiny:
         with open(args.plan, encoding="utf-8") as file:
             plan = json.load(file)
+    folder = None
+    if not args.tiny:
+        # Rows share the GPU compiler's autotuning (the same convolutions at the same size and precision, with and
+        # without augmentation): each kernel is still the autotuner's choice, found once instead of once per row.
+        folder = tempfile.mkdtemp(prefix="device_check_autotune_")
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_per_fusion_autotune_cache_dir={folder}".strip()
     print(f"device_check: parts {', '.join(args.parts)}; limits {args.limits} s; plan "
           f"{args.plan if plan else 'none (the device compiler stands in)'}", flush=True)
     print(HEADER, flush=True)
     started = time.perf_counter()
-    rows = run_parts(args, settings, plan)
+    try:
+        rows = run_parts(args, settings, plan)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)  # the autotuning cache this command made
     here = next((r.pop("here") for r in rows if r.get("here")), {})
     for row in rows:
         row.pop("here", None)

@@ -65,6 +65,7 @@ def stand_in_row(spec: dict, limit: float) -> dict:
 def test_rows_are_set_beside_the_plan_and_the_checker_catches_figures_that_do_not_add_up(tmp_path, monkeypatch):
     device_check = load()
     monkeypatch.setattr(device_check, "run_row", stand_in_row)
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # the GPU run adds its autotuning cache
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(PLAN))
     out = tmp_path / "check.json"
@@ -73,6 +74,8 @@ def test_rows_are_set_beside_the_plan_and_the_checker_catches_figures_that_do_no
     result = json.loads(out.read_text())
     assert device_check.check(result) == []
     assert result["device"]["name"] == "NVIDIA H100 80GB HBM3" and result["software"]["jax"] == "0.11.2"
+    autotune = result["software"]["xla_flags"].split("--xla_gpu_per_fusion_autotune_cache_dir=")[1].split()[0]
+    assert not os.path.exists(autotune)  # shared by the rows, removed at the end
     assert result["date"].startswith(datetime.date.today().isoformat()[:7])
     fixed, largest, predict, feed = result["rows"]
     # 128³ against the plan file's row: measured ÷ planned from the figures in the row.
