@@ -139,7 +139,8 @@ def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
     """`row` measured (`run_row`) with what the plan said beside it and the ratios."""
     if limit < MIN_ROW_SECONDS:
         planned = planned_for(plan, row, spec["sizes"][0])
-        return with_ratios({**row, "status": "not_run", "planned": planned, "error": "its part's time ran out"})
+        return with_ratios({**row, "size": spec["sizes"][0], "status": "not_run", "planned": planned,
+                            "error": "its part's time ran out"})
     result = run_row(spec, limit)
     here, status = result.pop("here", None), result.pop("status")
     error, wall = result.pop("error", None), result.pop("wall_seconds")
@@ -183,7 +184,7 @@ def run_parts(args, settings: dict, plan: dict | None) -> list[dict]:
                     fit = True
                 left = deadline - time.perf_counter()
                 if not sizes:
-                    result = {**row, "status": "not_run", "planned": None, "error": how, "ratios": {}}
+                    result = {**row, "size": None, "status": "not_run", "planned": None, "error": how, "ratios": {}}
                 else:
                     spec = {**base, **row, "sizes": sizes, "fit": fit}
                     result = measure_row(row, spec, min(left, LARGEST_LIMIT if fit else ROW_LIMIT), plan)

@@ -91,6 +91,14 @@ def test_rows_are_set_beside_the_plan_and_the_checker_catches_figures_that_do_no
     assert largest["ratios"]["memory"] == 416 ** 3 * 1500 / (416 ** 3 * 1400)
     assert predict["part"] == "predict" and feed["part"] == "input"
 
+    # A part whose time is spent: its rows are listed as not run, each with what the plan said, and the JSON checks.
+    late = tmp_path / "late.json"
+    assert device_check.main(["--json", str(late), "--plan", str(plan_file), "--parts", "train", "--limit", "train=0",
+                              "--models", "default", "--precisions", "float32", "--augmentations", "none"]) == 0
+    rows = json.loads(late.read_text())["rows"]
+    assert [(r["status"], r["size"], r["planned"]["total_bytes"]) for r in rows] == [
+        ("not_run", 128, 2_000_000_000), ("not_run", 448, 60_000_000_000)]
+
     for tamper, complaint in [(lambda r: r["rows"][0]["ratios"].update(memory=0.5), "not measured ÷ planned"),
                               (lambda r: r["rows"][0]["measured"].update(peak_bytes=1.5), "whole number of bytes"),
                               (lambda r: r["rows"][0]["measured"].update(median_step_seconds=-1), "number of seconds"),
@@ -135,7 +143,7 @@ def test_a_row_that_hangs_or_runs_out_of_memory_is_reported_with_the_plan_and_th
     late = device_check.measure_row(row, spec, 0.5, PLAN)  # its part's time is spent: not started, plan beside it
     assert late["status"] == "not_run" and late["planned"]["total_bytes"] == 2_000_000_000
     result = {"date": "d", "device": {}, "software": {}, "units": {}, "limits_seconds": {},
-              "rows": [{**r, "size": 128} for r in (hung, oom, ran, late)]}
+              "rows": [hung, oom, ran, late]}
     assert device_check.check(result) == []
 
 
