@@ -67,8 +67,11 @@ def planned_for(plan: dict | None, row: dict, size: int) -> dict | None:
     """The plan file's row for `row` at `size`³ (`device_plan.py`): bytes, roofline seconds, whether it fits."""
     for entry in (plan or {}).get("rows", []):
         if all(entry.get(k) == row[k] for k in ("part", "model", "precision", "augmentation")) and entry["size"] == size:
-            return {"total_bytes": entry["total_bytes"], "step_seconds": entry["step_seconds"],
-                    "bound": entry.get("bound"), "fits": entry.get("fits"), "source": plan["source"]}
+            found = {"total_bytes": entry["total_bytes"], "step_seconds": entry["step_seconds"],
+                     "bound": entry.get("bound"), "fits": entry.get("fits"), "source": plan["source"]}
+            if entry["total_bytes"] is None and entry.get("target_total_bytes"):  # past fullres plan's CPU pre-filter
+                found.update(total_bytes=entry["target_total_bytes"], note=entry.get("note"))
+            return found
     return None
 
 
@@ -78,7 +81,7 @@ def largest_candidates(plan: dict | None, row: dict, first: dict | None, setting
     if "largest" in settings:
         top = settings["largest"]
         return [top - step * k for k in range(3) if top - step * k > 0], f"--tiny: from {top}³ down"
-    fitting = [e["size"] for e in (plan or {}).get("rows", []) if e.get("fits") and
+    fitting = [e["size"] for e in (plan or {}).get("rows", []) if e.get("target_fits", e.get("fits")) and
                all(e.get(k) == row[k] for k in ("part", "model", "precision", "augmentation"))]
     if fitting:
         top = max(fitting)
@@ -146,6 +149,10 @@ def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
     error, wall = result.pop("error", None), result.pop("wall_seconds")
     size = result.get("size", spec["sizes"][0])
     planned = planned_for(plan, row, size) or fallback_plan(result)
+    roofline = result.get("device_roofline") or {}
+    if planned and planned["step_seconds"] is None and roofline.get("step_seconds"):
+        planned.update(step_seconds=roofline["step_seconds"], bound=roofline.get("bound"),
+                       step_source="the device compiler's counts on the target's published peaks (no plan roofline)")
     out = {**row, "size": size, "status": status, "wall_seconds": wall, "measured": result, "planned": planned}
     if error:
         out["error"] = error

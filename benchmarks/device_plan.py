@@ -3,7 +3,10 @@
 For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then at
 growing cubes 32 voxels apart from the size its 128³ figure scales to, until the plan says one fits and the next
 does not (that is the largest cube the plan says fits). Each point is `memory_plan.run`, `fullres plan`'s own
-code (the CPU compile for the roofline's counts, then the target's compiler). Then `fullres predict`'s pass of
+code (the CPU compile for the roofline's counts, then the target's compiler). Where `fullres plan` does not
+compile a size for the target because its CPU figure already exceeds the device's memory (its pre-filter,
+`target_search`), the target's compiler is asked all the same (`target_total_bytes`, `target_fits`): bfloat16
+steps take more memory on the CPU than in float32 and far less on the GPU, so the pre-filter stops them early. Then `fullres predict`'s pass of
 one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has.
 
     uv sync --group cuda
@@ -41,8 +44,11 @@ def plan_point(row: dict, size: int, target: str) -> dict:
     found = plan.to_json()
     if found["over_cpu_estimate"]:  # the plan does not compile it for the target: its CPU figure exceeds the memory
         cpu = found["over_cpu_estimate"][0]["cpu_total_bytes"]
+        compiled = target_point(settings, size, target)
         return {**row, "size": size, "total_bytes": None, "cpu_total_bytes": cpu, "fits": False, "step_seconds": None,
-                "note": "not compiled for the target: its CPU figure already exceeds the device's memory"}
+                "target_total_bytes": compiled["total_bytes"], "target_fits": compiled["fits"],
+                "note": "fullres plan does not compile it for the target (its CPU figure exceeds the device's "
+                        "memory); target_*: compiled for the target all the same"}
     if not found["rows"]:  # the target's compiler refused it for memory
         refused = found["refused"][0]
         return {**row, "size": size, "total_bytes": refused["needed_bytes"], "fits": False, "step_seconds": None,
@@ -50,9 +56,24 @@ def plan_point(row: dict, size: int, target: str) -> dict:
     top = found["rows"][0]
     estimate = top.get("estimate") or {}
     return {**row, "size": size, "total_bytes": top["total_bytes"], "temp_bytes": top["temp_bytes"],
-            "argument_bytes": top["argument_bytes"], "fits": top["fits"], "step_seconds": estimate.get("seconds"),
+            "argument_bytes": top["argument_bytes"], "fits": top["fits"], "target_total_bytes": top["total_bytes"],
+            "target_fits": top["fits"], "step_seconds": estimate.get("seconds"),
             "bound": estimate.get("bound"), "flops": top["flops"], "bytes_accessed": top["bytes_accessed"],
             "compile_seconds": top["compile_seconds"]}
+
+
+def target_point(settings: dict, size: int, target: str) -> dict:
+    """The target compiler's bytes for a step `fullres plan` left uncompiled (its CPU pre-filter), compiled anyway."""
+    from trainer.plan import compiled_step, layout_search, target_compile, targets
+
+    on = targets.parse(target)
+    config = compiled_step.plan_config("unet3d", "default", settings)
+    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (size,) * 3))
+    found = layout_search.measure(builder, (1, 1, 1, 1, 1), targets.devices(on)[:1], targets.memory_per_device(on),
+                                  compile_only=True, cache=target_compile.PlanCache())
+    if isinstance(found, target_compile.Refusal):
+        return {"total_bytes": found.needed_bytes, "fits": False}
+    return {"total_bytes": found.total_bytes, "fits": found.fits}
 
 
 def predict_point(size: int, target: str) -> dict:
@@ -84,24 +105,29 @@ def predict_point(size: int, target: str) -> dict:
         "memory_bytes"], "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
 
 
-def largest(row: dict, first: dict, target: str, log) -> list[dict]:
-    """The plan at growing cubes, from where the 128³ figure scales to, until it fits and the next does not."""
+def fits(point: dict) -> bool:
+    """The target compiler's verdict (also where `fullres plan`'s CPU pre-filter left the size uncompiled)."""
+    return bool(point.get("target_fits", point["fits"]))
+
+
+def largest(row: dict, first: dict, known: list[dict], target: str, save) -> None:
+    """The plan at cubes 32 apart, from where the 128³ figure scales to, until one fits and the next does not."""
     from trainer.plan import targets
 
     limit = targets.memory_per_device(targets.parse(target))
     scale = ((limit - first["argument_bytes"]) / first["temp_bytes"]) ** (1 / 3)
     size = max(STEP, int(128 * scale) // STEP * STEP)
-    points, seen = [], {}
-    while size not in seen and STEP <= size <= 1024:
-        seen[size] = point = plan_point(row, size, target)
-        points.append(point)
-        log(point)
-        if point["fits"] and (size + STEP) in seen and not seen[size + STEP]["fits"]:
-            break
-        if not point["fits"] and (size - STEP) in seen and seen[size - STEP]["fits"]:
-            break
-        size = size + STEP if point["fits"] else size - STEP
-    return points
+    seen = {p["size"]: p for p in known if "target_fits" in p}
+    while STEP <= size <= 1024:
+        if size not in seen:
+            seen[size] = plan_point(row, size, target)
+            save(seen[size])
+        point = seen[size]
+        if fits(point) and (size + STEP) in seen and not fits(seen[size + STEP]):
+            return
+        if not fits(point) and (size - STEP) in seen and fits(seen[size - STEP]):
+            return
+        size = size + STEP if fits(point) else size - STEP
 
 
 def main() -> None:
@@ -121,12 +147,12 @@ def main() -> None:
     if os.path.exists(args.json):
         with open(args.json, encoding="utf-8") as file:
             result["rows"] = json.load(file)["rows"]
-    keys = {(r["part"], r["model"], r["precision"], r["augmentation"], r["size"]) for r in result["rows"]}
+    def key(point: dict) -> tuple:
+        return point["part"], point["model"], point["precision"], point["augmentation"], point["size"]
 
     def save(point: dict) -> None:
         print(json.dumps(point), flush=True)
-        if (point["part"], point["model"], point["precision"], point["augmentation"], point["size"]) not in keys:
-            result["rows"].append(point)
+        result["rows"] = [r for r in result["rows"] if key(r) != key(point)] + [point]
         result["date"] = datetime.date.today().isoformat()
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump(result, file, indent=1)
@@ -139,8 +165,7 @@ def main() -> None:
         if first is None:
             first = plan_point(row, 128, args.target)
             save(first)
-        if not (any(r["fits"] for r in mine if r["size"] > 128) and any(not r["fits"] for r in mine)):
-            largest(row, first, args.target, save)
+        largest(row, first, mine, args.target, save)
     if not any(r["part"] == "predict" for r in result["rows"]):
         save(predict_point(device_check.GPU["predict_size"], args.target))
 
