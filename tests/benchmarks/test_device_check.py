@@ -177,3 +177,20 @@ def test_the_cpu_run_at_tiny_sizes_measures_every_part_and_its_json_checks(tmp_p
     assert 0 <= feed["measured"]["input_wait_fraction"] <= 1
     assert feed["measured"]["steps"] == device_check.TINY["steps"]
     assert "input wait" in done.stdout  # the table
+
+
+def test_the_largest_cube_follows_the_target_compiler_past_the_plans_cpu_pre_filter():
+    """bfloat16 steps take more memory on the CPU than on the GPU: `fullres plan` leaves such sizes uncompiled for
+    the target; `device_plan.py` asks the target's compiler all the same, and the device starts from its verdict."""
+    device_check = load()
+    row = {"part": "train", "model": "default", "precision": "bfloat16", "augmentation": "none"}
+    plan = {"source": "fullres plan --target h100x1 (test)", "rows": [
+        {**row, "size": 448, "total_bytes": 30_000_000_000, "fits": True, "step_seconds": 0.2},
+        {**row, "size": 480, "total_bytes": None, "fits": False, "step_seconds": None,
+         "target_total_bytes": 70_000_000_000, "target_fits": True, "note": "not compiled for the target"},
+        {**row, "size": 512, "total_bytes": None, "fits": False, "step_seconds": None,
+         "target_total_bytes": 90_000_000_000, "target_fits": False}]}
+    sizes, how = device_check.largest_candidates(plan, row, None, device_check.GPU)
+    assert sizes == [480, 448, 416] and "480" in how
+    planned = device_check.planned_for(plan, row, 480)
+    assert planned["total_bytes"] == 70_000_000_000 and planned["fits"] is False and planned["note"]
