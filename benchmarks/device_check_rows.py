@@ -161,8 +161,11 @@ def train_row(row: dict) -> dict:
         if size == sizes[-1]:
             return {"status": "out_of_memory", "size": size, "tried": tried, "bytes_limit": limit,
                     "error": f"the compiler's figure for every size tried exceeds the allocator's {limit} bytes"}
-    result = {"size": size, "tried": tried, "fit_limit_bytes": limit if row.get("fit") else None, "compile_seconds": round(seconds, 3), "device_compiler": figures,
-              "device_roofline": roofline_seconds(figures, row)}
+    # The allocator's peak so far: the weights, and whatever the compiler's autotuning took from the same allocator.
+    # Beside the row's peak, it tells a step's own peak from compilation's.
+    result = {"size": size, "tried": tried, "fit_limit_bytes": limit if row.get("fit") else None,
+              "compile_seconds": round(seconds, 3), "peak_bytes_after_compile": device_figures(device)["peak_bytes"],
+              "device_compiler": figures, "device_roofline": roofline_seconds(figures, row)}
     try:
         state = placement.place_state(step.state, step.distribution)
         inputs, labels = step.synthetic_batch(arguments, image_shape)
