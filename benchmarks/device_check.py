@@ -162,15 +162,15 @@ def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
 
 
 def training_rows(settings: dict) -> list[dict]:
-    """The training rows in the order they run: per augmentation and precision, both models at 128³, then both at
-    their largest cube (so that a part that runs out of time has still measured both sizes of the first ones)."""
-    rows = []
-    for augmentation in settings["augmentations"]:
-        for precision in settings["precisions"]:
-            for size_from in ("fixed", "largest"):
-                rows += [{"part": "train", "model": model, "precision": precision, "augmentation": augmentation,
-                          "size_from": size_from} for model in settings["models"]]
-    return rows
+    """The training rows in the order they run: the first precision and augmentation at both sizes (the largest
+    cube is the plan's memory claim at its edge), then every other 128³ row (a compile and 23 short steps each),
+    then the other largest cubes (long steps): a part that runs out of time has measured the most rows it could."""
+    rows = [{"part": "train", "model": model, "precision": precision, "augmentation": augmentation,
+             "size_from": size_from} for size_from in ("fixed", "largest") for augmentation in settings["augmentations"]
+            for precision in settings["precisions"] for model in settings["models"]]
+    first = {k: rows[0][k] for k in ("precision", "augmentation")}
+    ahead = [r for r in rows if {k: r[k] for k in first} == first]
+    return ahead + [r for r in rows if r not in ahead]
 
 
 def run_parts(args, settings: dict, plan: dict | None) -> list[dict]:
