@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import shutil
 import signal
@@ -51,11 +50,13 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from device_check_report import HEADER, STATUSES, check, table_line, with_ratios  # noqa: E402,F401
 ROWS = os.path.join(HERE, "device_check_rows.py")
 LIMITS = {"train": 330, "predict": 60, "input": 60}  # seconds per part: 450 in all, inside the 8 minutes
 ROW_LIMIT, LARGEST_LIMIT = 60, 120  # seconds per training row
 MIN_ROW_SECONDS = 5  # a row is not started with less of its part's time left
-STATUSES = ("ok", "out_of_memory", "timed_out", "failed", "not_run")
 GPU = {"models": ("default", "plain16"), "size": 128, "predict_size": 256, "step": 32, "steps": 20, "warmup": 3,
        "examples": 8, "precisions": ("float32", "bfloat16"), "augmentations": ("none", "nnunet")}
 # --tiny: the same parts on a CPU in seconds; a 4 MiB "device" makes the largest-cube search step down (32³ to 24³).
@@ -92,18 +93,6 @@ def largest_candidates(plan: dict | None, row: dict, first: dict | None, setting
         return [], "no plan row and no 128³ figure to scale"
     top = int(settings["size"] * (measured["bytes_limit"] / compiler) ** (1 / 3)) // step * step
     return [top + step, top, top - step], f"the 128³ compiler figure scaled by volume ({top}³), then the device"
-
-
-def with_ratios(row: dict) -> dict:
-    """The row with measured ÷ planned memory and step time, where both figures are there."""
-    measured, planned = row.get("measured") or {}, row.get("planned") or {}
-    seconds = measured.get("median_step_seconds", measured.get("median_seconds"))
-    ratios = {}
-    if measured.get("peak_bytes") and planned.get("total_bytes"):
-        ratios["memory"] = measured["peak_bytes"] / planned["total_bytes"]
-    if seconds and planned.get("step_seconds"):
-        ratios["step_time"] = seconds / planned["step_seconds"]
-    return {**row, "ratios": ratios}
 
 
 def fallback_plan(measured: dict) -> dict | None:
@@ -144,7 +133,7 @@ def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
         planned = planned_for(plan, row, spec["sizes"][0])
         return with_ratios({**row, "size": spec["sizes"][0], "status": "not_run", "planned": planned,
                             "error": "its part's time ran out"})
-    result = run_row(spec, limit)
+    result = run_row({**spec, "limit_seconds": limit}, limit)
     here, status = result.pop("here", None), result.pop("status")
     error, wall = result.pop("error", None), result.pop("wall_seconds")
     size = result.get("size", spec["sizes"][0])
@@ -220,40 +209,6 @@ def run_parts(args, settings: dict, plan: dict | None) -> list[dict]:
     return out
 
 
-def _gib(value) -> str:
-    return "" if value is None else f"{value / 2**30:.2f}"
-
-
-def _ms(value) -> str:
-    return "" if value is None else f"{value * 1e3:.4g}"
-
-
-def _ratio(value) -> str:
-    return "" if value is None else f"{value:.3g}"
-
-
-HEADER = (f"{'part':<8}{'model':<9}{'size':>5} {'prec':<9}{'aug':<7}{'status':<14}{'step ms':>9}{'ex/s':>8}"
-          f"{'peak GiB':>9}{'plan GiB':>9}{'mem ÷':>9}{'roof ms':>9}{'time ÷':>9}  note")
-
-
-def table_line(row: dict) -> str:
-    """One row of the printed table (memory in GiB, times in ms, ratios measured ÷ planned)."""
-    measured, planned, ratios = row.get("measured") or {}, row.get("planned") or {}, row.get("ratios") or {}
-    seconds = measured.get("median_step_seconds", measured.get("median_seconds"))
-    if row["part"] == "input":
-        seconds = measured.get("median_wait_seconds")
-    note = row.get("error") or ""
-    if row["part"] == "input" and "input_wait_fraction" in measured:
-        note = f"input wait {measured['input_wait_fraction']:.1%} of {measured['measured_seconds']:.1f} s (ms column: median wait)"
-    elif planned.get("source", "").startswith("the device's"):
-        note = note or "planned = device compiler"
-    examples = measured.get("examples_per_second")
-    return (f"{row['part']:<8}{row['model']:<9}{row.get('size', ''):>5} {row['precision']:<9}{row['augmentation']:<7}"
-            f"{row['status']:<14}{_ms(seconds):>9}{'' if examples is None else f'{examples:.2f}':>8}"
-            f"{_gib(measured.get('peak_bytes')):>9}{_gib(planned.get('total_bytes')):>9}{_ratio(ratios.get('memory')):>9}"
-            f"{_ms(planned.get('step_seconds')):>9}{_ratio(ratios.get('step_time')):>9}  {note[:90]}")
-
-
 def nvidia_smi(field: str) -> str | None:
     """One field of the first GPU as nvidia-smi reports it (driver_version, name), None where there is none."""
     if shutil.which("nvidia-smi") is None:
@@ -270,37 +225,6 @@ def target_here() -> str:
     """`h100x1`, `h200x1`, ...: the plan target of this machine's first GPU (`h100x1` where none is named)."""
     name = (nvidia_smi("name") or "").lower()
     return next((f"{model}x1" for model in ("h200", "h100", "b200", "a100") if model in name), "h100x1")
-
-
-REQUIRED = {"part", "model", "size", "precision", "augmentation", "status", "planned", "ratios"}
-
-
-def check(result: dict) -> list[str]:
-    """Problems with a device_check JSON: missing fields, figures not in their units, ratios not from the figures."""
-    problems = [f"missing {key}" for key in ("date", "device", "software", "rows", "units", "limits_seconds")
-                if key not in result]
-    for number, row in enumerate(result.get("rows", [])):
-        where = f"row {number} ({row.get('part')} {row.get('model')} {row.get('size')})"
-        problems += [f"{where}: missing {key}" for key in sorted(REQUIRED - set(row))]
-        if row.get("status") not in STATUSES:
-            problems.append(f"{where}: status {row.get('status')!r} is not one of {STATUSES}")
-        measured = row.get("measured") or {}
-        for key, value in [*measured.items(), *(row.get("planned") or {}).items()]:
-            if key.endswith("_bytes") and value is not None and not (isinstance(value, int) and value >= 0):
-                problems.append(f"{where}: {key} {value!r} is not a whole number of bytes")
-            if key.endswith("_seconds") and value is not None and not (isinstance(value, (int, float)) and value >= 0):
-                problems.append(f"{where}: {key} {value!r} is not a number of seconds")
-        if row.get("status") == "ok" and row.get("part") == "train":
-            problems += [f"{where}: measured has no {key}" for key in ("median_step_seconds", "peak_bytes",
-                         "examples_per_second", "peak_bytes_source") if measured.get(key) is None]
-            if measured.get("steps", 0) < result.get("settings", {}).get("steps", 1):
-                problems.append(f"{where}: {measured.get('steps')} steps measured")
-        expected = with_ratios(row)["ratios"] if row.get("status") == "ok" else {}
-        for key, value in expected.items():
-            got = (row.get("ratios") or {}).get(key)
-            if got is None or not math.isclose(got, value, rel_tol=1e-9):
-                problems.append(f"{where}: ratio {key} {got!r} is not measured ÷ planned ({value!r})")
-    return problems
 
 
 def parse_limits(texts: list[str]) -> dict:

@@ -43,6 +43,14 @@ def out_of_memory(error: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "Out of memory" in text
 
 
+STARTED = time.perf_counter()
+
+
+def deadline(row: dict) -> float:
+    """When this row must be done measuring: a few seconds before `device_check` stops it."""
+    return STARTED + row.get("limit_seconds", float("inf")) - 5
+
+
 def first_line(error: BaseException) -> str:
     """'XlaRuntimeError: RESOURCE_EXHAUSTED: ...', the error's first line, for the row."""
     first = (str(error).strip().splitlines() or [""])[0][:500]
@@ -170,13 +178,17 @@ def train_row(row: dict) -> dict:
         state = placement.place_state(step.state, step.distribution)
         inputs, labels = step.synthetic_batch(arguments, image_shape)
         step_sharding = arguments[3].sharding
-        times = []
+        times, cut = [], False
         for number in range(row["warmup"] + row["steps"]):
             started = time.perf_counter()
             state, metrics = compiled(state, inputs, labels, jax.device_put(np.int32(number), step_sharding))
             jax.block_until_ready((state, metrics))
             if number >= row["warmup"]:
                 times.append(time.perf_counter() - started)
+            # A long step near the row's limit: the steps so far, said so, rather than nothing at the kill.
+            if len(times) >= 3 and time.perf_counter() + max(times) > deadline(row):
+                cut = len(times) < row["steps"]
+                break
     except Exception as error:  # noqa: BLE001  (the size it ran out at, for device_check to step down from)
         if not out_of_memory(error):
             raise
@@ -184,6 +196,7 @@ def train_row(row: dict) -> dict:
     loss = float(metrics["loss"])
     median = statistics.median(times)
     result.update(status="ok", median_step_seconds=median, steps=len(times), warmup_steps=row["warmup"],
+                  steps_cut_by_time_limit=cut,
                   examples_per_second=image_shape[0] / median, batch_size=image_shape[0], loss=loss,
                   **device_figures(device))
     return result

@@ -103,10 +103,14 @@ def test_rows_are_set_beside_the_plan_and_the_checker_catches_figures_that_do_no
                               (lambda r: r["rows"][0]["measured"].update(peak_bytes=1.5), "whole number of bytes"),
                               (lambda r: r["rows"][0]["measured"].update(median_step_seconds=-1), "number of seconds"),
                               (lambda r: r["rows"][1].pop("status"), "missing status"),
+                              (lambda r: r["rows"][0]["measured"].update(steps=5), "5 steps measured of 20"),
                               (lambda r: r.pop("device"), "missing device")]:
         broken = json.loads(out.read_text())
         tamper(broken)
         assert any(complaint in problem for problem in device_check.check(broken)), complaint
+    cut = json.loads(out.read_text())  # a long step near its row's limit: fewer steps, said so, still a result
+    cut["rows"][0]["measured"].update(steps=5, steps_cut_by_time_limit=True)
+    assert device_check.check(cut) == []
 
 
 STAND_IN = textwrap.dedent("""
