@@ -72,6 +72,8 @@ def planned_for(plan: dict | None, row: dict, size: int) -> dict | None:
                      "bound": entry.get("bound"), "fits": entry.get("fits"), "source": plan["source"]}
             if entry["total_bytes"] is None and entry.get("target_total_bytes"):  # past fullres plan's CPU pre-filter
                 found.update(total_bytes=entry["target_total_bytes"], note=entry.get("note"))
+            if entry.get("step_source"):
+                found["step_source"] = entry["step_source"]
             return found
     return None
 

@@ -105,6 +105,20 @@ def predict_point(size: int, target: str) -> dict:
         "memory_bytes"], "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
 
 
+def scaled_roofline(point: dict, first: dict, target: str) -> dict:
+    """Where the plan has no counts at a size (past its CPU pre-filter): the roofline of the 128³ counts scaled by
+    volume (a convolutional step's flops and bytes grow with its voxels), marked so."""
+    from trainer.plan import roofline, targets
+
+    if point.get("step_seconds") is not None or not first.get("flops") or not first.get("bytes_accessed"):
+        return point
+    volume = (point["size"] / first["size"]) ** 3
+    estimate = roofline.estimate(first["flops"] * volume, first["bytes_accessed"] * volume, 0,
+                                 targets.hardware(targets.parse(target).kind), point["precision"])
+    return {**point, "step_seconds": estimate.seconds, "bound": estimate.bound,
+            "step_source": "the 128³ plan's counts scaled by volume"}
+
+
 def fits(point: dict) -> bool:
     """The target compiler's verdict (also where `fullres plan`'s CPU pre-filter left the size uncompiled)."""
     return bool(point.get("target_fits", point["fits"]))
@@ -119,8 +133,8 @@ def largest(row: dict, first: dict, known: list[dict], target: str, save) -> Non
     size = max(STEP, int(128 * scale) // STEP * STEP)
     seen = {p["size"]: p for p in known if "target_fits" in p}
     while STEP <= size <= 1024:
-        if size not in seen:
-            seen[size] = plan_point(row, size, target)
+        if size not in seen or seen[size].get("step_seconds") is None:
+            seen[size] = scaled_roofline(seen.get(size) or plan_point(row, size, target), first, target)
             save(seen[size])
         point = seen[size]
         if fits(point) and (size + STEP) in seen and not fits(seen[size + STEP]):
