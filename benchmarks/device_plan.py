@@ -171,15 +171,18 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump(result, file, indent=1)
 
-    for row in device_check.training_rows(device_check.GPU):
-        if row.pop("size_from") == "largest":
-            continue
-        mine = [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)]
-        first = next((r for r in mine if r["size"] == 128 and "temp_bytes" in r), None)
+    combinations = [{k: r[k] for k in ("part", "model", "precision", "augmentation")}
+                    for r in device_check.training_rows(device_check.GPU) if r["size_from"] == "fixed"]
+    firsts = []
+    for row in combinations:  # every 128³ point first: the rows a device reaches first, and the walks' start
+        first = next((r for r in result["rows"] if all(r.get(k) == row[k] for k in row) and r["size"] == 128
+                      and "temp_bytes" in r), None)
         if first is None:
             first = plan_point(row, 128, args.target)
             save(first)
-        largest(row, first, mine, args.target, save)
+        firsts.append(first)
+    for row, first in zip(combinations, firsts):
+        largest(row, first, [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)], args.target, save)
     if not any(r["part"] == "predict" for r in result["rows"]):
         save(predict_point(device_check.GPU["predict_size"], args.target))
 
