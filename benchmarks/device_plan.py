@@ -1,0 +1,191 @@
+"""What `fullres plan --target h100x1` says for every row of `device_check.py`, written ahead, without a GPU.
+
+For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then at
+growing cubes 32 voxels apart from the size its 128³ figure scales to, until the plan says one fits and the next
+does not (that is the largest cube the plan says fits). Each point is `memory_plan.run`, `fullres plan`'s own
+code (the CPU compile for the roofline's counts, then the target's compiler). Where `fullres plan` does not
+compile a size for the target because its CPU figure already exceeds the device's memory (its pre-filter,
+`target_search`), the target's compiler is asked all the same (`target_total_bytes`, `target_fits`): bfloat16
+steps take more memory on the CPU than in float32 and far less on the GPU, so the pre-filter stops them early. Then `fullres predict`'s pass of
+one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has.
+
+    uv sync --group cuda
+    nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1]  # results/device_plan_h100x1.json
+
+One target point takes 30-60 s on the 2-core machine; all of them, about half an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import device_check  # noqa: E402
+import device_check_rows  # noqa: E402
+
+STEP = 32
+
+
+def plan_point(row: dict, size: int, target: str) -> dict:
+    """`fullres plan --target` of `row`'s step at size³, one device: the plan's bytes, roofline and verdict."""
+    from trainer.plan import memory_plan
+
+    settings = {"precision": row["precision"], "augmentation": row["augmentation"],
+                **device_check_rows.MODELS[row["model"]]}
+    plan = memory_plan.run(model="unet3d", settings=settings, image_size=(size,) * 3, partitions=(1,), target=target)
+    found = plan.to_json()
+    if found["over_cpu_estimate"]:  # the plan does not compile it for the target: its CPU figure exceeds the memory
+        cpu = found["over_cpu_estimate"][0]["cpu_total_bytes"]
+        compiled = target_point(settings, size, target)
+        return {**row, "size": size, "total_bytes": None, "cpu_total_bytes": cpu, "fits": False, "step_seconds": None,
+                "target_total_bytes": compiled["total_bytes"], "target_fits": compiled["fits"],
+                "note": "fullres plan does not compile it for the target (its CPU figure exceeds the device's "
+                        "memory); target_*: compiled for the target all the same"}
+    if not found["rows"]:  # the target's compiler refused it for memory
+        refused = found["refused"][0]
+        return {**row, "size": size, "total_bytes": refused["needed_bytes"], "fits": False, "step_seconds": None,
+                "note": "the target's compiler refuses it"}
+    top = found["rows"][0]
+    estimate = top.get("estimate") or {}
+    return {**row, "size": size, "total_bytes": top["total_bytes"], "temp_bytes": top["temp_bytes"],
+            "argument_bytes": top["argument_bytes"], "fits": top["fits"], "target_total_bytes": top["total_bytes"],
+            "target_fits": top["fits"], "step_seconds": estimate.get("seconds"),
+            "bound": estimate.get("bound"), "flops": top["flops"], "bytes_accessed": top["bytes_accessed"],
+            "compile_seconds": top["compile_seconds"]}
+
+
+def target_point(settings: dict, size: int, target: str) -> dict:
+    """The target compiler's bytes for a step `fullres plan` left uncompiled (its CPU pre-filter), compiled anyway."""
+    from trainer.plan import compiled_step, layout_search, target_compile, targets
+
+    on = targets.parse(target)
+    config = compiled_step.plan_config("unet3d", "default", settings)
+    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (size,) * 3))
+    found = layout_search.measure(builder, (1, 1, 1, 1, 1), targets.devices(on)[:1], targets.memory_per_device(on),
+                                  compile_only=True, cache=target_compile.PlanCache())
+    if isinstance(found, target_compile.Refusal):
+        return {"total_bytes": found.needed_bytes, "fits": False}
+    return {"total_bytes": found.total_bytes, "fits": found.fits}
+
+
+def predict_point(size: int, target: str) -> dict:
+    """The bytes per device `fullres predict`'s whole-volume pass of one size³ volume needs on the target."""
+    import jax
+    import numpy as np
+
+    from trainer.engine import inference, placement, program
+    from trainer.parallel import partitioning
+    from trainer.plan import target_compile, targets
+    from trainer.tasks import registry
+
+    row = {"part": "predict", "model": "default", "precision": "float32", "augmentation": "none"}
+    config = device_check_rows.make_config(row)
+    task = registry.make_task(config)
+    model, _, _, state = program.build_model(config, task, 1)
+    devices = targets.devices(targets.parse(target))[:1]
+    with target_compile.compile_only():
+        distribution = partitioning.make_distribution(config.partition, devices)
+        shardings = placement.state_shardings(state, distribution)
+        shapes = jax.tree_util.tree_map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state, shardings)
+        batch = (1, size, size, size, 1)
+        images = jax.ShapeDtypeStruct(batch, np.float32, sharding=distribution.get_data_layout(batch).backend_layout)
+        forward = inference.make_forward(model, distribution, state, len(batch), "probabilities")
+        compiled = forward.lower(shapes, images).compile()
+    figures = device_check_rows.compiler_figures(compiled)
+    hardware = targets.hardware(targets.parse(target).kind)
+    return {**row, "size": size, "total_bytes": figures["total_bytes"], "fits": figures["total_bytes"] <= hardware[
+        "memory_bytes"], "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
+
+
+def scaled_roofline(point: dict, first: dict, target: str) -> dict:
+    """Where the plan has no counts at a size (past its CPU pre-filter): the roofline of the 128³ counts scaled by
+    volume (a convolutional step's flops and bytes grow with its voxels), marked so."""
+    from trainer.plan import roofline, targets
+
+    if point.get("step_seconds") is not None or not first.get("flops") or not first.get("bytes_accessed"):
+        return point
+    volume = (point["size"] / first["size"]) ** 3
+    estimate = roofline.estimate(first["flops"] * volume, first["bytes_accessed"] * volume, 0,
+                                 targets.hardware(targets.parse(target).kind), point["precision"])
+    return {**point, "step_seconds": estimate.seconds, "bound": estimate.bound,
+            "step_source": "the 128³ plan's counts scaled by volume"}
+
+
+def fits(point: dict) -> bool:
+    """The target compiler's verdict (also where `fullres plan`'s CPU pre-filter left the size uncompiled)."""
+    return bool(point.get("target_fits", point["fits"]))
+
+
+def largest(row: dict, first: dict, known: list[dict], target: str, save) -> None:
+    """The plan at cubes 32 apart, from where the 128³ figure scales to, until one fits and the next does not."""
+    from trainer.plan import targets
+
+    limit = targets.memory_per_device(targets.parse(target))
+    scale = ((limit - first["argument_bytes"]) / first["temp_bytes"]) ** (1 / 3)
+    size = max(STEP, int(128 * scale) // STEP * STEP)
+    seen = {p["size"]: p for p in known if "target_fits" in p}
+    while STEP <= size <= 1024:
+        if size not in seen or seen[size].get("step_seconds") is None:
+            seen[size] = scaled_roofline(seen.get(size) or plan_point(row, size, target), first, target)
+            save(seen[size])
+        point = seen[size]
+        if fits(point) and (size + STEP) in seen and not fits(seen[size + STEP]):
+            return
+        if not fits(point) and (size - STEP) in seen and fits(seen[size - STEP]):
+            return
+        size = size + STEP if fits(point) else size - STEP
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="h100x1")
+    parser.add_argument("--json", default=None, help="default: benchmarks/results/device_plan_TARGET.json, which "
+                        "device_check.py reads")
+    args = parser.parse_args()
+    args.json = args.json or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("jax", "jax-cuda12-plugin"))
+    result = {"about": "device_plan: fullres plan --target for device_check.py's rows, ahead of time, no GPU",
+              "source": f"fullres plan --target {args.target} (its compiler's figures, without cuDNN workspace; "
+                        f"step: roofline estimate; {versions})", "target": args.target, "rows": []}
+    if os.path.exists(args.json):
+        with open(args.json, encoding="utf-8") as file:
+            result["rows"] = json.load(file)["rows"]
+    def key(point: dict) -> tuple:
+        return point["part"], point["model"], point["precision"], point["augmentation"], point["size"]
+
+    def save(point: dict) -> None:
+        print(json.dumps(point), flush=True)
+        result["rows"] = [r for r in result["rows"] if key(r) != key(point)] + [point]
+        result["date"] = datetime.date.today().isoformat()
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(result, file, indent=1)
+
+    combinations = [{k: r[k] for k in ("part", "model", "precision", "augmentation")}
+                    for r in device_check.training_rows(device_check.GPU) if r["size_from"] == "fixed"]
+    firsts = []
+    for row in combinations:  # every 128³ point first: the rows a device reaches first, and the walks' start
+        first = next((r for r in result["rows"] if all(r.get(k) == row[k] for k in row) and r["size"] == 128
+                      and "temp_bytes" in r), None)
+        if first is None:
+            first = plan_point(row, 128, args.target)
+            save(first)
+        firsts.append(first)
+    for row, first in zip(combinations, firsts):
+        largest(row, first, [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)], args.target, save)
+    if not any(r["part"] == "predict" for r in result["rows"]):
+        save(predict_point(device_check.GPU["predict_size"], args.target))
+
+
+if __name__ == "__main__":
+    main()
