@@ -28,13 +28,27 @@ def residual_groupnorm(num_classes=3, in_channels=1):
 
 
 def transposed_upsampling(num_classes=3, in_channels=1):
-    """3D encoder-decoder that upsamples with `Conv3DTranspose` (whose gradient XLA all-gathers when split)."""
+    """3D encoder-decoder that upsamples with `Conv3DTranspose` (split, fullres computes it without gathers)."""
     inputs = keras.Input((None, None, None, in_channels))
     full = layers.Conv3D(8, 3, padding="same", activation="relu")(inputs)
     half = layers.Conv3D(16, 3, strides=2, padding="same", activation="relu")(full)
     up = layers.Conv3DTranspose(8, 2, strides=2, name="upsampling")(half)
     x = layers.Conv3D(8, 3, padding="same", activation="relu")(layers.Concatenate()([full, up]))
     return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="transposed_upsampling")
+
+
+def transposed_decoder(num_classes=3, in_channels=1):
+    """nnU-Net's shape in small: residual GroupNorm blocks, strided-convolution downsampling (/4), and a decoder of
+    `Conv3DTranspose(kernel 2, stride 2)` upsamplings, each followed by a skip concatenation and a block."""
+    inputs = keras.Input((None, None, None, in_channels))
+    full = _residual_block(layers.Conv3D(8, 3, padding="same")(inputs), 8, 1)
+    half = _residual_block(full, 8, 2)
+    quarter = _residual_block(half, 16, 2)  # (D/4, H/4, W/4, 16)
+    x = layers.Conv3DTranspose(8, 2, strides=2, name="up_half")(quarter)
+    x = _residual_block(layers.Concatenate()([half, x]), 8, 1)
+    x = layers.Conv3DTranspose(8, 2, strides=2, name="up_full")(x)
+    x = _residual_block(layers.Concatenate()([full, x]), 8, 1)
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="transposed_decoder")
 
 
 def hub_backbone(num_classes=3, in_channels=1):

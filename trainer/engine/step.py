@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import keras
 
 from trainer.engine import inference, placement
-from trainer.parallel import partitioning
+from trainer.parallel import partitioning, split_ops
 
 
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -75,7 +75,8 @@ def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state
     and each row's scale). Labels are one array of rank `label_ndim` laid out by
     the distribution, or any pytree given its own `label_sharding` (segmentation
     masks split like the features; detection targets: one map per pyramid level).
-    The step number is a replicated scalar.
+    The step number is a replicated scalar. Under a split layout the step is traced with `split_ops.splitting`:
+    transposed convolutions and interpolating upsampling are computed on each device's block, not gathered.
     """
     if input_sharding is None:
         input_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
@@ -84,7 +85,7 @@ def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state
     state_sharding = placement.state_shardings(state, distribution)
     scalar = distribution.replicated_layout(0).backend_layout
     return jax.jit(
-        train_step,
+        split_ops.traced_split(train_step, distribution.config.num_cores_per_replica > 1),
         in_shardings=(state_sharding, input_sharding, label_sharding, scalar),
         out_shardings=(state_sharding, {"loss": scalar, "grad_norm": scalar}),
         donate_argnums=(0,),

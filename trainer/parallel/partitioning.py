@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import keras
 
 from common import parsing
+from trainer.parallel import split_ops
 
 REPLICA_AXIS = "replica"
 # `input_partition_dims = "auto"`: `memory_plan.choose_layout` picks the dims once the devices are known.
@@ -355,6 +356,7 @@ class SpatialParallel(keras.distribution.ModelParallel):
         super().__init__(layout_map=keras.distribution.LayoutMap(build_mesh(config, devices)),
                          batch_dim_name=REPLICA_AXIS)
         self.config = config
+        split_ops.install()  # transposed convolutions and resizes split without gathers while this is set
 
     def _spatial_axes(self, dims: Sequence[int]) -> tuple:
         names = DIMENSION_NAMES[len(self.config.input_partition_dims)]

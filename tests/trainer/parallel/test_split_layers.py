@@ -1,0 +1,148 @@
+"""Every layer kind that XLA would gather, split 2 ways and 2×2 (2×2×2 in 3D), equals the one-device step and compiles
+with 0 activation all-gathers: transposed convolutions (`split_ops`, `subpixel`), interpolating upsampling
+(`interpolation`) and normalizations whose statistics cover split axes.
+
+Each case is a tiny network (a convolution, the layer, a 1×1 convolution), its loss a mean squared error against a
+random target, so that the gradient reaches through the layer to the first convolution. The reference is plain
+Keras on one device; the split step is traced as fullres traces every step (`split_ops.traced_split`). The
+gradients are compared per tensor, relative norm ≤ 1e-5 (test_parity.py's bar).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import pytest
+
+from tests.trainer.parallel.test_parity import TOLERANCE, _relative
+from trainer.engine import placement, step
+from trainer.parallel import partitioning, split_ops
+from trainer.plan import gathers
+
+pytestmark = pytest.mark.slow  # each case compiles its step once per split
+
+# 2-way along the first axis, along the others (2×2 in 3D), and along every axis (2×2, 2×2×2).
+SPLITS = {2: [(1, 2, 1, 1), (1, 1, 2, 1), (1, 2, 2, 1)], 3: [(1, 2, 1, 1, 1), (1, 1, 2, 2, 1), (1, 2, 2, 2, 1)]}
+SIZE = 8  # voxels per spatial axis of the input
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class Resize(keras.layers.Layer):
+    """`jax.image.resize` by an integer factor per spatial axis (what a 3D user writes for trilinear upsampling:
+    Keras's own resize and UpSampling3D are 2D or nearest only)."""
+
+    def __init__(self, factor, method, **kwargs):
+        super().__init__(**kwargs)
+        self.factor, self.method = factor, method
+
+    def call(self, x):
+        size = (x.shape[0], *(n * self.factor for n in x.shape[1:-1]), x.shape[-1])
+        return jax.image.resize(x, size, self.method)
+
+
+class OpsConvTranspose(keras.layers.Layer):
+    """`keras.ops.conv_transpose` with a kernel of its own (kernel 3, stride 2, "same"), as a custom layer calls it."""
+
+    def build(self, input_shape):
+        d = len(input_shape) - 2
+        self.kernel = self.add_weight(shape=(3,) * d + (4, input_shape[-1]), initializer="glorot_uniform")
+
+    def call(self, x):
+        return keras.ops.conv_transpose(x, self.kernel, 2, padding="same")
+
+
+def _conv(d, *args, **kwargs):
+    return (keras.layers.Conv3D if d == 3 else keras.layers.Conv2D)(*args, **kwargs)
+
+
+def _transposed(d, *args, **kwargs):
+    return (keras.layers.Conv3DTranspose if d == 3 else keras.layers.Conv2DTranspose)(*args, **kwargs)
+
+
+LAYERS = {  # name -> (function of spatial_dims that makes the layer, how many times it enlarges each axis)
+    "conv_transpose_k2_s2": (lambda d: _transposed(d, 4, 2, strides=2), 2),
+    "conv_transpose_k3_s2_same": (lambda d: _transposed(d, 4, 3, strides=2, padding="same"), 2),
+    "conv_transpose_k4_s2_same": (lambda d: _transposed(d, 4, 4, strides=2, padding="same"), 2),
+    "conv_transpose_k3_s2_same_output_padding": (
+        lambda d: _transposed(d, 4, 3, strides=2, padding="same", output_padding=1), 2),
+    "conv_transpose_k3_s1_same": (lambda d: _transposed(d, 4, 3, padding="same"), 1),
+    "conv_transpose_k4_s4": (lambda d: _transposed(d, 4, 4, strides=4), 4),
+    "ops_conv_transpose": (lambda d: OpsConvTranspose(), 2),
+    "upsampling2d_bilinear_2": (lambda d: keras.layers.UpSampling2D(2, interpolation="bilinear"), 2),
+    "upsampling2d_bilinear_4": (lambda d: keras.layers.UpSampling2D(4, interpolation="bilinear"), 4),
+    "upsampling2d_bilinear_8": (lambda d: keras.layers.UpSampling2D(8, interpolation="bilinear"), 8),
+    "ops_image_resize_bilinear": (lambda d: keras.layers.Lambda(
+        lambda x: keras.ops.image.resize(x, (2 * x.shape[1], 2 * x.shape[2]), interpolation="bilinear")), 2),
+    "resize_trilinear_2": (lambda d: Resize(2, "trilinear"), 2),
+    "resize_nearest_2": (lambda d: Resize(2, "nearest"), 2),
+    "batch_normalization": (lambda d: keras.layers.BatchNormalization(), 1),
+    "group_normalization": (lambda d: keras.layers.GroupNormalization(groups=2), 1),
+    "instance_normalization": (lambda d: keras.layers.GroupNormalization(groups=-1), 1),
+    "layer_normalization_channels": (lambda d: keras.layers.LayerNormalization(), 1),
+    "layer_normalization_all_axes": (lambda d: keras.layers.LayerNormalization(axis=list(range(1, d + 2))), 1),
+}
+TWO_D_ONLY = {"upsampling2d_bilinear_2", "upsampling2d_bilinear_4", "upsampling2d_bilinear_8",
+              "ops_image_resize_bilinear"}
+CASES = [(name, d) for name in LAYERS for d in (2, 3) if d == 2 or name not in TWO_D_ONLY]
+
+
+def _network(name, d):
+    keras.utils.set_random_seed(0)
+    make, _ = LAYERS[name]
+    inputs = keras.Input((SIZE,) * d + (2,))
+    # No bias: before a normalization that removes each channel's mean its gradient is 0 up to rounding noise,
+    # which no relative bar can compare.
+    x = _conv(d, 4, 3, padding="same", use_bias=False)(inputs)
+    x = make(d)(x)
+    return keras.Model(inputs, _conv(d, 3, 1)(x))
+
+
+def _mean_squared(outputs, targets):
+    return jnp.mean(jnp.square(outputs - targets))
+
+
+def _batch(name, d):
+    _, factor = LAYERS[name]
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(2, *(SIZE,) * d, 2)).astype(np.float32)
+    targets = rng.normal(size=(2, *(SIZE * factor,) * d, 3)).astype(np.float32)
+    return images, targets
+
+
+def split_step(model, state, dims, images, targets):
+    """(loss, gradients, activation all-gathers) of one compiled loss-and-gradient step split as `dims`."""
+    cores = math.prod(dims)
+    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), jax.devices()[:cores])
+    placed = placement.place_state(state, distribution)
+    layout = distribution.get_data_layout(images.shape).backend_layout
+    images, targets = jax.device_put(images, layout), jax.device_put(targets, layout)
+    function = jax.jit(split_ops.traced_split(step.make_loss_and_grads(model, _mean_squared), cores > 1),
+                       in_shardings=(placement.state_shardings(placed, distribution), layout, layout))
+    lowered = function.lower(placed, images, targets)
+    compiled = lowered.compile()
+    found = gathers.of_step(lowered, compiled, replica_batch=images.shape[0], weight_shapes=gathers.weight_shapes(state))
+    loss, grads, _ = compiled(placed, images, targets)
+    return float(loss), [np.asarray(g) for g in grads], found
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{name}-{d}d" for name, d in CASES])
+def reference(request):
+    name, d = request.param
+    model = _network(name, d)
+    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
+    images, targets = _batch(name, d)
+    loss, grads, _ = jax.jit(step.make_loss_and_grads(model, _mean_squared))(state, images, targets)
+    return model, state, images, targets, float(loss), [np.asarray(g) for g in grads]
+
+
+@pytest.mark.parametrize("split", [0, 1, 2], ids=["first-axis", "other-axes", "every-axis"])
+def test_layer_splits_exactly_without_gathers(reference, split):
+    model, state, images, targets, reference_loss, reference_grads = reference
+    dims = SPLITS[images.ndim - 2][split]
+    loss, grads, found = split_step(model, state, dims, images, targets)
+    assert found == [], gathers.summary(found)
+    assert abs(loss - reference_loss) / abs(reference_loss) <= TOLERANCE
+    worst = max(_relative(g, r) for g, r in zip(grads, reference_grads) if np.linalg.norm(r) > 0)
+    assert worst <= TOLERANCE, f"largest relative gradient difference {worst:.2e}"

@@ -1,0 +1,114 @@
+"""The Keras ops XLA would all-gather when split in space, computed on each device's block instead, behind the user's
+unchanged layers and weights.
+
+Keras's JAX backend lowers a transposed convolution (`Conv2DTranspose`,
+`Conv3DTranspose`, `keras.ops.conv_transpose`) to an input-dilated convolution,
+and an interpolating resize (`UpSampling2D(interpolation="bilinear")`,
+`keras.ops.image.resize`, `jax.image.resize`) to dense per-axis weight
+matrices; split in space, XLA computes both (or their gradients) on the whole
+activation, all-gathered onto every device. While a model is traced under a
+spatial split, those ops are computed by exactly equivalent formulations that
+split with halo exchanges only: `subpixel.conv_transpose` (a stride-1
+convolution and a depth-to-space) and `interpolation.resize` (a fixed 3-tap
+stencil per axis and an interleave; integer factors, linear and nearest).
+
+Under a split means: inside fullres's own compiled programs for a split layout
+(`splitting`: training's step, `fullres plan`, evaluation and `fullres predict`),
+or with a `fullres.SpatialParallel` that splits space set as Keras's
+distribution (`model.fit`, `model.predict`). Anywhere else the ops are Keras's
+and JAX's own, call for call. Nothing is stored: `model.keras` holds the user's
+layers and weights, and plain Keras loads it and computes the same outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+_SPLITTING = contextvars.ContextVar("fullres_splitting", default=False)
+_ORIGINAL = {}  # what `install` replaced: name -> the original function
+
+
+def active() -> bool:
+    """True while a model is traced under a spatial split (`splitting`, or a splitting `SpatialParallel` set as
+    Keras's distribution)."""
+    if _SPLITTING.get():
+        return True
+    import keras
+
+    # A `partitioning.SpatialParallel` (read by its config: that module imports this one) that splits an axis.
+    config = getattr(keras.distribution.distribution(), "config", None)
+    return bool(getattr(config, "partitioned_axes", ()))
+
+
+@contextlib.contextmanager
+def splitting(split: bool = True):
+    """Traces what runs inside with the split formulations (when `split`; a 1-way layout keeps Keras's own ops)."""
+    install()
+    token = _SPLITTING.set(bool(split))
+    try:
+        yield
+    finally:
+        _SPLITTING.reset(token)
+
+
+def traced_split(function, split: bool):
+    """`function`, tracing its body under `splitting(split)`: what fullres jits for a layout (same name, so the
+    compiled program's op names read as before)."""
+    import functools
+
+    @functools.wraps(function)
+    def traced(*args, **kwargs):
+        with splitting(split):
+            return function(*args, **kwargs)
+
+    return traced
+
+
+def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
+                    dilation_rate=1):
+    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split."""
+    original = _ORIGINAL["conv_transpose"]
+    if not active():
+        return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
+    from keras.src import backend
+    from keras.src.backend.common import backend_utils
+    from keras.src.backend.jax import core
+
+    from trainer.parallel import subpixel
+
+    data_format = backend.standardize_data_format(data_format)
+    inputs, kernel = core.convert_to_tensor(inputs), core.convert_to_tensor(kernel)
+    backend_utils.check_conv_transpose_input_channels(inputs, kernel, data_format)
+    shape = inputs.shape if data_format == "channels_last" else (inputs.shape[0], *inputs.shape[2:], inputs.shape[1])
+    padding_values = backend_utils.compute_conv_transpose_padding_args_for_jax(
+        input_shape=shape, kernel_shape=kernel.shape, strides=strides, padding=padding,
+        output_padding=output_padding, dilation_rate=dilation_rate)
+    return subpixel.conv_transpose(inputs, kernel, strides, padding_values, dilation_rate,
+                                   channels_last=data_format == "channels_last")
+
+
+def _resize(image, shape, method, antialias=True, precision=None):
+    """`jax.image.resize`, as `interpolation.resize` under a split where that computes it exactly."""
+    from trainer.parallel import interpolation
+
+    original = _ORIGINAL["resize"]
+    if active() and interpolation.supported(image.shape, shape, method):
+        return interpolation.resize(image, tuple(shape), method)
+    if precision is None:
+        return original(image, shape, method, antialias)
+    return original(image, shape, method, antialias, precision)
+
+
+def install() -> None:
+    """Routes Keras's JAX `conv_transpose` and `jax.image.resize` through the split formulations (once; they act
+    only while `active`)."""
+    if _ORIGINAL:
+        return
+    import jax
+    from keras.src.backend.jax import nn
+
+    _ORIGINAL["conv_transpose"] = nn.conv_transpose
+    _ORIGINAL["resize"] = jax.image.resize
+    nn.conv_transpose = _conv_transpose
+    jax.image.resize = _resize
