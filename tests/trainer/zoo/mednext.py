@@ -65,7 +65,7 @@ def mednext(num_classes: int, in_channels: int, channels: int, levels: int, expa
     inputs = keras.Input((None, None, None, in_channels))
     x = layers.Conv3D(channels, 1, name="stem")(inputs)
     skips = []
-    for level in range(levels):
+    for _ in range(levels):
         for _ in range(blocks):
             x = _mednext_block(x, x.shape[-1], expansion, kernel)
         skips.append(x)

@@ -23,17 +23,19 @@ PUBLISHED = {"init_filters": 8, "groups": 8, "blocks_down": (1, 2, 2, 4), "block
 TINY = {"init_filters": 4, "groups": 4, "blocks_down": (1, 2, 2, 4), "blocks_up": (1, 1, 1)}
 
 
+def _along(x, axis: int, start: int, stop: int):
+    """x[..., start:stop, ...] along `axis`."""
+    return x[(slice(None),) * axis + (slice(start, stop),)]
+
+
 class LinearUpsampling3D(layers.Layer):
     """×2 trilinear upsampling with half-pixel centres (torch's `align_corners=False`), separable along D, H, W."""
 
     def call(self, x):  # (B, D, H, W, C) -> (B, 2D, 2H, 2W, C)
         for axis in (1, 2, 3):
             size = x.shape[axis]
-            def part(start, stop, axis=axis):  # x[..., start:stop, ...] along `axis`
-                return x[(slice(None),) * axis + (slice(start, stop),)]
-
-            below = ops.concatenate([part(0, 1), part(0, size - 1)], axis=axis)  # the voxel before (edge repeated)
-            above = ops.concatenate([part(1, size), part(size - 1, size)], axis=axis)  # the voxel after
+            below = ops.concatenate([_along(x, axis, 0, 1), _along(x, axis, 0, size - 1)], axis=axis)  # edge repeated
+            above = ops.concatenate([_along(x, axis, 1, size), _along(x, axis, size - 1, size)], axis=axis)
             pairs = ops.stack([0.75 * x + 0.25 * below, 0.75 * x + 0.25 * above], axis=axis + 1)
             shape = list(ops.shape(x))
             shape[axis] = 2 * size
