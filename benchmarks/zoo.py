@@ -93,13 +93,44 @@ def memory(network: str) -> dict:
     return {**found, "ratio": four["total_bytes"] / (one["total_bytes"] / 4)}
 
 
+def _mib(count) -> str:
+    return "—" if count is None else f"{count / 2**20:,.0f} MiB"
+
+
+def table(results: dict) -> list[str]:
+    """The docs' table (docs/zoo.md) from the results."""
+    lines = ["| network | parity 2 / 4 / 2×2 | gathers 2 / 4 / 2×2 (4-way 128³) | per device at 4-way 128³ (total/4) "
+             "| ratio | v5e:2x2 | h100x4 |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for network, entry in results.items():
+        splits = entry.get("parity", {}).get("splits", {})
+        parity = " / ".join(f"{splits[k]['gradient']:.1e}" if k in splits else "—" for k in ("2", "4", "2x2"))
+        gathered = " / ".join(str(splits[k]["gathers"]) if k in splits else "—" for k in ("2", "4", "2x2"))
+        rows = entry.get("memory", {}).get("rows", [])
+        one = next((r for r in rows if r["input_partition_dims"][1] == 1), None)
+        four = next((r for r in rows if r["input_partition_dims"][1] == 4), None)
+        ratio = entry.get("memory", {}).get("ratio")
+        fits = []
+        for target in ("v5e:2x2", "h100x4"):
+            row = (entry.get(target, {}).get("rows") or [None])[0]
+            fits.append("not measured" if row is None else
+                        f"{'fits' if row['fits'] else 'does not fit'}, {_mib(row['total_bytes'])}")
+        lines.append(f"| {network} | {parity} | {gathered} ({four['activation_all_gathers'] if four else '—'}) | "
+                     f"{_mib(four and four['total_bytes'])} ({_mib(one and one['total_bytes'] / 4)}) | "
+                     f"{'—' if ratio is None else f'{ratio:.2f}'} | {fits[0]} | {fits[1]} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True, help="the results file (kept and extended)")
     parser.add_argument("--networks", default=",".join(NETWORKS))
     parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--table", action="store_true", help="print docs/zoo.md's table from --json and stop")
     arguments = parser.parse_args()
     results = json.load(open(arguments.json)) if os.path.exists(arguments.json) else {}
+    if arguments.table:
+        print("\n".join(table(results)))
+        return
     for part in arguments.parts.split(","):
         for network in arguments.networks.split(","):
             entry = results.setdefault(network, {"source": source(network)})

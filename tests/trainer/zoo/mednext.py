@@ -6,8 +6,9 @@ channels, expansion ratio 2, 2 blocks at every level, kernel 3, residual blocks 
 
 Structure kept: a 1×1×1 stem; ConvNeXt blocks (depthwise k×k×k conv → GroupNorm with one group per channel → 1×1×1
 expansion → GELU → 1×1×1 compression, plus the input); down blocks the same with a stride-2 depthwise conv and a
-stride-2 1×1×1 residual conv; up blocks a stride-2 transposed conv (padding k//2, so 2n−1 voxels, then one zero
-voxel padded in front of each axis, as MedNeXt does) and a stride-2 1×1×1 transposed residual conv, padded alike;
+stride-2 1×1×1 residual conv; up blocks a stride-2 transposed conv (kernel 3, padding 1: 2n−1 voxels, normalized
+as they are, then one zero voxel padded in front of each axis, as MedNeXt does) and a stride-2 1×1×1 transposed
+residual conv, padded alike;
 skips ADDED to the upsampled features; a 1×1×1 output conv at full resolution (deep supervision heads left out).
 
 One deviation, Keras's: MedNeXt's up block's transposed conv is depthwise (`groups=in_channels`), and Keras's
@@ -41,27 +42,26 @@ def _down_block(x, out_channels: int, expansion: int, kernel: int):
     return layers.Add()([y, layers.Conv3D(out_channels, 1, strides=2)(x)])  # the residual resampled too
 
 
-def _shift_in(x, crop_before: int, crop_after: int):
-    """torch's transposed-conv padding (cropping), then MedNeXt's one zero voxel in front of each axis."""
-    x = layers.Cropping3D(tuple((crop_before, crop_after) for _ in range(3)))(x)
-    return layers.ZeroPadding3D(((1, 0), (1, 0), (1, 0)))(x)
-
-
 def _up_block(x, out_channels: int, expansion: int, kernel: int):
+    """MedNeXtUpBlock: its transposed conv (k=3, s=2, padding 1) gives 2n − 1 voxels, normalized and mixed as they
+    are, then one zero voxel padded in front of each axis; the residual transposed conv (k=1, s=2) likewise."""
     channels = x.shape[-1]
-    y = layers.Conv3DTranspose(channels, kernel, strides=2)(x)  # (2n + 1) for k = 3: torch's full output
+    front = ((1, 0), (1, 0), (1, 0))
+    y = layers.Conv3DTranspose(channels, kernel, strides=2, padding="same")(x)  # the full output's first 2n voxels
+    y = layers.Cropping3D(front)(y)  # torch's padding=1 drops the first: 2n − 1
     y = layers.Conv3D(expansion * channels, 1)(_norm(y))
-    y = layers.Conv3D(out_channels, 1)(layers.Activation("gelu")(y))
-    y = _shift_in(y, kernel // 2, kernel // 2)  # 2n − 1, then 2n
-    residual = _shift_in(layers.Conv3DTranspose(out_channels, 1, strides=2)(x), 0, 1)  # Keras's 2n, torch's 2n − 1
+    y = layers.ZeroPadding3D(front)(layers.Conv3D(out_channels, 1)(layers.Activation("gelu")(y)))
+    residual = layers.Conv3DTranspose(out_channels, 1, strides=2)(x)  # Keras's 2n: torch's 2n − 1, then a bias voxel
+    residual = layers.ZeroPadding3D(front)(layers.Cropping3D(((0, 1), (0, 1), (0, 1)))(residual))
     return layers.Add()([y, residual])
 
 
 def mednext(num_classes: int, in_channels: int, channels: int, levels: int, expansion: int, blocks: int,
             kernel: int, name: str = "mednext") -> keras.Model:
     """MedNeXt v1: ConvNeXt blocks in a UNet with `levels` stride-2 steps, additive skips."""
-    if kernel % 2 != 1:
-        raise ValueError(f"kernel must be odd (MedNeXt pads by kernel // 2), got {kernel}")
+    if kernel != 3:
+        raise ValueError(f"this port builds MedNeXt's kernel-3 models (its up block's padding is written for k=3), "
+                         f"got kernel {kernel}")
     inputs = keras.Input((None, None, None, in_channels))
     x = layers.Conv3D(channels, 1, name="stem")(inputs)
     skips = []
