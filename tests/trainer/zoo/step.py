@@ -31,9 +31,18 @@ def example(spatial, seed: int = 0):
             rng.integers(0, 3, size=(1, *spatial)).astype(np.int32))
 
 
-def run(function, dims, images, labels) -> Step:
-    """The step of `function(num_classes=3, in_channels=1)` split as `dims`, on the first prod(dims) devices."""
+def run(function, dims, images, labels, dtype: str = "float32") -> Step:
+    """The step of `function(num_classes=3, in_channels=1)` split as `dims`, on the first prod(dims) devices.
+
+    `dtype="float64"` builds and runs the network in double precision (JAX's x64 on for the call): a ReLU's kink
+    then no longer turns a float32 rounding difference into a different derivative (a pre-activation of −6e-8 on
+    one device and +6e-8 split), so what differs is the split's doing alone.
+    """
     keras.utils.set_random_seed(0)
+    floatx, x64 = keras.config.floatx(), jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", dtype == "float64")
+    keras.config.set_floatx(dtype)
+    images = images.astype(dtype)
     distribution = fullres.SpatialParallel(dims, label_partition_dims=dims, devices=jax.devices()[:math.prod(dims)])
     keras.distribution.set_distribution(distribution)
     try:
@@ -52,6 +61,8 @@ def run(function, dims, images, labels) -> Step:
         loss, grads = compiled(trainable, non_trainable, x, y)
     finally:
         keras.distribution.set_distribution(None)
+        keras.config.set_floatx(floatx)
+        jax.config.update("jax_enable_x64", x64)
     weights = {tuple(v.shape) for v in model.weights}
     return Step(float(loss), [np.asarray(g) for g in grads], gathers.activation_gathers(text, 1, weights),
                 text.count("collective-permute("))
