@@ -30,12 +30,18 @@ assert not any(name.split(".")[0] in ("trainer", "fullres") for name in sys.modu
 
 
 def _train(demo_data, network, output, dims, devices):
+    """`fullres train` in a fresh process (started, not waited for: the two runs train side by side)."""
     environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "pipelines.cli", "train", "--train", demo_data["train"], "--output", str(output),
          "--model", f"{network}:transposed_decoder", "--preset", "smoke", "--steps", "3", "--no-augment",
          "--input-partition-dims", dims, "--virtual-devices", str(devices)],
-        capture_output=True, text=True, env=environment, cwd=REPOSITORY, timeout=900)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=REPOSITORY)
+
+
+def _finished(process):
+    stdout, stderr = process.communicate(timeout=900)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +51,7 @@ def runs(demo_data, tmp_path_factory):
     shutil.copy(NETWORKS, network)
     split = _train(demo_data, network, folder / "split", "1,2,1,1,1", 2)
     whole = _train(demo_data, network, folder / "whole", "1,1,1,1,1", 1)
-    return folder, split, whole
+    return folder, _finished(split), _finished(whole)
 
 
 def _losses(run):

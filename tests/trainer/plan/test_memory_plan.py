@@ -66,7 +66,8 @@ def test_all_gather_of_an_activation_is_counted():
 
 
 def test_transposed_convolution_gradient_is_caught():
-    """The layer the UNet no longer uses: its partitioned gradient gathers the activation."""
+    """Keras's own transposed convolution, traced outside fullres's split step (`split_ops`, which computes it without
+    gathers): XLA's partitioned gradient gathers the activation, and the gather is named by its layer."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((None, None, None, 4))
     outputs = keras.layers.Conv3D(3, 1)(keras.layers.Conv3DTranspose(4, 2, strides=2, name="upsampling")(inputs))
