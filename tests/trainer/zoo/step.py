@@ -1,0 +1,87 @@
+"""One training step of a zoo network (loss and gradients of softmax cross-entropy, Keras's `stateless_call`), jitted
+under `fullres.SpatialParallel`, compiled ahead of time and run: its loss, its gradients and the activation
+all-gathers of its compiled HLO (`trainer/plan/gathers.py`, the check `fullres train` makes before its first step).
+"""
+
+import dataclasses
+import math
+
+import jax
+import keras
+import numpy as np
+
+import fullres
+from trainer.plan import gathers
+
+SPLITS = {"2": (1, 2, 1, 1, 1), "4": (1, 4, 1, 1, 1), "2x2": (1, 2, 2, 1, 1)}
+
+
+@dataclasses.dataclass
+class Step:
+    loss: float
+    gradients: list
+    gathered: list  # gathers.Gather, one per activation all-gather in the compiled step
+    permutes: int  # collective-permutes (halo exchanges) in the compiled step
+
+
+def example(spatial, seed: int = 0):
+    """A random (1, D, H, W, 1) volume and its (1, D, H, W) labels of 3 classes."""
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(1, *spatial, 1)).astype(np.float32),
+            rng.integers(0, 3, size=(1, *spatial)).astype(np.int32))
+
+
+def run(function, dims, images, labels, dtype: str = "float32") -> Step:
+    """The step of `function(num_classes=3, in_channels=1)` split as `dims`, on the first prod(dims) devices.
+
+    `dtype="float64"` builds and runs the network in double precision (JAX's x64 on for the call): a ReLU's kink
+    then no longer turns a float32 rounding difference into a different derivative (a pre-activation of −6e-8 on
+    one device and +6e-8 split), so what differs is the split's doing alone.
+    """
+    keras.utils.set_random_seed(0)
+    floatx, x64 = keras.config.floatx(), jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", dtype == "float64")
+    keras.config.set_floatx(dtype)
+    images = images.astype(dtype)
+    distribution = fullres.SpatialParallel(dims, label_partition_dims=dims, devices=jax.devices()[:math.prod(dims)])
+    keras.distribution.set_distribution(distribution)
+    try:
+        model = function(num_classes=3, in_channels=1)
+        trainable = [v.value for v in model.trainable_variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+
+        def loss_of(trainable, non_trainable, x, y):
+            logits, _ = model.stateless_call(trainable, non_trainable, x, training=True)
+            return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+        x = jax.device_put(images, distribution.get_data_layout(images.shape).backend_layout)
+        y = jax.device_put(labels, distribution.get_label_layout(labels.shape).backend_layout)
+        compiled = jax.jit(jax.value_and_grad(loss_of)).lower(trainable, non_trainable, x, y).compile()
+        text = compiled.as_text()
+        loss, grads = compiled(trainable, non_trainable, x, y)
+    finally:
+        keras.distribution.set_distribution(None)
+        keras.config.set_floatx(floatx)
+        jax.config.update("jax_enable_x64", x64)
+    weights = {tuple(v.shape) for v in model.weights}
+    return Step(float(loss), [np.asarray(g) for g in grads], gathers.activation_gathers(text, 1, weights),
+                text.count("collective-permute("))
+
+
+def relative(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def worst_gradient(step: Step, reference: Step) -> float:
+    """The largest relative difference over the weights' gradients (each against its own norm).
+
+    A gradient that is 0 in exact arithmetic (a conv's bias before an InstanceNorm, which subtracts it away: below
+    1e-6 of the largest) is rounding noise on both sides, and noise over noise is no parity figure; those count as
+    their difference over the largest gradient's norm instead.
+    """
+    largest = max(float(np.linalg.norm(r)) for r in reference.gradients)
+    worst = 0.0
+    for g, r in zip(step.gradients, reference.gradients):
+        norm = float(np.linalg.norm(r))
+        worst = max(worst, float(np.linalg.norm(g - r)) / (norm if norm >= 1e-6 * largest else largest))
+    return worst
