@@ -35,7 +35,7 @@ import numpy as np
 from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
-from trainer.engine import checkpoints, placement, program, run_files, scalars
+from trainer.engine import checkpoints, placement, plateau, program, run_files, scalars
 from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
@@ -243,6 +243,7 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
 
     started = time.perf_counter()
     window, compiled_at = _Window(started), None
+    watch = plateau.PlateauWatch()  # the loss flat while a class is unfound: said once
     try:
         for step_number in range(run.start_step, run.total_steps):
             waiting = time.perf_counter()
@@ -275,6 +276,9 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
                                 "input_wait": round(waited, 4)})
                 log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
                     f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
+                stalled = watch.observe(done, loss, step_metrics["class_dice"]) if "class_dice" in step_metrics else None
+                if stalled:
+                    log(stalled)
                 if writer is not None:
                     writer.scalars(done, {"loss": loss, "learning_rate": learning_rate,
                                           "grad_norm": float(step_metrics["grad_norm"]), "input_wait_fraction": waited})

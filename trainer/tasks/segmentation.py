@@ -9,6 +9,7 @@ and int32 on the device and augments them there (`trainer.augment`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -111,9 +112,17 @@ class SegmentationTask:
 
     def loss(self, outputs, labels):
         """Dice + cross-entropy; with deep supervision, nnU-Net's weighted sum over the supervised resolutions."""
+        balance = losses.class_balance(self.config.class_balance, whole_volumes=self.config.patch_size is None)
+        loss = functools.partial(losses.dice_cross_entropy, class_balance=balance)
         if isinstance(outputs, (list, tuple)):
-            return losses.deep_supervision(outputs, labels, self.config.model.output_weights)
-        return losses.dice_cross_entropy(outputs, labels)
+            return losses.deep_supervision(outputs, labels, self.config.model.output_weights, loss)
+        return loss(outputs, labels)
+
+    def batch_metrics(self, outputs, labels) -> dict:
+        """`{"class_dice": (C,)}`: each class's Dice on the batch just trained on (NaN where it is neither labelled
+        nor predicted), from the full-resolution logits; `engine.plateau` reads it."""
+        logits = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+        return {"class_dice": losses.class_dice(logits, labels)}
 
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         """Split like the images, without their channel axis (see the module docstring)."""
