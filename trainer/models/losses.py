@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-WHOLE_VOLUME_CLASS_BALANCE = 0.0  # the recipe's `class_balance` for whole volumes, measured over seeds: docs/recipe.md
+WHOLE_VOLUME_CLASS_BALANCE = 0.5  # the recipe's `class_balance` for whole volumes, measured over seeds: docs/recipe.md
 
 
 def class_balance(setting: float | None, whole_volumes: bool) -> float:

@@ -205,6 +205,11 @@ class SegmentationTask:
             log(f"patches: random {'x'.join(map(str, config.patch_size))} crops of the "
                 f"{'x'.join(map(str, self.records().shape))} volumes, one in {patches.FOREGROUND_EVERY} centred on a "
                 "foreground voxel; predict and evaluation slide a window of that size (half overlap, Gaussian)")
+        balance = losses.class_balance(config.class_balance, whole_volumes=config.patch_size is None)
+        if balance:
+            log(f"loss: soft Dice + cross-entropy weighing each class by its voxel count to the power -{balance:g} "
+                f"(class_balance{'' if config.class_balance is not None else ', the whole-volume recipe'}: a small "
+                "organ is otherwise lost on some seeds, docs/recipe.md)")
         return ct_input.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
                                   cache=config.input_cache, log=log, patch=config.patch_size)
 
