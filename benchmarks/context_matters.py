@@ -121,14 +121,22 @@ def confusion(samples, groups) -> dict:
     return found
 
 
-def run_arm(data: dict, name: str, arm: str, seed: int, steps: int, num_classes: int, work: str, log) -> dict:
+def run_arm(data: dict, name: str, arm: str, seed: int, steps: int, num_classes: int, work: str, log,
+            preset: str = "demo", settings: dict | None = None) -> dict:
+    """One training run and its scores. `preset`'s recipe on the demo preset's network (`benchmarks/seed_sweep.py`
+    trains the others); `settings`: more `--set` overrides (`config.resolve`'s keys)."""
     from trainer import config as config_lib, train as train_lib, trained_run
+    from trainer.models import losses
 
     patch, batch = ARMS[arm]
-    output = os.path.join(work, f"{name}-{arm}-seed{seed}")
+    output = os.path.join(work, f"{name}-{preset}-{arm}-seed{seed}")
     model = dataclasses.replace(config_lib.demo().model, num_classes=num_classes)
-    config = config_lib.demo(train_data=data["train"], output_dir=output, steps=steps, batch_size=batch, model=model,
-                             patch_size=patch, augment=False, seed=seed, checkpoint_every=steps, log_every=50)
+    if config_lib.resolve(preset=preset).model.deep_supervision:  # the demo network has too few levels for it: one more
+        model = dataclasses.replace(model, num_levels=model.num_levels + 1, deep_supervision=True)
+    config = config_lib.resolve(preset=preset, train_data=data["train"], output_dir=output, overrides=settings)
+    config = dataclasses.replace(config, steps=steps, batch_size=batch, model=model, patch_size=patch, augment=False,
+                                 seed=seed, checkpoint_every=steps, log_every=50,
+                                 partition=config_lib.demo().partition)
     lines = []
     results = train_lib.train(config, log=lambda line: (lines.append(line), log(f"  {line}")),
                               export_saved_model=False)
@@ -142,7 +150,8 @@ def run_arm(data: dict, name: str, arm: str, seed: int, steps: int, num_classes:
     inference_seconds = time.perf_counter() - started
     groups = LOOK_ALIKES[name]
     look_alike = [scores["dice_per_class"][c] for group in groups for c in group]
-    return {"data": name, "arm": arm, "seed": seed, "patch_size": list(patch) if patch else None,
+    return {"data": name, "arm": arm, "seed": seed, "preset": preset, "settings": settings or {},
+            "class_balance": losses.class_balance(config.class_balance, patch is None), "patch_size": list(patch) if patch else None,
             "batch_size": batch, "voxels_per_step": batch * math.prod(patch or SHAPE),
             "steps": steps, "dice_per_class": [None if d is None else round(d, 4) for d in scores["dice_per_class"]],
             "dice_mean": round(scores["dice_mean"], 4),

@@ -62,6 +62,9 @@ class TrainConfig:
         input_cache: segmentation: keep this process's decoded share of the data in memory: "auto", "on", "off".
         patch_size: segmentation: train on random (D, H, W) crops, a third centred on foreground (`data.patches`);
             predict and evaluation then slide a window of it (`engine.sliding_window`). None: whole volumes.
+        class_balance: segmentation: the cross-entropy weighs each voxel by its class's count in the batch to the
+            power −class_balance (0: plain; 1: every class alike); None: the recipe's for whole volumes or patches
+            (`models.losses.class_balance`; docs/recipe.md).
         image_size: detection only: the (H, W) canvas every image is fitted to.
         max_boxes: detection only: boxes kept per training image.
         seed: seeds weights, data order and augmentation.
@@ -98,6 +101,7 @@ class TrainConfig:
     augmentation: augment_recipe.AugmentationConfig = augment_recipe.preset("flips")
     input_cache: str = "auto"
     patch_size: tuple[int, ...] | None = None
+    class_balance: float | None = None
     seed: int = 0
     image_size: tuple[int, int] = (256, 256)
     max_boxes: int = 100
@@ -114,14 +118,11 @@ class TrainConfig:
         object.__setattr__(self, "image_size", tuple(int(s) for s in self.image_size))
         if len(self.image_size) != 2 or min(self.image_size) < 1:
             raise ValueError(f"TrainConfig.image_size must be (height, width), got {self.image_size}.")
-        if self.max_boxes < 1:
-            raise ValueError(f"TrainConfig.max_boxes must be >= 1, got {self.max_boxes}.")
-        if self.steps < 1:
-            raise ValueError(f"TrainConfig.steps must be >= 1, got {self.steps}.")
+        for name in ("max_boxes", "steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"TrainConfig.epochs must be >= 1, got {self.epochs}.")
-        if self.batch_size < 1:
-            raise ValueError(f"TrainConfig.batch_size must be >= 1, got {self.batch_size}.")
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):  # nan passed a `<= 0` test
             raise ValueError(f"TrainConfig.learning_rate must be a finite number > 0, got {self.learning_rate}.")
         if self.warmup_steps < 0:
@@ -136,14 +137,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.weight_decay must be a finite number >= 0, got {self.weight_decay}.")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainConfig.precision must be one of {PRECISIONS}, got {self.precision!r}.")
-        if self.checkpoint_every < 1:
-            raise ValueError(f"TrainConfig.checkpoint_every must be >= 1, got {self.checkpoint_every}.")
-        if self.keep_checkpoints < 1:
-            raise ValueError(f"TrainConfig.keep_checkpoints must be >= 1, got {self.keep_checkpoints}.")
         if self.input_cache not in INPUT_CACHE:
             raise ValueError(f"TrainConfig.input_cache must be one of {INPUT_CACHE}, got {self.input_cache!r}.")
-        if self.log_every < 1:
-            raise ValueError(f"TrainConfig.log_every must be >= 1, got {self.log_every}.")
+        if self.class_balance is not None and not 0 <= self.class_balance <= 1:  # nan fails it too
+            raise ValueError(f"TrainConfig.class_balance must be in [0, 1] or None, got {self.class_balance}.")
         if self.patch_size is not None:
             object.__setattr__(self, "patch_size", tuple(int(s) for s in self.patch_size))
             if self.task != "segmentation" or len(self.patch_size) != self.model.spatial_dims or min(self.patch_size) < 1:
@@ -382,6 +379,7 @@ def from_dict(values: dict) -> TrainConfig:
     if unknown:
         raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
     values.update({key: tuple(values[key]) for key in ("image_size", "patch_size") if values.get(key) is not None})
+    values.setdefault("class_balance", 0.0)  # absent from runs before issue 44: the plain cross-entropy they trained
     if "augmentation" in values:  # absent from runs before issue 31: the default (flips), what they trained with
         values["augmentation"] = augment_recipe.AugmentationConfig(
             **{k: tuple(v) if isinstance(v, list) else v for k, v in values["augmentation"].items()})

@@ -15,9 +15,8 @@ Output directory (each file has one owning module: `engine.run_files`, `engine.c
     model.keras, saved_model/       the trained model
     metrics.json                    final loss, per-class Dice or COCO AP, timing, partitioning
 
-`_train` reads as its three parts: `_set_up` (task, layout, mesh, model, the
-resumed state), `_loop` (the steps, logging, checkpoints, preemption) and
-`_finish` (evaluation, export, metrics.json).
+`_train` reads as its three parts: `_set_up` (task, layout, mesh, model, the resumed state), `_loop` (the
+steps, logging, checkpoints, preemption) and `_finish` (evaluation, export, metrics.json).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ import numpy as np
 from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
-from trainer.engine import checkpoints, placement, program, run_files, run_record, scalars
+from trainer.engine import checkpoints, placement, plateau, program, run_files, run_record, scalars
 from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
@@ -257,7 +256,7 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
     in_flight = collections.deque()  # (host batch, its step's metrics): its buffer is reused once the step is done
 
     started = time.perf_counter()
-    window, compiled_at = _Window(started), None
+    window, compiled_at, watch = _Window(started), None, plateau.PlateauWatch()  # watch: a plateau, said once
     try:
         for step_number in range(run.start_step, run.total_steps):
             waiting = time.perf_counter()
@@ -290,6 +289,8 @@ def _loop(run: _Run, writer, log: Callable[[str], None]) -> float:
                                 "input_wait": round(waited, 4)})
                 log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
                     f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
+                if "class_dice" in step_metrics and (stalled := watch.observe(done, loss, step_metrics["class_dice"])):
+                    log(stalled)
                 if writer is not None:
                     writer.scalars(done, {"loss": loss, "learning_rate": learning_rate,
                                           "grad_norm": float(step_metrics["grad_norm"]), "input_wait_fraction": waited})

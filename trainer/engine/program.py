@@ -90,6 +90,7 @@ def jit_step(task, model, optimizer, distribution: partitioning.SpatialParallel,
     """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
     `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it."""
     prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
-    return step.jit_train_step(step.make_train_step(model, optimizer, task.loss, prepare), distribution, state,
+    train_step = step.make_train_step(model, optimizer, task.loss, prepare, task.batch_metrics)
+    return step.jit_train_step(train_step, distribution, state,
                                image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
                                input_sharding=task.input_sharding(distribution, image_ndim))

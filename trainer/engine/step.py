@@ -32,36 +32,51 @@ def make_loss_and_grads(model: keras.Model, loss_fn: LossFn):
             hold, every activation together in the backward pass and save nothing.
         loss_fn: `loss_fn(logits, labels) -> scalar`.
     """
-
-    def forward(trainable, non_trainable, images, labels):
-        logits, non_trainable = inference.apply(model, trainable, non_trainable, images, training=True)
-        return loss_fn(logits, labels), non_trainable
+    with_metrics = _loss_grads_and_metrics(model, loss_fn, None)
 
     def loss_and_grads(state: placement.TrainState, images, labels):
-        (loss, non_trainable), grads = jax.value_and_grad(forward, has_aux=True)(
-            state.trainable, state.non_trainable, images, labels
-        )
-        return loss, grads, non_trainable
+        return with_metrics(state, images, labels)[:3]
 
     return loss_and_grads
 
 
-def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: LossFn, prepare=None):
-    """Returns `train_step(state, inputs, labels, step) -> (state, {"loss", "grad_norm"})`.
+def _loss_grads_and_metrics(model: keras.Model, loss_fn: LossFn, batch_metrics):
+    """`make_loss_and_grads`'s function, returning `batch_metrics(logits, labels)` (no gradient) fourth: {} if None."""
+
+    def forward(trainable, non_trainable, images, labels):
+        logits, non_trainable = inference.apply(model, trainable, non_trainable, images, training=True)
+        metrics = {} if batch_metrics is None else batch_metrics(jax.lax.stop_gradient(logits), labels)
+        return loss_fn(logits, labels), (non_trainable, metrics)
+
+    def loss_grads_and_metrics(state: placement.TrainState, images, labels):
+        (loss, (non_trainable, metrics)), grads = jax.value_and_grad(forward, has_aux=True)(
+            state.trainable, state.non_trainable, images, labels
+        )
+        return loss, grads, non_trainable, metrics
+
+    return loss_grads_and_metrics
+
+
+def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn: LossFn, prepare=None,
+                    batch_metrics=None):
+    """Returns `train_step(state, inputs, labels, step) -> (state, {"loss", "grad_norm", ...batch_metrics})`.
 
     Args:
         prepare: `prepare(inputs, labels, step) -> (images, labels)` on the device, before the forward pass: the
             task's cast of compact inputs (int16 images, uint8 labels) to what the model takes, and its
             augmentation, drawn from `step` (the global step number). None: the inputs are the images.
+        batch_metrics: `batch_metrics(logits, labels) -> {name: array}` of the batch just trained on, no gradient
+            (segmentation: each class's Dice, which the plateau warning reads); None: none.
     """
-    loss_and_grads = make_loss_and_grads(model, loss_fn)
+    loss_and_grads = _loss_grads_and_metrics(model, loss_fn, batch_metrics)
 
     def train_step(state: placement.TrainState, inputs, labels, step):
         images, labels = prepare(inputs, labels, step) if prepare is not None else (inputs, labels)
-        loss, grads, non_trainable = loss_and_grads(state, images, labels)
+        loss, grads, non_trainable, metrics = loss_and_grads(state, images, labels)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
         trainable, optimizer_variables = optimizer.stateless_apply(state.optimizer, grads, state.trainable)
-        return placement.TrainState(trainable, non_trainable, optimizer_variables), {"loss": loss, "grad_norm": grad_norm}
+        return (placement.TrainState(trainable, non_trainable, optimizer_variables),
+                {"loss": loss, "grad_norm": grad_norm, **metrics})
 
     return train_step
 
@@ -87,6 +102,6 @@ def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state
     return jax.jit(
         split_ops.traced_split(train_step, distribution.config.num_cores_per_replica > 1),
         in_shardings=(state_sharding, input_sharding, label_sharding, scalar),
-        out_shardings=(state_sharding, {"loss": scalar, "grad_norm": scalar}),
+        out_shardings=(state_sharding, scalar),  # every metric replicated
         donate_argnums=(0,),
     )

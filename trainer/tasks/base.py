@@ -57,6 +57,10 @@ class Task(Protocol):
     def loss(self, outputs, labels):
         """The scalar training loss of a batch."""
 
+    def batch_metrics(self, outputs, labels) -> dict:
+        """What the training step reports of the batch it trained on besides the loss (segmentation: each class's
+        Dice, which the plateau warning reads), on the device; {} for none."""
+
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         """How the labels of a batch lie on the mesh (a sharding, or a dict of them)."""
 

@@ -72,6 +72,10 @@ class DetectionTask:
     def loss(self, outputs, targets):
         return retinanet.detection_loss(outputs, targets, self.config.model)
 
+    def batch_metrics(self, outputs, targets) -> dict:
+        """None besides the loss: the plateau warning is segmentation's (`engine.plateau`)."""
+        return {}
+
     def planned_example_shape(self, spatial_size: tuple[int, ...] | None) -> tuple[int, ...]:
         """(H, W, 3) of one image for `fullres plan`: the config's canvas (`image_size`; `spatial_size` must match)."""
         if spatial_size is not None and len(spatial_size) != 2:

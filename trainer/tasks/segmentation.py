@@ -10,6 +10,7 @@ and int32 on the device and augments them there (`trainer.augment`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -121,9 +122,17 @@ class SegmentationTask:
 
     def loss(self, outputs, labels):
         """Dice + cross-entropy; with deep supervision, nnU-Net's weighted sum over the supervised resolutions."""
+        balance = losses.class_balance(self.config.class_balance, whole_volumes=self.config.patch_size is None)
+        loss = functools.partial(losses.dice_cross_entropy, class_balance=balance)
         if isinstance(outputs, (list, tuple)):
-            return losses.deep_supervision(outputs, labels, self.config.model.output_weights)
-        return losses.dice_cross_entropy(outputs, labels)
+            return losses.deep_supervision(outputs, labels, self.config.model.output_weights, loss)
+        return loss(outputs, labels)
+
+    def batch_metrics(self, outputs, labels) -> dict:
+        """`{"class_dice": (C,)}`: each class's Dice on the batch just trained on (NaN where it is neither labelled
+        nor predicted), from the full-resolution logits; `engine.plateau` reads it."""
+        logits = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+        return {"class_dice": losses.class_dice(logits, labels)}
 
     def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
         """Split like the images, without their channel axis (see the module docstring)."""
@@ -207,6 +216,11 @@ class SegmentationTask:
             log(f"patches: random {'x'.join(map(str, config.patch_size))} crops of the "
                 f"{'x'.join(map(str, self.records().shape))} volumes, one in {patches.FOREGROUND_EVERY} centred on a "
                 "foreground voxel; predict and evaluation slide a window of that size (half overlap, Gaussian)")
+        balance = losses.class_balance(config.class_balance, whole_volumes=config.patch_size is None)
+        if balance:
+            log(f"loss: soft Dice + cross-entropy weighing each class by its voxel count to the power -{balance:g} "
+                f"(class_balance{'' if config.class_balance is not None else ', the whole-volume recipe'}: a small "
+                "organ is otherwise lost on some seeds, docs/recipe.md)")
         return ct_input.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
                                   cache=config.input_cache, log=log, patch=config.patch_size)
 

@@ -5,6 +5,7 @@ Relative difference is measured per tensor as ||partitioned − reference|| / ||
 reordered sums can move; the bar is 1e-5.
 """
 
+import functools
 import jax
 import keras
 import numpy as np
@@ -193,8 +194,9 @@ def deep_supervised():
     state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
     images, labels = _batch((1, 32, 32, 16))
 
-    def loss(outputs, labels):
-        return losses.deep_supervision(outputs, labels, config.output_weights)
+    def loss(outputs, labels):  # the whole-volume recipe's loss: its class counts are sums over the split batch
+        balanced = functools.partial(losses.dice_cross_entropy, class_balance=losses.WHOLE_VOLUME_CLASS_BALANCE)
+        return losses.deep_supervision(outputs, labels, config.output_weights, balanced)
 
     reference = _loss_and_grads(model, state, (1, 1, 1, 1, 1), jax.devices()[:1], images, labels, loss=loss)
     return model, state, images, labels, loss, reference
