@@ -42,7 +42,9 @@ WORKDIR /opt/fullres
 # uv's download cache is a cache mount: it speeds up rebuilds and stays out of the image.
 # TensorFlow's C++ headers (0.3 GB, for compiling custom ops; fullres only reads and writes
 # TFRecords and SavedModels with it) are left out, in the same layer, so they take no space; so are
-# libclang's Python bindings (TensorFlow's build tooling) and the packages' own test suites (0.14 GB).
+# libclang's Python bindings (TensorFlow's build tooling), the packages' own test suites (0.14 GB), and
+# TensorFlow Text (0.19 GB: keras-hub's text tokenizers, each import of it guarded by keras-hub, none used by
+# fullres), which pays for PyAV's FFmpeg (0.10 GB, `preprocess video` and video predict).
 COPY pyproject.toml uv.lock ./
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/run/secrets/ca \
     if [ -s /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
@@ -50,6 +52,7 @@ RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca,target=/
     && uv sync --locked --no-dev --no-install-project \
     && rm -r /opt/fullres/.venv/lib/python3.11/site-packages/tensorflow/include \
              /opt/fullres/.venv/lib/python3.11/site-packages/clang \
+             /opt/fullres/.venv/lib/python3.11/site-packages/tensorflow_text \
     && find /opt/fullres/.venv/lib/python3.11/site-packages -depth -mindepth 2 -type d -name tests \
             -exec rm -r {} + \
     && case "$ACCELERATOR" in gpu) extra=cuda12 ;; tpu) extra=tpu ;; *) extra= ;; esac \
