@@ -26,6 +26,25 @@ def write_summary(output_dir: str, summary: dict) -> str:
     return path
 
 
+def write_summary_and_dead_letters(output_dir: str, summary: dict) -> str:
+    """`summary.json`, and `dead_letter.jsonl` with a line per `summary["dead_letters"]` entry (scans or videos
+    alike); returns the summary's path."""
+    path = write_summary(output_dir, summary)
+    file_writes.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
+                            "".join(json.dumps(letter) + "\n" for letter in summary["dead_letters"]).encode())
+    return path
+
+
+def too_many_failed(done: int, failed: int, max_failed_fraction: float, output_dir: str, noun: str) -> str | None:
+    """The sentence when `failed` of `done + failed` inputs (`noun`: "inputs", "videos") pass
+    --max-failed-fraction; None when they do not."""
+    total = done + failed
+    if not total or failed / total <= max_failed_fraction:
+        return None
+    return (f"{failed} of {total} {noun} failed ({failed / total:.0%}), more than --max-failed-fraction "
+            f"{max_failed_fraction:g}; see {os.path.join(output_dir, 'dead_letter.jsonl')}.")
+
+
 def write_image(image: sitk.Image, path: str) -> None:
     """Writes a mask or probability map whole or not at all (compressed; the format from `path`'s ending).
 

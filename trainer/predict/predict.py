@@ -7,7 +7,6 @@ each new scan, so the user passes no preprocessing flags; a run trained before
 this was recorded is refused with one sentence naming what is missing.
 """
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -244,15 +243,11 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                                                    "patch_size": None if patch is None else list(patch),
                                                    "described": predictor.describe() + why},
                "notes": notes, "cases": cases, "dead_letters": dead}
-    summary_path = outputs.write_summary(output_dir, summary)
-    file_writes.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
-                             "".join(json.dumps(letter) + "\n" for letter in dead).encode())
+    summary_path = outputs.write_summary_and_dead_letters(output_dir, summary)
     log(f"predicted {len(cases)} scan(s), {len(dead)} dead letter(s); summary in {summary_path}")
-    total = len(cases) + len(dead)
-    if total and len(dead) / total > max_failed_fraction:
-        raise TooManyFailed(f"{len(dead)} of {total} inputs failed ({len(dead) / total:.0%}), more than "
-                            f"--max-failed-fraction {max_failed_fraction:g}; see "
-                            f"{os.path.join(output_dir, 'dead_letter.jsonl')}.")
+    too_many = outputs.too_many_failed(len(cases), len(dead), max_failed_fraction, output_dir, "inputs")
+    if too_many:
+        raise TooManyFailed(too_many)
     return summary
 
 

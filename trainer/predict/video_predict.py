@@ -20,14 +20,13 @@ video that cannot be decoded is a dead letter, as in `fullres preprocess video`.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from common import console, dead_letters, file_writes, output_guard
+from common import console, dead_letters, output_guard
 from preprocessing.records import dataset_files
 from preprocessing.video import video_clips, video_discovery
 from trainer import config as config_lib, trained_run
@@ -142,15 +141,11 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
                "ok": len(videos), "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{cores} {devices[0].platform}", "class_names": names, "videos": videos,
                "dead_letters": dead}
-    path = outputs.write_summary(output_dir, summary)
-    file_writes.write_whole(os.path.join(output_dir, "dead_letter.jsonl"),
-                            "".join(json.dumps(letter) + "\n" for letter in dead).encode())
+    path = outputs.write_summary_and_dead_letters(output_dir, summary)
     log(f"predicted {len(videos)} video(s), {len(dead)} dead letter(s); summary in {path}")
-    total = len(videos) + len(dead)
-    if total and len(dead) / total > max_failed_fraction:
-        raise ValueError(f"{len(dead)} of {total} videos failed ({len(dead) / total:.0%}), more than "
-                         f"--max-failed-fraction {max_failed_fraction:g}; see "
-                         f"{os.path.join(output_dir, 'dead_letter.jsonl')}.")
+    too_many = outputs.too_many_failed(len(videos), len(dead), max_failed_fraction, output_dir, "videos")
+    if too_many:
+        raise ValueError(too_many)
     return summary
 
 

@@ -86,3 +86,19 @@ def ffmpeg_probe(path: str) -> dict:
     counts = re.findall(r"frame=\s*(\d+)", text)
     return {"frames": int(counts[-1]), "size": (int(stream.group(2)), int(stream.group(1))),
             "fps": float(stream.group(3))}
+
+
+def write_motion_clip_records(path: str, clip: tuple[int, int, int], count: int = 2) -> None:
+    """`count` clips of the demo's motion task, (T, H, W) = `clip`, seed 0, as one TFRecord file at `path` (the
+    records `preprocess video` writes, made without a video file)."""
+    from preprocessing.records import tfrecord_files, video_clips as clip_records
+    from preprocessing.video import demo_video
+
+    rng = np.random.default_rng(0)
+    records = []
+    for index in range(count):
+        motion_frames, masks = demo_video.motion_video(rng, clip[0], clip[1:])
+        records.append(clip_records.encode_video_clip(clip_records.VideoClip(
+            f"motion_{index}@00000", f"motion_{index}.mp4", motion_frames, masks, 24.0, tuple(range(clip[0])),
+            clip[0], clip[1:], label_values=(0, 1, 2))))
+    tfrecord_files.write_records(path, records)

@@ -9,8 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from preprocessing.records import tfrecord_files, video_clips as clip_records
-from preprocessing.video import demo_video
+from tests.preprocessing.video import video_makers
 from tests.trainer.parallel import test_parity as parity
 from trainer import config as trainer_config
 from trainer.augment import recipe
@@ -26,15 +25,8 @@ CLIP = (16, 32, 32)  # (T, H, W): 3 levels leave 4 frames at the bottom, 2 on ea
 
 @pytest.fixture(scope="module")
 def video_task(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    clips = []
-    for index in range(2):
-        frames, masks = demo_video.motion_video(rng, CLIP[0], CLIP[1:])
-        clips.append(clip_records.encode_video_clip(clip_records.VideoClip(
-            f"motion_{index}@00000", f"motion_{index}.mp4", frames, masks, 24.0, tuple(range(CLIP[0])), CLIP[0],
-            CLIP[1:], label_values=(0, 1, 2))))
     path = str(tmp_path_factory.mktemp("clips") / "data-00000-of-00001.tfrecord")
-    tfrecord_files.write_records(path, clips)
+    video_makers.write_motion_clip_records(path, CLIP)
     always = dataclasses.replace(recipe.preset("video"), noise_probability=1.0, brightness_probability=1.0,
                                  contrast_probability=1.0, gamma_probability=1.0)
     config = trainer_config.video(

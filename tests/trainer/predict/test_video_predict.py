@@ -5,12 +5,11 @@ import json
 import os
 
 import jax
-import numpy as np
 import pytest
 from PIL import Image
 
-from preprocessing.records import dataset_files, tfrecord_files, video_clips as clip_records
-from preprocessing.video import demo_video, video_clips
+from preprocessing.records import dataset_files
+from preprocessing.video import video_clips
 from tests.preprocessing.video import video_makers
 from trainer import config as trainer_config, train, trained_run
 from trainer.engine import inference
@@ -26,16 +25,9 @@ CLIP = (8, 16, 16)
 @pytest.fixture(scope="module")
 def video_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("video_run")
-    rng = np.random.default_rng(0)
-    clips = []
-    for index in range(2):
-        frames, masks = demo_video.motion_video(rng, CLIP[0], CLIP[1:])
-        clips.append(clip_records.encode_video_clip(clip_records.VideoClip(
-            f"motion_{index}@00000", f"motion_{index}.mp4", frames, masks, 24.0, tuple(range(CLIP[0])), CLIP[0],
-            CLIP[1:], label_values=(0, 1, 2))))
     data = folder / "clips"
     data.mkdir()
-    tfrecord_files.write_records(str(data / "data-00000-of-00001.tfrecord"), clips)
+    video_makers.write_motion_clip_records(str(data / "data-00000-of-00001.tfrecord"), CLIP)
     settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
     dataset_files.write_summary(str(data), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
                                             "label_values": {"0": 2, "1": 2, "2": 2},
