@@ -29,8 +29,10 @@ from preprocessing.ct import demo_ct
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.integration]
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PATIENT = "DOE_JANE_PID-7731"
-MARKERS = (PATIENT, "DOE", "JANE", "7731", "19230517")
+# Markers no timestamp, path or compressed byte can spell by chance: "7731" alone matched a run directory's
+# microseconds (08-51-06-377317) and failed CI once.
+PATIENT = "QZDOE_QZJANE_PID-QZ7731"
+MARKERS = (PATIENT, "QZDOE", "QZJANE", "QZ7731", "19230517")
 
 
 def _export(root, seed: int):
@@ -42,7 +44,7 @@ def _export(root, seed: int):
     volume, label = demo_ct.synthetic_case(np.random.default_rng(seed), (16, 32, 32))
     for path in demo_ct.write_dicom_series(volume, str(images / PATIENT), spacing=(1.0, 1.0, 1.0)):
         dataset = pydicom.dcmread(path)
-        dataset.PatientName, dataset.PatientID, dataset.PatientBirthDate = "DOE^JANE", "PID-7731", "19230517"
+        dataset.PatientName, dataset.PatientID, dataset.PatientBirthDate = "QZDOE^QZJANE", "PID-QZ7731", "19230517"
         dataset.save_as(path)
     labels.mkdir()
     sitk.WriteImage(sitk.GetImageFromArray(label), str(labels / f"{PATIENT}.nii.gz"))
