@@ -31,3 +31,13 @@ def say(message: str) -> None:
     """Progress lines, flushed at once: logs piped to a file or a pipeline runner show them as they happen."""
     typer.echo(message)
     sys.stdout.flush()
+
+
+def given(context) -> set[str]:
+    """The names of a command's parameters given on the command line (or the environment), not left at their
+    defaults (`click.Context.get_parameter_source`); empty without a context (the command called from Python)."""
+    if context is None:
+        return set()
+    return {parameter.name for parameter in context.command.params
+            if (source := context.get_parameter_source(parameter.name)) is not None
+            and source.name not in ("DEFAULT", "DEFAULT_MAP")}

@@ -71,8 +71,8 @@ def _set_host_device_count(count: int) -> None:
 
 @app.command()
 def train(
-    train_data: Annotated[str, typer.Option("--train", help="The training data set: its folder (the --output of fullres preprocess) or a pattern of its records, e.g. 'data/ct' or 'out/*/data-*'; several separated by commas, e.g. data/a,data/b.")],
-    output: Annotated[Path, typer.Option(help="Output directory; a rerun into it resumes from the newest checkpoint.")],
+    output: Annotated[Path, typer.Option(help="Output directory; a rerun into it resumes from the newest checkpoint, with the run's recorded settings for every option it leaves out.")],
+    train_data: Annotated[str | None, typer.Option("--train", help="The training data set: its folder (the --output of fullres preprocess) or a pattern of its records, e.g. 'data/ct' or 'out/*/data-*'; several separated by commas, e.g. data/a,data/b. A resume (--output holds a run) may leave it out, as any option: the run's recorded value is used.")] = None,
     eval_data: Annotated[str | None, typer.Option("--eval", help="Held-out data set (a folder or a pattern of records, as --train), scored at the end (Dice, or COCO mAP).")] = None,
     task: Annotated[str, typer.Option(help="segmentation (3D/2D UNet on CT records) or detection (RetinaNet on image records).")] = "segmentation",
     model: Annotated[str | None, typer.Option(help="Your own network instead of fullres's UNet: FILE.py:FUNCTION, where FUNCTION(num_classes=..., in_channels=...) returns an uncompiled keras.Model (channels-last in, num_classes logits out at the input's resolution); the run keeps a copy of the file.")] = None,
@@ -164,9 +164,13 @@ def train(
         if len(size) != 2:
             console.fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
     from trainer import config as config_lib, train as train_lib
+    from trainer.engine import recorded_settings
     from trainer.parallel import distributed
 
     try:
+        # A resume: what the command line leaves out is the run's (its data included).
+        rerun = recorded_settings.fill(str(output), console.given(context), task, train_data, eval_data)
+        task, train_data, eval_data, network = rerun.task, rerun.train_data, rerun.eval_data, model or rerun.network
         distributed.initialize(
             distributed.ProcessGroup(coordinator_address, num_processes, process_id) if all(given) else None
         )
@@ -176,10 +180,10 @@ def train(
         unet_only = {"num_levels": num_levels, "base_filters": base_filters, "stem": stem,
                      "normalization": normalization, "encoder": encoder, "deep_supervision": deep_supervision}
         given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
-                      if v is not None and f"model.{k}" not in config_lib.setting_types(task, model is not None)]
+                      if v is not None and f"model.{k}" not in config_lib.setting_types(task, network is not None)]
         if given_unet:
             console.fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to "
-                         f"{f'--model {model}' if model else f'--task {task}'}.")
+                         f"{f'--model {network}' if network else f'--task {task}'}.")
         if augmentation is not None and "augmentation" not in config_lib.setting_types(task):
             console.fail(f"--augmentation sets segmentation's augmentations on the accelerator; --task {task} "
                          "augments its input instead (--augment/--no-augment).")
@@ -195,9 +199,10 @@ def train(
             "partition.label_partition_dims": label_partition_dims,
             **{f"model.{k}": v for k, v in unet_only.items()},
         }
-        config = config_lib.resolve(task, preset, train_data, str(output), eval_data,
-                                    overrides={**flags, **parsing.parse_settings(settings or [])},
-                                    model_source=model)
+        overrides = {**flags, **parsing.parse_settings(settings or [])}
+        config = config_lib.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides,
+                                    model_source=model, recorded=rerun.base)
+        recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say)
         train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,
                         eval_across_preprocessings=eval_across_preprocessings)
     except distributed.Preempted as preempted:
@@ -373,11 +378,12 @@ def predict(
 
 
 def _options_without(context: typer.Context, *left_out: str) -> list[str]:
-    """The command's options as given (defaults left out), except `left_out`: the arguments to pass on."""
+    """The command's options as given (defaults left out: a resume takes the run's), except `left_out`."""
     arguments = []
+    given = console.given(context)
     for parameter in context.command.params:
         value = context.params.get(parameter.name)
-        if parameter.name in left_out or value is None:
+        if parameter.name in left_out or value is None or parameter.name not in given:
             continue
         if parameter.is_flag:  # --a/--no-a as given; a lone flag (--continue-with-changes) only when set
             arguments += [parameter.opts[0]] if value else parameter.secondary_opts[:1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing
 from collections.abc import Mapping, Sequence
@@ -282,7 +283,7 @@ PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "nnunet": nnunet, "de
 
 def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",
             eval_data: str | None = None, overrides: Mapping[str, object] | None = None,
-            model_source: str | None = None) -> TrainConfig:
+            model_source: str | None = None, recorded: Mapping | None = None) -> TrainConfig:
     """The one way to a `TrainConfig`: the command line, the KFP train component and `fullres plan` all call it.
 
     Args:
@@ -295,6 +296,8 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
             Nested dicts (`{"model": {"num_levels": 5}}`) are read as dotted keys.
         model_source: a user's network, `FILE.py:FUNCTION` (`--model`), in place of the preset's; it keeps the
             preset's spatial_dims, num_classes and in_channels unless overrides set them.
+        recorded: a resume's settings in the preset's place (`engine.recorded_settings.base`): what overrides leave
+            out stays the run's (given steps count even where the run set epochs).
 
     Detection's class count comes from `label_map.json` beside `train_data` unless
     `model.num_classes` is given.
@@ -320,17 +323,19 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     settings = {k: v for k, v in parsing.flatten(overrides or {}).items() if v is not None}
     if model_source is not None:
         user_model.check_task(task, model_source)
-    hints = setting_types(task, user_network=model_source is not None)
+    hints = setting_types(task, user_network=model_source is not None or "function" in (recorded or {}).get("model", ()))
     unknown = sorted(set(settings) - set(hints))
     if unknown:
         where = f" with --model {model_source}" if model_source is not None else ""
         raise ValueError(f"unknown train override{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{where}; valid "
                          f"ones: {', '.join(sorted(hints))}.")
-    values = to_dict(base)
+    values = to_dict(base) if recorded is None else json.loads(json.dumps(recorded))
+    if recorded is not None and "steps" in settings and "epochs" not in settings:
+        values["epochs"] = None
     if model_source is not None:
         values["model"] = user_model.settings(model_source, values["model"])
     values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
-    if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings:
+    if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings and recorded is None:
         from preprocessing.records import dataset_files  # reads label_map.json with TensorFlow's file system
 
         label_map = dataset_files.foreground(dataset_files.read_label_map(train_data) or {}) if train_data else None

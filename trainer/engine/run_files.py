@@ -93,6 +93,14 @@ def read_train_config(run_dir: str) -> config_lib.TrainConfig:
     return config
 
 
+def holds_run(run_dir: str) -> bool:
+    """Whether `run_dir` holds a run's files beside its `train_config.json` (alone, a file of that name may be
+    anyone's)."""
+    own_files = (MODEL_INFO, HISTORY, METRICS, MODEL, MODEL_SOURCE, RUN_RECORD, CHECKPOINTS)  # a user's network: its copy too
+    return "://" not in run_dir and os.path.isfile(path(run_dir, TRAIN_CONFIG)) \
+        and any(os.path.exists(path(run_dir, name)) for name in own_files)
+
+
 def check_resumable(run_dir: str) -> None:
     """Refuses to resume a run whose `train_config.json` is damaged, naming it (without this, the run's own files
     would be called foreign: a directory is a run by its readable `train_config.json`).
@@ -103,8 +111,7 @@ def check_resumable(run_dir: str) -> None:
     file_path = path(run_dir, TRAIN_CONFIG)
     if "://" in run_dir or not os.path.isfile(file_path):
         return
-    own_files = (MODEL_INFO, HISTORY, METRICS, MODEL, MODEL_SOURCE, RUN_RECORD, CHECKPOINTS)  # a user's network: its copy too
-    if not any(os.path.exists(path(run_dir, name)) for name in own_files):
+    if not holds_run(run_dir):
         return  # a lone file of that name: the output guard judges the folder
     _, problem = _read_config(file_path)
     if problem is not None:

@@ -75,6 +75,18 @@ def data_fingerprint(pattern: str) -> dict:
     return {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
 
 
+def absolute(pattern: str | None) -> str | None:
+    """`pattern` (a data set, or several separated by commas) with each local path made absolute: where a resume
+    that leaves out --train finds the run's data from any working directory.
+
+    >>> absolute("gs://bucket/ct,/data/b")
+    'gs://bucket/ct,/data/b'
+    """
+    if pattern is None:
+        return None
+    return ",".join(part if "://" in part or not part else os.path.abspath(part) for part in pattern.split(","))
+
+
 def source_hash(file_path: str) -> str:
     """The SHA-256 of a user's network file."""
     with open(file_path, "rb") as file:
@@ -114,8 +126,9 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
 
     Returns:
         The history line `record` writes once training starts: `{"event": "started" | "resumed" | "continued with
-        changes", "step", "steps", "devices", "data", "fingerprint", "model_source_sha256", "changed": {key:
-        [before, now]}}` ("started" where the output holds no run yet).
+        changes", "step", "steps", "devices", "data", "data_path", "eval_path", "fingerprint",
+        "model_source_sha256", "changed": {key: [before, now]}}` ("started" where the output holds no run yet;
+        `data_path`, `eval_path`: the data's absolute paths, where a resume that leaves them out finds them).
 
     Raises:
         RunChanged: a defining setting differs (without `continue_with_changes`), or fewer steps than done.
@@ -125,7 +138,8 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     run_dir = config.output_dir
     fingerprint = data_fingerprint(config.train_data)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
-    line = {"event": "started", "step": 0, "steps": total_steps, "devices": devices, "data": config.train_data}
+    line = {"event": "started", "step": 0, "steps": total_steps, "devices": devices, "data": config.train_data,
+            "data_path": absolute(config.train_data), "eval_path": absolute(config.eval_data)}
     if recorded.train_config is None:  # no run here yet
         return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
     done = _done_steps(run_dir)
@@ -214,8 +228,8 @@ def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
     differ = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
     recipe = [key for key in differ if key.startswith("augmentation.")]
     if recipe:  # the recipe as a whole: a preset's name where it is one, else the fields that differ
-        was_named = _recipe_name(recorded.train_config.get("augmentation"))
-        now_named = _recipe_name(values["augmentation"])
+        was_named = recipe_name(recorded.train_config.get("augmentation"))
+        now_named = recipe_name(values["augmentation"])
         if was_named and now_named:
             changes["augmentation"] = (was_named, now_named, " (--augmentation)")
         else:
@@ -231,7 +245,7 @@ def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
     return changes
 
 
-def _recipe_name(values: dict | None) -> str | None:
+def recipe_name(values: dict | None) -> str | None:
     """The name of the augmentation preset `values` (a recipe as JSON) is, or None."""
     from trainer.augment import recipe
 
