@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 
 from common import parsing
+from preprocessing.records import data_set
 from trainer.engine import run_files, run_record
 
 
@@ -104,12 +105,29 @@ def fill(run_dir: str, given: set[str], task: str, train_data: str | None, eval_
         taken.append(f"--task {task}")
     if train_data is None:
         train_data = recorded.train_data
+        if not _there(train_data):
+            raise ValueError(f"--output {run_dir} trained on --train {train_data} (its {run_files.RUN_RECORD}), which "
+                             "is not there now; pass --train with where the run's training data are now (their "
+                             "preprocessing is checked against the run's), or train into a new --output.")
         taken.append(f"--train {train_data}")
     if eval_data is None and "eval_data" not in given and recorded.eval_data is not None:
-        eval_data = recorded.eval_data
-        taken.append(f"--eval {eval_data}")
+        there = _there(recorded.eval_data)  # scored at the end only: a resume goes on without them, and says so
+        eval_data = recorded.eval_data if there else None
+        taken.append(f"--eval {recorded.eval_data}" if there else f"no --eval (the run's {recorded.eval_data} is "
+                     "not there now)")
     same_start = "preset" not in given and task == recorded.settings.get("task", "segmentation")
     return Rerun(task, train_data, eval_data, base(recorded.settings, task) if same_start else None, tuple(taken))
+
+
+def _there(pattern: str) -> bool:
+    """Whether `pattern` names records at all (what else is wrong with them, training says in its own sentence)."""
+    try:
+        data_set.resolve(pattern)
+    except FileNotFoundError:
+        return False
+    except ValueError:  # records, wrong in another way: training refuses them in its own sentence
+        pass
+    return True
 
 
 def base(settings: dict, task: str) -> dict:

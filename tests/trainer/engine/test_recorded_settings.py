@@ -126,6 +126,31 @@ def test_recorded_set_values_a_users_network_and_epochs_are_kept(demo_data, tmp_
     assert (kept.epochs, kept.steps) == (3, config.steps)
 
 
+def test_data_no_longer_where_the_run_recorded_them(demo_data, tmp_path):
+    """The training data moved: refused, naming where they were looked for; the held-out data moved: the resume goes
+    on without them (they are scored at the end only) and says so."""
+    import shutil
+
+    data, other = tmp_path / "data", tmp_path / "held_out"
+    for copy in (data, other):
+        shutil.copytree(os.path.dirname(demo_data["train"]), copy)
+    train, held_out = str(data / os.path.basename(demo_data["train"])), str(other / os.path.basename(demo_data["eval"]))
+    run = tmp_path / "run"
+    _recorded_run(run, config_lib.smoke(train_data=train, eval_data=held_out, output_dir=str(run)))
+    shutil.rmtree(other)
+    rerun, config, _ = _bare(run)
+    assert config.eval_data is None and rerun.taken == (f"--train {train}", f"no --eval (the run's {held_out} is not "
+                                                                            "there now)")
+    data.rename(tmp_path / "moved")
+    before = snapshot(run)
+    refused = _train("--output", str(run), "--steps", "9")
+    assert refused.exit_code == 2 and refused.stderr == (
+        f"fullres: error: --output {run} trained on --train {train} (its run_record.json), which is not there now; "
+        "pass --train with where the run's training data are now (their preprocessing is checked against the "
+        "run's), or train into a new --output.\n")
+    assert snapshot(run) == before
+
+
 def test_a_detection_run_resumes_from_its_record_and_a_given_change_is_refused(tmp_path):
     from preprocessing.images import demo_images
 
