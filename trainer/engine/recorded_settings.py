@@ -106,7 +106,7 @@ def fill(run_dir: str, given: set[str], task: str, train_data: str | None, eval_
     if train_data is None:
         train_data = recorded.train_data
         if not _there(train_data):
-            raise ValueError(f"--output {run_dir} trained on --train {train_data} (its {run_files.RUN_RECORD}), which "
+            raise ValueError(f"--output {run_dir} trained on --train {train_data} (as the run recorded it), which "
                              "is not there now; pass --train with where the run's training data are now (their "
                              "preprocessing is checked against the run's), or train into a new --output.")
         taken.append(f"--train {train_data}")

@@ -147,7 +147,7 @@ def test_data_no_longer_where_the_run_recorded_them(demo_data, tmp_path):
     before = snapshot(run)
     refused = _train("--output", str(run), "--steps", "9")
     assert refused.exit_code == 2 and refused.stderr == (
-        f"fullres: error: --output {run} trained on --train {train} (its run_record.json), which is not there now; "
+        f"fullres: error: --output {run} trained on --train {train} (as the run recorded it), which is not there now; "
         "pass --train with where the run's training data are now (their preprocessing is checked against the "
         "run's), or train into a new --output.\n")
     assert snapshot(run) == before
