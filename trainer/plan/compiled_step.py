@@ -24,7 +24,7 @@ from common import parsing
 from trainer import config as config_lib
 from trainer.engine import placement, program
 from trainer.models import user_model
-from trainer.parallel import halo, partitioning
+from trainer.parallel import halo, partitioning, thin_shards
 from trainer.plan import gathers
 from trainer.tasks import registry
 
@@ -113,6 +113,7 @@ class StepBuilder:
         self.model, self.optimizer, _, state = program.build_model(config, self.task, config.steps)
         self.state = jax.tree_util.tree_map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state)
         self._windows = None
+        self._split_windows = None
 
     def compile(self, dims: tuple[int, ...], devices):
         """Lowers and compiles the train step for `dims` on `devices`; returns (compiled, distribution)."""
@@ -124,9 +125,17 @@ class StepBuilder:
         config = config_lib.with_dims(self.config, dims)
         partitioning.validate(config.partition, self.image_shape, len(devices), config.model.downsampling_levels,
                               config.batch_size)
+        self.check_thin_shards(dims)
         distribution = partitioning.make_distribution(config.partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape))
         return train_step.lower(*step_arguments(self.task, self.state, distribution, self.image_shape)), distribution
+
+    def check_thin_shards(self, dims: tuple[int, ...]) -> None:
+        """Refuses `dims` where XLA would compute this network's gradient wrongly (`thin_shards.check`)."""
+        if thin_shards.splits_two_axes(dims):
+            if self._split_windows is None:
+                self._split_windows = thin_shards.model_windows(self.model, self.state, self.image_shape)
+            thin_shards.check(self._split_windows, dims, self.image_shape)
 
     def windows(self) -> list[halo.Window]:
         """The model's convolutions and pooling windows (traced once per config)."""
