@@ -69,7 +69,7 @@ def worst_gradient_error(shape, parts, layers, seed=0):
 def voxels_per_device(shape, parts, layers):
     """Each layer's input voxels per device along the split axes ('SAME' padding)."""
     rows, size = [], list(shape)
-    for kernel, stride in layers:
+    for _kernel, stride in layers:
         rows.append(tuple(size[i] / parts[i] for i in range(len(shape)) if parts[i] > 1))
         size = [-(-s // stride) for s in size]
     return rows
