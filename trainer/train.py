@@ -34,7 +34,7 @@ from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
 from trainer.engine import checkpoints, placement, plateau, program, run_files, run_record, scalars
-from trainer.parallel import distributed, partitioning, thin_shards
+from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
 
@@ -196,7 +196,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue
     _seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
-    thin_shards.check_model(model, state, config.partition.input_partition_dims, image_shape)  # XLA's wrong gradient
+    compiled_step.check_thin_shards(config, model, state, image_shape)  # where XLA differentiates wrongly
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
     # the others go on to the gather check, and the barrier before placing the state waits for this one.
     field = task.receptive_field(model) if jax.process_index() == 0 else None
