@@ -3,8 +3,7 @@
 `train(config)` is the library entry point; `python -m trainer train` and
 `fullres train` parse arguments into a `TrainConfig` and call it.
 
-Output directory (each file has one owning module: `engine.run_files`, `engine.checkpoints`,
-`plan.layout_choice`):
+Output directory (each file has one owning module: `engine.run_files`, `engine.checkpoints`, `plan.layout_choice`):
     checkpoints/XXXXXXXX/           Orbax checkpoints every `checkpoint_every` steps; a rerun resumes
     tensorboard/                    loss, learning rate, gradient norm, Dice or mAP
     history.jsonl                   one line per logged step (survives resumes)
@@ -197,6 +196,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue
     _seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, total_steps)
+    compiled_step.check_thin_shards(config, model, state, image_shape)  # where XLA differentiates wrongly
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
     # the others go on to the gather check, and the barrier before placing the state waits for this one.
     field = task.receptive_field(model) if jax.process_index() == 0 else None

@@ -85,3 +85,13 @@ def wrong_resolution(num_classes=3, in_channels=1):
     """Logits at half the input's resolution."""
     inputs = keras.Input((None, None, None, in_channels))
     return keras.Model(inputs, layers.Conv3D(num_classes, 2, strides=2)(inputs))
+
+
+def wide_kernels(num_classes=3, in_channels=1):
+    """3D network of two 5×5×5 convolutions at full resolution: on (8, 4, 4) split 2×2 along depth and height,
+    each device holds 2 voxels along height, no more than a 5-wide window reaches (fullres refuses that split:
+    trainer/parallel/thin_shards.py)."""
+    inputs = keras.Input((None, None, None, in_channels))
+    x = layers.Conv3D(4, 5, padding="same", activation="tanh", name="wide_first")(inputs)
+    x = layers.Conv3D(4, 5, padding="same", activation="tanh", name="wide_second")(x)
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="wide_kernels")

@@ -35,6 +35,8 @@ class Window:
     low: tuple[int, ...]
     itemsize: int
     needs_gradient: bool
+    high: tuple[int, ...] = ()  # the input's padding after it, per spatial dimension
+    layer: str = ""  # the Keras layer path it was traced in ("" outside every layer)
 
 
 def windows(model, state, image_shape: tuple[int, ...]) -> list[Window]:
@@ -57,8 +59,9 @@ def windows(model, state, image_shape: tuple[int, ...]) -> list[Window]:
     return found
 
 
-def _walk(jaxpr, depends: list[bool], found: list[Window]) -> None:
-    """Collects windowed ops; `depends[i]`: the i-th input depends on trainable weights (so needs a gradient)."""
+def _walk(jaxpr, depends: list[bool], found: list[Window], scope: str = "") -> None:
+    """Collects windowed ops; `depends[i]`: the i-th input depends on trainable weights (so needs a gradient);
+    `scope`: the name stack of the equation whose inner jaxpr this is."""
     from jax.extend import core
 
     flags = {var: flag for var, flag in zip(jaxpr.invars, depends)}
@@ -69,17 +72,18 @@ def _walk(jaxpr, depends: list[bool], found: list[Window]) -> None:
     for equation in jaxpr.eqns:
         inputs = [flag_of(v) for v in equation.invars]
         name = equation.primitive.name
+        layer = "/".join(part for part in (scope, str(equation.source_info.name_stack)) if part)
         if name == "conv_general_dilated":
-            found.append(_conv_window(equation, inputs[0]))
+            found.append(dataclasses.replace(_conv_window(equation, inputs[0]), layer=layer))
         elif name in ("reduce_window_max", "reduce_window_sum", "reduce_window_min", "reduce_window"):
             window = _pool_window(equation, inputs[0])
             if window is not None:
-                found.append(window)
+                found.append(dataclasses.replace(window, layer=layer))
         for value in equation.params.values():
             inner = getattr(value, "jaxpr", value)  # ClosedJaxpr -> Jaxpr
             if isinstance(inner, core.Jaxpr):
                 mapped = inputs if len(inner.invars) == len(inputs) else [any(inputs)] * len(inner.invars)
-                _walk(inner, mapped, found)
+                _walk(inner, mapped, found, layer)
         for var in equation.outvars:
             flags[var] = any(inputs)
 
@@ -100,6 +104,7 @@ def _conv_window(equation, needs_gradient: bool) -> Window:
         window=tuple((k - 1) * d + 1 for k, d in zip(kernel, dilation)),
         strides=tuple(params["window_strides"]), low=tuple(p[0] for p in params["padding"]),
         itemsize=np.dtype(lhs.dtype).itemsize, needs_gradient=needs_gradient,
+        high=tuple(p[1] for p in params["padding"]),
     )
 
 
@@ -114,6 +119,7 @@ def _pool_window(equation, needs_gradient: bool) -> Window | None:
         in_channels=operand.shape[-1], out_channels=out.shape[-1], window=tuple(dims[1:-1]),
         strides=tuple(strides[1:-1]), low=tuple(p[0] for p in params["padding"][1:-1]),
         itemsize=np.dtype(operand.dtype).itemsize, needs_gradient=needs_gradient,
+        high=tuple(p[1] for p in params["padding"][1:-1]),
     )
 
 

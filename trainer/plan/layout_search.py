@@ -104,14 +104,18 @@ def layouts(partitions: int, spatial_dims: int) -> list[tuple[int, ...]]:
 
     return sorted((1, *split, 1) for split in splits(partitions, spatial_dims))
 
-def prune(candidates: Sequence[tuple[int, ...]], config: config_lib.TrainConfig, shape: tuple[int, ...]):
-    """(layouts that divide the volume at every resolution level, [(layout, why not)] for the rest)."""
+def prune(candidates: Sequence[tuple[int, ...]], config: config_lib.TrainConfig, shape: tuple[int, ...],
+          builder: compiled_step.StepBuilder | None = None):
+    """(layouts that divide the volume at every resolution level, [(layout, why not)] for the rest); with the
+    network's `builder`, also those where XLA would compute its gradient wrongly (`thin_shards`) go to the rest."""
     image_shape = (config.batch_size, *shape)
     kept, pruned = [], []
     for dims in candidates:
         try:
             partitioning.validate(partitioning.PartitionConfig(dims), image_shape, math.prod(dims),
                                   config.model.downsampling_levels, config.batch_size)
+            if builder is not None:
+                builder.check_thin_shards(dims)
         except partitioning.PartitionError as error:
             pruned.append((dims, str(error)))
         else:
@@ -247,13 +251,14 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     largest = max(partitions, default=1)
     partitioning.require_devices(largest, len(devices), f"{largest} partitions")
     spatial = len(shape) - 1
+    builder = compiled_step.StepBuilder(config, tuple(shape))
     plans = []
     for count in partitions:
         if layouts_to_try == "all":
-            kept, pruned = prune(layouts(count, spatial), config, shape)
+            kept, pruned = prune(layouts(count, spatial), config, shape, builder)
         else:  # checked too: a count that cannot divide is refused before the first compile, not after the others
             default = compiled_step.default_partition_dims(count, spatial + 2)
-            kept, pruned = prune([default], config, shape)
+            kept, pruned = prune([default], config, shape, builder)
             if not kept:
                 raise partitioning.PartitionError(f"--partitions {count} (split {','.join(map(str, default))}): "
                                                   f"{pruned[0][1]}")
@@ -264,7 +269,6 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         plans.append((count, kept, pruned))
     reference = (1,) * (spatial + 2)
     todo = list(dict.fromkeys(([reference] if efficiency else []) + [d for _, kept, _ in plans for d in kept]))
-    builder = compiled_step.StepBuilder(config, tuple(shape))
     measured: dict[tuple[int, ...], PlanRow | target_compile.Refusal] = {}  # this search's compiles, one per layout
     for number, dims in enumerate(todo, 1):
         label = ",".join(map(str, dims))
@@ -288,7 +292,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         seconds = round(sum(r.compile_seconds for r in [*rows, *refused]), 1)
         results.append(Search(count, ranked, pruned, seconds, refused))
         if pruned:
-            log(f"N={count}: {len(pruned)} layout(s) pruned (cannot divide at some resolution level): "
+            log(f"N={count}: {len(pruned)} layout(s) pruned (cannot divide at some resolution level, or a wrong "
+                f"gradient): "
                 + "; ".join(",".join(map(str, d)) for d, _ in pruned))
     return results
 

@@ -32,14 +32,15 @@ from trainer.parallel import partitioning
 from trainer.plan import compiled_step, layout_search, roofline, target_compile, targets
 
 
-def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape: tuple[int, ...]):
+def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape: tuple[int, ...],
+               builder: compiled_step.StepBuilder | None = None):
     """(kept, pruned) layouts of `count` cores: "all", "default" (N-way along the first axis) or given dims."""
     spatial = len(shape) - 1
     if layouts_to_try == "all":
-        return layout_search.prune(layout_search.layouts(count, spatial), config, shape)
+        return layout_search.prune(layout_search.layouts(count, spatial), config, shape, builder)
     if layouts_to_try == "default":
-        return layout_search.prune([compiled_step.default_partition_dims(count, spatial + 2)], config, shape)
-    return layout_search.prune([tuple(layouts_to_try)], config, shape)
+        return layout_search.prune([compiled_step.default_partition_dims(count, spatial + 2)], config, shape, builder)
+    return layout_search.prune([tuple(layouts_to_try)], config, shape, builder)
 
 
 def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, target: targets.Target,
@@ -81,17 +82,17 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     device_memory = targets.memory_per_device(target) if device_memory is None else device_memory
     target_devices = targets.devices(target)  # first: a missing compiler is said before anything is compiled
     cpu_devices = jax.devices("cpu")
+    builder = compiled_step.StepBuilder(config, tuple(shape))
     plans = []
     for count in partitions:
         partitioning.require_devices(count, len(target_devices), f"{count} partitions on {target.name}")
         partitioning.require_devices(count, len(cpu_devices), f"{count} partitions (the CPU estimate)")
-        kept, pruned = candidates(layouts_to_try, count, config, shape)
+        kept, pruned = candidates(layouts_to_try, count, config, shape, builder)
         if not kept:
             raise partitioning.PartitionError(f"no layout of {count} cores divides {list(shape[:-1])} at every "
                                               f"resolution level: {pruned[0][1]}")
         plans.append((count, kept, pruned))
     started = time.perf_counter()
-    builder = compiled_step.StepBuilder(config, tuple(shape))
     everything = list(dict.fromkeys(d for _, kept, _ in plans for d in kept))
     cpu: dict[tuple[int, ...], layout_search.PlanRow] = {}
     for number, dims in enumerate(everything, 1):
