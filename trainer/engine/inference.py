@@ -19,7 +19,7 @@ import numpy as np
 
 from common import sizes
 from trainer.engine import placement, sliding_window
-from trainer.parallel import partitioning, split_ops
+from trainer.parallel import partitioning, split_ops, xla_compile
 
 
 def apply(model: keras.Model, trainable, non_trainable, images, training: bool = False):
@@ -158,8 +158,8 @@ class VolumePredictor:
         if self._forward is None:
             self._forward = make_forward(self.model, self.distribution, self.state, len(batch_shape), "probabilities")
         sharding = self.distribution.get_data_layout(batch_shape).backend_layout
-        compiled = self._forward.lower(self.state, jax.ShapeDtypeStruct(batch_shape, jnp.float32, sharding=sharding)
-                                       ).compile()
+        compiled, _ = xla_compile.compile(self._forward.lower(
+            self.state, jax.ShapeDtypeStruct(batch_shape, jnp.float32, sharding=sharding)))
         memory = compiled.memory_analysis()
         needed = None if memory is None else (memory.temp_size_in_bytes + memory.argument_size_in_bytes
                                               + memory.output_size_in_bytes - memory.alias_size_in_bytes)

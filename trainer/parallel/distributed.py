@@ -33,6 +33,9 @@ import json
 import os
 import signal
 import warnings
+from collections.abc import Callable
+
+from trainer.parallel import xla_compile
 
 COORDINATOR_PORT = 8476
 # How long the others wait for a silent process before they stop (JAX's default is 100 s).
@@ -221,34 +224,40 @@ class RunTogether:
     later calls with those shapes run the compiled program directly.
     """
 
-    def __init__(self, jitted, name: str):
+    def __init__(self, jitted, name: str, log: Callable[[str], None] = print):
         self.jitted = jitted
         self.name = name
+        self.log = log
         self._compiled: dict = {}
         self._primed: dict = {}
+        self._options: dict = {}  # compiler options the program needs (xla_compile.py); {}: the default
 
     def __call__(self, *args):
         import jax
 
-        if jax.process_count() == 1:
+        if jax.process_count() == 1 and not self._options:
             return self.jitted(*args)
         key = _shapes_key(args)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._primed.pop(key, None) or self.jitted.lower(*args).compile()
+            compiled = self._primed.pop(key, None) or xla_compile.compile(self.jitted.lower(*args), self._options)[0]
             wait_for_the_others(self.name)
             self._compiled[key] = compiled
         return compiled(*args)
 
-    def prime(self, compiled, *args) -> None:
+    def prime(self, compiled, *args, options: dict | None = None) -> None:
         """Hands over `compiled`, this function already compiled for `args` (`jax.ShapeDtypeStruct`s will do), for
         the first call with those shapes to run instead of compiling it again. Process 0 would read it back from
         JAX's persistent cache; the others neither write nor read that cache, so without this they compiled the
-        training step twice (once for the gather check). In one process it keeps nothing: the jitted function is
-        called there, and holding a second executable would only take memory."""
+        training step twice (once for the gather check). In one process it keeps nothing, unless the compile needed
+        `options` (`xla_compile.compile`: the jitted function, compiled by default, would fail): the jitted
+        function is called there, and holding a second executable would only take memory."""
         import jax
 
-        if jax.process_count() > 1:
+        if options:
+            self._options = dict(options)
+            self.log(f"{self.name}: {xla_compile.describe(options)}")
+        if jax.process_count() > 1 or options:
             self._primed[_shapes_key(args)] = compiled
 
 

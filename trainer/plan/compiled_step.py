@@ -24,7 +24,7 @@ from common import parsing
 from trainer import config as config_lib
 from trainer.engine import placement, program
 from trainer.models import user_model
-from trainer.parallel import halo, partitioning, thin_shards
+from trainer.parallel import halo, partitioning, thin_shards, xla_compile
 from trainer.plan import gathers
 from trainer.tasks import registry
 
@@ -178,9 +178,9 @@ def step_gathers(train_step, task, state, distribution: partitioning.SpatialPara
     """
     arguments = step_arguments(task, state, distribution, image_shape)
     lowered = train_step.lower(*arguments)
-    compiled = lowered.compile()
+    compiled, options = xla_compile.compile(lowered)
     if keep is not None:
-        keep(compiled, *arguments)
+        keep(compiled, *arguments, options=options)
     replica_batch = image_shape[0] // distribution.num_replicas
     return gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(state))
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from common import sizes
 from trainer import config as config_lib
-from trainer.parallel import halo, partitioning
+from trainer.parallel import halo, partitioning, xla_compile
 from trainer.plan import compiled_step, gathers, target_compile, targets
 
 
@@ -53,6 +53,7 @@ class PlanRow:
     cached: bool = False  # read from the plan cache (`target_compile.PlanCache`), not compiled now
     gathered: tuple[tuple[str, int], ...] = ()  # (Keras layer, largest all-gathered activation, bytes per device)
     all_to_all_bytes: int = 0  # per device per step: splits moved between axes (rotation and scaling)
+    compiler_options: str = ""  # what the compile needed beyond the default ("name=value, ..."; xla_compile.py)
 
     @property
     def halo_ratio(self) -> float | None:
@@ -143,11 +144,14 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
                                             found.total_bytes <= device_memory)
             return dataclasses.replace(found, cached=True)
         try:
-            compiled = lowered.compile()
+            compiled, options = xla_compile.compile(lowered)
         except jax.errors.JaxRuntimeError as error:
             refused = target_compile.refusal(error, dims, time.perf_counter() - started)
-            if refused is None:
-                raise
+            if refused is None:  # not out of memory: the compiler's own first line, not XLA's traceback
+                first = str(error).strip().splitlines()[0][:400]
+                raise ValueError(f"the {devices[0].platform} compiler failed on input_partition_dims "
+                                 f"{','.join(map(str, dims))}: {first} (fullres --verbose plan ... shows all it "
+                                 f"said).") from error
             if cache is not None:
                 cache.store(key, refused.to_json())
             return refused
@@ -168,7 +172,8 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
                   bytes_accessed=costs.get("bytes accessed"),
                   compiler_seconds=costs.get("optimal_seconds") if compile_only else None,
                   gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)),
-                  all_to_all_bytes=compiled_step.all_to_all_bytes(compiled.as_text()))
+                  all_to_all_bytes=compiled_step.all_to_all_bytes(compiled.as_text()),
+                  compiler_options=", ".join(f"{k}={str(v).lower()}" for k, v in options.items()))
     if cache is not None:
         cache.store(key, row.to_json())
     return row

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from common import sizes
 from trainer import config as config_lib
+from trainer.parallel import xla_compile
 from trainer.models import user_model
 from trainer.tasks import registry
 from trainer.plan import compiled_step, input_plan, launch, layout_search, target_compile, target_search, targets
@@ -81,6 +82,9 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
                          f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8} "
                          f"{sizes.human_bytes(r.all_to_all_bytes):>10}  {fits}")
         for r in result.rows:
+            if r.compiler_options:
+                lines.append(f"     N={result.partitions}: {','.join(map(str, r.input_partition_dims))} "
+                             f"{xla_compile.describe(r.compiler_options)}; fullres train does the same")
             if r.gathered:
                 layers = ", ".join(f"{layer or '(outside any layer)'} ({sizes.human_bytes(size)} per device)"
                                    for layer, size in r.gathered)

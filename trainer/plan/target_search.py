@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 from common import sizes
 from trainer import config as config_lib
-from trainer.parallel import partitioning
+from trainer.parallel import partitioning, xla_compile
 from trainer.plan import compiled_step, layout_search, roofline, target_compile, targets
 
 
@@ -127,6 +127,7 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
             row = _with_estimate(row, cpu[dims], target, config.precision)
             figures = (f"{sizes.human_bytes(row.total_bytes)} per device (CPU {sizes.human_bytes(row.cpu_total_bytes)}), "
                        f"halo {sizes.human_bytes(row.halo_bytes)}")
+            figures += f"; {xla_compile.describe(row.compiler_options)}" if row.compiler_options else ""
         else:
             figures = row.describe()
         measured[dims] = row
