@@ -156,7 +156,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
         more = f" (and {', '.join(list(changes)[1:])} differ too)" if len(changes) > 1 else ""
         raise RunChanged(
             f"--output {run_dir} was trained with {key} {_shown(before)} but this rerun has {_shown(now)}{where}"
-            f"{more}; a rerun only resumes the run as it was, so pass the run's own {_fix(key)}, train into a new "
+            f"{more}; a rerun only resumes the run as it was, so leave out or pass the run's own {_fix(key)}, train into a new "
             f"--output, or pass {CONTINUE_OPTION} to go on from step {done} under the new setting (the run's "
             f"{run_files.RUN_RECORD} then records the change).")
     _log_changed_freely(recorded.train_config, config, total_steps, devices, (recorded.history or [{}])[-1], log)

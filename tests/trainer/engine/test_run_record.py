@@ -41,7 +41,7 @@ def test_a_rerun_on_data_preprocessed_at_another_spacing_is_refused(short_run, c
     sentence = _refused(config, train_data=coarse_data["train"], eval_data=None)
     assert sentence.startswith(f"--output {config.output_dir} was trained with training data spacing [1.5, 1.5, 2.5] "
                                "but this rerun has [3.0, 3.0, 3.0] (--train ")
-    assert sentence.endswith("pass the run's own training data (--train), train into a new --output, or pass "
+    assert sentence.endswith("leave out or pass the run's own training data (--train), train into a new --output, or pass "
                              "--continue-with-changes to go on from step 40 under the new setting (the run's "
                              "run_record.json then records the change).")
 
@@ -51,7 +51,7 @@ def test_a_rerun_with_patches_or_another_augmentation_is_refused(short_run):
     config, _ = short_run
     sentence = _refused(config, patch_size=(8, 8, 8))
     assert sentence.startswith(f"--output {config.output_dir} was trained with patch_size none but this rerun has "
-                               "[8, 8, 8] (--patch-size); a rerun only resumes the run as it was, so pass the run's own "
+                               "[8, 8, 8] (--patch-size); a rerun only resumes the run as it was, so leave out or pass the run's own "
                                "setting (--patch-size), train into a new --output, or pass --continue-with-changes")
     from trainer.augment import recipe
 
@@ -147,7 +147,7 @@ def test_another_network_file_or_partition_is_refused_by_what_the_run_records(de
     assert str(refused.value).startswith(
         f"--output {run} was trained with model source \"sha256 {copy[:12]}\" but this rerun has \"sha256 "
         f"{theirs[:12]}\" ({mine}; the run's copy is {run}/model_source.py); a rerun only resumes the run as it was, so "
-        "pass the run's own network file (--model), ")
+        "leave out or pass the run's own network file (--model), ")
     split = dc.replace(config, partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)))
     (run / "model_source.py").write_text(mine.read_text())
     with pytest.raises(run_record.RunChanged, match=r"trained with partition.input_partition_dims \[1, 1, 1, 1, 1\] but "
