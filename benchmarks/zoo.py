@@ -3,10 +3,11 @@
 For each network, in its `tiny` configuration (the published configuration's layer kinds and structure at test
 widths and depths; the published ones are each file's `build`; docs/zoo.md says which is which):
 
-- parity: one training step (softmax cross-entropy, `tests/trainer/zoo/step.py`) split 2-way (1,2,1,1,1), 4-way
-  (1,4,1,1,1) and 2×2 (1,2,2,1,1) through `fullres.SpatialParallel` against one device, at 32×32×16: the loss's
-  relative difference, the largest relative gradient difference over the weights, and the activation all-gathers
-  of each compiled step;
+- parity (float32) and parity-float64: one training step (softmax cross-entropy, `tests/trainer/zoo/step.py`)
+  split 2-way (1,2,1,1,1), 4-way (1,4,1,1,1) and 2×2 (1,2,2,1,1) through `fullres.SpatialParallel` against one
+  device, at 32×32×16, in that precision (float64: every value of the step, `step.precision`): the loss's
+  relative difference, the largest relative gradient difference over the weights, the activation all-gathers
+  and the f32 values of each compiled step;
 - memory: `fullres plan --model FILE.py:tiny --image-size 128,128,128 --partitions 1,4` on this CPU (fullres's
   own training step, Dice + cross-entropy, Adam): per-device bytes at N=1 and N=4, their ratio to total(1)/4
   (the floor the issue sets is 1.25), and the N=4 step's activation all-gathers;
@@ -16,7 +17,7 @@ widths and depths; the published ones are each file's `build`; docs/zoo.md says 
 Resumable: what `--json` already holds is kept, each part written as it finishes.
 
     nice -n 10 uv run --group tpu --group cuda python benchmarks/zoo.py --json benchmarks/results/zoo.json \\
-        [--networks nnunet_plain,...] [--parts parity,memory,v5e:2x2,h100x4]
+        [--networks nnunet_plain,...] [--parts parity,parity-float64,memory,v5e:2x2,h100x4]
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import time
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NETWORKS = ("nnunet_plain", "nnunet_resenc", "monai_unet", "segresnet", "mednext", "swin_unetr")
-PARTS = ("parity", "memory", "v5e:2x2", "h100x4")
+PARTS = ("parity", "parity-float64", "memory", "v5e:2x2", "h100x4")
+PRECISIONS = {"parity": "float32", "parity-float64": "float64"}
 PARITY_SIZE = (32, 32, 16)
 PLAN_SIZE = "128,128,128"
 
@@ -39,8 +41,9 @@ def source(network: str) -> str:
     return os.path.join("tests", "trainer", "zoo", f"{network}.py") + ":tiny"
 
 
-def parity(network: str) -> dict:
-    """One step split 2, 4 and 2×2 ways against one device, in a process of its own (8 virtual CPU devices)."""
+def parity(network: str, dtype: str) -> dict:
+    """One step split 2, 4 and 2×2 ways against one device in `dtype`, in a process of its own (8 virtual CPU
+    devices)."""
     code = f"""
 import json, os, time
 import trainer  # noqa: F401  (Keras's JAX backend first)
@@ -48,14 +51,15 @@ import importlib
 from tests.trainer.zoo import step
 function = importlib.import_module("tests.trainer.zoo.{network}").tiny
 images, labels = step.example({PARITY_SIZE!r})
-reference = step.run(function, (1, 1, 1, 1, 1), images, labels)
+reference = step.run(function, (1, 1, 1, 1, 1), images, labels, dtype={dtype!r})
 rows = {{}}
 for name, dims in step.SPLITS.items():
     started = time.perf_counter()
-    split = step.run(function, dims, images, labels)
+    split = step.run(function, dims, images, labels, dtype={dtype!r})
     rows[name] = {{"loss": abs(split.loss - reference.loss) / abs(reference.loss),
                   "gradient": step.worst_gradient(split, reference), "gathers": len(split.gathered),
                   "gathered": [[g.layer, g.describe()] for g in split.gathered], "permutes": split.permutes,
+                  "float32_values": [reference.float32_values, split.float32_values],
                   "seconds": round(time.perf_counter() - started, 1)}}
 print("RESULT" + json.dumps(rows))
 """
@@ -66,7 +70,7 @@ print("RESULT" + json.dumps(rows))
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT")]
     if result.returncode or not lines:
         return {"error": result.stderr[-2000:]}
-    return {"size": list(PARITY_SIZE), "splits": json.loads(lines[-1][len("RESULT"):])}
+    return {"size": list(PARITY_SIZE), "dtype": dtype, "splits": json.loads(lines[-1][len("RESULT"):])}
 
 
 def plan(network: str, partitions: str, target: str) -> dict:
@@ -99,11 +103,15 @@ def _mib(count) -> str:
 
 def table(results: dict) -> list[str]:
     """The docs' table (docs/zoo.md) from the results."""
-    lines = ["| network | parity 2 / 4 / 2×2 | gathers 2 / 4 / 2×2 (4-way 128³) | per device at 4-way 128³ (total/4) "
-             "| ratio | v5e:2x2 | h100x4 |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| network | parity float64 2 / 4 / 2×2 | parity float32 2 / 4 / 2×2 | gathers 2 / 4 / 2×2 (4-way 128³) "
+             "| per device at 4-way 128³ (total/4) | ratio | v5e:2x2 | h100x4 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for network, entry in results.items():
-        splits = entry.get("parity", {}).get("splits", {})
-        parity = " / ".join(f"{splits[k]['gradient']:.1e}" if k in splits else "—" for k in ("2", "4", "2x2"))
+        parities = []
+        for part in ("parity-float64", "parity"):
+            found = entry.get(part, {}).get("splits", {})
+            parities.append(" / ".join(f"{found[k]['gradient']:.1e}" if k in found else "—" for k in ("2", "4", "2x2")))
+        splits = entry.get("parity", {}).get("splits") or entry.get("parity-float64", {}).get("splits", {})
         gathered = " / ".join(str(splits[k]["gathers"]) if k in splits else "—" for k in ("2", "4", "2x2"))
         rows = entry.get("memory", {}).get("rows", [])
         one = next((r for r in rows if r["input_partition_dims"][1] == 1), None)
@@ -114,7 +122,7 @@ def table(results: dict) -> list[str]:
             row = (entry.get(target, {}).get("rows") or [None])[0]
             fits.append("not measured" if row is None else
                         f"{'fits' if row['fits'] else 'does not fit'}, {_mib(row['total_bytes'])}")
-        lines.append(f"| {network} | {parity} | {gathered} ({four['activation_all_gathers'] if four else '—'}) | "
+        lines.append(f"| {network} | {parities[0]} | {parities[1]} | {gathered} ({four['activation_all_gathers'] if four else '—'}) | "
                      f"{_mib(four and four['total_bytes'])} ({_mib(one and one['total_bytes'] / 4)}) | "
                      f"{'—' if ratio is None else f'{ratio:.2f}'} | {fits[0]} | {fits[1]} |")
     return lines
@@ -137,7 +145,7 @@ def main() -> None:
             if part in entry and "error" not in entry[part]:
                 continue
             started = time.perf_counter()
-            entry[part] = parity(network) if part == "parity" else memory(network) if part == "memory" else \
+            entry[part] = parity(network, PRECISIONS[part]) if part in PRECISIONS else memory(network) if part == "memory" else \
                 plan(network, "4", part)
             entry[part]["seconds"] = round(time.perf_counter() - started, 1)
             print(network, part, json.dumps(entry[part])[:400], flush=True)

@@ -3,12 +3,15 @@ under `fullres.SpatialParallel`, compiled ahead of time and run: its loss, its g
 all-gathers of its compiled HLO (`trainer/plan/gathers.py`, the check `fullres train` makes before its first step).
 """
 
+import contextlib
 import dataclasses
 import math
+from unittest import mock
 
 import jax
 import keras
 import numpy as np
+from keras.src.backend.common import dtypes as keras_dtypes
 
 import fullres
 from trainer.plan import gathers
@@ -22,6 +25,7 @@ class Step:
     gradients: list
     gathered: list  # gathers.Gather, one per activation all-gather in the compiled step
     permutes: int  # collective-permutes (halo exchanges) in the compiled step
+    float32_values: int  # f32 values in the compiled step (0 in a float64 step)
 
 
 def example(spatial, seed: int = 0):
@@ -31,41 +35,62 @@ def example(spatial, seed: int = 0):
             rng.integers(0, 3, size=(1, *spatial)).astype(np.int32))
 
 
+@contextlib.contextmanager
+def precision(dtype: str):
+    """Keras and JAX in `dtype` for the block: floatx, JAX's x64 and, for "float64", Keras's type promotion.
+
+    Keras's `backend.result_type` on JAX turns every float64 it returns into float32 (keras 3.15,
+    `keras/src/backend/common/dtypes.py:BIT64_TO_BIT32_DTYPE`, whatever JAX's x64 says; keras-team/keras#21604
+    leaves "a flag to enable 64-bit dtypes" as a TODO). `GroupNormalization` (the zoo's InstanceNorm),
+    `LayerNormalization` and `keras.ops.mean` (the loss) compute "in at least float32" as
+    `result_type(x.dtype, "float32")`, so they cast float64 down to float32 and back: without this, the "float64"
+    step's statistics and loss were float32. For "float64" the table maps float64 to itself for the block only
+    (float32 and mixed precision stay Keras's own).
+    """
+    floatx, x64 = keras.config.floatx(), jax.config.jax_enable_x64
+    promotion = {"float64": "float64"} if dtype == "float64" else {}
+    jax.config.update("jax_enable_x64", dtype == "float64")
+    keras.config.set_floatx(dtype)
+    try:
+        with mock.patch.dict(keras_dtypes.BIT64_TO_BIT32_DTYPE, promotion):
+            yield
+    finally:
+        keras.config.set_floatx(floatx)
+        jax.config.update("jax_enable_x64", x64)
+
+
 def run(function, dims, images, labels, dtype: str = "float32") -> Step:
     """The step of `function(num_classes=3, in_channels=1)` split as `dims`, on the first prod(dims) devices.
 
     `dtype="float64"` builds and runs the network in double precision (JAX's x64 on for the call): a ReLU's kink
     then no longer turns a float32 rounding difference into a different derivative (a pre-activation of −6e-8 on
-    one device and +6e-8 split), so what differs is the split's doing alone.
+    one device and +6e-8 split), so what differs is the split's doing alone. Every value of that step is float64
+    (`precision`; tests/trainer/zoo/test_zoo.py checks its jaxpr).
     """
     keras.utils.set_random_seed(0)
-    floatx, x64 = keras.config.floatx(), jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", dtype == "float64")
-    keras.config.set_floatx(dtype)
     images = images.astype(dtype)
     distribution = fullres.SpatialParallel(dims, label_partition_dims=dims, devices=jax.devices()[:math.prod(dims)])
-    keras.distribution.set_distribution(distribution)
-    try:
-        model = function(num_classes=3, in_channels=1)
-        trainable = [v.value for v in model.trainable_variables]
-        non_trainable = [v.value for v in model.non_trainable_variables]
+    with precision(dtype):
+        keras.distribution.set_distribution(distribution)
+        try:
+            model = function(num_classes=3, in_channels=1)
+            trainable = [v.value for v in model.trainable_variables]
+            non_trainable = [v.value for v in model.non_trainable_variables]
 
-        def loss_of(trainable, non_trainable, x, y):
-            logits, _ = model.stateless_call(trainable, non_trainable, x, training=True)
-            return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            def loss_of(trainable, non_trainable, x, y):
+                logits, _ = model.stateless_call(trainable, non_trainable, x, training=True)
+                return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
-        x = jax.device_put(images, distribution.get_data_layout(images.shape).backend_layout)
-        y = jax.device_put(labels, distribution.get_label_layout(labels.shape).backend_layout)
-        compiled = jax.jit(jax.value_and_grad(loss_of)).lower(trainable, non_trainable, x, y).compile()
-        text = compiled.as_text()
-        loss, grads = compiled(trainable, non_trainable, x, y)
-    finally:
-        keras.distribution.set_distribution(None)
-        keras.config.set_floatx(floatx)
-        jax.config.update("jax_enable_x64", x64)
+            x = jax.device_put(images, distribution.get_data_layout(images.shape).backend_layout)
+            y = jax.device_put(labels, distribution.get_label_layout(labels.shape).backend_layout)
+            compiled = jax.jit(jax.value_and_grad(loss_of)).lower(trainable, non_trainable, x, y).compile()
+            text = compiled.as_text()
+            loss, grads = compiled(trainable, non_trainable, x, y)
+        finally:
+            keras.distribution.set_distribution(None)
     weights = {tuple(v.shape) for v in model.weights}
     return Step(float(loss), [np.asarray(g) for g in grads], gathers.activation_gathers(text, 1, weights),
-                text.count("collective-permute("))
+                text.count("collective-permute("), text.count("f32["))
 
 
 def relative(a, b) -> float:
