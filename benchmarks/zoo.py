@@ -85,7 +85,8 @@ def plan(network: str, partitions: str, target: str) -> dict:
         return {"error": (result.stderr or result.stdout)[-2000:]}
     rows = json.loads(result.stdout)["rows"]
     return {"rows": [{key: row.get(key) for key in ("input_partition_dims", "total_bytes", "fits",
-                                                     "activation_all_gathers", "gathered", "halo_bytes")}
+                                                     "activation_all_gathers", "gathered", "halo_bytes",
+                                                     "compiler_options")}
                      for row in rows]}
 
 
@@ -121,7 +122,8 @@ def table(results: dict) -> list[str]:
         for target in ("v5e:2x2", "h100x4"):
             row = (entry.get(target, {}).get("rows") or [None])[0]
             fits.append("not measured" if row is None else
-                        f"{'fits' if row['fits'] else 'does not fit'}, {_mib(row['total_bytes'])}")
+                        f"{'fits' if row['fits'] else 'does not fit'}, {_mib(row['total_bytes'])}"
+                        + (" (without Triton GEMMs)" if row.get("compiler_options") else ""))
         lines.append(f"| {network} | {parities[0]} | {parities[1]} | {gathered} ({four['activation_all_gathers'] if four else '—'}) | "
                      f"{_mib(four and four['total_bytes'])} ({_mib(one and one['total_bytes'] / 4)}) | "
                      f"{'—' if ratio is None else f'{ratio:.2f}'} | {fits[0]} | {fits[1]} |")
