@@ -86,6 +86,10 @@ LAYERS = {  # name -> (function of spatial_dims that makes the layer, its output
         lambda d: _transposed(d, 4, 3, strides=2, padding="same", output_padding=1), 16),
     # 2n + 1 cropped to the skip's 2n (PyTorch UNets' center-or-corner crop)
     "conv_transpose_k3_s2_valid_cropped": (lambda d: _uneven_transposed(d, lambda d: _cropping(d, (0, 1))), 16),
+    # the uneven 2n + 1 through a convolution and a GroupNorm (split unevenly, as XLA pads it) before the crop
+    "conv_transpose_k3_s2_valid_conv_norm_cropped": (lambda d: _uneven_transposed(
+        d, lambda d: _conv(d, 4, 3, padding="same"), lambda d: keras.layers.GroupNormalization(groups=2),
+        lambda d: _cropping(d, (0, 1))), 16),
     # MedNeXt's up block: PyTorch's padding 1 (2n − 1: Keras's 2n + 1 cropped 1 each side), then F.pad (1, 0)
     "conv_transpose_k3_s2_valid_mednext": (lambda d: _uneven_transposed(
         d, lambda d: _cropping(d, (1, 1)), lambda d: _zero_padding(d, (1, 0))), 16),
