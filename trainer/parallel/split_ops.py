@@ -25,41 +25,57 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-_SPLITTING = contextvars.ContextVar("fullres_splitting", default=False)
+_SPLITTING = contextvars.ContextVar("fullres_splitting", default=())  # input_partition_dims while `splitting`
 _ORIGINAL = {}  # what `install` replaced: name -> the original function
+
+
+def partition_dims() -> tuple[int, ...]:
+    """The `input_partition_dims` a model is traced under: `splitting`'s, else a `SpatialParallel` set as Keras's
+    distribution's (read by its config: that module imports this one); () where neither is set."""
+    if _SPLITTING.get():
+        return _SPLITTING.get()
+    import keras
+
+    dims = getattr(getattr(keras.distribution.distribution(), "config", None), "input_partition_dims", ())
+    return tuple(dims) if isinstance(dims, tuple) else ()  # not "auto": a distribution's dims are resolved
 
 
 def active() -> bool:
     """True while a model is traced under a spatial split (`splitting`, or a splitting `SpatialParallel` set as
     Keras's distribution)."""
-    if _SPLITTING.get():
-        return True
-    import keras
+    return any(parts > 1 for parts in partition_dims()[1:-1])
 
-    # A `partitioning.SpatialParallel` (read by its config: that module imports this one) that splits an axis.
-    config = getattr(keras.distribution.distribution(), "config", None)
-    return bool(getattr(config, "partitioned_axes", ()))
+
+def spatial_parts(spatial_dims: int) -> tuple[int, ...]:
+    """How many ways each of an activation's `spatial_dims` axes is split: the split of the input's axis, or, for an
+    activation of another rank than the input, the least common multiple of all of them on every axis (divisible
+    whichever axis it is)."""
+    import math
+
+    parts = partition_dims()[1:-1] or (1,)
+    return tuple(parts) if len(parts) == spatial_dims else (math.lcm(*parts),) * spatial_dims
 
 
 @contextlib.contextmanager
-def splitting(split: bool = True):
-    """Traces what runs inside with the split formulations (when `split`; a 1-way layout keeps Keras's own ops)."""
+def splitting(input_partition_dims):
+    """Traces what runs inside with the split formulations, for a layout split as `input_partition_dims` (one
+    integer per dimension of the features, channels last; a 1-way layout keeps Keras's own ops)."""
     install()
-    token = _SPLITTING.set(bool(split))
+    token = _SPLITTING.set(tuple(int(parts) for parts in input_partition_dims))
     try:
         yield
     finally:
         _SPLITTING.reset(token)
 
 
-def traced_split(function, split: bool):
-    """`function`, tracing its body under `splitting(split)`: what fullres jits for a layout (same name, so the
-    compiled program's op names read as before)."""
+def traced_split(function, input_partition_dims):
+    """`function`, tracing its body under `splitting(input_partition_dims)`: what fullres jits for a layout (same
+    name, so the compiled program's op names read as before)."""
     import functools
 
     @functools.wraps(function)
     def traced(*args, **kwargs):
-        with splitting(split):
+        with splitting(input_partition_dims):
             return function(*args, **kwargs)
 
     return traced
@@ -84,8 +100,12 @@ def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=N
     padding_values = backend_utils.compute_conv_transpose_padding_args_for_jax(
         input_shape=shape, kernel_shape=kernel.shape, strides=strides, padding=padding,
         output_padding=output_padding, dilation_rate=dilation_rate)
+    # Phases in a multiple of each axis's split: the phase tensor then splits evenly, and its depth-to-space is each
+    # device's own (an output that is not stride × the input, e.g. "valid" with kernel 3, stride 2, otherwise
+    # all-gathered it split 2×2).
     return subpixel.conv_transpose(inputs, kernel, strides, padding_values, dilation_rate,
-                                   channels_last=data_format == "channels_last")
+                                   channels_last=data_format == "channels_last",
+                                   phase_multiples=spatial_parts(len(shape) - 2))
 
 
 def _resize(image, shape, method, antialias=True, precision=None):

@@ -15,7 +15,13 @@ shifts which phase an output position reads; the taps of every phase are laid
 into one kernel of s^d × filters outputs, indexed by offset, and the phases are
 interleaved back (depth-to-space). Where the output size is s times the input
 size ("same", and "valid" with kernel <= stride) every device computes exactly
-its own block of the output; otherwise a crop at the far end remains.
+its own block of the output. Otherwise (kernel 3, stride 2, "valid": 2n + 1) the
+phases are computed in a multiple of the axis's split (n + 1 rounded up: the
+padding past the input's far end gives the extra ones), so the phase tensor and
+its depth-to-space split evenly, and the far end is cropped off: XLA moves the
+few voxels by which the output's blocks differ from the input's between
+neighbours (collective-permutes), where n + 1 uneven phases made it all-gather
+them split along two axes or more.
 
 The kernel is rearranged inside the traced function by indexing (no arithmetic,
 so exact on every accelerator): nothing is stored, and the layer's weights stay
@@ -98,7 +104,7 @@ def depth_to_space(x, factors: Sequence[int]):
 
 
 def conv_transpose(inputs, kernel, strides, padding: Sequence[tuple[int, int]], dilation_rate=1,
-                   channels_last: bool = True):
+                   channels_last: bool = True, phase_multiples=1):
     """`lax.conv_transpose(inputs, kernel, strides, padding, rhs_dilation, transpose_kernel=True)` as Keras calls it,
     computed as a stride-1 convolution and a depth-to-space.
 
@@ -107,6 +113,8 @@ def conv_transpose(inputs, kernel, strides, padding: Sequence[tuple[int, int]], 
         kernel: Keras's (k..., filters, C).
         strides, dilation_rate: an int or one per spatial axis.
         padding: (low, high) per spatial axis, as `compute_conv_transpose_padding_args_for_jax` gives them.
+        phase_multiples: an int or one per spatial axis: the low-resolution phases are computed in a multiple of
+            it (the split of that axis), the extra ones cropped with the output's far end (see the module).
 
     Example (the same values as Keras's own op):
         >>> import keras
@@ -121,7 +129,7 @@ def conv_transpose(inputs, kernel, strides, padding: Sequence[tuple[int, int]], 
         rank = inputs.ndim
         inputs = jnp.moveaxis(inputs, 1, rank - 1)
     d = inputs.ndim - 2
-    strides, dilation = _per_axis(strides, d), _per_axis(dilation_rate, d)
+    strides, dilation, multiples = _per_axis(strides, d), _per_axis(dilation_rate, d), _per_axis(phase_multiples, d)
     if any(r > 1 for r in dilation):  # the dilated kernel, written out: W at every r-th position
         dilated = jnp.zeros((*((k - 1) * r + 1 for k, r in zip(kernel.shape[:d], dilation)), *kernel.shape[d:]),
                             kernel.dtype)
@@ -130,10 +138,13 @@ def conv_transpose(inputs, kernel, strides, padding: Sequence[tuple[int, int]], 
             for n, s, k, (low, high) in zip(inputs.shape[1:1 + d], strides, kernel.shape[:d], padding)]
     stride_one = rearranged_kernel(kernel, [index for index, *_ in axes])
     spec = ("NHWC", "HWIO", "NHWC") if d == 2 else ("NDHWC", "DHWIO", "NDHWC") if d == 3 else ("NWC", "WIO", "NWC")
-    phased = jax.lax.conv_general_dilated(inputs, stride_one, (1,) * d, [(low, high) for _, low, high, *_ in axes],
-                                          dimension_numbers=spec)  # (B, phases..., s^d·F)
+    # Phases beyond the output's (up to a multiple) come from the padding past the input's far end.
+    extra = [-phases % multiple for (*_, phases, _), multiple in zip(axes, multiples)]
+    phased = jax.lax.conv_general_dilated(inputs, stride_one, (1,) * d,
+                                          [(low, high + more) for (_, low, high, *_), more in zip(axes, extra)],
+                                          dimension_numbers=spec)  # (B, phases..., s^d·F), phases a multiple
     outputs = depth_to_space(phased, strides)
     lengths = [length for *_, length in axes]
-    if any(length != phases * s for (*_, phases, length), s in zip(axes, strides)):
+    if any(length != (phases + more) * s for (*_, phases, length), more, s in zip(axes, extra, strides)):
         outputs = outputs[(slice(None), *(slice(0, length) for length in lengths))]
     return outputs if channels_last else jnp.moveaxis(outputs, -1, 1)

@@ -28,9 +28,6 @@ pytestmark = pytest.mark.slow  # each case compiles its step once per split
 # 2 ways along the first spatial axis, 2×2, and in 3D 2×2×2.
 SPLITS = {2: [(1, 2, 1, 1), (1, 2, 2, 1)], 3: [(1, 2, 1, 1, 1), (1, 2, 2, 1, 1), (1, 2, 2, 2, 1)]}
 SIZE = 8  # voxels per spatial axis of the input (the output sizes in LAYERS are from it)
-# Not here: an output that is not stride × the input ("valid" with kernel > stride, e.g. kernel 3, stride 2: 2n + 1,
-# or 2n + 2 with output padding 1) has n + 1 low-resolution phases, which do not split evenly; measured, 0 gathers
-# split 2 ways, but 4 all-gathers of the phases split 2×2 and 2×2×2 (docs/layers.md).
 
 
 @keras.saving.register_keras_serializable(package="tests")
@@ -66,12 +63,41 @@ def _transposed(d, *args, **kwargs):
     return (keras.layers.Conv3DTranspose if d == 3 else keras.layers.Conv2DTranspose)(*args, **kwargs)
 
 
+def _cropping(d, cropping):
+    return (keras.layers.Cropping3D if d == 3 else keras.layers.Cropping2D)((cropping,) * d)
+
+
+def _zero_padding(d, padding):
+    return (keras.layers.ZeroPadding3D if d == 3 else keras.layers.ZeroPadding2D)((padding,) * d)
+
+
+def _uneven_transposed(d, *more, **kwargs):
+    """An output that is not stride × the input (e.g. "valid", kernel 3, stride 2: 2n + 1), and what follows it in
+    the ported networks that use it (`more`: a crop to the skip's size, MedNeXt's crop and pad)."""
+    return keras.Sequential([_transposed(d, 4, kwargs.pop("kernel", 3), strides=2, **kwargs),
+                             *(layer(d) for layer in more)])
+
+
 LAYERS = {  # name -> (function of spatial_dims that makes the layer, its output size along each axis from SIZE)
     "conv_transpose_k2_s2": (lambda d: _transposed(d, 4, 2, strides=2), 16),
     "conv_transpose_k3_s2_same": (lambda d: _transposed(d, 4, 3, strides=2, padding="same"), 16),
     "conv_transpose_k4_s2_same": (lambda d: _transposed(d, 4, 4, strides=2, padding="same"), 16),
     "conv_transpose_k3_s2_same_output_padding": (
         lambda d: _transposed(d, 4, 3, strides=2, padding="same", output_padding=1), 16),
+    # 2n + 1 cropped to the skip's 2n (PyTorch UNets' center-or-corner crop)
+    "conv_transpose_k3_s2_valid_cropped": (lambda d: _uneven_transposed(d, lambda d: _cropping(d, (0, 1))), 16),
+    # the uneven 2n + 1 through a convolution and a GroupNorm (split unevenly, as XLA pads it) before the crop
+    "conv_transpose_k3_s2_valid_conv_norm_cropped": (lambda d: _uneven_transposed(
+        d, lambda d: _conv(d, 4, 3, padding="same"), lambda d: keras.layers.GroupNormalization(groups=2),
+        lambda d: _cropping(d, (0, 1))), 16),
+    # MedNeXt's up block: PyTorch's padding 1 (2n − 1: Keras's 2n + 1 cropped 1 each side), then F.pad (1, 0)
+    "conv_transpose_k3_s2_valid_mednext": (lambda d: _uneven_transposed(
+        d, lambda d: _cropping(d, (1, 1)), lambda d: _zero_padding(d, (1, 0))), 16),
+    # 2n + 2: n + 1 phases, which split unevenly
+    "conv_transpose_k3_s2_valid_output_padding": (lambda d: _uneven_transposed(d, output_padding=1), 18),
+    # 2n − 2: n − 1 phases
+    "conv_transpose_k4_s2_same_output_padding_0": (
+        lambda d: _uneven_transposed(d, kernel=4, padding="same", output_padding=0), 14),
     "conv_transpose_k3_s1_same": (lambda d: _transposed(d, 4, 3, padding="same"), 8),
     "ops_conv_transpose": (lambda d: OpsConvTranspose(), 16),
     "upsampling2d_bilinear_2": (lambda d: keras.layers.UpSampling2D(2, interpolation="bilinear"), 16),
@@ -122,7 +148,7 @@ def split_step(model, state, dims, images, targets):
     placed = placement.place_state(state, distribution)
     layout = distribution.get_data_layout(images.shape).backend_layout
     images, targets = jax.device_put(images, layout), jax.device_put(targets, layout)
-    function = jax.jit(split_ops.traced_split(step.make_loss_and_grads(model, _mean_squared), cores > 1),
+    function = jax.jit(split_ops.traced_split(step.make_loss_and_grads(model, _mean_squared), dims),
                        in_shardings=(placement.state_shardings(placed, distribution), layout, layout))
     lowered = function.lower(placed, images, targets)
     compiled = lowered.compile()

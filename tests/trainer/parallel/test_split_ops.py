@@ -34,6 +34,39 @@ def test_subpixel_equals_keras_conv_transpose(d, k, s, padding, output_padding, 
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
 
 
+# Outputs that are not stride × the input, their phases computed in a multiple of each axis's split (2-way, 2×2,
+# 4-way, 2×2×2): "valid" kernel 3 stride 2 (2n + 1), with output padding 1 (2n + 2), "same" with output padding 0
+# (kernel 4: 2n − 2), stride 3 "valid" kernel 5 with output padding 2.
+UNEVEN = [(2, 3, 2, "valid", None, (2, 1)), (2, 3, 2, "valid", 1, (2, 2)), (2, 4, 2, "same", 0, (4, 1)),
+          (3, 3, 2, "valid", None, (2, 2, 2)), (1, 5, 3, "valid", 2, (4,))]
+
+
+@pytest.mark.parametrize("d, k, s, padding, output_padding, multiples", UNEVEN)
+def test_subpixel_with_phases_in_a_multiple_of_the_split_equals_keras(d, k, s, padding, output_padding, multiples):
+    rng = np.random.default_rng(k * 100 + s * 10 + d)
+    x = rng.normal(size=(2, *(8, 4, 4)[:d], 3)).astype(np.float32)  # (B, n..., C), n a multiple of the split
+    w = rng.normal(size=(*(k,) * d, 4, 3)).astype(np.float32)
+    expected = np.asarray(keras.ops.conv_transpose(x, w, s, padding, output_padding))
+    paddings = backend_utils.compute_conv_transpose_padding_args_for_jax(x.shape, w.shape, s, padding,
+                                                                         output_padding, 1)
+    function = jax.jit(subpixel.conv_transpose, static_argnums=(2, 3, 4, 5, 6))
+    got = np.asarray(function(x, w, s, tuple(paddings), 1, True, multiples))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_spatial_parts_are_the_split_of_each_axis():
+    assert split_ops.spatial_parts(3) == (1, 1, 1)  # nothing split
+    with split_ops.splitting((1, 2, 4, 1, 1)):
+        assert split_ops.spatial_parts(3) == (2, 4, 1)
+        assert split_ops.spatial_parts(2) == (4, 4)  # another rank: a multiple of every axis's split
+    keras.distribution.set_distribution(partitioning.SpatialParallel((1, 1, 2, 1), devices=jax.devices()[:2]))
+    try:
+        assert split_ops.spatial_parts(2) == (1, 2)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
 def test_subpixel_channels_first():
     rng = np.random.default_rng(0)
     x, w = rng.normal(size=(2, 3, 5, 4)).astype(np.float32), rng.normal(size=(3, 3, 4, 3)).astype(np.float32)
@@ -69,9 +102,9 @@ def _conv_transpose_program():
 def test_the_ops_are_replaced_only_under_a_split():
     split_ops.install()
     assert "lhs_dilation=(2, 2)" in _conv_transpose_program()  # Keras's own: an input-dilated convolution
-    with split_ops.splitting():
+    with split_ops.splitting((1, 2, 1, 1)):
         assert split_ops.active() and "lhs_dilation=(2, 2)" not in _conv_transpose_program()
-    with split_ops.splitting(False):
+    with split_ops.splitting((1, 1, 1, 1)):
         assert not split_ops.active()
     for dims, split in (((1, 1, 1, 1), False), ((1, 2, 1, 1), True), ((1, 1, 2, 1), True)):
         keras.distribution.set_distribution(partitioning.SpatialParallel(dims, devices=jax.devices()[:2]))
