@@ -86,12 +86,12 @@ def splits_two_axes(dims: Sequence[int]) -> bool:
     return sum(p > 1 for p in tuple(dims)[1:-1]) >= 2
 
 
-def model_windows(model, state, image_shape: Sequence[int]) -> list[halo.Window]:
-    """`halo.windows` of `model` traced as a split step traces it (`split_ops.splitting`: a transposed convolution
-    is then the stride-1 convolution XLA partitions)."""
+def model_windows(model, state, image_shape: Sequence[int], dims: Sequence[int]) -> list[halo.Window]:
+    """`halo.windows` of `model` traced as a step split `dims` traces it (`split_ops.splitting`: a transposed
+    convolution is then the stride-1 convolution XLA partitions, its phases padded to a multiple of the split)."""
     from trainer.parallel import split_ops
 
-    with split_ops.splitting():
+    with split_ops.splitting(dims):
         return halo.windows(model, state, tuple(image_shape))
 
 
@@ -103,4 +103,4 @@ def check_model(model, state, dims: Sequence[int], image_shape: Sequence[int]) -
         partitioning.PartitionError: as `check`.
     """
     if splits_two_axes(dims):
-        check(model_windows(model, state, image_shape), dims, image_shape)
+        check(model_windows(model, state, image_shape, dims), dims, image_shape)

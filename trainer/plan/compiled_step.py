@@ -113,7 +113,7 @@ class StepBuilder:
         self.model, self.optimizer, _, state = program.build_model(config, self.task, config.steps)
         self.state = jax.tree_util.tree_map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), state)
         self._windows = None
-        self._split_windows = None
+        self._split_windows: dict = {}  # dims -> thin_shards.model_windows
 
     def compile(self, dims: tuple[int, ...], devices):
         """Lowers and compiles the train step for `dims` on `devices`; returns (compiled, distribution)."""
@@ -133,9 +133,9 @@ class StepBuilder:
     def check_thin_shards(self, dims: tuple[int, ...]) -> None:
         """Refuses `dims` where XLA would compute this network's gradient wrongly (`thin_shards.check`)."""
         if thin_shards.splits_two_axes(dims) and isinstance(self.config.model, user_model.UserModelConfig):
-            if self._split_windows is None:
-                self._split_windows = thin_shards.model_windows(self.model, self.state, self.image_shape)
-            thin_shards.check(self._split_windows, dims, self.image_shape)
+            if dims not in self._split_windows:
+                self._split_windows[dims] = thin_shards.model_windows(self.model, self.state, self.image_shape, dims)
+            thin_shards.check(self._split_windows[dims], dims, self.image_shape)
 
     def windows(self) -> list[halo.Window]:
         """The model's convolutions and pooling windows (traced once per config)."""

@@ -12,6 +12,7 @@ import jax
 import keras
 import numpy as np
 from keras.src.backend.common import dtypes as keras_dtypes
+from keras.src.backend.common import global_state
 
 import fullres
 from trainer.plan import gathers
@@ -48,14 +49,20 @@ def precision(dtype: str):
     (float32 and mixed precision stay Keras's own).
     """
     floatx, x64 = keras.config.floatx(), jax.config.jax_enable_x64
+    # The global dtype policy too: Keras pins it to floatx's the first time any layer is built in the process
+    # (`keras.config.dtype_policy()` sets what it returns), so floatx alone built float32 layers after any other
+    # test had built one.
+    policy = global_state.get_global_attribute("dtype_policy", None)
     promotion = {"float64": "float64"} if dtype == "float64" else {}
     jax.config.update("jax_enable_x64", dtype == "float64")
     keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
     try:
         with mock.patch.dict(keras_dtypes.BIT64_TO_BIT32_DTYPE, promotion):
             yield
     finally:
         keras.config.set_floatx(floatx)
+        global_state.set_global_attribute("dtype_policy", policy)
         jax.config.update("jax_enable_x64", x64)
 
 
