@@ -92,7 +92,11 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
         if result.not_compiled:
             lines.append(f"     N={result.partitions}: not compiled within --max-minutes: "
                          f"{' '.join(','.join(map(str, d)) for d in result.not_compiled)}")
-        if result.pruned:
+        if result.cannot_divide:
+            lines.append(f"     N={result.partitions}: not planned: {result.cannot_divide}")
+        elif result.replaced:
+            lines.append(f"     N={result.partitions}: {result.replaced}")
+        elif result.pruned:
             lines.append(f"     N={result.partitions}: {len(result.pruned)} layout(s) pruned, they cannot divide at "
                          f"some resolution level: {' '.join(','.join(map(str, d)) for d, _ in result.pruned)}")
         if len(result.rows) > 1 and result.rows[0].rank:
@@ -148,6 +152,10 @@ class Plan:
                 "over_cpu_estimate": [{"input_partition_dims": list(d), "cpu_total_bytes": b}
                                       for result in self.results for d, b in result.over_estimate],
                 "not_compiled": [list(d) for result in self.results for d in result.not_compiled],
+                "cannot_divide": [{"partitions": result.partitions, "why": result.cannot_divide}
+                                  for result in self.results if result.cannot_divide],
+                "replaced": [{"partitions": result.partitions, "why": result.replaced}
+                             for result in self.results if result.replaced],
                 "launch": self.launch, "input": self.input,
                 "receptive_field": None if self.receptive_field is None else self.receptive_field.to_json()}
 
