@@ -224,8 +224,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
             the step is then sized on the patch, as `fullres train --patch-size` compiles it.
         partitions: core counts N to compare (with given dims: their product); None: `targets.default_partitions`
             (1, 2, 4, 8, 16, on a TPU slice or GPUs those that divide its devices).
-        layouts_to_try: "default" (N-way along the first spatial dimension), "all" (every layout that
-            divides) or one layout's input_partition_dims (a tuple).
+        layouts_to_try: "default" (N-way along the first spatial dimension, or where that cannot divide a stand-in:
+            `layout_search.candidates`), "all" (every layout that divides) or one layout's input_partition_dims.
         device_memory: e.g. "16GiB": rows say whether they fit, and ranking puts the fitting first
             (default on a TPU or GPU target: the memory of one of its devices, `targets.memory_per_device`).
         target: "cpu" (this machine's devices), a TPU slice ("v5e:2x2") or GPUs ("h100x8"): the
