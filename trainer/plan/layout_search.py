@@ -166,6 +166,17 @@ def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape
         f"{count} cores that divide, the least halo by its lower bound ({sizes.human_bytes(bounds[best])} per "
         "device); --layouts all compiles and ranks them all."))
 
+def lazy_builder(config: config_lib.TrainConfig, shape: tuple[int, ...]) -> Callable[[], compiled_step.StepBuilder]:
+    """The run's `StepBuilder`, built on the first call only: a plan refused outright builds no model."""
+    made: list[compiled_step.StepBuilder] = []
+
+    def builder() -> compiled_step.StepBuilder:
+        if not made:
+            made.append(compiled_step.StepBuilder(config, tuple(shape)))
+        return made[0]
+
+    return builder
+
 def every_count_refused(plans: Sequence[tuple[int, Candidates]]) -> None:
     """Raises the first N's reason when no N of the plan can be split at all: there would be nothing to plan.
 
@@ -312,10 +323,12 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     largest = max(partitions, default=1)
     partitioning.require_devices(largest, len(devices), f"{largest} partitions")
     spatial = len(shape) - 1
-    builder = compiled_step.StepBuilder(config, tuple(shape))
+    builder = lazy_builder(config, shape)
     # Every N is sized up before the first compile: one that cannot divide is said at once, not after the others.
-    plans = [(count, candidates(layouts_to_try, count, config, shape, builder.windows)) for count in partitions]
+    plans = [(count, candidates(layouts_to_try, count, config, shape, lambda: builder().windows()))
+             for count in partitions]
     every_count_refused(plans)
+    builder = builder()
     say_refused_and_replaced(plans, log)
     reference = (1,) * (spatial + 2)
     todo = list(dict.fromkeys(([reference] if efficiency else []) + [d for _, found in plans for d in found.kept]))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import partitioning
-from trainer.plan import compiled_step, layout_search, roofline, target_compile, targets
+from trainer.plan import layout_search, roofline, target_compile, targets
 
 
 def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, target: targets.Target,
@@ -75,10 +75,11 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     for count in partitions:
         partitioning.require_devices(count, len(target_devices), f"{count} partitions on {target.name}")
         partitioning.require_devices(count, len(cpu_devices), f"{count} partitions (the CPU estimate)")
-    builder = compiled_step.StepBuilder(config, tuple(shape))
-    plans = [(count, layout_search.candidates(layouts_to_try, count, config, shape, builder.windows))
+    builder = layout_search.lazy_builder(config, shape)
+    plans = [(count, layout_search.candidates(layouts_to_try, count, config, shape, lambda: builder().windows()))
              for count in partitions]
     layout_search.every_count_refused(plans)
+    builder = builder()
     layout_search.say_refused_and_replaced(plans, log)
     started = time.perf_counter()
     everything = list(dict.fromkeys(d for _, found in plans for d in found.kept))

@@ -6,7 +6,7 @@ import pytest
 
 from trainer import config as config_lib
 from trainer.parallel import partitioning
-from trainer.plan import layout_search
+from trainer.plan import compiled_step, layout_search
 
 
 def test_a_plan_whose_every_count_cannot_divide_is_refused_before_anything_compiles(monkeypatch):
@@ -14,6 +14,7 @@ def test_a_plan_whose_every_count_cannot_divide_is_refused_before_anything_compi
         raise AssertionError("a layout was compiled before the refusal")
 
     monkeypatch.setattr(layout_search, "measure", no_compile)
+    monkeypatch.setattr(compiled_step, "StepBuilder", no_compile)  # nor is the model built
     with pytest.raises(partitioning.PartitionError) as refused:
         layout_search.search(config_lib.smoke(), (16, 16, 16, 1), [3], layouts_to_try="default",
                              log=lambda line: None)
