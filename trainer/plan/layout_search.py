@@ -161,10 +161,11 @@ def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape
     found = windows()
     bounds = {d: halo.lower_bound(found, d) for d in others}
     best = min(others, key=lambda d: (bounds[d], sum(p > 1 for p in d), tuple(-p for p in d)))
+    splits = f"{len(others)} splits" if len(others) > 1 else "1 split"
     return Candidates([best], pruned, replaced=(
-        f"{label} cannot divide: {why} Planned {','.join(map(str, best))} instead: of the {len(others)} split{'s' if len(others) > 1 else ''} of "
-        f"{count} cores that divide, the least halo by its lower bound ({sizes.human_bytes(bounds[best])} per "
-        "device); --layouts all compiles and ranks them all."))
+        f"{label} cannot divide: {why} Planned {','.join(map(str, best))} instead: of the {splits} of {count} cores "
+        f"that divide, the least halo by its lower bound ({sizes.human_bytes(bounds[best])} per device); --layouts "
+        "all compiles and ranks them all."))
 
 def lazy_builder(config: config_lib.TrainConfig, shape: tuple[int, ...]) -> Callable[[], compiled_step.StepBuilder]:
     """The run's `StepBuilder`, built on the first call only: a plan refused outright builds no model."""
