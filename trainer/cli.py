@@ -220,7 +220,7 @@ def plan(
     preset: Annotated[str, typer.Option(help="The training preset to size, as for fullres train (default: the task's default).")] = "default",
     image_size: Annotated[str | None, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W; the default) or 2560,2560 (the detection canvas).")] = None,
     partitions: Annotated[str | None, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64 (default 1,2,4,8,16; on a --target, those that divide its devices).")] = None,
-    layouts: Annotated[str, typer.Option(help="default: N-way along the first spatial dimension; all: every split of N over the spatial dimensions that divides, ranked.")] = "default",
+    layouts: Annotated[str, typer.Option(help="default: N-way along the first spatial dimension (where that cannot divide, the dividing split of least halo, said in its row); all: every split of N over the spatial dimensions that divides, ranked.")] = "default",
     precision: Annotated[str | None, typer.Option(help="float32 or bfloat16.")] = None,
     remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,

@@ -34,7 +34,6 @@ import numpy as np
 from preprocessing.records import example_layout, tfrecord_files, tfrecord_schema as schema
 
 
-VOXEL_BYTES = 3  # a voxel as read: its int16 image value and its uint8 label
 STORED_TYPES = {"int16": np.dtype("<i2"), "uint8": np.dtype(np.uint8)}  # `image/dtype`: CT int16, video uint8
 
 

@@ -14,7 +14,6 @@ import dataclasses
 import os
 import time
 
-from preprocessing.records import ct_slabs
 from trainer.data import batches, ct_input
 
 
@@ -60,7 +59,7 @@ def measure(records: ct_input.CtRecords, depth: tuple[int, int] | None = None, *
     share = batches.Share((0,), depth)
     crop = tuple(patch) if patch is not None else records.shape
     start, stop = share.depth_of(crop[0])
-    example_bytes = (stop - start) * crop[1] * crop[2] * ct_slabs.VOXEL_BYTES
+    example_bytes = (stop - start) * crop[1] * crop[2] * records.layout(0).voxel_bytes  # image (every channel), label
     with pinned_to(cores):
         stream = ct_input.CtBatches(records, 1, share, seed=0, cache="on" if cached else "off", workers=cores,
                                     patch=patch)

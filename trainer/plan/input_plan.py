@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from common import sizes
-from preprocessing.records import ct_slabs
 from trainer.data import batches, ct_input, input_rate
 from trainer.engine import placement
 
@@ -82,7 +81,9 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
         share = placed_share(dims, image_shape, devices, processes)
         start, stop = share.depth_of(image_shape[1])
         plane = patch[1:] if patch else records.shape[1:]
-        share_bytes = (stop - start) * math.prod(plane) * ct_slabs.VOXEL_BYTES
+        # A voxel as read: its image values in the records' own type and channels (CT int16 x 1, a clip uint8 x 3)
+        # and its uint8 label.
+        share_bytes = (stop - start) * math.prod(plane) * records.layout(0).voxel_bytes
         cores = batches.usable_cores()
         crops = f" of {'x'.join(map(str, patch))} crops" if patch else ""
         log(f"measuring this host's input from {data}: depths {start}-{stop - 1}{crops} of {records.shape[0]} "

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 
 from common import sizes
 from trainer import config as config_lib
-from trainer.parallel import halo, partitioning, xla_compile
+from trainer.models import user_model
+from trainer.parallel import halo, partitioning, thin_shards, xla_compile
 from trainer.plan import compiled_step, gathers, target_compile, targets
 
 
@@ -86,6 +87,17 @@ class Search:
     refused: list[target_compile.Refusal] = dataclasses.field(default_factory=list)
     over_estimate: list[tuple[tuple[int, ...], int]] = dataclasses.field(default_factory=list)  # (dims, CPU bytes)
     not_compiled: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # left by the time bound
+    replaced: str = ""  # "default" layouts: why the N-way split along the first axis gave way to another layout
+    cannot_divide: str = ""  # no layout of this N divides the volume: why (the N has no rows; the plan goes on)
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """The layouts of one N to compile (`candidates`): kept, pruned with why, and what the plan says of the N."""
+
+    kept: list[tuple[int, ...]]
+    pruned: list[tuple[tuple[int, ...], str]]
+    replaced: str = ""
+    cannot_divide: str = ""
 
 def layouts(partitions: int, spatial_dims: int) -> list[tuple[int, ...]]:
     """Every split of `partitions` cores over the spatial dimensions, as input_partition_dims (batch, channels 1).
@@ -106,22 +118,89 @@ def layouts(partitions: int, spatial_dims: int) -> list[tuple[int, ...]]:
     return sorted((1, *split, 1) for split in splits(partitions, spatial_dims))
 
 def prune(candidates: Sequence[tuple[int, ...]], config: config_lib.TrainConfig, shape: tuple[int, ...],
-          builder: compiled_step.StepBuilder | None = None):
+          builder: Callable[[], compiled_step.StepBuilder] | None = None):
     """(layouts that divide the volume at every resolution level, [(layout, why not)] for the rest); with the
-    network's `builder`, also those where XLA would compute its gradient wrongly (`thin_shards`) go to the rest."""
+    network's `builder` (`lazy_builder`: called, and the model built, only for a user's network split along two
+    or more axes), also those where XLA would compute its gradient wrongly (`thin_shards`) go to the rest."""
     image_shape = (config.batch_size, *shape)
     kept, pruned = [], []
     for dims in candidates:
         try:
             partitioning.validate(partitioning.PartitionConfig(dims), image_shape, math.prod(dims),
                                   config.model.downsampling_levels, config.batch_size)
-            if builder is not None:
-                builder.check_thin_shards(dims)
+            if (builder is not None and thin_shards.splits_two_axes(dims)
+                    and isinstance(config.model, user_model.UserModelConfig)):
+                builder().check_thin_shards(dims)
         except partitioning.PartitionError as error:
             pruned.append((dims, str(error)))
         else:
             kept.append(dims)
     return kept, pruned
+
+def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape: tuple[int, ...],
+               builder: Callable[[], compiled_step.StepBuilder]) -> Candidates:
+    """The layouts of `count` cores to compile: "all" (every split that divides), "default" or given dims.
+
+    "default" is the N-way split along the first spatial dimension; where that cannot divide (64 frames of a clip
+    halved 3 times leave 8, which 16 devices cannot share), the split of N that divides with the least halo
+    (`halo.lower_bound` of the network's windows, nothing compiled; fewer split axes, then the leading ones, break ties)
+    stands in for it, and `replaced` says so. Where no layout of N divides, nothing is kept and `cannot_divide`
+    says why: the plan reports that N and goes on with the others.
+    """
+    spatial = len(shape) - 1
+    if layouts_to_try == "all":
+        kept, pruned = prune(layouts(count, spatial), config, shape, builder)
+        refusal = "" if kept else (f"no layout of {count} cores divides {list(shape[:-1])} at every resolution "
+                                   f"level: {pruned[0][1]}")
+        return Candidates(kept, pruned, cannot_divide=refusal)
+    if layouts_to_try != "default":
+        kept, pruned = prune([tuple(layouts_to_try)], config, shape, builder)
+        return Candidates(kept, pruned, cannot_divide="" if kept else
+                          f"--input-partition-dims {','.join(map(str, layouts_to_try))}: {pruned[0][1]}")
+    default = compiled_step.default_partition_dims(count, spatial + 2)
+    kept, pruned = prune([default], config, shape, builder)
+    if kept:
+        return Candidates(kept, [])
+    label, why = ",".join(map(str, default)), pruned[0][1]
+    others, _ = prune([d for d in layouts(count, spatial) if d != default], config, shape, builder)
+    if not others:
+        return Candidates([], pruned, cannot_divide=f"--partitions {count} (split {label}): {why} No other split of "
+                                                    f"{count} cores divides {list(shape[:-1])} either.")
+    found = builder().windows()
+    bounds = {d: halo.lower_bound(found, d) for d in others}
+    best = min(others, key=lambda d: (bounds[d], sum(p > 1 for p in d), tuple(-p for p in d)))
+    splits = f"{len(others)} splits" if len(others) > 1 else "1 split"
+    return Candidates([best], pruned, replaced=(
+        f"{label} cannot divide: {why} Planned {','.join(map(str, best))} instead: of the {splits} of {count} cores "
+        f"that divide, the least halo by its lower bound ({sizes.human_bytes(bounds[best])} per device); --layouts "
+        "all compiles and ranks them all."))
+
+def lazy_builder(config: config_lib.TrainConfig, shape: tuple[int, ...]) -> Callable[[], compiled_step.StepBuilder]:
+    """The run's `StepBuilder`, built on the first call only: a plan refused outright builds no model."""
+    made: list[compiled_step.StepBuilder] = []
+
+    def builder() -> compiled_step.StepBuilder:
+        if not made:
+            made.append(compiled_step.StepBuilder(config, tuple(shape)))
+        return made[0]
+
+    return builder
+
+def every_count_refused(plans: Sequence[tuple[int, Candidates]]) -> None:
+    """Raises the first N's reason when no N of the plan can be split at all: there would be nothing to plan.
+
+    Raises:
+        partitioning.PartitionError: the first N's `cannot_divide` sentence.
+    """
+    if plans and all(found.cannot_divide for _, found in plans):
+        raise partitioning.PartitionError(plans[0][1].cannot_divide)
+
+def say_refused_and_replaced(plans: Sequence[tuple[int, Candidates]], log: Callable[[str], None]) -> None:
+    """One progress line per N that cannot divide or whose default layout gave way, before anything compiles."""
+    for count, found in plans:
+        for said in (found.cannot_divide, found.replaced):
+            if said:
+                log(f"N={count}: {said}")
 
 def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, device_memory: int | None,
             compile_only: bool = False, cache: target_compile.PlanCache | None = None) -> PlanRow | target_compile.Refusal:
@@ -246,7 +325,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         log: progress lines (one per compile).
 
     Raises:
-        ValueError: an N exceeds the devices, or no layout of an N divides the volume (the reasons named).
+        ValueError: an N exceeds the devices, or no layout of any N divides the volume (the first N's reason; an N
+            that cannot divide beside others that can is a `Search` with its reason in `cannot_divide`).
     """
     import jax
 
@@ -256,24 +336,15 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     largest = max(partitions, default=1)
     partitioning.require_devices(largest, len(devices), f"{largest} partitions")
     spatial = len(shape) - 1
-    builder = compiled_step.StepBuilder(config, tuple(shape))
-    plans = []
-    for count in partitions:
-        if layouts_to_try == "all":
-            kept, pruned = prune(layouts(count, spatial), config, shape, builder)
-        else:  # checked too: a count that cannot divide is refused before the first compile, not after the others
-            default = compiled_step.default_partition_dims(count, spatial + 2)
-            kept, pruned = prune([default], config, shape, builder)
-            if not kept:
-                raise partitioning.PartitionError(f"--partitions {count} (split {','.join(map(str, default))}): "
-                                                  f"{pruned[0][1]}")
-            pruned = []
-        if not kept:
-            raise partitioning.PartitionError(f"no layout of {count} cores divides {list(shape[:-1])} at every "
-                                              f"resolution level: {pruned[0][1]}")
-        plans.append((count, kept, pruned))
+    builder = lazy_builder(config, shape)
+    # Every N is sized up before the first compile: one that cannot divide is said at once, not after the others.
+    plans = [(count, candidates(layouts_to_try, count, config, shape, builder))
+             for count in partitions]
+    every_count_refused(plans)
+    builder = builder()
+    say_refused_and_replaced(plans, log)
     reference = (1,) * (spatial + 2)
-    todo = list(dict.fromkeys(([reference] if efficiency else []) + [d for _, kept, _ in plans for d in kept]))
+    todo = list(dict.fromkeys(([reference] if efficiency else []) + [d for _, found in plans for d in found.kept]))
     measured: dict[tuple[int, ...], PlanRow | target_compile.Refusal] = {}  # this search's compiles, one per layout
     for number, dims in enumerate(todo, 1):
         label = ",".join(map(str, dims))
@@ -287,19 +358,19 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     base = measured.get(reference)
     base = base if isinstance(base, PlanRow) else None
     results = []
-    for count, kept, pruned in plans:
-        rows = [measured[d] for d in kept if isinstance(measured[d], PlanRow)]
-        refused = [measured[d] for d in kept if isinstance(measured[d], target_compile.Refusal)]
+    for count, found in plans:
+        rows = [measured[d] for d in found.kept if isinstance(measured[d], PlanRow)]
+        refused = [measured[d] for d in found.kept if isinstance(measured[d], target_compile.Refusal)]
         if base is not None:
             rows = [dataclasses.replace(r, efficiency=round(base.temp_bytes / (r.partitions * r.temp_bytes), 4))
                     for r in rows]
         ranked = rank_rows(rows, device_memory) if layouts_to_try == "all" else rows
         seconds = round(sum(r.compile_seconds for r in [*rows, *refused]), 1)
-        results.append(Search(count, ranked, pruned, seconds, refused))
-        if pruned:
-            log(f"N={count}: {len(pruned)} layout(s) pruned (cannot divide at some resolution level, or a wrong "
-                f"gradient): "
-                + "; ".join(",".join(map(str, d)) for d, _ in pruned))
+        results.append(Search(count, ranked, found.pruned, seconds, refused, replaced=found.replaced,
+                              cannot_divide=found.cannot_divide))
+        if found.pruned and layouts_to_try == "all" and found.kept:
+            log(f"N={count}: {len(found.pruned)} layout(s) pruned (cannot divide at some resolution level): "
+                + "; ".join(",".join(map(str, d)) for d, _ in found.pruned))
     return results
 
 def plan(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Sequence[int], *,

@@ -96,7 +96,11 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
         if result.not_compiled:
             lines.append(f"     N={result.partitions}: not compiled within --max-minutes: "
                          f"{' '.join(','.join(map(str, d)) for d in result.not_compiled)}")
-        if result.pruned:
+        if result.cannot_divide:
+            lines.append(f"     N={result.partitions}: not planned: {result.cannot_divide}")
+        elif result.replaced:
+            lines.append(f"     N={result.partitions}: {result.replaced}")
+        elif result.pruned:
             lines.append(f"     N={result.partitions}: {len(result.pruned)} layout(s) pruned, they cannot divide at "
                          f"some resolution level: {' '.join(','.join(map(str, d)) for d, _ in result.pruned)}")
         if len(result.rows) > 1 and result.rows[0].rank:
@@ -152,6 +156,10 @@ class Plan:
                 "over_cpu_estimate": [{"input_partition_dims": list(d), "cpu_total_bytes": b}
                                       for result in self.results for d, b in result.over_estimate],
                 "not_compiled": [list(d) for result in self.results for d in result.not_compiled],
+                "cannot_divide": [{"partitions": result.partitions, "why": result.cannot_divide}
+                                  for result in self.results if result.cannot_divide],
+                "replaced": [{"partitions": result.partitions, "why": result.replaced}
+                             for result in self.results if result.replaced],
                 "launch": self.launch, "input": self.input,
                 "receptive_field": None if self.receptive_field is None else self.receptive_field.to_json()}
 
@@ -220,8 +228,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
             the step is then sized on the patch, as `fullres train --patch-size` compiles it.
         partitions: core counts N to compare (with given dims: their product); None: `targets.default_partitions`
             (1, 2, 4, 8, 16, on a TPU slice or GPUs those that divide its devices).
-        layouts_to_try: "default" (N-way along the first spatial dimension), "all" (every layout that
-            divides) or one layout's input_partition_dims (a tuple).
+        layouts_to_try: "default" (N-way along the first spatial dimension, or where that cannot divide a stand-in:
+            `layout_search.candidates`), "all" (every layout that divides) or one layout's input_partition_dims.
         device_memory: e.g. "16GiB": rows say whether they fit, and ranking puts the fitting first
             (default on a TPU or GPU target: the memory of one of its devices, `targets.memory_per_device`).
         target: "cpu" (this machine's devices), a TPU slice ("v5e:2x2") or GPUs ("h100x8"): the

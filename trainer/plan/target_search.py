@@ -29,18 +29,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import partitioning, xla_compile
-from trainer.plan import compiled_step, layout_search, roofline, target_compile, targets
-
-
-def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape: tuple[int, ...],
-               builder: compiled_step.StepBuilder | None = None):
-    """(kept, pruned) layouts of `count` cores: "all", "default" (N-way along the first axis) or given dims."""
-    spatial = len(shape) - 1
-    if layouts_to_try == "all":
-        return layout_search.prune(layout_search.layouts(count, spatial), config, shape, builder)
-    if layouts_to_try == "default":
-        return layout_search.prune([compiled_step.default_partition_dims(count, spatial + 2)], config, shape, builder)
-    return layout_search.prune([tuple(layouts_to_try)], config, shape, builder)
+from trainer.plan import layout_search, roofline, target_compile, targets
 
 
 def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, target: targets.Target,
@@ -74,7 +63,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         log: progress lines.
 
     Raises:
-        ValueError: an N exceeds the target's devices or no layout of an N divides the volume.
+        ValueError: an N exceeds the target's devices, or no layout of any N divides the volume (one that cannot
+            beside others that can is a `Search` with its reason, as `layout_search.search` gives it).
         targets.MissingCompiler: the target's compiler is not installed.
     """
     import jax
@@ -82,18 +72,17 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     device_memory = targets.memory_per_device(target) if device_memory is None else device_memory
     target_devices = targets.devices(target)  # first: a missing compiler is said before anything is compiled
     cpu_devices = jax.devices("cpu")
-    builder = compiled_step.StepBuilder(config, tuple(shape))
-    plans = []
     for count in partitions:
         partitioning.require_devices(count, len(target_devices), f"{count} partitions on {target.name}")
         partitioning.require_devices(count, len(cpu_devices), f"{count} partitions (the CPU estimate)")
-        kept, pruned = candidates(layouts_to_try, count, config, shape, builder)
-        if not kept:
-            raise partitioning.PartitionError(f"no layout of {count} cores divides {list(shape[:-1])} at every "
-                                              f"resolution level: {pruned[0][1]}")
-        plans.append((count, kept, pruned))
+    builder = layout_search.lazy_builder(config, shape)
+    plans = [(count, layout_search.candidates(layouts_to_try, count, config, shape, builder))
+             for count in partitions]
+    layout_search.every_count_refused(plans)
+    builder = builder()
+    layout_search.say_refused_and_replaced(plans, log)
     started = time.perf_counter()
-    everything = list(dict.fromkeys(d for _, kept, _ in plans for d in kept))
+    everything = list(dict.fromkeys(d for _, found in plans for d in found.kept))
     cpu: dict[tuple[int, ...], layout_search.PlanRow] = {}
     for number, dims in enumerate(everything, 1):
         label = ",".join(map(str, dims))
@@ -102,8 +91,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         log(f"[CPU estimate {number}/{len(everything)}] {label}: {sizes.human_bytes(row.total_bytes)} per device "
             f"({row.compile_seconds:.1f} s)")
     order, over = [], {}
-    for _, kept, _ in plans:
-        ranked = layout_search.rank_rows([cpu[d] for d in kept], device_memory)
+    for _, found in plans:
+        ranked = layout_search.rank_rows([cpu[d] for d in found.kept], device_memory)
         for row in ranked:
             if row.total_bytes > device_memory:
                 over[row.input_partition_dims] = row.total_bytes
@@ -139,7 +128,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     reference = (1,) * len(shape[:-1]) + (1, 1)
     base = measured.get(reference)
     results = []
-    for count, kept, pruned in plans:
+    for count, found in plans:
+        kept = found.kept
         rows = [measured[d] for d in kept if isinstance(measured.get(d), layout_search.PlanRow)]
         if isinstance(base, layout_search.PlanRow) and base.temp_bytes:
             rows = [dataclasses.replace(r, efficiency=round(base.temp_bytes / (r.partitions * r.temp_bytes), 4))
@@ -147,6 +137,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         refused = [measured[d] for d in kept if isinstance(measured.get(d), target_compile.Refusal)]
         results.append(layout_search.Search(
             count, layout_search.rank_rows(rows, device_memory) if layouts_to_try == "all" else rows,
-            pruned, round(sum(r.compile_seconds for r in [*rows, *refused] if not getattr(r, "cached", False)), 1),
-            refused, [(d, over[d]) for d in kept if d in over], [d for d in kept if d in left]))
+            found.pruned, round(sum(r.compile_seconds for r in [*rows, *refused] if not getattr(r, "cached", False)),
+                                1),
+            refused, [(d, over[d]) for d in kept if d in over], [d for d in kept if d in left], found.replaced,
+            found.cannot_divide))
     return results

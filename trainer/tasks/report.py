@@ -2,6 +2,8 @@
 
 Segmentation: axial, coronal and sagittal slices of held-out cases with the
 true and the predicted masks overlaid, a per-class Dice table, the loss curve.
+A video clip (a sample with `video`) shows a frame and two slices through time
+instead, in the frames' own RGB colours.
 Detection: held-out images with true and predicted boxes, a per-class AP table,
 the loss curve. Nothing is fetched from the network when it is opened.
 """
@@ -18,6 +20,8 @@ from PIL import Image, ImageDraw
 # Overlay colours per class id (class 0, background, is never drawn).
 PALETTE = ((0, 0, 0), (230, 70, 60), (60, 140, 235), (250, 200, 40), (90, 200, 110), (200, 90, 220), (240, 140, 50))
 TRUTH_COLOUR = (40, 220, 90)
+# A clip's views (its first axis is time): a frame and two slices through time, none flipped; their captions.
+VIDEO_VIEWS = {"frame": "frame {index}", "row": "row {index} over time", "column": "column {index} over time"}
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; color: #222; }
@@ -44,9 +48,18 @@ def _grey(slice_2d: np.ndarray) -> np.ndarray:
     return np.repeat((scaled * 255).astype(np.uint8)[..., None], 3, axis=-1)
 
 
-def overlay(slice_2d: np.ndarray, mask: np.ndarray, alpha: float = 0.45) -> np.ndarray:
-    """A grey slice with each foreground class of `mask` tinted in its palette colour."""
-    picture = _grey(slice_2d).astype(np.float32)
+def _colour(slice_rgb: np.ndarray) -> np.ndarray:
+    """An (h, w, 3) RGB slice as uint8: values in [0, 1] (a clip's frames, uint8 / 255) as they are; other ranges
+    stretched to it over all three channels at once, so the colours keep their balance."""
+    low, high = float(slice_rgb.min()), float(slice_rgb.max())
+    if low < 0 or high > 1:
+        slice_rgb = (slice_rgb - low) / (high - low) if high > low else np.zeros_like(slice_rgb)
+    return np.round(np.clip(slice_rgb, 0, 1) * 255).astype(np.uint8)
+
+
+def overlay(image_slice: np.ndarray, mask: np.ndarray, alpha: float = 0.45) -> np.ndarray:
+    """The slice, grey (h, w) or RGB (h, w, 3), with each foreground class of `mask` tinted in its palette colour."""
+    picture = (_colour(image_slice) if image_slice.ndim == 3 else _grey(image_slice)).astype(np.float32)
     for class_id in np.unique(mask):
         if class_id == 0:
             continue
@@ -61,20 +74,23 @@ def _upscale(image: np.ndarray, minimum: int = 160) -> np.ndarray:
     return np.kron(image, np.ones((factor, factor, 1), np.uint8)) if factor > 1 else image
 
 
-def orthogonal_slices(volume: np.ndarray, label: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def orthogonal_slices(volume: np.ndarray, label: np.ndarray, video: bool = False) -> dict[str, tuple[np.ndarray, int]]:
     """Axial, coronal and sagittal slices through the centre of the labelled foreground (or the volume).
 
     Args:
-        volume: (D, H, W) intensities; label: (D, H, W) class ids (or predictions).
+        volume: (D, H, W) intensities, or (D, H, W, C) channels (a clip's RGB frames); label: (D, H, W) class ids
+            (or predictions).
+        video: the first axis is time: a frame and the slices along time (`VIDEO_VIEWS`) instead.
 
     Returns:
-        `{"axial": (slice, index), ...}` where each slice is 2-D and the index is its position.
+        `{"axial": (slice, index), ...}` (a clip: `{"frame": ...}`) where each slice is 2-D (with the channels, if
+        any) and the index is its position.
     """
     foreground = np.argwhere(label > 0)
-    centre = foreground.mean(axis=0).round().astype(int) if len(foreground) else np.array(volume.shape) // 2
+    centre = foreground.mean(axis=0).round().astype(int) if len(foreground) else np.array(label.shape) // 2
     depth, row, column = (int(c) for c in centre)
-    return {"axial": (volume[depth], depth), "coronal": (_take(volume, "coronal", row), row),
-            "sagittal": (_take(volume, "sagittal", column), column)}
+    views = VIDEO_VIEWS if video else ("axial", "coronal", "sagittal")
+    return {view: (_take(volume, view, index), index) for view, index in zip(views, (depth, row, column))}
 
 
 def loss_curve_svg(history: list[list[float]], width: int = 640, height: int = 240) -> str:
@@ -138,26 +154,37 @@ def segmentation_report(scores: dict, samples: list[dict], loss_history: list, c
         "<p>Each view shows the true mask (left) and the prediction (right), coloured by class.</p>",
     ]
     for sample in samples:
-        volume = sample["image"][..., 0]  # (D, H, W)
+        image = sample["image"]  # (D, H, W, C)
+        video = bool(sample.get("video"))
+        volume = image if image.shape[-1] == 3 else image[..., 0]  # RGB frames in colour; otherwise the first channel
         label, prediction = sample["label"], sample["prediction"]
         figures = []
-        for view, (image_slice, index) in orthogonal_slices(volume, label).items():
+        for view, (image_slice, index) in orthogonal_slices(volume, label, video).items():
             label_slice = _take(label, view, index)
             prediction_slice = _take(prediction, view, index)
             for kind, mask in (("true", label_slice), ("predicted", prediction_slice)):
                 picture = _upscale(overlay(image_slice, mask))
+                place = VIDEO_VIEWS.get(view, "{view} {index}").format(view=view, index=index)
                 figures.append(
-                    f'<figure><img src="{png_data_uri(picture)}" alt="{view} slice {index}, {kind} mask" '
+                    f'<figure><img src="{png_data_uri(picture)}" alt="{place}, {kind} mask" '
                     f'width="{picture.shape[1]}" height="{picture.shape[0]}">'
-                    f"<figcaption>{view} {index}: {kind}</figcaption></figure>")
+                    f"<figcaption>{place}: {kind}</figcaption></figure>")
         body.append(f"<h3>{html.escape(sample['case_id'])}</h3><div class=\"cases\">{''.join(figures)}</div>")
+    if any(sample.get("video") for sample in samples):
+        body.append("<p>Clips: a frame, then one row and one column of every frame stacked in time order (time runs "
+                    "down), so that motion shows as a slant.</p>")
     return _page(title, body)
 
 
+
 def _take(volume: np.ndarray, view: str, index: int) -> np.ndarray:
-    """One slice of a (D, H, W) LPS volume; coronal and sagittal slices upside down, so superior is up."""
+    """One slice of a (D, H, W[, C]) LPS volume; coronal and sagittal slices upside down, so superior is up.
+
+    A clip's views (`VIDEO_VIEWS`) keep time running down: frame t, row y of every frame, column x of every frame.
+    """
     return {"axial": lambda: volume[index], "coronal": lambda: volume[::-1, index, :],
-            "sagittal": lambda: volume[::-1, :, index]}[view]()
+            "sagittal": lambda: volume[::-1, :, index], "frame": lambda: volume[index],
+            "row": lambda: volume[:, index, :], "column": lambda: volume[:, :, index]}[view]()
 
 
 def draw_boxes(image: np.ndarray, truth: dict, detections: dict, class_names: list[str],

@@ -292,7 +292,7 @@ def evaluate_segmentation(
     (`engine.sliding_window`), `batch_size` patches per partitioned forward pass; otherwise whole, in one pass.
 
     With `samples` (a list) and `keep`, the first `keep` cases are appended to
-    it as `{"case_id", "image" (D, H, W, C), "label", "prediction"}` for reports.
+    it as `{"case_id", "image" (D, H, W, C), "label", "prediction", "video"}` for reports.
 
     The last batch is padded with copies of its first case to the global batch
     size, so every replica gets an equal share; padded predictions are dropped.
@@ -305,6 +305,7 @@ def evaluate_segmentation(
     predict = None
     cases = 0
     records = ct_input.CtRecords(pattern)
+    video = records.layout(0).kind == tfrecord_schema.VIDEO_RECORDS  # the report shows clips as frames over time
     stream = ct_input.CtBatches(records, batch_size, shuffle=False)
     for batch in stream:
         images = tfrecord_schema.dequantize(batch.inputs["image"], batch.inputs["scale"][:, None, None, None, None])
@@ -329,7 +330,7 @@ def evaluate_segmentation(
         if samples is not None:
             for index in range(min(real, keep - len(samples))):
                 samples.append({"case_id": batch.ids[index], "image": images[index], "label": labels[index],
-                                "prediction": predictions[index]})
+                                "prediction": predictions[index], "video": video})
         cases += real
     stream.close()
     records.close()

@@ -86,3 +86,39 @@ def test_a_video_that_does_not_fit_one_pass_goes_in_overlapping_clips(video_run,
     summary = video_predict.predict_videos(str(folder / "run"), str(videos), str(tmp_path / "out"), clips=True,
                                            log=lambda line: None)
     assert summary["videos"][0]["method"] == "clips" and len(os.listdir(tmp_path / "out" / "walk")) == 40
+
+
+def test_the_evaluation_report_shows_clips_in_their_own_colours(video_run, tmp_path):
+    """The pipeline's evaluate step on clips (issue 45's follow-up): the report drew a clip's red channel in grey; a
+    browser now shows each view's background in the frames' own colour (blue here) and names frames, not axial."""
+    import numpy as np
+
+    from preprocessing.records import tfrecord_files, video_clips as clip_records
+    from tests.trainer.tasks import report_browser
+    from trainer import evaluate
+
+    folder, _ = video_run
+    data = tmp_path / "coloured"
+    data.mkdir()
+    background = (51, 102, 204)
+    frames = np.empty((*CLIP, 3), np.uint8)
+    frames[:] = background
+    masks = np.zeros(CLIP, np.uint8)
+    for t in range(CLIP[0]):
+        frames[t, 6:10, 3 + t:7 + t] = (230, 200, 20)
+        masks[t, 6:10, 3 + t:7 + t] = 1
+    tfrecord_files.write_records(str(data / "data-00000-of-00001.tfrecord"), [clip_records.encode_video_clip(
+        clip_records.VideoClip("yellow@00000", "yellow.mp4", frames, masks, 24.0, tuple(range(CLIP[0])), CLIP[0],
+                               CLIP[1:], label_values=(0, 1)))])
+    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
+    dataset_files.write_summary(str(data), {"ok": 1, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
+                                            "label_values": {"0": 1, "1": 1},
+                                            "preprocessing": video_clips.preprocessing_record(settings)})
+    report = tmp_path / "report.html"
+    scores = evaluate.evaluate_trained(str(folder / "run"), str(data), report_path=str(report), log=lambda line: None)
+    assert scores["cases"] == 1
+    page = report.read_text()
+    seen = report_browser.check(page, tmp_path)
+    assert seen["images"] == 6 and seen["broken"] == []
+    assert seen["corners"][::2] == [list(background)] * 3, seen["corners"]  # the true masks leave the corners clear
+    assert "frame 4: true" in page and "column 8 over time: true" in page and "axial" not in page

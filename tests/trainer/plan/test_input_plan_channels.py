@@ -1,0 +1,41 @@
+"""`fullres plan --data` sizes one process's share by the records' own voxel: image type × channels + the label.
+
+Before: 3 bytes a voxel for every record (CT's int16 + uint8 label), so a video clip's share (uint8 × 3 RGB + uint8
+label, 4 bytes) was stated 25 % small, and its MiB/s with it. CT's 3 bytes are held by
+test_plan_sizes.py::test_a_patch_plan_sizes_the_step_on_the_patch_and_reads_the_data_as_crops.
+"""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from preprocessing.records import dataset_files
+from preprocessing.video import video_clips
+from tests.preprocessing.video import video_makers
+
+CLIP = (8, 16, 16)
+
+
+@pytest.mark.slow  # one compile of the smoke UNet and three 2 s input measurements: 19 s here
+def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path):
+    from pipelines import cli
+
+    video_makers.write_motion_clip_records(str(tmp_path / "data-00000-of-00001.tfrecord"), CLIP)
+    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
+    dataset_files.write_summary(str(tmp_path), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
+                                                "label_values": {"0": 2, "1": 2, "2": 2},
+                                                "preprocessing": video_clips.preprocessing_record(settings)})
+    result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--in-channels", "3", "--image-size",
+                                          ",".join(map(str, CLIP)), "--input-partition-dims", "1,2,1,1,1",
+                                          "--data", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.stdout)["input"]
+    share = planned["share"]
+    frames = share["depth"][1] - share["depth"][0]
+    assert frames == CLIP[0]  # one host holds both devices of the split: all 8 frames
+    assert share["bytes_per_example"] == frames * CLIP[1] * CLIP[2] * (3 + 1)  # RGB uint8 and the uint8 label
+    for rate in (planned["records"], planned["cache"]):  # MiB/s is examples/s × the same bytes
+        expected = rate["examples_per_second"] * share["bytes_per_example"] / 2**20
+        assert abs(rate["mib_per_second"] - expected) <= 0.05 + 0.01 * expected, rate
+    assert f"{share['bytes_per_example'] // 1024}.0 KiB an example" in planned["line"]
