@@ -211,7 +211,11 @@ def _check_libtpu(target: Target) -> None:
 
 
 def _check_cuda_plugin(target: Target) -> None:
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    try:
+        found = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    except ModuleNotFoundError:  # no `jax_plugins` package at all (neither plug-in group installed)
+        found = None
+    if found is None:
         raise MissingCompiler(f"--target {target.name} compiles with JAX's CUDA 12 plug-in, which is not installed; "
                               f"install it with {_install_hint('cuda', 'cuda12-local')}.")
 

@@ -19,7 +19,7 @@ def test_the_issues_1080p_clip_at_16_devices_is_planned_split_along_width():
     config = compiled_step.plan_config(None, "default", {"model.in_channels": 3})
     shape = compiled_step.example_shape(config, (64, 1080, 1920))
     builder = compiled_step.StepBuilder(config, shape)
-    found = layout_search.candidates("default", 16, config, shape, builder.windows)
+    found = layout_search.candidates("default", 16, config, shape, lambda: builder)
     assert found.kept == [(1, 1, 1, 16, 1)] and not found.cannot_divide
     assert found.replaced.startswith("1,16,1,1,1 cannot divide: depth 64 (input_partition_dims[1] = 16) does not fit")
     assert "Planned 1,1,1,16,1 instead: of the 4 splits of 16 cores that divide, the least halo" in found.replaced
@@ -28,7 +28,7 @@ def test_the_issues_1080p_clip_at_16_devices_is_planned_split_along_width():
     bounds = {dims: halo.lower_bound(builder.windows(), dims) for dims in dividing}
     assert bounds[(1, 1, 1, 16, 1)] == min(bounds.values()) and len(bounds) == 4
     # where the default divides, it is kept as it was
-    assert layout_search.candidates("default", 8, config, shape, builder.windows).kept == [(1, 8, 1, 1, 1)]
+    assert layout_search.candidates("default", 8, config, shape, lambda: builder).kept == [(1, 8, 1, 1, 1)]
 
 
 def test_a_plan_of_which_no_count_divides_is_one_sentence(monkeypatch):

@@ -44,14 +44,16 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.
 TINY = ["--preset", "smoke", "--partitions", "4"]  # smoke: the 2-level, 4-filter UNet
 
 
-def _fullres(*arguments: str, hide_libtpu: bool = False, hide_cuda_plugin: bool = False,
+def _fullres(*arguments: str, hide_libtpu: bool = False, hide_cuda_plugin: str = "",
              cache: str | None = None) -> subprocess.CompletedProcess:
     """`fullres ARGUMENTS` in a fresh process (the plan command chooses the JAX platform before JAX starts)."""
     code = ("import runpy, sys\n"
             + ("sys.modules['libtpu'] = None  # `import libtpu` fails, as where the wheel is not installed\n"
                if hide_libtpu else "")
             + ("sys.modules['jax_plugins.xla_cuda12'] = None  # as where the CUDA plug-in is not installed\n"
-               if hide_cuda_plugin else "")
+               if hide_cuda_plugin == "plug-in" else "")
+            + ("sys.modules['jax_plugins'] = None  # as where neither plug-in group is: no jax_plugins package\n"
+               if hide_cuda_plugin == "package" else "")
             + f"sys.argv = ['fullres', *{list(arguments)!r}]\n"
             + "runpy.run_module('pipelines.cli', run_name='__main__')\n")
     environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS", "TPU_LIBRARY_PATH")}
@@ -86,8 +88,9 @@ def test_without_libtpu_the_plan_command_says_how_to_install_it_in_one_sentence(
     assert sentence.endswith(".") and ". " not in sentence and "uv sync --group tpu" in sentence
 
 
-def test_without_the_cuda_plugin_a_gpu_target_says_how_to_install_it_in_one_sentence():
+@pytest.mark.parametrize("hidden", ["plug-in", "package"])  # "package": find_spec raised, a traceback before
+def test_without_the_cuda_plugin_a_gpu_target_says_how_to_install_it_in_one_sentence(hidden):
     sentence = _the_one_sentence(_fullres("plan", *TINY, "--image-size", "16,16,16", "--target", "h100x8",
-                                          hide_cuda_plugin=True))
+                                          hide_cuda_plugin=hidden))
     assert sentence.startswith("--target h100x8 compiles with JAX's CUDA 12 plug-in, which is not installed; ")
     assert sentence.endswith(".") and "uv sync --group cuda" in sentence
