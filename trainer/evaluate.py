@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from trainer import trained_run
 from trainer.engine import run_files, run_record
+from trainer.parallel import device_split
 
 
 def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = None, class_names: list[str] | None = None,
@@ -15,8 +16,10 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
                      across_preprocessings: bool = False) -> dict:
     """Scores a trained model (the output directory of `fullres train`) on `pattern`; writes the HTML report.
 
-    The model runs at full resolution under its training partitioning (see
-    `trained_run.load`). Segmentation scores per-class Dice, detection COCO AP.
+    The model runs at full resolution, split as `fullres predict` splits it on the devices present
+    (`device_split.choose`: the training split where they hold it, else the same axes in fewer parts), over as
+    many replicas as the devices hold and the training batch divides (`trained_run.load`); the log and the
+    scores' `split` say which and why. Segmentation scores per-class Dice, detection COCO AP.
     The report names each case by its record's id; with `pseudonymize`, an id
     that is not a pseudonym (data preprocessed without `--pseudonymize`: ids are
     folder and file names) is shown as "held-out case N" instead.
@@ -35,11 +38,12 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
                                  f"{run_files.path(model_dir, run_files.RUN_RECORD)}", pattern, across_preprocessings)
     task = run.task
     names = task.report_class_names(class_names)  # checked before the (long) evaluation
-    loaded = trained_run.load(run)
+    loaded, split = _load_on_devices_present(run, log)
     samples: list = []
     scores = task.evaluate(loaded.model, loaded.state, loaded.distribution, log, pattern=pattern, samples=samples,
                            keep=report_examples)
     scores["class_names"] = names
+    scores["split"] = split
     if note:
         scores["across_preprocessings"] = note
         log(f"warning: {note}")
@@ -55,6 +59,20 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
         log(f"wrote the report to {report_path}")
     scores["task"] = task.name
     return scores
+
+
+def _load_on_devices_present(run: trained_run.TrainedRun, log) -> tuple[trained_run.Loaded, dict]:
+    """The run's model placed under the split the devices present allow, and that choice as the scores keep it."""
+    import jax
+
+    devices = jax.devices()
+    trained = run.config.partition.input_partition_dims
+    dims, why = device_split.choose(trained, None, len(devices))
+    loaded = trained_run.load(run, devices, dims)
+    replicas = loaded.distribution.num_replicas
+    log(f"evaluating each case split {','.join(map(str, dims))} over {loaded.config.partition.num_cores_per_replica} "
+        f"{devices[0].platform} device(s), {replicas} replica(s) of {len(devices)} device(s) present ({why})")
+    return loaded, {**device_split.record(dims, trained, len(devices), why), "replicas": replicas}
 
 
 def _without_names(sample: dict, number: int) -> dict:

@@ -18,8 +18,8 @@ from preprocessing.ct import ct_io, ct_transforms, intensity, volume_discovery
 from preprocessing.records import dataset_files
 from trainer import config as config_lib, trained_run
 from trainer.engine import inference, run_files
-from trainer.parallel import partitioning
-from trainer.predict import device_split, outputs, scan_grid
+from trainer.parallel import device_split, partitioning
+from trainer.predict import outputs, scan_grid
 
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
 PREPROCESSING_FIELDS = ("spacing", "orientation", "window", "modality")
@@ -237,8 +237,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "pseudonymized": pseudonymize, "ok": len(cases),
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
-               "split": {"input_partition_dims": list(dims), "trained_with": list(
-                   run.config.partition.input_partition_dims), "devices_present": len(devices), "why": split_reason},
+               "split": device_split.record(dims, run.config.partition.input_partition_dims, len(devices), split_reason),
                "class_names": names, "inference": {"method": "whole" if patch is None else "sliding_window",
                                                    "patch_size": None if patch is None else list(patch),
                                                    "described": predictor.describe() + why},

@@ -1,4 +1,4 @@
-"""`fullres predict` chooses its split from the devices present (`predict.device_split`): a run trained split 4-way
+"""`fullres predict` chooses its split from the devices present (`parallel.device_split`): a run trained split 4-way
 predicts on one device with no option, and its masks are those of the training split."""
 
 import json
