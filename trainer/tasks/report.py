@@ -5,7 +5,8 @@ true and the predicted masks overlaid, a per-class Dice table, the loss curve.
 A video clip (a sample with `video`) shows a frame and two slices through time
 instead, in the frames' own RGB colours.
 Detection: held-out images with true and predicted boxes, a per-class AP table,
-the loss curve. Nothing is fetched from the network when it is opened.
+the loss curve. Held-out data scored across preprocessings say so under the title.
+Nothing is fetched from the network when it is opened.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ td.number { text-align: right; font-variant-numeric: tabular-nums; }
 .cases { display: flex; flex-wrap: wrap; gap: 1rem; }
 figure { margin: 0; } figcaption { font-size: .85rem; color: #555; }
 img { image-rendering: pixelated; border: 1px solid #ccc; }
+.note { background: #fff4d6; border-left: .3rem solid #d99a00; padding: .6rem .9rem; }
 .swatch { display: inline-block; width: .8rem; height: .8rem; margin-right: .3rem; vertical-align: middle; }
 """
 
@@ -132,6 +134,17 @@ def _page(title: str, body: list[str]) -> str:
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
+def _notes(scores: dict) -> list[str]:
+    """What a reader must know before the numbers, shown under the title: held-out data scored although they were
+    preprocessed otherwise than the training data (`--eval-across-preprocessings`, `run_record.check_eval`)."""
+    note = scores.get("across_preprocessings")
+    if not note:
+        return []
+    return [f'<p class="note" id="across-preprocessings" role="note"><strong>Warning:</strong> {html.escape(note)}; '
+            "these are not the model's scores on data prepared as its training data were "
+            "(--eval-across-preprocessings).</p>"]
+
+
 def _score(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -145,6 +158,7 @@ def segmentation_report(scores: dict, samples: list[dict], loss_history: list, c
         rows.append(f"<tr><td>{swatch}{html.escape(name)}</td><td class=\"number\">{_score(dice)}</td></tr>")
     body = [
         f"<h1>{html.escape(title)}</h1>",
+        *_notes(scores),
         f"<p>{scores.get('cases', len(samples))} held-out cases; mean foreground Dice "
         f"<strong>{_score(scores.get('dice_mean'))}</strong>.</p>",
         "<h2>Dice per class</h2>",
@@ -212,6 +226,7 @@ def detection_report(scores: dict, samples: list[dict], loss_history: list, clas
             for i, name in enumerate(class_names)]
     body = [
         f"<h1>{html.escape(title)}</h1>",
+        *_notes(scores),
         f"<p>{scores.get('images', len(samples))} held-out images; COCO mAP <strong>{_score(scores['mAP'])}</strong>, "
         f"mAP@0.5 <strong>{_score(scores['mAP@0.5'])}</strong>.</p>",
         "<h2>AP per class (IoU 0.50:0.95)</h2>",

@@ -108,17 +108,21 @@ def test_eval_data_preprocessed_otherwise_than_the_training_data_are_refused_bef
 
 
 @pytest.mark.slow  # evaluates the session's run
-def test_evaluating_a_run_on_data_preprocessed_otherwise_is_refused_or_said(segmentation_run, coarse_data):
+def test_evaluating_a_run_on_data_preprocessed_otherwise_is_refused_or_said(segmentation_run, coarse_data, tmp_path):
+    import html
+
     config, _, _ = segmentation_run
     with pytest.raises(ValueError, match=r"^--eval .* holds data preprocessed with spacing \[3.0, 3.0, 3.0\] but the "
                                          r"model trains on spacing \[1.5, 1.5, 2.5\] \(.*/run_record.json\), so"):
         evaluate.evaluate_trained(config.output_dir, coarse_data["eval"], log=lambda line: None)
     lines = []
     scores = evaluate.evaluate_trained(config.output_dir, coarse_data["eval"], log=lines.append,
-                                       across_preprocessings=True)
+                                       across_preprocessings=True, report_path=str(tmp_path / "report.html"))
     note = (f"scored across preprocessings: --eval {coarse_data['eval']} has spacing [3.0, 3.0, 3.0], the training "
             "data [1.5, 1.5, 2.5]")
     assert scores["across_preprocessings"] == note and f"warning: {note}" in lines and scores["cases"] == 2
+    page = (tmp_path / "report.html").read_text()  # under the title (how it shows: tests/trainer/tasks/test_report.py)
+    assert f'<p class="note" id="across-preprocessings" role="note"><strong>Warning:</strong> {html.escape(note)};' in page
 
 
 def _recorded(run, config):

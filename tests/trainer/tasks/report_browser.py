@@ -43,9 +43,10 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-def in_browser(page: str, tmp_path) -> dict:
+def in_browser(page: str, tmp_path, probe: str = PROBE) -> dict:
+    """What `probe` (a script that writes JSON into `<pre id="probe">` once the page has loaded) saw in Chromium."""
     path = tmp_path / "report.html"
-    path.write_text(page.replace("</body>", PROBE + "</body>"))
+    path.write_text(page.replace("</body>", probe + "</body>"))
     result = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          "--disable-background-networking", "--no-first-run", "--virtual-time-budget=5000", "--dump-dom",

@@ -10,7 +10,7 @@ import pytest
 from tests.trainer.tasks import report_browser
 from trainer.tasks import report
 
-def _segmentation_page():
+def _segmentation_page(**more_scores):
     rng = np.random.default_rng(0)
     label = np.zeros((16, 24, 20), np.int32)
     label[4:10, 6:14, 5:12] = 1
@@ -18,7 +18,7 @@ def _segmentation_page():
     prediction = np.roll(label, 1, axis=1)
     image = (label * 0.3 + rng.normal(0, 0.1, label.shape))[..., None].astype(np.float32)
     samples = [{"case_id": "case-a", "image": image, "label": label, "prediction": prediction}]
-    scores = {"dice_per_class": [0.99, 0.81, None], "dice_mean": 0.81, "cases": 1}
+    scores = {"dice_per_class": [0.99, 0.81, None], "dice_mean": 0.81, "cases": 1, **more_scores}
     return report.segmentation_report(scores, samples, [[10, 1.2], [20, 0.8], [30, 0.5]],
                                       ["background", "liver", "kidney"])
 
@@ -73,12 +73,12 @@ def test_a_clip_overlay_tints_the_frames_colours():
         [4 + t for t in range(8)]
 
 
-def _detection_page():
+def _detection_page(**more_scores):
     image = np.full((64, 80, 3), 0.5, np.float32)
     truth = {"boxes": np.array([[10, 10, 30, 40]], np.float32), "classes": np.array([1])}
     found = {"boxes": np.array([[11, 9, 31, 41], [40, 50, 60, 70]], np.float32), "scores": np.array([0.9, 0.2]),
              "classes": np.array([1, 0])}
-    scores = {"mAP": 0.55, "mAP@0.5": 0.9, "per_class_AP": {"circle": 0.5, "square": 0.6}, "images": 1}
+    scores = {"mAP": 0.55, "mAP@0.5": 0.9, "per_class_AP": {"circle": 0.5, "square": 0.6}, "images": 1, **more_scores}
     return report.detection_report(scores, [{"source_id": "img-1", "image": image, "truth": truth, "detections": found}],
                                    [[1, 2.0], [2, 1.0]], ["circle", "square"])
 
@@ -113,3 +113,36 @@ def test_overlay_colours_the_classes():
     picture = report.overlay(slice_2d, mask)
     assert (picture[:, 0] == 0).all()  # background untouched (black)
     assert picture[0, 1, 0] > picture[0, 1, 2] and picture[0, 2, 2] > picture[0, 2, 0]  # red-ish vs blue-ish
+
+
+# What a reader sees first: the element right under the title, whether it is drawn, its text and colour, and the
+# line after it (the headline score, so the note comes before any number).
+NOTE_PROBE = """<script>
+window.addEventListener("load", () => {
+  const under = document.querySelector("h1").nextElementSibling;
+  const box = under.getBoundingClientRect();
+  const out = document.createElement("pre");
+  out.id = "probe";
+  out.textContent = JSON.stringify({id: under.id, text: under.innerText, drawn: box.height > 0 && box.width > 0,
+                                    background: getComputedStyle(under).backgroundColor,
+                                    then: under.nextElementSibling.innerText.split(";")[0],
+                                    above_the_table: box.bottom <= document.querySelector("table").getBoundingClientRect().top});
+  document.body.appendChild(out);
+});
+</script>"""
+NOTE = "scored across preprocessings: --eval ct3/data-* has spacing [3.0, 3.0, 3.0], the training data [1.5, 1.5, 2.5]"
+
+
+@pytest.mark.parametrize("build", [_segmentation_page, _detection_page])
+def test_scores_across_preprocessings_say_so_under_the_title(build, tmp_path):
+    page = build(across_preprocessings=NOTE)
+    if report_browser.CHROMIUM:
+        seen = report_browser.in_browser(page, tmp_path, NOTE_PROBE)
+        then = "1 held-out cases" if build is _segmentation_page else "1 held-out images"
+        assert seen == {"id": "across-preprocessings", "drawn": True, "above_the_table": True, "then": then,
+                        "background": "rgb(255, 244, 214)",
+                        "text": f"Warning: {NOTE}; these are not the model's scores on data prepared as its training "
+                                "data were (--eval-across-preprocessings)."}, seen
+    else:
+        assert page.index('id="across-preprocessings"') < page.index("<table")
+    assert "across-preprocessings" not in build()  # no note where none was asked for
