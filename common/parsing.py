@@ -70,12 +70,17 @@ def flatten(settings: Mapping[str, object], prefix: str = "") -> dict[str, objec
     return flat
 
 
-def typed(value, hint, name: str, what: str = "train override"):
+def typed(value, hint, name: str, what: str = "train override", given: str | None = None):
     """`value` (text, or a number as KFP passes it) as the type `hint` declares; None, "none" -> None if allowed.
 
     A text setting that cannot be None (`model.stem`, `model.normalization`) keeps "none" as its value. Errors
-    name the setting as `{what} {name}`.
+    name the setting as `{what} {name}`, or, with `given` (the option as the user typed it), `{given}: {name}`.
+
+    >>> typed("nan", float, "learning_rate", given="--set learning_rate=nan")
+    Traceback (most recent call last):
+    ValueError: --set learning_rate=nan: learning_rate must be a finite number, got 'nan'; give a number such as 0.5.
     """
+    setting = f"{given}: {name}" if given else f"{what} {name}"
     is_union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
     options = [o for o in (typing.get_args(hint) if is_union else (hint,)) if o is not type(None)]
     optional = is_union and type(None) in typing.get_args(hint)
@@ -83,13 +88,13 @@ def typed(value, hint, name: str, what: str = "train override"):
         if optional:
             return None
         if not (value.strip() and options == [str]):  # a text setting's "none" is a choice: model.stem=none
-            raise ValueError(f"{what} {name} needs a value.")
+            raise ValueError(f"{setting} needs a value.")
     kind = options[0] if options else str
     if typing.get_origin(kind) is tuple:
         args = typing.get_args(kind)
         item = args[0] if args else int
         parsed = parse_list(value, item, name) if isinstance(value, str) else tuple(value)
-        return [typed(v, item, f"{name}[{i}]", what) for i, v in enumerate(parsed)]
+        return [typed(v, item, f"{name}[{i}]", what, given) for i, v in enumerate(parsed)]
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -98,23 +103,23 @@ def typed(value, hint, name: str, what: str = "train override"):
             return True
         if text in ("false", "0", "no", "off"):
             return False
-        raise ValueError(f"{what} {name} is true or false, got {value!r}.")
+        raise ValueError(f"{setting} is true or false, got {value!r}.")
     if kind is int:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{what} {name} must be a whole number, got {value!r}.") from None
+            raise ValueError(f"{setting} must be a whole number, got {value!r}.") from None
         if not math.isfinite(number):  # round(nan) would raise from inside the sentence below
-            raise ValueError(f"{what} {name} must be a whole number, got {value!r}.")
+            raise ValueError(f"{setting} must be a whole number, got {value!r}.")
         if not number.is_integer():
-            raise ValueError(f"{what} {name} must be a whole number, got {value}; write it like {round(number)}.")
+            raise ValueError(f"{setting} must be a whole number, got {value}; write it like {round(number)}.")
         return int(number)
     if kind is float:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{what} {name} must be a number, got {value!r}.") from None
+            raise ValueError(f"{setting} must be a number, got {value!r}.") from None
         if not math.isfinite(number):  # nan passes every `<` a range check makes, and inf overflows what it scales
-            raise ValueError(f"{what} {name} must be a finite number, got {value!r}; give a number such as 0.5.")
+            raise ValueError(f"{setting} must be a finite number, got {value!r}; give a number such as 0.5.")
         return number
     return value if not isinstance(value, str) else value.strip()

@@ -199,9 +199,9 @@ def train(
             "partition.label_partition_dims": label_partition_dims,
             **{f"model.{k}": v for k, v in unet_only.items()},
         }
-        overrides = {**flags, **parsing.parse_settings(settings or [])}
-        config = config_lib.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides,
-                                    model_source=model, recorded=rerun.base)
+        overrides = {**flags, **(pairs := parsing.parse_settings(settings or []))}
+        config = config_lib.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides, model_source=model,
+                                    recorded=rerun.base, given=recorded_settings.typed_as(flags, pairs))
         recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say)
         train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,
                         eval_across_preprocessings=eval_across_preprocessings)
@@ -287,7 +287,7 @@ def plan(
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
             image_size=size, partitions=asked, layouts_to_try=dims or layouts, device_memory=device_memory,
-            target=target, max_minutes=max_minutes, use_cache=cache, data=data,
+            target=target, max_minutes=max_minutes, use_cache=cache, data=data, set_pairs=given,
             log=lambda line: typer.echo(line, err=True))
         memory = targets.memory_per_device(on)  # a target's own, unless --device-memory says
         budget = device_memory or (sizes.human_bytes(memory) if memory else None)

@@ -28,11 +28,9 @@ class TrainConfig:
     Args:
         task: "segmentation" or "detection"; `model` must be a `UNetConfig` (or a
             user's network, `UserModelConfig`) or a `RetinaNetConfig` to match.
-        train_data: the training data set: its folder or a pattern of its
-            records, wildcards in the folder part allowed (CT schema for
-            segmentation, TF Object Detection API keys for detection), e.g.
-            `data/ct`, `out/*/data-*` or `gs://bucket/ct/data-*.tfrecord.gz`;
-            `preprocessing.records.data_set.resolve` is the rule.
+        train_data: the training data set: its folder or a pattern of its records, wildcards in the folder part
+            allowed (CT schema for segmentation, TF Object Detection API keys for detection), e.g. `data/ct`,
+            `out/*/data-*` or `gs://bucket/ct/data-*.tfrecord.gz`; `preprocessing.records.data_set.resolve` is the rule.
         output_dir: where checkpoints, TensorBoard logs, the exported model and
             `metrics.json` go. A rerun into the same directory resumes.
         eval_data: the held-out data set (named as `train_data`); evaluated at the end.
@@ -48,8 +46,7 @@ class TrainConfig:
             `(1 - t/T) ** 0.9`, to 0 at the last step) or "constant".
         optimizer: "adam", or "sgd" (SGD with Nesterov momentum, nnU-Net's).
         momentum: SGD's momentum (nnU-Net: 0.99); Adam ignores it.
-        weight_decay: each step shrinks the weights by `learning_rate × weight_decay`
-            (nnU-Net: 3e-5); 0 turns it off.
+        weight_decay: each step shrinks the weights by `learning_rate × weight_decay` (nnU-Net: 3e-5); 0 turns it off.
         precision: "float32", or "bfloat16" (bfloat16 compute, float32 weights).
         remat: recompute activations in the backward pass to save memory.
         checkpoint_every: save a checkpoint every this many steps (and at the end).
@@ -282,8 +279,8 @@ PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "nnunet": nnunet, "de
 
 
 def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",
-            eval_data: str | None = None, overrides: Mapping[str, object] | None = None,
-            model_source: str | None = None, recorded: Mapping | None = None) -> TrainConfig:
+            eval_data: str | None = None, overrides: Mapping[str, object] | None = None, model_source: str | None = None,
+            recorded: Mapping | None = None, given: Mapping[str, str] | None = None) -> TrainConfig:
     """The one way to a `TrainConfig`: the command line, the KFP train component and `fullres plan` all call it.
 
     Args:
@@ -298,9 +295,10 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
             preset's spatial_dims, num_classes and in_channels unless overrides set them.
         recorded: a resume's settings in the preset's place (`engine.recorded_settings.base`): what overrides leave
             out stays the run's (given steps count even where the run set epochs).
+        given: how the command line gave each override (`--set learning_rate=nan`), for the sentences; without
+            it a sentence names a key as "train override KEY" (the pipelines' `train_overrides`).
 
-    Detection's class count comes from `label_map.json` beside `train_data` unless
-    `model.num_classes` is given.
+    Detection's class count comes from `label_map.json` beside `train_data` unless `model.num_classes` is given.
 
     Example:
         >>> resolve(preset="demo", overrides={"model.num_levels": "2", "steps": 10}).model.num_levels
@@ -320,15 +318,15 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     if base.task != task:
         raise ValueError(f"preset {preset} is a {base.task} preset but the task is {task}; pick a {task} preset or "
                          f"set the task to {base.task}.")
-    settings = {k: v for k, v in parsing.flatten(overrides or {}).items() if v is not None}
+    settings, given = {k: v for k, v in parsing.flatten(overrides or {}).items() if v is not None}, given or {}
     if model_source is not None:
         user_model.check_task(task, model_source)
     hints = setting_types(task, user_network=model_source is not None or "function" in (recorded or {}).get("model", ()))
     unknown = sorted(set(settings) - set(hints))
     if unknown:
         where = f" with --model {model_source}" if model_source is not None else ""
-        raise ValueError(f"unknown train override{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}{where}; valid "
-                         f"ones: {', '.join(sorted(hints))}.")
+        raise ValueError(f"unknown {'setting' if given else 'train override'}{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(given.get(key, key) for key in unknown)}{where}; valid ones: {', '.join(sorted(hints))}.")
     values = to_dict(base) if recorded is None else json.loads(json.dumps(recorded))
     if recorded is not None and "steps" in settings and "epochs" not in settings:
         values["epochs"] = None
@@ -346,7 +344,8 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     for key, value in settings.items():
         section, _, name = key.rpartition(".")
         auto = key == "partition.input_partition_dims" and str(value).strip().lower() == "auto"  # resolved later
-        (values[section] if section else values)[name] = "auto" if auto else parsing.typed(value, hints[key], key)
+        value = "auto" if auto else parsing.typed(value, hints[key], key, given=given.get(key))
+        (values[section] if section else values)[name] = value
     return from_dict(values)
 
 

@@ -51,7 +51,7 @@ def test_train_help_documents_partitioning():
         (["--task", "detection", "--preset", "detection_demo", "--input-partition-dims", "1,3,1,1"],
          "asks for 3 cores per replica"),
         (["--set", "partition.input_partition_dims=1,3,1,1,1"], "asks for 3 cores per replica"),
-        (["--set", "model.num_level=3"], "unknown train override model.num_level; valid ones: allow_gathers, augment, augmentation, augmentation.blur_probability"),
+        (["--set", "model.num_level=3"], "unknown setting --set model.num_level=3; valid ones: allow_gathers, augment, augmentation, augmentation.blur_probability"),
         (["--set", "steps"], "--set 'steps' is not key=value"),
     ],
 )

@@ -43,3 +43,29 @@ def test_the_config_itself_refuses_what_python_gives_it(field, value, sentence):
     with pytest.raises(ValueError) as refused:
         config_lib.smoke(**{field: value})
     assert str(refused.value) == sentence
+
+
+@pytest.mark.parametrize("command, given, sentence", [
+    ("train", ["--set", "learning_rate=nan"], "--set learning_rate=nan: learning_rate must be a finite number, got "
+                                              "'nan'; give a number such as 0.5."),
+    ("train", ["--learning-rate", "nan"], "--learning-rate nan: learning_rate must be a finite number, got nan; give a "
+                                          "number such as 0.5."),
+    ("train", ["--set", "augmentation.scale=nan,nan"], "--set augmentation.scale=nan,nan: augmentation.scale[0] must "
+                                                       "be a finite number, got nan; give a number such as 0.5."),
+    ("train", ["--set", "steps=inf"], "--set steps=inf: steps must be a whole number, got 'inf'."),
+    ("train", ["--set", "learning_rat=0.1"], "unknown setting --set learning_rat=0.1; valid ones: "),
+    ("plan", ["--set", "weight_decay=inf"], "--set weight_decay=inf: weight_decay must be a finite number, got 'inf'; "
+                                            "give a number such as 0.5."),
+])
+def test_the_sentence_names_the_option_as_typed_not_an_internal_name(command, given, sentence, demo_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    where = (["--train", demo_data["train"], "--output", str(tmp_path / "run")] if command == "train" else
+             ["--image-size", "16,16,16", "--partitions", "1"])
+    result = CliRunner().invoke(cli.app, [command, "--preset", "smoke", *where, *given])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr, result.output
+    assert result.stderr.startswith(f"fullres: error: {sentence}"), result.stderr
+    assert "train override" not in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -196,6 +196,17 @@ def taken_line(rerun: Rerun, overrides: dict, model_given: bool) -> str | None:
             + (f" (and {left} settings at their defaults)" if left else ""))
 
 
+def typed_as(flags: dict, settings: dict) -> dict[str, str]:
+    """How the command line gave each setting (`--learning-rate nan`, `--set learning_rate=nan`): what the
+    sentences of `config.resolve` name. A `--set` wins over its option, as in the overrides.
+
+    >>> typed_as({"learning_rate": 0.5, "steps": None}, {"model.stem": "none"})
+    {'learning_rate': '--learning-rate 0.5', 'model.stem': '--set model.stem=none'}
+    """
+    return {**{key: _option(key, value) for key, value in flags.items() if value is not None},
+            **{key: f"--set {key}={value}" for key, value in settings.items()}}
+
+
 def _flat(values: dict) -> dict:
     return parsing.flatten(json.loads(json.dumps(values)))
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from common import sizes
 from trainer import config as config_lib
+from trainer.engine import recorded_settings
 from trainer.parallel import xla_compile
 from trainer.models import user_model
 from trainer.tasks import registry
@@ -217,12 +218,13 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         image_size: Sequence[int] | None = None, partitions: Sequence[int] | None = None,
         layouts_to_try="default", device_memory: str | None = None, target: str = "cpu",
         max_minutes: float | None = None, cache_dir: str | None = None, use_cache: bool = True,
-        data: str | None = None, log: Callable[[str], None] = lambda line: None) -> Plan:
+        data: str | None = None, set_pairs: dict | None = None, log: Callable[[str], None] = lambda line: None) -> Plan:
     """`fullres plan`: resolves the config as `fullres train` would, compiles, ranks; returns the `Plan`.
 
     Args:
         model: shorthand for the task and the UNet's dimensionality (`plan_config`).
-        preset, settings: as `fullres train --preset ... --set key=value` (dotted keys).
+        preset, settings: as `fullres train --preset ... --set key=value` (dotted keys); `set_pairs`: those
+            that came from `--set`, as typed, for the sentences (`recorded_settings.typed_as`).
         image_size: the spatial size of one example (segmentation: D,H,W or H,W;
             detection: the canvas, `image_size`, which it sets). With a `patch_size` setting, the volumes' size:
             the step is then sized on the patch, as `fullres train --patch-size` compiles it.
@@ -257,7 +259,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         settings.setdefault("image_size", ",".join(map(str, image_size)))  # the detection canvas (2D UNets ignore it)
     if image_size is not None and user_model.is_source(model):
         settings.setdefault("model.spatial_dims", len(image_size))  # a user's network: 2D or 3D as the size says
-    config = compiled_step.plan_config(model, preset, settings)
+    config = compiled_step.plan_config(model, preset, settings, given=recorded_settings.typed_as({}, set_pairs or {}))
     if config.partition.is_auto:  # the layouts are what is being compared
         config = config_lib.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
     volume = shape = compiled_step.example_shape(config, image_size)
