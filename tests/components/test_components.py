@@ -136,6 +136,8 @@ def test_evaluate_scores_and_reports(runner, trained, ct_datasets):
         scores = json.load(file)
     assert scores["cases"] == 2 and len(scores["dice_per_class"]) == 3
     assert scores["class_names"] == ["background", "liver", "kidney"]
+    assert scores["split"] == {"input_partition_dims": [1, 4, 1, 1, 1], "trained_with": [1, 4, 1, 1, 1],
+                               "devices_present": 8, "why": "the training split", "replicas": 2}  # the step's devices
     assert "dice/liver" in metrics
     with open(report_path) as file:
         page = file.read()
