@@ -77,25 +77,19 @@ def test_a_4_way_trained_run_evaluates_on_1_and_2_devices_with_the_training_spli
                                rtol=TOLERANCE, atol=0)
 
 
-@pytest.mark.slow  # evaluates the session's detection run in this process (8 devices) and in a 2-device process
+@pytest.mark.slow  # evaluates the session's detection run in a 2-device process (its own run evaluated on 8)
 def test_an_unsplit_detection_run_evaluates_on_2_devices_over_2_replicas_with_the_same_scores(detection_run, tmp_path):
-    from trainer import evaluate
-
-    config, _ = detection_run
+    config, trained = detection_run  # `trained`: train.train's results, its evaluation at the end on the 8 devices
     assert config.partition.input_partition_dims == (1, 1, 1, 1) and config.batch_size == 8
-    here = evaluate.evaluate_trained(config.output_dir, config.eval_data, log=lambda line: None)
-    assert here["split"] == {"input_partition_dims": [1, 1, 1, 1], "trained_with": [1, 1, 1, 1],
-                             "devices_present": 8, "why": "the training split", "replicas": 8}
-
     scores, log = evaluate_step(config.output_dir, config.eval_data, tmp_path / "two", devices=2)
     assert scores["split"] == {"input_partition_dims": [1, 1, 1, 1], "trained_with": [1, 1, 1, 1],
                                "devices_present": 2, "why": "the training split", "replicas": 2}  # 8 = 2 × 4 rows
     assert log_line(log).endswith("evaluating each case split 1,1,1,1 over 1 cpu device(s), 2 replica(s) of 2 "
                                   "device(s) present (the training split)")
-    assert scores["images"] == here["images"] == 32
+    assert scores["images"] == trained["images"] == 32
     # 8 steps leave every AP at 0 (so these agree trivially); the detections under them are compared below.
     assert {key: scores[key] for key in ("mAP", "mAP@0.5", "per_class_AP")} == {
-        key: here[key] for key in ("mAP", "mAP@0.5", "per_class_AP")}
+        key: trained[key] for key in ("mAP", "mAP@0.5", "per_class_AP")}
 
 
 @pytest.mark.slow  # the detection run's first 8 held-out images, forward on 8 replicas and on 2
