@@ -31,7 +31,7 @@ from preprocessing.records import dataset_files
 from preprocessing.video import video_clips, video_discovery
 from trainer import config as config_lib, trained_run
 from trainer.engine import inference
-from trainer.parallel import partitioning
+from trainer.parallel import device_split, partitioning
 from trainer.predict import outputs, video_outputs
 
 
@@ -86,21 +86,25 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
     import jax
 
     run = trained_run.open_run(model_dir)
-    config = run.config if input_partition_dims is None else config_lib.with_dims(run.config, input_partition_dims)
     devices = jax.devices()
+    # The training split where the devices hold it, else its axes in fewer parts (as predict and evaluation do):
+    # a clip model trained split over time on 8 devices segments videos on 1.
+    trained = run.config.partition.input_partition_dims
+    chosen, split_reason = device_split.choose(trained, input_partition_dims, len(devices))
+    config = config_lib.with_dims(run.config, chosen)
     cores = config.partition.num_cores_per_replica
     partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(config.partition.input_partition_dims)}",
                                  "pass --input-partition-dims with fewer parts")
     loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)
     make = lambda patch: inference.VolumePredictor(  # noqa: E731
         loaded.model, loaded.state, config.partition, devices, config.model.downsampling_levels, device_memory,
-        patch_size=patch)
+        patch_size=patch, pad_as=trained if input_partition_dims is None else None)
     whole, windows = make(None), None
     names = list(info.get("class_names") or dataset_files.segmentation_class_names(config.model.num_classes))
     dims = ",".join(map(str, config.partition.input_partition_dims))
     log(f"fullres predict: {len(sources)} video(s) ({layout}) from {input_path}, model {model_dir} ({len(names)} "
         f"classes: {', '.join(names)}), frames fitted to {settings.size[0]}x{settings.size[1]} ({settings.fit}), "
-        f"split {dims} over {cores} {devices[0].platform} device(s)")
+        f"split {dims} over {cores} {devices[0].platform} device(s) ({split_reason})")
     os.makedirs(output_dir, exist_ok=True)
     output_guard.write_marker(output_dir, "predict", sorted(written))
     videos, dead = [], []
@@ -139,7 +143,9 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
             f"{'and ' + overlay_name if overlay else ''} ({seconds:.1f} s)")
     summary = {"model": os.path.abspath(model_dir), "input": os.path.basename(os.path.abspath(input_path)),
                "ok": len(videos), "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
-               "devices": f"{cores} {devices[0].platform}", "class_names": names, "videos": videos,
+               "devices": f"{cores} {devices[0].platform}",
+               "split": device_split.record(chosen, trained, len(devices), split_reason), "class_names": names,
+               "videos": videos,
                "dead_letters": dead}
     path = outputs.write_summary_and_dead_letters(output_dir, summary)
     log(f"predicted {len(videos)} video(s), {len(dead)} dead letter(s); summary in {path}")

@@ -122,3 +122,34 @@ def test_the_evaluation_report_shows_clips_in_their_own_colours(video_run, tmp_p
     assert seen["images"] == 6 and seen["broken"] == []
     assert seen["corners"][::2] == [list(background)] * 3, seen["corners"]  # the true masks leave the corners clear
     assert "frame 4: true" in page and "column 8 over time: true" in page and "axial" not in page
+
+
+def test_a_clip_model_trained_split_2x2_predicts_on_one_device_with_the_same_masks(video_run, tmp_path):
+    """As predict and evaluation do for scans: no option, the training split's axes in fewer parts (1,1,1,1,1 on one
+    device), the volume padded as the training split pads it; every mask equal to the 4-device prediction's."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    folder, _ = video_run
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    video_makers.encode(str(videos / "clip.mp4"), video_makers.frames(20, (24, 24)), 10)
+    split = video_predict.predict_videos(str(folder / "run"), str(videos), str(tmp_path / "split"), overlay=False,
+                                         log=lambda line: None)
+    assert split["split"]["input_partition_dims"] == [1, 2, 2, 1, 1]
+    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "predict", "--model", str(folder / "run"), "--input", str(videos),
+         "--output", str(tmp_path / "one")],
+        capture_output=True, text=True, env=environment, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.dirname(os.path.abspath(__file__))))), timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    one = json.load(open(tmp_path / "one" / "summary.json"))
+    assert one["split"]["input_partition_dims"] == [1, 1, 1, 1, 1] and one["split"]["devices_present"] == 1
+    assert "the same axes in fewer parts" in result.stderr + result.stdout
+    for t in range(20):
+        a = np.asarray(Image.open(tmp_path / "split" / "clip" / f"{t:05d}.png"))
+        b = np.asarray(Image.open(tmp_path / "one" / "clip" / f"{t:05d}.png"))
+        assert (a == b).all(), t
