@@ -35,7 +35,7 @@ from trainer.plan import layout_search, roofline, target_compile, targets
 # The least share of a layout's CPU figure (XLA:CPU's bytes) that a target's compiler lays out, per platform: a layout
 # is left uncompiled for the target only where its CPU figure times this share exceeds the device's memory. TPU: 1.1
 # to 9 times the CPU's bytes for every fullres model measured, never less. GPU (XLA's CUDA compiler, on h100):
-# 0.21 to 1.05 times (docs/measurements.md, "The GPU's bytes against the CPU's"), the least for bfloat16 at large
+# 0.20 to 1.05 times (docs/measurements.md, "The GPU's bytes against the CPU's"), the least for bfloat16 at large
 # cubes (XLA:CPU lays out more bytes for a bfloat16 step than for the float32 one, XLA's GPU compiler far fewer); a
 # tenth, half the least measured, for a margin: it skips only layouts far past the memory.
 LEAST_SHARE_OF_CPU = {"tpu": 1.0, "cuda": 0.1}
@@ -46,7 +46,7 @@ def _why_not_compiled(target: targets.Target, device_memory: int) -> str:
     share = LEAST_SHARE_OF_CPU[target.platform]
     memory = sizes.human_bytes(device_memory)
     if share >= 1:
-        return f"already exceeds {memory} (the TPU's compiler lays out no less than the CPU's bytes)"
+        return f"already exceeds {memory}"
     return (f"exceeds {1 / share:g} times {memory}, and the GPU's compiler has laid out no less than {2 * share:g} "
             f"times the CPU's bytes for any fullres model measured")
 
