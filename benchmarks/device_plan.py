@@ -3,11 +3,13 @@
 For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then at
 growing cubes 32 voxels apart from the size its 128³ figure scales to, until the plan says one fits and the next
 does not (that is the largest cube the plan says fits). Each point is `memory_plan.run`, `fullres plan`'s own
-code (the CPU compile for the roofline's counts, then the target's compiler). Where `fullres plan` does not
-compile a size for the target because its CPU figure already exceeds the device's memory (its pre-filter,
-`target_search`), the target's compiler is asked all the same (`target_total_bytes`, `target_fits`): bfloat16
-steps take more memory on the CPU than in float32 and far less on the GPU, so the pre-filter stops them early. Then `fullres predict`'s pass of
-one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has.
+code (the CPU compile for the roofline's counts, then the target's compiler; `target_total_bytes` and
+`target_fits` repeat the target compiler's figures, the fields `device_check.py` reads first). On a GPU `fullres
+plan` leaves a size uncompiled for the target only where its CPU figure is over ten times the device's memory
+(`target_search.LEAST_SHARE_OF_CPU`: the GPU's compiler lays out as little as a fifth of the CPU's bytes, for
+bfloat16), far past any size walked here; such a row says so and does not fit. Then `fullres predict`'s pass of
+one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has (rows
+written before the GPU pre-filter was loosened, 2026-11-27, carry the target's figures in `target_*` and a note).
 
     uv sync --group cuda
     nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1]  # results/device_plan_h100x1.json
@@ -42,38 +44,23 @@ def plan_point(row: dict, size: int, target: str) -> dict:
                 **device_check_rows.MODELS[row["model"]]}
     plan = memory_plan.run(model="unet3d", settings=settings, image_size=(size,) * 3, partitions=(1,), target=target)
     found = plan.to_json()
-    if found["over_cpu_estimate"]:  # the plan does not compile it for the target: its CPU figure exceeds the memory
-        cpu = found["over_cpu_estimate"][0]["cpu_total_bytes"]
-        compiled = target_point(settings, size, target)
-        return {**row, "size": size, "total_bytes": None, "cpu_total_bytes": cpu, "fits": False, "step_seconds": None,
-                "target_total_bytes": compiled["total_bytes"], "target_fits": compiled["fits"],
-                "note": "fullres plan does not compile it for the target (its CPU figure exceeds the device's "
-                        "memory); target_*: compiled for the target all the same"}
+    if found["over_cpu_estimate"]:  # far past the memory by its CPU figure: the plan does not compile it for the target
+        over = found["over_cpu_estimate"][0]
+        return {**row, "size": size, "total_bytes": None, "cpu_total_bytes": over["cpu_total_bytes"], "fits": False,
+                "step_seconds": None, "target_total_bytes": None, "target_fits": False,
+                "note": f"fullres plan does not compile it for the target: its CPU figure per device {over['why']}"}
     if not found["rows"]:  # the target's compiler refused it for memory
         refused = found["refused"][0]
         return {**row, "size": size, "total_bytes": refused["needed_bytes"], "fits": False, "step_seconds": None,
+                "target_total_bytes": refused["needed_bytes"], "target_fits": False,
                 "note": "the target's compiler refuses it"}
     top = found["rows"][0]
     estimate = top.get("estimate") or {}
-    return {**row, "size": size, "total_bytes": top["total_bytes"], "temp_bytes": top["temp_bytes"],
-            "argument_bytes": top["argument_bytes"], "fits": top["fits"], "target_total_bytes": top["total_bytes"],
-            "target_fits": top["fits"], "step_seconds": estimate.get("seconds"),
+    return {**row, "size": size, "total_bytes": top["total_bytes"], "cpu_total_bytes": top["cpu_total_bytes"],
+            "temp_bytes": top["temp_bytes"], "argument_bytes": top["argument_bytes"], "fits": top["fits"],
+            "target_total_bytes": top["total_bytes"], "target_fits": top["fits"], "step_seconds": estimate.get("seconds"),
             "bound": estimate.get("bound"), "flops": top["flops"], "bytes_accessed": top["bytes_accessed"],
             "compile_seconds": top["compile_seconds"]}
-
-
-def target_point(settings: dict, size: int, target: str) -> dict:
-    """The target compiler's bytes for a step `fullres plan` left uncompiled (its CPU pre-filter), compiled anyway."""
-    from trainer.plan import compiled_step, layout_search, target_compile, targets
-
-    on = targets.parse(target)
-    config = compiled_step.plan_config("unet3d", "default", settings)
-    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (size,) * 3))
-    found = layout_search.measure(builder, (1, 1, 1, 1, 1), targets.devices(on)[:1], targets.memory_per_device(on),
-                                  compile_only=True, cache=target_compile.PlanCache())
-    if isinstance(found, target_compile.Refusal):
-        return {"total_bytes": found.needed_bytes, "fits": False}
-    return {"total_bytes": found.total_bytes, "fits": found.fits}
 
 
 def predict_point(size: int, target: str) -> dict:
@@ -106,8 +93,8 @@ def predict_point(size: int, target: str) -> dict:
 
 
 def scaled_roofline(point: dict, first: dict, target: str) -> dict:
-    """Where the plan has no counts at a size (past its CPU pre-filter): the roofline of the 128³ counts scaled by
-    volume (a convolutional step's flops and bytes grow with its voxels), marked so."""
+    """Where the plan has no counts at a size (a row written past its old CPU pre-filter, or refused): the roofline
+    of the 128³ counts scaled by volume (a convolutional step's flops and bytes grow with its voxels), marked so."""
     from trainer.plan import roofline, targets
 
     if point.get("step_seconds") is not None or not first.get("flops") or not first.get("bytes_accessed"):
@@ -120,7 +107,8 @@ def scaled_roofline(point: dict, first: dict, target: str) -> dict:
 
 
 def fits(point: dict) -> bool:
-    """The target compiler's verdict (also where `fullres plan`'s CPU pre-filter left the size uncompiled)."""
+    """The target compiler's verdict (`target_fits`; in rows written before the GPU pre-filter was loosened, also
+    where `fullres plan` left the size uncompiled)."""
     return bool(point.get("target_fits", point["fits"]))
 
 

@@ -183,8 +183,9 @@ def test_the_cpu_run_at_tiny_sizes_measures_every_part_and_its_json_checks(tmp_p
 
 
 def test_the_largest_cube_follows_the_target_compiler_past_the_plans_cpu_pre_filter():
-    """bfloat16 steps take more memory on the CPU than on the GPU: `fullres plan` leaves such sizes uncompiled for
-    the target; `device_plan.py` asks the target's compiler all the same, and the device starts from its verdict."""
+    """bfloat16 steps take more memory on the CPU than on the GPU: `fullres plan` left such sizes uncompiled for the
+    target (before its GPU pre-filter was loosened, when results/device_plan_h100x1.json was written) and
+    `device_plan.py` asked the target's compiler all the same; the device starts from that verdict."""
     device_check = load()
     row = {"part": "train", "model": "default", "precision": "bfloat16", "augmentation": "none"}
     plan = {"source": "fullres plan --target h100x1 (test)", "rows": [

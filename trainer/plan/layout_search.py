@@ -89,6 +89,7 @@ class Search:
     not_compiled: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # left by the time bound
     replaced: str = ""  # "default" layouts: why the N-way split along the first axis gave way to another layout
     cannot_divide: str = ""  # no layout of this N divides the volume: why (the N has no rows; the plan goes on)
+    over_estimate_why: str = ""  # why `over_estimate`'s layouts were not compiled for the target (`target_search`)
 
 @dataclasses.dataclass(frozen=True)
 class Candidates:

@@ -93,7 +93,8 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
                              f"whole activations in {layers}; fullres train refuses it without --allow-gathers")
         for dims, cpu_bytes in result.over_estimate:
             lines.append(f"     N={result.partitions}: {','.join(map(str, dims))} not compiled for the target: its CPU "
-                         f"figure, {sizes.human_bytes(cpu_bytes)} per device, already exceeds {device_memory}")
+                         f"figure, {sizes.human_bytes(cpu_bytes)} per device, "
+                         f"{result.over_estimate_why or f'already exceeds {device_memory}'}")
         if result.not_compiled:
             lines.append(f"     N={result.partitions}: not compiled within --max-minutes: "
                          f"{' '.join(','.join(map(str, d)) for d in result.not_compiled)}")
@@ -154,7 +155,8 @@ class Plan:
                 "refused": [r.to_json() for result in self.results for r in result.refused],
                 "pruned": [{"input_partition_dims": list(d), "why": why} for result in self.results
                            for d, why in result.pruned],
-                "over_cpu_estimate": [{"input_partition_dims": list(d), "cpu_total_bytes": b}
+                "over_cpu_estimate": [{"input_partition_dims": list(d), "cpu_total_bytes": b,
+                                       "why": result.over_estimate_why}
                                       for result in self.results for d, b in result.over_estimate],
                 "not_compiled": [list(d) for result in self.results for d in result.not_compiled],
                 "cannot_divide": [{"partitions": result.partitions, "why": result.cannot_divide}

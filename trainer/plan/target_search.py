@@ -6,10 +6,10 @@ same step seconds. So `search`:
 1. prunes the layouts that cannot divide the volume at every resolution level
    (as on the CPU; `layout_search.prune`);
 2. compiles every remaining layout for this machine's CPU first: a cheap
-   estimate. A layout whose CPU figure already exceeds the target's memory is
-   not compiled for the target (measured: the TPU compiler lays out 2 to 9
-   times the CPU's bytes for these models, never less; the row keeps the CPU
-   figure);
+   estimate. A layout whose CPU figure, times the least share of it the
+   target's compiler has been measured to lay out (`LEAST_SHARE_OF_CPU`),
+   still exceeds the target's memory is not compiled for the target (the plan
+   names it with its CPU figure and why);
 3. compiles the rest for the target, best CPU rank first, one progress line
    each with its time, reading figures compiled before from the plan cache
    (`target_compile.PlanCache`), and starts no compile after `max_minutes`
@@ -30,6 +30,25 @@ from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import partitioning, xla_compile
 from trainer.plan import layout_search, roofline, target_compile, targets
+
+
+# The least share of a layout's CPU figure (XLA:CPU's bytes) that a target's compiler lays out, per platform: a layout
+# is left uncompiled for the target only where its CPU figure times this share exceeds the device's memory. TPU: 1.1
+# to 9 times the CPU's bytes for every fullres model measured, never less. GPU (XLA's CUDA compiler, on h100):
+# 0.20 to 1.05 times (docs/measurements.md, "The GPU's bytes against the CPU's"), the least for bfloat16 at large
+# cubes (XLA:CPU lays out more bytes for a bfloat16 step than for the float32 one, XLA's GPU compiler far fewer); a
+# tenth, half the least measured, for a margin: it skips only layouts far past the memory.
+LEAST_SHARE_OF_CPU = {"tpu": 1.0, "cuda": 0.1}
+
+
+def _why_not_compiled(target: targets.Target, device_memory: int) -> str:
+    """The plan's words for a layout its CPU figure keeps from the target's compiler (`LEAST_SHARE_OF_CPU`)."""
+    share = LEAST_SHARE_OF_CPU[target.platform]
+    memory = sizes.human_bytes(device_memory)
+    if share >= 1:
+        return f"already exceeds {memory}"
+    return (f"exceeds {1 / share:g} times {memory}, and the GPU's compiler has laid out no less than {2 * share:g} "
+            f"times the CPU's bytes for any fullres model measured")
 
 
 def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, target: targets.Target,
@@ -91,16 +110,17 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         log(f"[CPU estimate {number}/{len(everything)}] {label}: {sizes.human_bytes(row.total_bytes)} per device "
             f"({row.compile_seconds:.1f} s)")
     order, over = [], {}
+    share = LEAST_SHARE_OF_CPU[target.platform]
     for _, found in plans:
         ranked = layout_search.rank_rows([cpu[d] for d in found.kept], device_memory)
         for row in ranked:
-            if row.total_bytes > device_memory:
+            if row.total_bytes * share > device_memory:
                 over[row.input_partition_dims] = row.total_bytes
             elif row.input_partition_dims not in order:
                 order.append(row.input_partition_dims)
+    why = _why_not_compiled(target, device_memory)
     if over:
-        log(f"{len(over)} layout(s) not compiled for {target.name}: their CPU figure already exceeds "
-            f"{sizes.human_bytes(device_memory)} per device")
+        log(f"{len(over)} layout(s) not compiled for {target.name}: their CPU figure per device {why}")
     measured: dict[tuple[int, ...], layout_search.PlanRow | target_compile.Refusal] = {}
     left: list[tuple[int, ...]] = []
     for number, dims in enumerate(order, 1):
@@ -140,5 +160,5 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
             found.pruned, round(sum(r.compile_seconds for r in [*rows, *refused] if not getattr(r, "cached", False)),
                                 1),
             refused, [(d, over[d]) for d in kept if d in over], [d for d in kept if d in left], found.replaced,
-            found.cannot_divide))
+            found.cannot_divide, why if any(d in over for d in kept) else ""))
     return results

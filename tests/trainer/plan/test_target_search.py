@@ -31,19 +31,26 @@ def test_a_gpu_target_reports_the_cuda_compilers_memory():
 def test_the_search_prunes_by_the_cpu_figure_before_compiling_for_the_target():
     config, shape = _tiny()
     lines = []
-    # Between the CPU figures of the one-axis splits (659.8-667.8 KiB) and the two-axis ones (688.4 KiB), as
-    # measured after the step took its inputs as int16 and uint8 (issue 28; before: 674.6 and 705.7 KiB).
-    budget = 678 * 1024
+    # A GPU layout is left uncompiled only where its CPU figure times the GPU compiler's least measured share of it
+    # (with a margin: `LEAST_SHARE_OF_CPU`) exceeds the memory. The budget lies between that share of the CPU figures
+    # of the one-axis splits (659.8-667.8 KiB) and of the two-axis ones (688.4 KiB), as measured after the step took
+    # its inputs as int16 and uint8 (issue 28; before: 674.6 and 705.7 KiB).
+    share = target_search.LEAST_SHARE_OF_CPU["cuda"]
+    assert share < 1  # XLA's GPU compiler lays out less than the CPU's bytes for bfloat16 steps (docs/measurements.md)
+    budget = int(678 * 1024 * share)
     (result,) = target_search.search(config, shape, [4], targets.parse("h100x8"), layouts_to_try="all",
                                      device_memory=budget, log=lines.append)
     over = {dims for dims, _ in result.over_estimate}
     assert over == {(1, 2, 2, 1, 1), (1, 2, 1, 2, 1), (1, 1, 2, 2, 1)}
-    assert all(cpu_bytes > budget for _, cpu_bytes in result.over_estimate)
+    assert all(cpu_bytes * share > budget for _, cpu_bytes in result.over_estimate)
+    assert result.over_estimate_why.startswith(f"exceeds {1 / share:g} times ")  # the plan says why, not just that
+    assert any(line.startswith("3 layout(s) not compiled for h100x8: their CPU figure per device exceeds")
+               for line in lines)
     compiled = [line for line in lines if line.startswith("[h100x8") and "compiling" in line]
     assert len(compiled) == 3 and not any(",".join(map(str, d)) in " ".join(compiled) for d in over)
     assert {r.input_partition_dims for r in result.rows} == {(1, 4, 1, 1, 1), (1, 1, 4, 1, 1), (1, 1, 1, 4, 1)}
     for row in result.rows:  # the CPU figure beside the target's, and a roofline estimate from XLA:CPU's counts
-        assert row.cpu_total_bytes <= budget < row.total_bytes and row.fits is False
+        assert row.cpu_total_bytes * share <= budget < row.total_bytes and row.fits is False
         assert row.estimate["seconds"] > 0 and row.estimate["bound"] in ("compute", "memory", "interconnect")
         assert row.estimate["counts_from"] == "XLA:CPU"  # the CUDA compiler gives no cost analysis ahead of time
 
