@@ -276,6 +276,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         from preprocessing.records import data_set
 
         data_set.resolve(data, "--data")
+        input_plan.check_shape(data, volume[:-1])  # the records' size too: found after every compile, it was
     limit = sizes.parse_bytes(device_memory) if device_memory else targets.memory_per_device(on)
     started = time.perf_counter()
     if on.platform == "cpu":
