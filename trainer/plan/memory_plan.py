@@ -101,8 +101,7 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
         elif result.replaced:
             lines.append(f"     N={result.partitions}: {result.replaced}")
         elif result.pruned:
-            lines.append(f"     N={result.partitions}: {len(result.pruned)} layout(s) pruned, they cannot divide at "
-                         f"some resolution level: {' '.join(','.join(map(str, d)) for d, _ in result.pruned)}")
+            lines.append(f"     N={result.partitions}: {layout_search.pruned_line(result.pruned)}")
         if len(result.rows) > 1 and result.rows[0].rank:
             best = result.rows[0]
             if device_memory is None:
