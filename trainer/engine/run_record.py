@@ -264,9 +264,13 @@ def _log_changed_freely(recorded: dict, config: config_lib.TrainConfig, total_st
     now = json.loads(json.dumps(config_lib.to_dict(config)))
     said = []
     if previous.get("steps") is not None and previous["steps"] != total_steps:
-        said.append(f"{total_steps} steps in all (was {previous['steps']}; the learning-rate schedule is stretched "
+        fitted = "stretched" if total_steps > previous["steps"] else "shortened"
+        said.append(f"{total_steps} steps in all (was {previous['steps']}; the learning-rate schedule is {fitted} "
                     "to the new end)" if config.schedule != "constant" else
                     f"{total_steps} steps in all (was {previous['steps']})")
+    if "eval_path" in previous:  # the held-out data where the run's last start found them, not as it spelt them
+        recorded = {**recorded, "eval_data": previous["eval_path"]}
+        now["eval_data"] = absolute(now.get("eval_data"))
     for key in MAY_CHANGE:
         if key in ("steps", "epochs"):
             continue

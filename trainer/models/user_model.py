@@ -323,7 +323,16 @@ def measure(config: UserModelConfig) -> tuple[int, ...]:
         shape = probe_shape(model, config)
         state = _Weights([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables])
         smallest = list(shape[1:-1])
-        for window in halo.windows(model, state, shape):
+        try:
+            windows = halo.windows(model, state, shape)
+        except Exception as error:  # the user's code, run on the probe for the first time (check() only had shapes)
+            said = " ".join(line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines()
+                            if line.strip() and not line.strip().startswith(("Arguments received", "•")))[:300]
+            raise UserModelError(
+                f"--model {config.source}: the network fails on a {shape} input, the one fullres traces it with to "
+                f"count its downsamplings ({type(error).__name__}: {said}); make it take any size its strides "
+                "divide, or declare its input's size in keras.Input.") from None
+        for window in windows:
             if len(window.in_spatial) == config.spatial_dims:
                 smallest = [min(s, i, o) for s, i, o in zip(smallest, window.in_spatial, window.out_spatial)]
         levels = []

@@ -26,6 +26,14 @@ from collections.abc import Sequence
 from trainer.parallel import halo, partitioning
 
 
+WRONG_GRADIENT = "silently computes wrong gradients"  # in every refusal's sentence: how a plan tells them apart
+
+
+def refused_for_gradient(sentence: str) -> bool:
+    """Whether `sentence` (a layout's reason for being pruned) is this module's refusal, not a size that cannot divide."""
+    return WRONG_GRADIENT in sentence
+
+
 def reach(window: halo.Window, axis: int) -> int:
     """Voxels the window reaches past a shard's edge along `axis`: its padding on the wider side."""
     high = window.high[axis] if window.high else max(0, window.window[axis] - window.strides[axis] - window.low[axis])
@@ -65,8 +73,7 @@ def refusal(windows: Sequence[halo.Window], dims: Sequence[int], image_shape: Se
     voxels = f"{per_device:g} voxel{'' if per_device == 1 else 's'}"
     return (f"input_partition_dims {list(dims)} leaves {layer} (a {shown} window over "
             f"{'×'.join(map(str, window.in_spatial))} voxels) {voxels} per device along {name}, no more than the "
-            f"{reach(window, axis)} its window reaches past them, where XLA (jax 0.10.2) silently computes wrong "
-            f"gradients once two or more axes are split; give {name} {image_shape[axis + 1] * factor} or more, "
+            f"{reach(window, axis)} its window reaches past them, where XLA (jax 0.10.2) {WRONG_GRADIENT} once two or more axes are split; give {name} {image_shape[axis + 1] * factor} or more, "
             f"split {name} in fewer parts, or split one axis only.")
 
 

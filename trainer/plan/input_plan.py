@@ -50,6 +50,26 @@ def placed_share(dims: Sequence[int], image_shape: Sequence[int], devices: int, 
     return placement.share_of_blocks(blocks, tuple(image_shape))
 
 
+def check_shape(data: str, volume: Sequence[int]) -> None:
+    """Refuses records of another size than the planned volumes (D, H, W), before anything is compiled.
+
+    Raises:
+        ValueError: one sentence naming both sizes and the --image-size to plan with.
+    """
+    records = ct_input.CtRecords(data)
+    try:
+        _check_shape(data, records, tuple(volume))
+    finally:
+        records.close()
+
+
+def _check_shape(data: str, records, volume: tuple[int, ...]) -> None:
+    if tuple(records.shape) != volume:
+        raise ValueError(f"--data {data} holds volumes of {'x'.join(map(str, records.shape))} but the plan is for "
+                         f"{'x'.join(map(str, volume))}; plan with --image-size "
+                         f"{','.join(map(str, records.shape))}, or pass records of that size.")
+
+
 def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devices: int, processes: int,
                step_seconds: float | None, log: Callable[[str], None] = lambda line: None,
                volume: Sequence[int] | None = None) -> dict:
@@ -74,10 +94,7 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
     volume = tuple(volume or image_shape[1:-1])
     records = ct_input.CtRecords(data)
     try:
-        if tuple(records.shape) != volume:
-            raise ValueError(f"--data {data} holds volumes of {'x'.join(map(str, records.shape))} but the plan is for "
-                             f"{'x'.join(map(str, volume))}; plan with --image-size "
-                             f"{','.join(map(str, records.shape))}, or pass records of that size.")
+        _check_shape(data, records, volume)
         share = placed_share(dims, image_shape, devices, processes)
         start, stop = share.depth_of(image_shape[1])
         plane = patch[1:] if patch else records.shape[1:]

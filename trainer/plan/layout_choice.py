@@ -99,6 +99,7 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
         f"{list(shape[:-1])} ({len(pruned)} pruned) ...")
     result = layout_search.search(config, shape, [cores], devices=devices[:cores], efficiency=False, log=log)[0]
     best = result.rows[0]
+    pruned = [*pruned, *result.pruned]  # and those the search refused for the network (`thin_shards`), which divide
     along_first = compiled_step.default_partition_dims(cores, spatial + 2)
     default = next((r for r in result.rows if r.input_partition_dims == along_first), None)
     reason = (f"least halo exchange of {len(result.rows)} layout(s) of {cores} cores ({len(pruned)} pruned): "

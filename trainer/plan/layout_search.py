@@ -370,9 +370,21 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         results.append(Search(count, ranked, found.pruned, seconds, refused, replaced=found.replaced,
                               cannot_divide=found.cannot_divide))
         if found.pruned and layouts_to_try == "all" and found.kept:
-            log(f"N={count}: {len(found.pruned)} layout(s) pruned (cannot divide at some resolution level): "
-                + "; ".join(",".join(map(str, d)) for d, _ in found.pruned))
+            log(f"N={count}: {pruned_line(found.pruned, '; ')}")
     return results
+
+def pruned_line(pruned: Sequence[tuple[tuple[int, ...], str]], separator: str = " ") -> str:
+    """What the plan says of its pruned layouts, by why: those that cannot divide, and those refused because XLA
+    would compute the network's gradient wrongly (`thin_shards`), which do divide."""
+    thin = [d for d, why in pruned if thin_shards.refused_for_gradient(why)]
+    said = []
+    for layouts, why in ([d for d, _ in pruned if d not in thin], "they cannot divide at some resolution level"), (
+            thin, "XLA would compute their gradient wrongly (a window reaches across a whole shard with two or more "
+                  "axes split; docs/your-own-network.md)"):
+        if layouts:
+            said.append(f"{len(layouts)} layout(s) pruned, {why}: " + separator.join(",".join(map(str, d))
+                                                                                   for d in layouts))
+    return "; ".join(said)
 
 def plan(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Sequence[int], *,
          device_memory: int | None = None, log: Callable[[str], None] = lambda line: None) -> list[PlanRow]:

@@ -103,8 +103,7 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
         elif result.replaced:
             lines.append(f"     N={result.partitions}: {result.replaced}")
         elif result.pruned:
-            lines.append(f"     N={result.partitions}: {len(result.pruned)} layout(s) pruned, they cannot divide at "
-                         f"some resolution level: {' '.join(','.join(map(str, d)) for d, _ in result.pruned)}")
+            lines.append(f"     N={result.partitions}: {layout_search.pruned_line(result.pruned)}")
         if len(result.rows) > 1 and result.rows[0].rank:
             best = result.rows[0]
             if device_memory is None:
@@ -280,6 +279,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         from preprocessing.records import data_set
 
         data_set.resolve(data, "--data")
+        input_plan.check_shape(data, volume[:-1])  # the records' size too: found after every compile, it was
     limit = sizes.parse_bytes(device_memory) if device_memory else targets.memory_per_device(on)
     started = time.perf_counter()
     if on.platform == "cpu":

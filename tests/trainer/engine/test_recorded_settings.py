@@ -182,3 +182,22 @@ def test_local_processes_are_given_only_the_options_given(monkeypatch, tmp_path)
     result = CliRunner().invoke(cli.app, ["train", "--output", str(tmp_path), "--steps", "4", "--local-processes", "2"])
     assert result.exit_code == 0, result.output
     assert passed == [["--output", str(tmp_path), "--steps", "4"]]
+
+
+def test_a_bare_resume_from_elsewhere_says_no_eval_change_and_a_shorter_schedule_is_shortened(demo_data, tmp_path,
+                                                                                               monkeypatch):
+    """The run was given its held-out data by a relative path; the bare resume takes their absolute path, the same
+    data: the log named it a change (`--eval "/…/eval-*" (was "eval-*")`), and fewer steps 'stretched' the schedule."""
+    monkeypatch.chdir(os.path.dirname(demo_data["eval"]))
+    run = tmp_path / "run"
+    config = config_lib.smoke(train_data=demo_data["train"], eval_data=os.path.basename(demo_data["eval"]),
+                              output_dir=str(run), steps=12)
+    _recorded_run(run, config)
+    monkeypatch.chdir(tmp_path)
+    rerun = recorded_settings.fill(str(run), {"output_dir", "steps"}, "segmentation", None, None)
+    resumed = config_lib.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data,
+                                 overrides={"steps": 9}, recorded=rerun.base)
+    lines = []
+    run_record.check_rerun(resumed, trained_run.read_record(str(run)), 9, 8, log=lines.append)
+    assert resumed.eval_data == demo_data["eval"]
+    assert lines == ["resuming with 9 steps in all (was 12; the learning-rate schedule is shortened to the new end)"]

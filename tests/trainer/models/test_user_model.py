@@ -111,3 +111,25 @@ def test_the_run_keeps_a_copy_of_the_file_and_reads_the_network_back_from_it(tmp
     assert user_model.build(read.model).output_shape == (None, None, None, None, 3)
     run_files.write_train_config(str(run), read)  # resumed from its own copy: the copy stays as it is
     assert (run / "model_source.py").read_text() == TINY.format(stride=2)
+
+
+def test_a_network_that_fails_only_when_run_on_the_probe_is_refused_in_one_sentence(tmp_path):
+    """Keras's symbolic call passes it, the traced forward pass fails (a stride-3 'same' transposed convolution
+    gives 258 voxels of 256): it was a TypeError traceback from Concatenate out of `fullres train` and `plan`."""
+    file = _write(tmp_path, "net3.py", '''
+import keras
+
+def build(num_classes=3, in_channels=1):
+    inputs = keras.Input((None, None, None, in_channels))
+    x = keras.layers.Conv3D(4, 3, padding="same")(inputs)
+    down = keras.layers.Conv3D(4, 3, strides=3, padding="same")(x)
+    up = keras.layers.Conv3DTranspose(4, 5, strides=3, padding="same")(down)
+    return keras.Model(inputs, keras.layers.Conv3D(num_classes, 1)(keras.layers.Concatenate()([x, up])))
+''')
+    with pytest.raises(user_model.UserModelError) as refused:
+        user_model.measure(user_model.UserModelConfig(file, "build"))
+    sentence = str(refused.value)
+    assert sentence.startswith(f"--model {file}:build: the network fails on a (1, 256, 256, 256, 1) input, the one "
+                               "fullres traces it with to count its downsamplings (TypeError: ")
+    assert "(1, 256, 256, 256, 4), (1, 258, 258, 258, 4)" in sentence and "\n" not in sentence
+    assert "\x1b" not in sentence and sentence.endswith("or declare its input's size in keras.Input.")

@@ -100,3 +100,24 @@ def test_the_api_plan_refuses_it_too():
 
     with pytest.raises(partitioning.PartitionError, match="leaves layer 'wide_first' .* along height"):
         fullres.plan(user_networks.wide_kernels, (8, 4, 4), layouts=(1, 2, 2, 1, 1))
+
+
+def test_a_plan_of_all_layouts_says_why_each_was_pruned():
+    """`fullres plan --layouts all` listed the refused 2×2 splits of (8, 4, 4) under 'they cannot divide at some
+    resolution level', which they do: the plan now gives each pruned layout its own reason."""
+    from trainer import config as config_lib
+    from trainer.plan import layout_search
+
+    config = config_lib.resolve("segmentation", "smoke", model_source=WIDE)
+    shape = (8, 4, 4, 1)
+    kept, pruned = layout_search.prune(layout_search.layouts(4, 3), config, shape,
+                                       layout_search.lazy_builder(config, shape))
+    assert kept == [(1, 1, 1, 4, 1), (1, 1, 4, 1, 1), (1, 4, 1, 1, 1)]
+    assert layout_search.pruned_line(pruned) == (
+        "3 layout(s) pruned, XLA would compute their gradient wrongly (a window reaches across a whole shard with two "
+        "or more axes split; docs/your-own-network.md): 1,1,2,2,1 1,2,1,2,1 1,2,2,1,1")
+    cannot = [((1, 8, 1, 1, 1), "depth 8 (input_partition_dims[1] = 8) does not fit")]
+    assert layout_search.pruned_line(cannot + pruned[:1], "; ") == (
+        "1 layout(s) pruned, they cannot divide at some resolution level: 1,8,1,1,1; 1 layout(s) pruned, XLA would "
+        "compute their gradient wrongly (a window reaches across a whole shard with two or more axes split; "
+        "docs/your-own-network.md): 1,1,2,2,1")

@@ -118,3 +118,16 @@ def test_train_auto_picks_a_layout_records_it_and_reuses_it(demo_data, tmp_path)
 def test_plan_json_rows_name_their_layout():
     row = layout_search.PlanRow(8, (1, 2, 4, 1), 1, 2, 3, None, 0, 40, None, 20, rank=1)
     assert row.to_json()["input_partition_dims"] == [1, 2, 4, 1] and row.to_json()["halo_ratio"] == 2.0
+
+
+def test_the_reason_counts_the_layouts_the_search_refused_for_a_users_network(monkeypatch):
+    """A user's network split 2×2 where XLA would compute its gradient wrongly: the search prunes it (`thin_shards`)
+    after the divisibility check kept it; the reason said '(0 pruned)' beside the 3 layouts compiled of 6."""
+    thin = ((1, 2, 2, 1, 1), "input_partition_dims [1, 2, 2, 1, 1] leaves layer 'wide' ... silently computes wrong "
+                             "gradients once two or more axes are split; ...")
+    row = layout_search.PlanRow(4, (1, 4, 1, 1, 1), 100, 10, 110, None, 0, 50, rank=1)
+    monkeypatch.setattr(layout_search, "search", lambda *arguments, **keywords: [
+        layout_search.Search(4, [row], [thin], 1.0)])
+    choice = layout_choice.choose_layout(_auto(), (16, 16, 16, 1), jax.devices()[:4])
+    assert choice.input_partition_dims == (1, 4, 1, 1, 1)
+    assert "least halo exchange of 1 layout(s) of 4 cores (1 pruned)" in choice.reason and choice.pruned == 1

@@ -50,3 +50,18 @@ def test_records_that_are_not_there_are_named_before_anything_compiles(monkeypat
     with pytest.raises(FileNotFoundError, match=r"^no TFRecord files match --data '.*/nowhere'; pass a data set "):
         memory_plan.run(preset="smoke", image_size=(16, 16, 16), partitions=(1, 2), data=str(tmp_path / "nowhere"),
                         log=lambda line: None)
+
+
+def test_records_of_another_size_are_named_before_anything_compiles(monkeypatch, demo_data):
+    """`fullres plan --image-size 8,16,64 --data <16³ records>` compiled every layout (45 s here) before saying so."""
+    from trainer.plan import memory_plan
+
+    def no_compile(*arguments, **keywords):
+        raise AssertionError("a layout was compiled before the refusal")
+
+    monkeypatch.setattr(layout_search, "measure", no_compile)
+    with pytest.raises(ValueError) as refused:
+        memory_plan.run(preset="smoke", image_size=(8, 16, 64), partitions=(1, 2), data=demo_data["train"],
+                        log=lambda line: None)
+    assert str(refused.value) == (f"--data {demo_data['train']} holds volumes of 16x16x16 but the plan is for 8x16x64; "
+                                  "plan with --image-size 16,16,16, or pass records of that size.")
