@@ -95,3 +95,15 @@ def wide_kernels(num_classes=3, in_channels=1):
     x = layers.Conv3D(4, 5, padding="same", activation="tanh", name="wide_first")(inputs)
     x = layers.Conv3D(4, 5, padding="same", activation="tanh", name="wide_second")(x)
     return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="wide_kernels")
+
+
+def wide_coarse(num_classes=3, in_channels=1):
+    """3D network with a 5×5×5 convolution at half resolution: on 8³ patches every 2×2 split of 4 devices leaves it
+    2 voxels a device along a split axis (refused: trainer/parallel/thin_shards.py), and every 4-way split along one
+    axis all-gathers its activation (a 5-wide window over 1 voxel a device); split 2 ways it does neither."""
+    inputs = keras.Input((None, None, None, in_channels))
+    x = layers.Conv3D(4, 3, padding="same", activation="relu")(inputs)
+    coarse = layers.Conv3D(4, 3, strides=2, padding="same", activation="relu")(x)
+    coarse = layers.Conv3D(4, 5, padding="same", activation="relu", name="wide_coarse")(coarse)
+    merged = layers.Concatenate()([x, layers.UpSampling3D(2)(coarse)])
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(merged), name="wide_coarse")

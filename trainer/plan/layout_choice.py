@@ -84,32 +84,52 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
     count = len(devices)
     counts = [n for n in range(count, 0, -1) if count % n == 0 and config.batch_size % (count // n) == 0]
     spatial = len(shape) - 1
+    gathering: list[int] = []  # core counts whose every layout that compiled all-gathers activations
     for cores in counts:
         kept, pruned = layout_search.prune(layout_search.layouts(cores, spatial), config, shape)
-        if kept:
+        if not kept:
+            continue
+        log(f"input_partition_dims auto: compiling the {len(kept)} layout(s) of {cores} cores that divide "
+            f"{list(shape[:-1])} ({len(pruned)} pruned) ...")
+        try:
+            result = layout_search.search(config, shape, [cores], devices=devices[:cores], efficiency=False,
+                                          log=log)[0]
+        except partitioning.PartitionError:  # every layout that divides is one XLA would differentiate wrongly
+            continue
+        # Training refuses a step that all-gathers activations (unless --allow-gathers): never pick one it refuses.
+        usable = [r for r in result.rows if config.allow_gathers or not r.activation_all_gathers]
+        if usable:
             break
+        gathering.append(cores)
+        log(f"input_partition_dims auto: every layout of {cores} cores all-gathers activations; trying fewer cores "
+            "per replica")
     else:
         factors = [2**n for n in partitioning.per_axis(config.model.downsampling_levels, spatial)]
         factor = str(factors[0]) if len(set(factors)) == 1 else f"({', '.join(map(str, factors))}, per axis)"
         raise partitioning.PartitionError(
             f"input_partition_dims auto: no split of {count} devices (nor of fewer cores per replica, with batch "
-            f"{config.batch_size}) divides {list(shape[:-1])} at every resolution level; give the volume sides that "
-            f"divide by {factor} × the parts, or set input_partition_dims explicitly.")
-    log(f"input_partition_dims auto: compiling the {len(kept)} layout(s) of {cores} cores that divide "
-        f"{list(shape[:-1])} ({len(pruned)} pruned) ...")
-    result = layout_search.search(config, shape, [cores], devices=devices[:cores], efficiency=False, log=log)[0]
-    best = result.rows[0]
-    pruned = [*pruned, *result.pruned]  # and those the search refused for the network (`thin_shards`), which divide
+            f"{config.batch_size}) divides {list(shape[:-1])} at every resolution level"
+            + (f" without all-gathering activations (every layout of {', '.join(map(str, gathering))} cores "
+               "does)" if gathering else "")
+            + f"; give the volume sides that divide by {factor} × the parts, or set input_partition_dims "
+            "explicitly.")
+    best = usable[0]
+    pruned = result.pruned  # the search prunes every layout again (and, by `thin_shards`, a network XLA would
+    # differentiate wrongly): counting the first pass too counted those that cannot divide twice
     along_first = compiled_step.default_partition_dims(cores, spatial + 2)
     default = next((r for r in result.rows if r.input_partition_dims == along_first), None)
-    reason = (f"least halo exchange of {len(result.rows)} layout(s) of {cores} cores ({len(pruned)} pruned): "
+    skipped = len(result.rows) - len(usable)
+    reason = (f"least halo exchange of {len(usable)} layout(s) of {cores} cores ({len(pruned)} pruned"
+              + (f", {skipped} that all-gather activations set aside" if skipped else "") + "): "
               f"{sizes.human_bytes(best.halo_bytes)} per device per step"
               + (f" ({best.halo_ratio:.2f}× its lower bound)" if best.halo_ratio else "")
-              + f", {sizes.human_bytes(best.total_bytes)} per device (within 2 % of the leanest layout)"
+              + f", {sizes.human_bytes(best.total_bytes)} per device"
+              + (" (within 2 % of the leanest layout)" if not skipped else "")
               + (f"; {','.join(map(str, along_first))}: {sizes.human_bytes(default.halo_bytes)} halo, "
                  f"{sizes.human_bytes(default.total_bytes)}" if default is not None and default is not best else ""))
     if cores < count:
-        reason += f"; {count // cores} replicas, since no layout of {count} cores divides the volume"
+        reason += (f"; {count // cores} replicas, since no layout of {count} cores divides the volume"
+                   + (" without all-gathering activations" if gathering else ""))
     return LayoutChoice(best.input_partition_dims, reason, key, [r.to_json() for r in result.rows], len(pruned))
 
 
