@@ -73,7 +73,8 @@ def refusal(windows: Sequence[halo.Window], dims: Sequence[int], image_shape: Se
     voxels = f"{per_device:g} voxel{'' if per_device == 1 else 's'}"
     return (f"input_partition_dims {list(dims)} leaves {layer} (a {shown} window over "
             f"{'×'.join(map(str, window.in_spatial))} voxels) {voxels} per device along {name}, no more than the "
-            f"{reach(window, axis)} its window reaches past them, where XLA (jax 0.10.2) {WRONG_GRADIENT} once two or more axes are split; give {name} {image_shape[axis + 1] * factor} or more, "
+            f"{reach(window, axis)} its window reaches past them, where XLA (jax 0.10.2) {WRONG_GRADIENT} once two or more axes are "
+            f"split; give {name} {image_shape[axis + 1] * factor} or more (a larger --patch-size, or larger volumes), "
             f"split {name} in fewer parts, or split one axis only.")
 
 

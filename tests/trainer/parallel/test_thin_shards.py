@@ -70,8 +70,8 @@ def test_the_sentence_names_the_layer_the_axis_the_voxels_and_the_fix():
     assert str(raised.value) == (
         "input_partition_dims [1, 2, 2, 1, 1] leaves layer 'deep' (a 3×3×3 window over 4×2×2 voxels) 1 voxel per "
         "device along height, no more than the 1 its window reaches past them, where XLA (jax 0.10.2) silently "
-        "computes wrong gradients once two or more axes are split; give height 8 or more, split height in fewer "
-        "parts, or split one axis only.")
+        "computes wrong gradients once two or more axes are split; give height 8 or more (a larger --patch-size, or "
+        "larger volumes), split height in fewer parts, or split one axis only.")
 
 
 @pytest.mark.slow  # compiles the neighbour's training step (about 6 s alone, more on a loaded host)
