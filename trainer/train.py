@@ -33,7 +33,7 @@ import numpy as np
 from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
-from trainer.engine import checkpoints, placement, plateau, program, run_files, run_record, scalars
+from trainer.engine import checkpoints, placement, plateau, program, resume_devices, run_files, run_record, scalars
 from trainer.parallel import distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
@@ -78,8 +78,8 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     if not config.train_data or not config.output_dir:
         raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
-    if not config.partition.is_auto:  # a split the devices cannot hold is named before the data are read
-        partitioning.validate_devices(config.partition, jax.device_count())
+    if not config.partition.is_auto:  # a split the devices cannot hold is named before the data are read (a resume:
+        resume_devices.check(config, jax.device_count())  # by the device counts its run fits)
     # The data are judged before the output: a run refused for its data leaves no run folder behind.
     task = registry.make_task(config)
     task.check_data(config.train_data, "--train", training=True)

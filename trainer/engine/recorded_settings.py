@@ -6,8 +6,9 @@ hold them. An option given on the command line is the rerun's and is compared wi
 (`engine.run_record.check_rerun`: refused in one sentence where it changes what the run means). The log says in
 one line which settings came from the record.
 
-Two options name a whole starting point and so stop the record from filling in the settings: `--preset` (all
-its settings then count as given, as for a new run) and a `--task` other than the run's. The data (`--train`,
+`--preset` names a whole starting point and so stops the record from filling in the settings (all its settings
+then count as given, as for a new run). A `--task` other than the run's is refused before any data are read: a
+run has one task, so the fix is to leave `--task` out or train into a new `--output`. The data (`--train`,
 `--eval`) are the run's whenever left out: the absolute path the run's newest start recorded (the path as it
 was given, for a run from before that), whose fingerprint is still checked.
 """
@@ -90,7 +91,8 @@ def fill(run_dir: str, given: set[str], task: str, train_data: str | None, eval_
     `fullres train`: "task", "preset", "train_data", "eval_data", ...), else those of the run in `run_dir`.
 
     Raises:
-        ValueError: no run is there and `--train` is left out; the run's record is damaged (`read`).
+        ValueError: no run is there and `--train` is left out; `--task` is not the run's; the run's record is
+            damaged (`read`).
     """
     recorded = read(run_dir)
     if recorded is None:
@@ -99,6 +101,10 @@ def fill(run_dir: str, given: set[str], task: str, train_data: str | None, eval_
                              "preprocess, or a pattern of its records) to start a run, or point --output at an "
                              "earlier run to resume it on its own data.")
         return Rerun(task, train_data, eval_data, None, ())
+    trained_task = recorded.settings.get("task", "segmentation")
+    if "task" in given and task != trained_task:
+        raise ValueError(f"--output {run_dir} holds a {trained_task} run but --task is {task}; leave --task out (or "
+                         f"pass --task {trained_task}) to resume the run, or train the {task} run into a new --output.")
     taken = []
     if "task" not in given and recorded.settings.get("task", task) != task:
         task = recorded.settings["task"]

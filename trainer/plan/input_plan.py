@@ -50,6 +50,25 @@ def placed_share(dims: Sequence[int], image_shape: Sequence[int], devices: int, 
     return placement.share_of_blocks(blocks, tuple(image_shape))
 
 
+def check_kind(data: str) -> None:
+    """Refuses `--data` that are not records this module measures (CT volumes or video clips), before anything is
+    compiled: detection's images with boxes are read by another input, whose rate this plan does not measure.
+
+    Raises:
+        FileNotFoundError, ValueError: `data_set.resolve`'s sentences (nothing there, records of mixed data sets).
+        ValueError: one sentence naming the kind of records found and what to do.
+    """
+    from preprocessing.records import data_set, tfrecord_schema as schema
+
+    kind = data_set.resolve(data, "--data").kind
+    if kind in (schema.CT_RECORDS, schema.VIDEO_RECORDS):
+        return
+    fix = ("leave --data out to plan the detection step without measuring its input" if kind == schema.DETECTION_RECORDS
+           else "convert the scans again with this fullres's fullres preprocess ct")
+    raise ValueError(f"--data {data} holds {kind}, but fullres plan --data measures the input of CT volumes or video "
+                     f"clips only (the records of fullres preprocess ct or video); {fix}, or pass CT or clip records.")
+
+
 def check_shape(data: str, volume: Sequence[int]) -> None:
     """Refuses records of another size than the planned volumes (D, H, W), before anything is compiled.
 

@@ -276,9 +276,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
                          f"entries; this model's inputs have {len(shape) + 1} (batch, {len(shape) - 1} spatial, "
                          f"channels), e.g. {','.join(map(str, compiled_step.default_partition_dims(4, len(shape) + 1)))}.")
     if data is not None:  # named before the first compile, as every other argument (it is read after them)
-        from preprocessing.records import data_set
-
-        data_set.resolve(data, "--data")
+        input_plan.check_kind(data)  # CT or clip records: the input this plan measures
         input_plan.check_shape(data, volume[:-1])  # the records' size too: found after every compile, it was
     limit = sizes.parse_bytes(device_memory) if device_memory else targets.memory_per_device(on)
     started = time.perf_counter()

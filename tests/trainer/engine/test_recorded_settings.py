@@ -173,6 +173,24 @@ def test_a_detection_run_resumes_from_its_record_and_a_given_change_is_refused(t
     assert snapshot(run) == before
 
 
+def test_another_task_on_a_runs_resume_is_refused_by_the_runs_task_before_its_data_are_read(tmp_path):
+    """A detection run resumed with --task segmentation: the sentence names both tasks and the fix, not the data."""
+    from preprocessing.images import demo_images
+
+    shapes = demo_images.write_demo_tfrecords(str(tmp_path / "shapes"), num_train=2, num_eval=0, size=(64, 64))
+    run = tmp_path / "run"
+    _recorded_run(run, config_lib.detection_demo(train_data=shapes["train"], output_dir=str(run), image_size=(64, 64),
+                                                 max_boxes=5, steps=2))
+    before = snapshot(run)
+    for given in ([], ["--train", shapes["train"]]):
+        refused = _train("--output", str(run), "--steps", "4", "--task", "segmentation", *given)
+        assert refused.exit_code == 2, refused.output
+        assert refused.stderr == (
+            f"fullres: error: --output {run} holds a detection run but --task is segmentation; leave --task out (or "
+            "pass --task detection) to resume the run, or train the segmentation run into a new --output.\n")
+    assert snapshot(run) == before
+
+
 def test_local_processes_are_given_only_the_options_given(monkeypatch, tmp_path):
     """Each process resolves the command line again: an option passed on at its default would count as given."""
     from trainer.parallel import local_launcher
