@@ -30,8 +30,9 @@ def test_a_resume_on_fewer_devices_goes_on_where_the_split_fits_and_is_refused_w
     before = files.snapshot(run)
     refused = train([*common, "--virtual-devices", "2"])
     assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
-    assert ("fullres: error: input_partition_dims [1, 4, 1, 1, 1] asks for 4 cores per replica, which does not "
-            "divide the 2 devices present") in refused.stderr
+    assert (f"fullres: error: --output {run} holds a run of global batch 2 split 1,4,1,1,1 (4 devices per replica, "
+            "trained on 8 devices), which does not divide over the 2 devices present (not whole replicas of 4 "
+            "devices); resume it on 8 or 4 devices") in refused.stderr  # what fits, not another split or batch
     assert files.snapshot(run) == before
 
     resumed = train([*common, "--virtual-devices", "4"])
