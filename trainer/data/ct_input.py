@@ -65,17 +65,9 @@ def list_files(pattern: str) -> list[str]:
 
 
 class CtRecords:
-    """The CT records of a data set, addressable by number, in the order of their case ids.
-
-    Not in the shards' order: Beam puts each record in a shard of its own choosing
-    (`WriteToTFRecord(num_shards=N)`), so two preprocessings of the same scans
-    shard them differently, and training on the shards' order trained the same
-    scans and seed on another order of examples (`fullres demo` twice: losses
-    apart from step 20, Dice 0.923 and 0.919). Opening indexes every file (in
-    parallel: a header walk for uncompressed files, one inflation for GZIP ones)
-    and reads each record's case id; a record's layout (where its slabs lie) is
-    checked when it is first needed.
-    """
+    """The CT records of a data set, addressable by number, in their case ids' order (not the shards': Beam shards
+    each preprocessing of the same scans differently). Opening indexes every file in parallel and reads each case
+    id; a record's layout (where its slabs lie) is checked when it is first needed."""
 
     def __init__(self, pattern: str, workers: int | None = None):
         self.pattern = pattern
@@ -84,7 +76,6 @@ class CtRecords:
             self.files = list(pool.map(tfrecord_files.RecordFile, paths))
         where = [(file, number) for file in self.files for number in range(len(file))]
         cases = [ct_slabs.read_layout(file, number).case_id for file, number in where]
-        # Ties (one case id twice) keep the shards' order among themselves.
         self._where = [where[i] for i in sorted(range(len(where)), key=lambda i: cases[i])]
         self._layouts: list[ct_slabs.CtLayout | None] = [None] * len(self._where)
         self.compressed = any(file.compressed for file in self.files)
