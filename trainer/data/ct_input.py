@@ -1,10 +1,9 @@
 """CT records into batches: each process reads its share, in parallel, into reused buffers, from a cache where it fits.
 
-The order is a pure function of the seed: the example at stream position p
-(p = step × batch size + row) is `permutation(seed, epoch)[p mod N]`, epoch =
-p div N. So a resumed run starts at its step without reading what came before,
-a process reading some rows of each batch reads exactly those rows of what one
-process would, and the decoded cache changes nothing but the speed.
+The order is a pure function of the seed and the case ids: the example at stream position p (p = step × batch
+size + row) is `permutation(seed, epoch)[p mod N]` of the records in case-id order, epoch = p div N. So a resumed
+run starts at its step without reading what came before, a process reading some rows of each batch reads exactly
+those rows of what one process would, and the decoded cache changes nothing but the speed.
 
 What one process reads (`batches.Share`): the rows of every global batch its
 devices hold and, when depth is split across processes, only the depth slabs
@@ -65,9 +64,8 @@ def list_files(pattern: str) -> list[str]:
 
 
 class CtRecords:
-    """The CT records of a data set, addressable by number, in their case ids' order (not the shards': Beam shards
-    each preprocessing of the same scans differently). Opening indexes every file in parallel and reads each case
-    id; a record's layout (where its slabs lie) is checked when it is first needed."""
+    """A data set's CT records by number, in their case ids' order (not the shards': Beam shards each preprocessing
+    differently); a record's layout (where its slabs lie) is checked when first needed."""
 
     def __init__(self, pattern: str, workers: int | None = None):
         self.pattern = pattern
@@ -75,7 +73,10 @@ class CtRecords:
         with concurrent.futures.ThreadPoolExecutor(min(len(paths), workers or batches.usable_cores())) as pool:
             self.files = list(pool.map(tfrecord_files.RecordFile, paths))
         where = [(file, number) for file in self.files for number in range(len(file))]
-        cases = [ct_slabs.read_layout(file, number).case_id for file, number in where]
+        try:
+            cases = [ct_slabs.read_layout(file, number).case_id for file, number in where]
+        except tfrecord_files.RecordFileDamaged:  # not CT records: the first read of one says so, where it did
+            cases = [""] * len(where)  # (sorted is stable: the shards' order)
         self._where = [where[i] for i in sorted(range(len(where)), key=lambda i: cases[i])]
         self._layouts: list[ct_slabs.CtLayout | None] = [None] * len(self._where)
         self.compressed = any(file.compressed for file in self.files)
