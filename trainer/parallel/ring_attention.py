@@ -18,9 +18,11 @@ Where the tokens are: `dot_product_attention`'s (B, T, heads, dim) with T split
 over the split mesh axes in the mesh's order (depth, then height, then width),
 as a reshape (B, D', H', W', C) → (B, D'·H'·W', C) lays each device's tokens
 out when only the first split axis is split, or when each device holds whole
-rows of the later ones. `MultiHeadAttention(attention_axes=(1, 2, 3))` on a
-grid of tokens (B, D', H', W', C) keeps every axis's own split: its queries,
-keys and values enter the ring as they lie. Causal masks (positions from each
+rows of the later ones (else XLA re-blocks them by all-to-alls first).
+`MultiHeadAttention(attention_axes=...)` on a grid of tokens (B, D', H', W', C)
+keeps every axis's own split: its queries, keys and values enter the ring as
+they lie, the ring over the attended axes' devices (all three, as UNETR's; time
+alone, as TimeSformer's divided attention). Causal masks (positions from each
 device's block), masks and biases of shape (…, T or 1, S or 1) are supported;
 dropout on the scores, returned scores, and key or value token counts that do
 not divide by the split are Keras's own (XLA then gathers; `fullres train`
@@ -153,13 +155,18 @@ def dot_product_attention(mesh, query, key, value, bias=None, mask=None, scale=N
 
 
 def grid_supported(mesh, query, key, value, token_axes, spatial_dims: int) -> bool:
-    """True where a `MultiHeadAttention` over a grid of tokens (B, *grid, heads, dim), attending over every grid axis,
-    splits as a ring: the grid is the split volume's (one axis per spatial axis), each axis divisible by its split."""
+    """True where a `MultiHeadAttention` over a grid of tokens (B, *grid, heads, dim), attending over some of the
+    grid's axes (`token_axes`: all of them, as UNETR's, or time alone, as a divided space-time video transformer's),
+    splits as a ring: the grid is the split volume's (one axis per spatial axis), each axis divisible by its split,
+    and at least one attended axis split (else XLA splits it as it lies)."""
     if mesh is None or not _ring_axes(mesh) or len(query.shape) != spatial_dims + 3:
         return False
-    if tuple(token_axes) != tuple(range(1, spatial_dims + 1)) or query.shape[-2] != key.shape[-2]:
+    if not token_axes or not set(token_axes) <= set(range(1, spatial_dims + 1)) or query.shape[-2] != key.shape[-2]:
         return False
-    return all(_grid_parts(mesh, spatial_dims, x.shape) is not None for x in (query, key, value))
+    if query.shape[:-2] != key.shape[:-2] or key.shape[:-1] != value.shape[:-1]:
+        return False
+    axes = _grid_parts(mesh, spatial_dims, query.shape)
+    return axes is not None and any(axes[axis - 1] is not None for axis in token_axes)
 
 
 _SPATIAL_NAMES = {2: ("height", "width"), 3: ("depth", "height", "width")}  # partitioning.DIMENSION_NAMES's
@@ -175,21 +182,28 @@ def _grid_parts(mesh, spatial_dims: int, shape):
     return axes
 
 
-def grid_attention(mesh, query, key, value, scale: float, spatial_dims: int):
-    """`MultiHeadAttention`'s attention over a grid of tokens (B, *grid, heads, dim), every grid axis split as the
-    volume's: each device flattens its own block of tokens and the blocks travel the ring (`grid_supported` first)."""
+def grid_attention(mesh, query, key, value, scale: float, spatial_dims: int, token_axes):
+    """`MultiHeadAttention`'s attention over a grid of tokens (B, *grid, heads, dim) along `token_axes`, every grid
+    axis split as the volume's: each device lays its own block out as (B · the other axes, its tokens, heads, dim),
+    and the blocks travel the ring of the attended axes' devices (`grid_supported` first)."""
     import jax
     from jax.sharding import PartitionSpec
 
-    axes = _ring_axes(mesh)
+    grid_axes = _grid_parts(mesh, spatial_dims, query.shape)
+    axes = tuple(name for name in mesh.axis_names if name in {grid_axes[a - 1] for a in token_axes})
     parts = math.prod(mesh.shape[name] for name in axes)
-    spec = PartitionSpec(_batch_axis(mesh, query.shape[0]), *_grid_parts(mesh, spatial_dims, query.shape), None,
-                         None)
+    spec = PartitionSpec(_batch_axis(mesh, query.shape[0]), *grid_axes, None, None)
+    others = [a for a in range(1, spatial_dims + 1) if a not in token_axes]
+    order = [0, *others, *sorted(token_axes), spatial_dims + 1, spatial_dims + 2]
 
     def body(q, k, v):
-        flat = [x.reshape(x.shape[0], -1, *x.shape[-2:]) for x in (q, k, v)]
-        out = _ring(*flat, None, None, axes=axes, parts=parts, scale=scale, causal=False)
-        return out.reshape(*q.shape[:-1], v.shape[-1])
+        def tokens(x):
+            x = x.transpose(order)
+            return x.reshape(-1, math.prod(x.shape[1 + len(others):-2]), *x.shape[-2:])
+
+        out = _ring(tokens(q), tokens(k), tokens(v), None, None, axes=axes, parts=parts, scale=scale, causal=False)
+        laid = q.transpose(order).shape[:-1] + (v.shape[-1],)
+        return out.reshape(laid).transpose([order.index(i) for i in range(len(order))])
 
     return jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)(
         query, key, value)

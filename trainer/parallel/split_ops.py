@@ -11,6 +11,10 @@ spatial split, those ops are computed by exactly equivalent formulations that
 split with halo exchanges only: `subpixel.conv_transpose` (a stride-1
 convolution and a depth-to-space) and `interpolation.resize` (a fixed 3-tap
 stencil per axis and an interleave; integer factors, linear and nearest).
+Global attention (Keras's `dot_product_attention`, which `MultiHeadAttention`
+calls, and `MultiHeadAttention` over a grid of tokens), whose keys and values
+XLA would all-gather, is `ring_attention`'s: keys and values passed round the
+devices that hold the tokens, over the split's mesh.
 
 Under a split means: inside fullres's own compiled programs for a split layout
 (`splitting`: training's step, `fullres plan`, evaluation and `fullres predict`),
@@ -154,8 +158,8 @@ def _dot_product_attention(query, key, value, bias=None, mask=None, scale=None, 
 
 def _compute_attention(layer, query, key, value, attention_mask=None, training=None, return_attention_scores=False,
                        use_causal_mask=False):
-    """`MultiHeadAttention._compute_attention`; over a grid of tokens laid out as the split volume
-    (`attention_axes` = every spatial axis), as `ring_attention.grid_attention` under a split."""
+    """`MultiHeadAttention._compute_attention`; over a grid of tokens laid out as the split volume (`attention_axes`
+    some or all of its spatial axes, one of them split), as `ring_attention.grid_attention` under a split."""
     from trainer.parallel import ring_attention
 
     split_mesh = mesh()
@@ -164,7 +168,7 @@ def _compute_attention(layer, query, key, value, attention_mask=None, training=N
     if plain and ring_attention.grid_supported(split_mesh, query, key, value, layer._attention_axes,
                                                len(partition_dims()) - 2):
         output = ring_attention.grid_attention(split_mesh, query, key, value, layer._inverse_sqrt_key_dim,
-                                               len(partition_dims()) - 2)
+                                               len(partition_dims()) - 2, layer._attention_axes)
         return output, None
     return _ORIGINAL["compute_attention"](layer, query, key, value, attention_mask=attention_mask, training=training,
                                           return_attention_scores=return_attention_scores,
