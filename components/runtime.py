@@ -53,11 +53,11 @@ def train_config(*, task: str, preset: str, train_data: str, output_dir: str, st
 
     0 and "" are the component's "keep the preset's value" (KFP parameters have no None).
     """
-    from trainer import config as config_lib
+    from trainer import config_resolution
 
     named = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "precision": precision,
              "partition.input_partition_dims": input_partition_dims, "augmentation": augmentation}
-    return config_lib.resolve(task, preset, train_data, output_dir,
+    return config_resolution.resolve(task, preset, train_data, output_dir,
                               overrides={**{k: v for k, v in named.items() if v}, **(overrides or {})},
                               model_source=model_source)
 

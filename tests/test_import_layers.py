@@ -28,6 +28,8 @@ LAYERS = (
     "trainer.models",
     "trainer.augment",
     "trainer.config",
+    "trainer.presets",
+    "trainer.config_resolution",
     "trainer.data",
     "trainer.engine",
     "trainer.tasks",

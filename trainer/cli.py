@@ -164,6 +164,8 @@ def train(
         if len(size) != 2:
             console.fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
     from trainer import config as config_lib, train as train_lib
+    from trainer import config_resolution
+    from trainer import presets
     from trainer.engine import recorded_settings
     from trainer.parallel import distributed
 
@@ -174,9 +176,9 @@ def train(
         distributed.initialize(
             distributed.ProcessGroup(coordinator_address, num_processes, process_id) if all(given) else None
         )
-        if preset != "default" and config_lib.PRESETS[preset]().task != task:
-            console.fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
-                  f"--task {config_lib.PRESETS[preset]().task} or another preset.")
+        if preset != "default" and presets.PRESETS[preset]().task != task:
+            console.fail(f"--preset {preset} is a {presets.PRESETS[preset]().task} preset but --task is {task}; pass "
+                  f"--task {presets.PRESETS[preset]().task} or another preset.")
         unet_only = {"num_levels": num_levels, "base_filters": base_filters, "stem": stem,
                      "normalization": normalization, "encoder": encoder, "deep_supervision": deep_supervision}
         given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
@@ -200,7 +202,7 @@ def train(
             **{f"model.{k}": v for k, v in unet_only.items()},
         }
         overrides = {**flags, **(pairs := parsing.parse_settings(settings or []))}
-        config = config_lib.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides, model_source=model,
+        config = config_resolution.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides, model_source=model,
                                     recorded=rerun.base, given=recorded_settings.typed_as(flags, pairs))
         recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say)
         train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from preprocessing.images import demo_images
-from trainer import config as config_lib
+from trainer import presets
 from trainer.engine import placement
 from trainer.parallel import partitioning
 
@@ -82,7 +82,7 @@ def border_detector() -> str:
     from trainer.engine import run_files
 
     trained_as = run_files.read_train_config(stored.FOLDER)
-    today = config_lib.detection_demo()
+    today = presets.detection_demo()
     if (trained_as.model, trained_as.precision, trained_as.steps) != (today.model, today.precision, stored.STEPS):
         pytest.fail(f"the stored border detector was trained as {trained_as.model} ({trained_as.precision}, "
                     f"{trained_as.steps} steps) but the detection demo preset is now {today.model} "

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import config as config_lib, train
+from trainer import train
+
+from trainer import presets
 from trainer.engine import checkpoints
 from trainer.parallel import partitioning
 from tests.files import snapshot
@@ -78,7 +80,7 @@ def test_a_run_whose_reader_is_slow_says_it_is_input_bound(demo_data, tmp_path, 
         return read(self, *arguments)
 
     monkeypatch.setattr(ct_input.CtRecords, "read", slow_read)
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(tmp_path / "run"), steps=6, batch_size=4,
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(tmp_path / "run"), steps=6, batch_size=4,
                               input_cache="off", checkpoint_every=100, log_every=2,
                               partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)))
     lines = []
@@ -196,7 +198,7 @@ def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
 @pytest.mark.slow
 def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
     # 6 training cases, global batch 4 (4 replicas × 2 cores): ceil(6 / 4) = 2 steps an epoch, 3 epochs = 6 steps.
-    config = config_lib.smoke(
+    config = presets.smoke(
         train_data=demo_data["train"], output_dir=str(tmp_path), epochs=3, batch_size=4, checkpoint_every=100,
         partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)),
     )
@@ -237,7 +239,7 @@ def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_pa
     output = tmp_path / "papers"
     output.mkdir()
     (output / "thesis.tex").write_text("four years")
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(output))
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(output))
     with pytest.raises(output_guard.OutputRefused) as refused:
         train.train(config, log=lambda line: None)
     assert str(refused.value) == (
@@ -245,7 +247,7 @@ def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_pa
         "so pass a new or empty directory as --output, or the output of an earlier `fullres train` to resume it.")
     assert snapshot(output) == {"thesis.tex": b"four years"}
     data_directory = os.path.dirname(demo_data["train"])
-    inside = config_lib.smoke(train_data=demo_data["train"], output_dir=os.path.join(data_directory, "run"))
+    inside = presets.smoke(train_data=demo_data["train"], output_dir=os.path.join(data_directory, "run"))
     with pytest.raises(output_guard.OutputRefused, match=r"^--output .*/run lies inside the training data .*; fullres "
                                                          r"would replace or mix its files with yours, so choose an "
                                                          r"--output outside "):
@@ -363,7 +365,7 @@ def test_a_ct_training_process_without_export_imports_no_tensorflow(demo_data, t
     program = f"""
 import json, sys
 from trainer import config as config_lib, train
-config = config_lib.smoke(train_data={demo_data['train']!r}, eval_data={demo_data['eval']!r},
+config = presets.smoke(train_data={demo_data['train']!r}, eval_data={demo_data['eval']!r},
                           output_dir={str(tmp_path / 'run')!r}, steps=2, log_every=1)
 results = train.train(config, log=lambda line: None, export_saved_model=False)
 print(json.dumps({{"steps": results["steps"], "tensorflow": "tensorflow" in sys.modules}}))

@@ -22,6 +22,8 @@ import numpy as np
 
 from common import parsing
 from trainer import config as config_lib
+from trainer import config_resolution
+from trainer import presets
 from trainer.engine import placement, program
 from trainer.models import user_model
 from trainer.parallel import halo, partitioning, thin_shards, xla_compile
@@ -88,12 +90,12 @@ def plan_config(model: str | None = None, preset: str = "default", overrides: di
     if model is not None:
         task = "detection" if model == "retinanet" else "segmentation"
     elif task is None:
-        task = config_lib.PRESETS[preset]().task if preset in config_lib.PRESETS else "segmentation"
+        task = presets.PRESETS[preset]().task if preset in presets.PRESETS else "segmentation"
     settings = dict(overrides or {})
     if model in ("unet3d", "unet2d") or user:
         spatial_dims = int(settings.setdefault("model.spatial_dims", 3 if model != "unet2d" else 2))
         settings.setdefault("partition.input_partition_dims", ",".join("1" * (spatial_dims + 2)))  # layouts replace it
-    return config_lib.resolve(task, preset, overrides=settings, model_source=model if user else None, given=given)
+    return config_resolution.resolve(task, preset, overrides=settings, model_source=model if user else None, given=given)
 
 def example_shape(config: config_lib.TrainConfig, spatial_size: Sequence[int] | None) -> tuple[int, ...]:
     """One example's shape, channels last, as the task trains on it: (D, H, W, 1) at `spatial_size`, or (H, W, 3)."""

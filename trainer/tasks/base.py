@@ -20,9 +20,9 @@ class Task(Protocol):
     """What differs between segmentation and detection, as methods.
 
     Example:
-        >>> from trainer import config
+        >>> from trainer import presets
         >>> from trainer.tasks import registry
-        >>> task = registry.make_task(config.smoke())
+        >>> task = registry.make_task(presets.smoke())
         >>> isinstance(task, Task), task.name, task.planned_example_shape((32, 32, 32))
         (True, 'segmentation', (32, 32, 32, 1))
     """

@@ -69,10 +69,11 @@ def test_a_process_share_of_a_patch_batch_is_those_rows_and_depths_of_the_whole_
 
 @pytest.mark.slow  # imports and starts the trainer (2.4 s)
 def test_training_refuses_a_patch_larger_than_the_volumes_before_making_the_run_folder(demo_data, tmp_path):
-    from trainer import config as config_lib, train
+    from trainer import train
+    from trainer import presets
 
     output = tmp_path / "run"
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(output), patch_size=(32, 8, 8))
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(output), patch_size=(32, 8, 8))
     with pytest.raises(ValueError, match=r"^--patch-size 32,8,8 is larger than the 16x16x16 volumes of "):
         train.train(config, log=lambda line: None)
     assert not output.exists()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.preprocessing.video import video_makers
 from tests.trainer.parallel import test_parity as parity
-from trainer import config as trainer_config
+from trainer import presets
 from trainer.augment import recipe
 from trainer.engine import placement, step
 from trainer.models import unet
@@ -29,7 +29,7 @@ def video_task(tmp_path_factory):
     video_makers.write_motion_clip_records(path, CLIP)
     always = dataclasses.replace(recipe.preset("video"), noise_probability=1.0, brightness_probability=1.0,
                                  contrast_probability=1.0, gamma_probability=1.0)
-    config = trainer_config.video(
+    config = presets.video(
         train_data=path, augmentation=always,
         model=unet.UNetConfig(spatial_dims=3, num_classes=3, in_channels=3, num_levels=3, base_filters=4, stem="none"))
     task = registry.make_task(config)

@@ -10,6 +10,10 @@ import numpy as np
 import pytest
 
 from trainer import config as config_lib, train
+
+from trainer import config_resolution
+
+from trainer import presets
 from trainer.engine import placement, step
 from trainer.models import losses, unet
 from trainer.parallel import partitioning
@@ -17,11 +21,11 @@ from trainer.plan import layout_choice, layout_search
 
 
 def _auto(**changes):
-    return config_lib.smoke(partition=partitioning.PartitionConfig("auto"), **changes)
+    return presets.smoke(partition=partitioning.PartitionConfig("auto"), **changes)
 
 
 def test_auto_is_a_partition_setting_of_its_own():
-    config = config_lib.resolve(preset="smoke", overrides={"partition.input_partition_dims": "auto"})
+    config = config_resolution.resolve(preset="smoke", overrides={"partition.input_partition_dims": "auto"})
     assert config.partition.is_auto and config.partition.rank is None
     assert config_lib.from_dict(config_lib.to_dict(config)).partition.is_auto
     with pytest.raises(partitioning.PartitionError, match="'auto', which training resolves"):
