@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import trainer  # noqa: F401  (chooses Keras's JAX backend before anything imports Keras)
-from trainer.parallel.partitioning import SpatialParallel
+from trainer.parallel.device_mesh import SpatialParallel
 
 __all__ = ["SpatialParallel", "plan", "train"]
 

@@ -34,7 +34,7 @@ from common import output_guard
 from trainer import config as config_lib, export, trained_run
 from trainer.data import ct_input
 from trainer.engine import checkpoints, placement, plateau, program, resume_devices, run_files, run_record, scalars
-from trainer.parallel import distributed, partitioning
+from trainer.parallel import device_mesh, distributed, partitioning
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
 
@@ -109,7 +109,7 @@ class _Run:
     num_examples: int
     image_shape: tuple[int, ...]  # (B, D, H, W, 1) or (B, H, W, 3)
     choice: object  # layout_choice.LayoutChoice, or None when the layout was given
-    distribution: partitioning.SpatialParallel
+    distribution: device_mesh.SpatialParallel
     model: object
     optimizer: object
     schedule: object
@@ -179,7 +179,7 @@ def _set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue
     # A rerun into a run's folder keeps to what the run means, checked before anything is built or written.
     rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
                                    continue_with_changes, log)
-    distribution = partitioning.make_distribution(config.partition, devices)
+    distribution = device_mesh.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(
         f"fullres train ({task.name}): {num_examples} training examples of {image_shape[1:-1]}, {total_steps} steps, "

@@ -28,7 +28,7 @@ import pytest
 from preprocessing.images import demo_images
 from trainer import presets
 from trainer.engine import placement
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 
 pytestmark = pytest.mark.slow  # trains a detector
 
@@ -169,10 +169,10 @@ def check_borders(model_dir: str):
     loaded = trained_run.load(model_dir)
     config, model, state = loaded.config, loaded.model, loaded.state
     images, truths = _border_images(np.random.default_rng(11), 64)
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 2, 1)), jax.devices()[:8])
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig((1, 4, 2, 1)), jax.devices()[:8])
     partitioned = _detect(model, state, config, distribution, images)
     border, elsewhere = _recall(truths, partitioned, True), _recall(truths, partitioned, False)
-    one_device = partitioning.make_distribution(partitioning.PartitionConfig((1, 1, 1, 1)), jax.devices()[:1])
+    one_device = device_mesh.make_distribution(partitioning.PartitionConfig((1, 1, 1, 1)), jax.devices()[:1])
     whole = _detect(model, state, config, one_device, images)
     tiled = _detect(model, state, config, one_device, images, tiles=True)
     tiled_border = _recall(truths, tiled, True)

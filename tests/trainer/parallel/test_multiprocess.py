@@ -18,7 +18,7 @@ import pytest
 
 from tests.trainer.parallel import multiprocess_parity_worker as worker
 from trainer.engine import checkpoints
-from trainer.parallel import distributed, local_launcher, partitioning
+from trainer.parallel import device_mesh, distributed, local_launcher, partitioning
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOLERANCE = 1e-5  # as in test_parity.py: per-tensor ||a − b|| / ||b||
@@ -71,7 +71,7 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
         """Each 'process' (4 of the 8 devices) as `placement.process_share` sees it on its own devices."""
         found = []
         for devices in mesh_devices:
-            distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), list(mesh_devices.ravel()))
+            distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), list(mesh_devices.ravel()))
             sharding = distribution.get_data_layout((4, 16, 16, 16, 1)).backend_layout
             blocks = {d: i for d, i in sharding.devices_indices_map((4, 16, 16, 16, 1)).items() if d in set(devices)}
             found.append(placement.share_of_blocks(blocks.values(), (4, 16, 16, 16, 1)))

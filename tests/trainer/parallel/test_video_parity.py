@@ -15,7 +15,7 @@ from trainer import presets
 from trainer.augment import recipe
 from trainer.engine import placement, step
 from trainer.models import unet
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 from trainer.tasks import registry
 
 pytestmark = pytest.mark.slow  # three compilations of a small 3D UNet's step
@@ -43,7 +43,7 @@ def video_task(tmp_path_factory):
 
 
 def _loss_and_grads(task, batch, model, state, dims):
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims),
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims),
                                                   jax.devices()[:int(np.prod(dims))])
     placed_state = placement.place_state(state, distribution)
     inputs, labels = task.place(distribution, batch)

@@ -16,7 +16,7 @@ from trainer import config_resolution
 from trainer import presets
 from trainer.engine import placement, step
 from trainer.models import losses, unet
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 from trainer.plan import layout_choice, layout_search
 
 
@@ -59,7 +59,7 @@ def test_a_cached_choice_is_reused_and_a_stale_one_is_not(tmp_path):
 
 def _loss_and_grads(model, state, dims, images, labels):
     devices = jax.devices()[:int(np.prod(dims))]
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), devices)
     placed = placement.place_state(state, distribution)
     placed_images, placed_labels = placement.place_batch(distribution, images, labels)
     function = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy),
