@@ -15,7 +15,7 @@ What each part runs (nothing here is a copy of fullres's code; each calls the co
 * predict: `inference.VolumePredictor.probabilities`, the whole-volume pass `fullres predict` makes per scan
   (its weights untrained: time and memory do not depend on their values; reading and writing the scan files
   are not included).
-* input: `ct_input.CtBatches` reading synthetic CT records (written by the project's own encoder) and feeding
+* input: `ct_batches.CtBatches` reading synthetic CT records (written by the project's own encoder) and feeding
   the same training step, the loop as `train._loop` runs it: the seconds spent waiting for each next batch.
 """
 
@@ -257,6 +257,7 @@ def input_row(row: dict) -> dict:
     import numpy as np
 
     from trainer.data import batches as batches_lib, ct_input
+    from trainer.data import ct_batches
     from trainer.engine import placement
 
     size, total = row["sizes"][0], row["warmup"] + row["steps"]
@@ -267,7 +268,7 @@ def input_row(row: dict) -> dict:
         written = time.perf_counter() - started
         records = ct_input.CtRecords(pattern)
         state = placement.place_state(step.state, step.distribution)
-        feed = ct_input.CtBatches(records, step.config.batch_size, seed=0, steps=total, cache="off")
+        feed = ct_batches.CtBatches(records, step.config.batch_size, seed=0, steps=total, cache="off")
         waits, in_flight = [], collections.deque()
         try:
             for number in range(total):

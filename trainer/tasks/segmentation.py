@@ -20,6 +20,7 @@ from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.augment import keys, recipe as augment_recipe
 from trainer.data import batches as batches_lib, ct_input, patches
+from trainer.data import ct_batches
 from trainer.engine import inference, placement, sliding_window
 from trainer.models import losses, receptive_field, unet, user_model
 from trainer.parallel import device_mesh, distributed, partitioning
@@ -205,7 +206,7 @@ class SegmentationTask:
         return inputs, labels
 
     def batches(self, start_step: int, share: batches_lib.Share | None = None, log: Callable[[str], None] = print
-                ) -> ct_input.CtBatches:
+                ) -> ct_batches.CtBatches:
         """This process's share of every step's batch from `start_step` on, in the run's order (`ct_input`).
 
         Args:
@@ -221,7 +222,7 @@ class SegmentationTask:
             log(f"loss: soft Dice + cross-entropy weighing each class by its voxel count to the power -{balance:g} "
                 f"(class_balance{'' if config.class_balance is not None else ', the whole-volume recipe'}: a small "
                 "organ is otherwise lost on some seeds, docs/recipe.md)")
-        return ct_input.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
+        return ct_batches.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
                                   cache=config.input_cache, log=log, patch=config.patch_size)
 
     def receptive_field(self, model, size: tuple[int, ...] | None = None) -> receptive_field.ReceptiveField:
@@ -306,7 +307,7 @@ def evaluate_segmentation(
     cases = 0
     records = ct_input.CtRecords(pattern)
     video = records.layout(0).kind == tfrecord_schema.VIDEO_RECORDS  # the report shows clips as frames over time
-    stream = ct_input.CtBatches(records, batch_size, shuffle=False)
+    stream = ct_batches.CtBatches(records, batch_size, shuffle=False)
     for batch in stream:
         images = tfrecord_schema.dequantize(batch.inputs["image"], batch.inputs["scale"][:, None, None, None, None])
         labels = batch.labels.astype(np.int32)

@@ -61,7 +61,7 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
     process reads."""
     import jax
 
-    from trainer.data import batches, ct_input
+    from trainer.data import batches, ct_batches, ct_input
     from trainer.engine import placement
 
     records = ct_input.CtRecords(demo_data["train"])
@@ -81,7 +81,7 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
     assert shares((1, 4, 1, 1, 1)) == [batches.Share((0, 1)), batches.Share((2, 3))]
 
     def read(share):
-        stream = ct_input.CtBatches(records, 4, share, seed=3, start_step=1)
+        stream = ct_batches.CtBatches(records, 4, share, seed=3, start_step=1)
         taken = [next(stream) for _ in range(3)]
         copied = [(b.ids, b.inputs["image"].copy(), b.labels.copy()) for b in taken]
         stream.close()
