@@ -16,7 +16,7 @@ What each part runs (nothing here is a copy of fullres's code; each calls the co
   (its weights untrained: time and memory do not depend on their values; reading and writing the scan files
   are not included).
 * input: `ct_batches.CtBatches` reading synthetic CT records (written by the project's own encoder) and feeding
-  the same training step, the loop as `train._loop` runs it: the seconds spent waiting for each next batch.
+  the same training step, the loop as `train_loop.loop` runs it: the seconds spent waiting for each next batch.
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def input_row(row: dict) -> dict:
                 inputs, labels = step.task.place(step.distribution, batch, None)
                 state, metrics = step.jitted(state, inputs, labels, np.int32(number))
                 in_flight.append((batch, metrics))
-                while len(in_flight) > 1:  # as train._loop: this step and the next in flight
+                while len(in_flight) > 1:  # as train_loop.loop: this step and the next in flight
                     done_batch, done_metrics = in_flight.popleft()
                     jax.block_until_ready(done_metrics)
                     done_batch.release()

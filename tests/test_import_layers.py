@@ -37,6 +37,8 @@ LAYERS = (
     "trainer.trained_run",
     "trainer.export",
     "trainer.evaluate",
+    "trainer.run_setup",
+    "trainer.train_loop",
     "trainer.train",
     "trainer.predict",
     "trainer.cli_help",

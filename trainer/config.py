@@ -18,7 +18,7 @@ PRECISIONS = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "constant", "poly")
 OPTIMIZERS = ("adam", "sgd")
 TASKS = ("segmentation", "detection")
-INPUT_CACHE = ("auto", "on", "off")  # trainer.data.ct_input.choose_cache
+INPUT_CACHE = ("auto", "on", "off")  # trainer.data.decoded_cache.choose_cache
 MODEL_TYPES = {"segmentation": unet.UNetConfig, "detection": retinanet.RetinaNetConfig}
 
 

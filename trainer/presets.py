@@ -1,7 +1,7 @@
 """Named training presets: functions that return a `TrainConfig`, each a starting point a user picks with `--preset`.
 
 Every default lives in `TrainConfig`; a preset names only what it changes, and any keyword overrides it
-(`smoke(steps=2)`). `config.resolve` starts from one of these, then applies the user's settings.
+(`smoke(steps=2)`). `config_resolution.resolve` starts from one of these, then applies the user's settings.
 """
 
 from __future__ import annotations

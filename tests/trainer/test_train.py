@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import train
+from trainer import run_setup, train, train_loop
 
 from trainer import presets
 from trainer.engine import checkpoints
@@ -58,7 +58,7 @@ def test_every_logging_window_records_its_input_wait(segmentation_run):
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) == 8 and all(re.search(r"  input wait \d+%$", line) for line in steps), steps
     # The decoded cache holds 6 tiny volumes: the steps never wait for them.
-    assert results["input_bound"] is False and 0.0 <= results["input_wait_fraction"] < train.INPUT_BOUND
+    assert results["input_bound"] is False and 0.0 <= results["input_wait_fraction"] < train_loop.INPUT_BOUND
     assert results["input_cache"].startswith("on: this process's share of the data set")
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -85,12 +85,12 @@ def test_a_run_whose_reader_is_slow_says_it_is_input_bound(demo_data, tmp_path, 
                               partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)))
     lines = []
     results = train.train(config, log=lines.append, export_saved_model=False)  # the input is judged, not the export
-    assert results["input_bound"] is True and results["input_wait_fraction"] >= train.INPUT_BOUND, results
+    assert results["input_bound"] is True and results["input_wait_fraction"] >= train_loop.INPUT_BOUND, results
     assert results["input_cache"] == "off (--input-cache off): records are read every step"
     bound = [line for line in lines if line.startswith("step ") and "input-bound" in line]
     assert bound and bound[-1].startswith("step 6/6") and "the input cache (--input-cache on" in bound[-1], lines
     with open(tmp_path / "run" / "history.jsonl") as file:
-        assert json.loads(file.readlines()[-1])["input_wait"] >= train.INPUT_BOUND
+        assert json.loads(file.readlines()[-1])["input_wait"] >= train_loop.INPUT_BOUND
 
 
 @pytest.mark.slow
@@ -337,7 +337,7 @@ def test_scalars_read_back_in_tensorboard_as_tf_summary_writes_them(tmp_path):
 
 
 def test_the_trainer_s_seed_draws_what_keras_s_seed_draws():
-    """`train._seed` is `keras.utils.set_random_seed` less TensorFlow's seed: the same weights, NumPy and Python draws."""
+    """`run_setup.seed` is `keras.utils.set_random_seed` less TensorFlow's seed: the same weights, NumPy and Python draws."""
     import random
 
     import keras
@@ -352,9 +352,9 @@ def test_the_trainer_s_seed_draws_what_keras_s_seed_draws():
 
     keras.utils.set_random_seed(11)
     theirs = draws()
-    train._seed(11)
+    run_setup.seed(11)
     ours = draws()
-    train._seed(12)
+    run_setup.seed(12)
     assert ours == theirs and draws() != theirs
 
 
@@ -364,7 +364,7 @@ def test_a_ct_training_process_without_export_imports_no_tensorflow(demo_data, t
     and saved as model.keras, all without TensorFlow (4.6 CPU-s of every such process before)."""
     program = f"""
 import json, sys
-from trainer import config as config_lib, train
+from trainer import presets, train
 config = presets.smoke(train_data={demo_data['train']!r}, eval_data={demo_data['eval']!r},
                           output_dir={str(tmp_path / 'run')!r}, steps=2, log_every=1)
 results = train.train(config, log=lambda line: None, export_saved_model=False)

@@ -48,7 +48,7 @@ class Rerun:
 
     Args:
         task, train_data, eval_data: the rerun's (given, or the run's).
-        base: the settings `config.resolve` starts from in the default preset's place (`recorded=`); None where
+        base: the settings `config_resolution.resolve` starts from in the default preset's place (`recorded=`); None where
             the preset is (a new run, `--preset` given, or another `--task`).
         taken: the options the record supplied, as the log line names them.
     """
@@ -204,7 +204,7 @@ def taken_line(rerun: Rerun, overrides: dict, model_given: bool) -> str | None:
 
 def typed_as(flags: dict, settings: dict) -> dict[str, str]:
     """How the command line gave each setting (`--learning-rate nan`, `--set learning_rate=nan`): what the
-    sentences of `config.resolve` name. A `--set` wins over its option, as in the overrides.
+    sentences of `config_resolution.resolve` name. A `--set` wins over its option, as in the overrides.
 
     >>> typed_as({"learning_rate": 0.5, "steps": None}, {"model.stem": "none"})
     {'learning_rate': '--learning-rate 0.5', 'model.stem': '--set model.stem=none'}

@@ -75,12 +75,12 @@ def all_to_all_bytes(hlo_text: str) -> int:
 
 def plan_config(model: str | None = None, preset: str = "default", overrides: dict | None = None,
                 task: str | None = None, given: dict | None = None) -> config_lib.TrainConfig:
-    """The `TrainConfig` `fullres plan` sizes, through `config.resolve` like `fullres train`.
+    """The `TrainConfig` `fullres plan` sizes, through `config_resolution.resolve` like `fullres train`.
 
     `model` is shorthand: "unet3d" / "unet2d" (segmentation, 3D or 2D UNet),
     "retinanet" (detection), or a user's network as FILE.py:FUNCTION
     (segmentation; `model.spatial_dims` says 2D or 3D); None takes the task
-    from `task`, else the preset's. `given`: how the command line gave each override (`config.resolve`).
+    from `task`, else the preset's. `given`: how the command line gave each override (`config_resolution.resolve`).
     """
     user = user_model.is_source(model)
     if model is not None and model not in MODELS and not user:

@@ -27,7 +27,7 @@ def placed_share(dims: Sequence[int], image_shape: Sequence[int], devices: int, 
     """The share of a global batch of `image_shape` that process `process` of `processes` reads under `dims`.
 
     Devices belong to processes in the mesh's order (the first `devices / processes` to process 0), as
-    `partitioning.build_mesh` lays out `jax.devices()`, which a multi-process run lists process by process.
+    `device_mesh.build_mesh` lays out `jax.devices()`, which a multi-process run lists process by process.
 
     >>> placed_share((1, 16, 1, 1, 1), (1, 256, 256, 256, 1), 16, 4, 1)
     Share(rows=(0,), depth=(64, 128))
