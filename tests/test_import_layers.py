@@ -42,6 +42,8 @@ LAYERS = (
     "trainer.train",
     "trainer.predict",
     "trainer.cli_help",
+    "trainer.cli_options",
+    "trainer.cli_predict",
     "trainer.cli",
     "trainer.__main__",
     "fullres",
