@@ -300,6 +300,7 @@ def plan(
 
 
 def predict(
+    context: typer.Context,
     model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation model).")],
     input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases; for a video model, videos or DAVIS frame folders.")],
     output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl (new, or written by fullres predict).")],
@@ -330,7 +331,7 @@ def predict(
     _use_virtual_devices(virtual_devices)
     if not os.path.exists(input_path):
         console.fail(f"--input {input_path!r} does not exist.")
-    from common import dead_letters
+    from common import dead_letters, output_guard
 
     try:  # before the heavy imports: a typo fails at once
         dead_letters.check_failed_fraction(max_failed_fraction)
@@ -355,11 +356,10 @@ def predict(
     refusal = run_files.not_a_run(str(model))  # before predict's own imports (SimpleITK, the preprocessing, ...)
     if refusal is not None:
         console.fail(refusal)
-    from common import output_guard
     from trainer.predict import predict as predict_lib, video_predict
 
     if video_predict.is_video_run(str(model)):  # trained on video clips: whole videos, PNG masks and an overlay
-        return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction)
+        return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction, context)
     try:
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
