@@ -62,3 +62,72 @@ def test_one_folder_of_frames_is_one_video_with_its_masks_in_labels(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["ok"] == 2 and summary["label_values"] == {"0": 2, "1": 2}
     assert video_makers.clip_frames(tmp_path / "out")["frames@00004"][1] == ("00005", "00006", "00007", "00008")
+
+
+def _davis(root, labelled=("bear", "car")):
+    import numpy as np
+
+    for video in ("bear", "car"):
+        video_makers.write_frames(root / "JPEGImages" / video, [f"{t:05d}.jpg" for t in range(4)])
+        if video in labelled:
+            video_makers.write_masks(root / "Annotations" / video, np.ones((4, 24, 32), np.uint8))
+    return root
+
+
+def test_a_davis_video_without_masks_beside_labelled_ones_is_a_dead_letter_not_background(tmp_path):
+    davis = _davis(tmp_path / "DAVIS", labelled=("bear",))
+    (davis / "Annotations" / "bear" / "._00000.png").write_bytes(b"AppleDouble")  # not a mask of a frame ._00000
+    result = _preprocess(tmp_path, davis, "--max-failed-fraction", "1")
+    assert result.exit_code == 0, result.output
+    letters = _letters(tmp_path / "out")
+    assert list(letters) == ["car/"] and letters["car/"]["reason"] == "masks_missing"
+    assert "expected DAVIS/Annotations/car/00000.png" in letters["car/"]["detail"]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ok"] == 1 and summary["label_values"] == {"1": 1} and summary["hidden_files_ignored"] == 1
+
+
+def test_labels_that_name_no_masks_are_refused_and_nothing_is_written(tmp_path):
+    from tests import files
+
+    davis = _davis(tmp_path / "DAVIS")
+    video_makers.write_frames(tmp_path / "plain" / "frames", [f"{t:05d}.jpg" for t in range(1, 5)])
+    video_makers.write_frames(tmp_path / "plain" / "frames" / "more", ["00001.jpg"])
+    (tmp_path / "notes.txt").write_text("masks are elsewhere")
+    (tmp_path / "empty").mkdir()
+    before = files.snapshot(tmp_path)
+    cases = [
+        (davis, ["--labels", str(tmp_path / "notes.txt")],
+         f"--labels {tmp_path / 'notes.txt'} is a file; name the folder that holds the masks, "
+         "<folder>/<video>/00000.png, ... (of a DAVIS folder: its Annotations/)."),
+        (davis, ["--labels", str(davis)],
+         f"--labels {davis} is a DAVIS / YouTube-VOS folder, not its masks; name the masks folder: "
+         f"--labels {davis / 'Annotations'}."),
+        (davis, ["--labels", str(tmp_path / "empty")],
+         f"--labels {tmp_path / 'empty'} holds no masks for any of the 2 videos (expected e.g. "
+         f"{tmp_path / 'empty' / 'bear' / '00000.png'}); name the folder that holds <video>/00000.png masks, or leave "
+         "the masks out to convert the videos unlabelled."),
+        (tmp_path / "plain" / "frames", [],
+         f"--input {tmp_path / 'plain' / 'frames'} holds frames and also folders of frames (more/); pass one frame "
+         "folder (one video), or a folder of frame folders (one video each)."),
+        (davis, ["--size", "100000,100000"],
+         "--size 100000,100000 with --clip-length 4 makes clips of 149.01 GiB decoded (4 frames × 100000 × 100000 "
+         "pixels × 4 bytes: RGB and mask), over --max-decoded-bytes 3.00 GiB; choose a smaller --size (e.g. 128,128) "
+         "or --clip-length, or raise --max-decoded-bytes if the workers have that memory to spare."),
+    ]
+    for source, extra, sentence in cases:
+        result = _preprocess(tmp_path, source, *extra)
+        assert result.exit_code == 2 and result.stderr.strip() == f"fullres: error: {sentence}", result.output
+        assert files.snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_a_video_too_long_to_decode_within_the_bound_is_a_dead_letter_before_it_fills_memory(tmp_path):
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    video_makers.encode(str(videos / "long.mp4"), video_makers.frames(12, (24, 32)), 25)
+    video_makers.encode(str(videos / "short.mp4"), video_makers.frames(4, (24, 32)), 25)
+    # 16 × 16 pixels × 4 bytes = 1 KiB a frame: 4 fit in 5 KiB, 12 do not
+    result = _preprocess(tmp_path, videos, "--max-decoded-bytes", "5KiB", "--max-failed-fraction", "1")
+    assert result.exit_code == 0, result.output
+    letters = _letters(tmp_path / "out")
+    assert list(letters) == ["long.mp4"] and letters["long.mp4"]["reason"] == "too_large"
+    assert letters["long.mp4"]["detail"].startswith("it has 12 frames, which at --size 16,16 take more than 5.0 KiB")
