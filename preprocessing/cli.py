@@ -219,6 +219,7 @@ def preprocess_video(
     fit: Annotated[str, typer.Option(help="crop (scale to cover H,W and cut the middle: aspect kept) or resize (stretch).")] = "crop",
     folder_fps: Annotated[float, typer.Option(help="Frame rate recorded for frame folders, which state none (DAVIS: 24).")] = 24.0,
     num_classes: Annotated[int | None, typer.Option(help="Classes including background: mask values must be 0..N-1 (default: 0..255).")] = None,
+    max_decoded_bytes: Annotated[str, typer.Option(help="The most memory one whole video may take decoded at --size (4 bytes a pixel: RGB and mask): a --size whose one clip exceeds it is refused, a longer video is a dead letter.")] = "3GiB",
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -226,14 +227,14 @@ def preprocess_video(
     workers: Workers = None,
 ) -> None:
     """Cut videos (+ per-frame masks) into fixed-size uint8 RGB clips; bad videos go to dead_letter.jsonl."""
-    from common import dead_letters, parsing
+    from common import dead_letters, parsing, sizes
     from preprocessing.video import video_clips
 
     try:
         dead_letters.check_failed_fraction(max_failed_fraction)
         config = video_clips.VideoPreprocessConfig(
             clip_length, clip_stride, tuple(parsing.parse_list(size, int, "--size") or ()), fit, folder_fps,
-            255 if num_classes is None else num_classes - 1)
+            255 if num_classes is None else num_classes - 1, sizes.parse_bytes(max_decoded_bytes, "--max-decoded-bytes"))
     except ValueError as error:
         console.fail(str(error))
     _check_counts(num_shards, workers)
