@@ -139,6 +139,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
     written |= {name for own in (outputs.SUMMARY, "dead_letter.jsonl") for name in (own, file_writes.PARTIAL_PREFIX + own)}
+    _refuse_videos(input_path, model_dir)  # before the DICOM reader tries each frame (and logs each failure)
     found = volume_discovery.find_volumes(input_path, follow_links=follow_links)
     scans = dict(sorted(found.images.items()))
     if not scans and not found.dead:
@@ -272,6 +273,29 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
             "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
             "input_partition_dims": list(predictor.partition.input_partition_dims),
             **({"windows": predictor.windows} if predictor.patch_size is not None else {}), "outputs": files}
+
+
+SCAN_SUFFIXES = (".nii", ".nii.gz", ".nrrd", ".nhdr", ".mha", ".mhd", ".dcm", ".ima")
+
+
+def _refuse_videos(input_path: str, model_dir: str) -> None:
+    """Refuses, in one sentence, an `--input` of videos or video frames (a DAVIS folder, `frames/00000.jpg`) for a CT
+    model: it holds such files and none that could be a scan (a scan suffix, or none: DICOM files often have none).
+    Before: the DICOM reader tried every frame and the terminal filled with its errors (88 for a DAVIS folder)."""
+    from preprocessing.video import video_discovery, video_files
+
+    media = video_discovery.FRAME_SUFFIXES + video_files.VIDEO_SUFFIXES
+    names = ([os.path.basename(input_path)] if os.path.isfile(input_path) else
+             [name for _, _, files in os.walk(input_path) for name in files if not name.startswith(".")])
+    lowered = [name.lower() for name in names]
+    if any(name.endswith(SCAN_SUFFIXES) or "." not in name for name in lowered):
+        return
+    found = sorted({os.path.splitext(name)[1] for name in lowered if name.endswith(media)})
+    if found:
+        raise ModelRefused(
+            f"--input {input_path} holds videos or video frames ({', '.join(found)}) and no scan, but --model "
+            f"{model_dir} is a CT model, which segments scans (NIfTI, NRRD, MetaImage, DICOM); predict videos with a "
+            "model trained on video clips (fullres preprocess video, then fullres train --preset video).")
 
 
 def _window(config: config_lib.TrainConfig, info: dict, asked: bool) -> tuple[tuple[int, ...] | None, str]:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
-from common import dead_letters, file_writes
+from common import file_writes
 
 OVERLAY_SUFFIX = ".overlay.mp4"
 OPACITY = 0.5  # of a class's colour over the frame
@@ -52,29 +52,9 @@ def unfit_mask(mask: np.ndarray, source_size: tuple[int, int], box: tuple[float,
     return full
 
 
-def mask_names(frame_paths: Sequence[str], count: int) -> list[str]:
-    """The mask file of each frame: a frame folder's frame `00005.jpg` gets `00005.png` (its own name, as DAVIS and
-    YouTube-VOS name Annotations, whatever gaps or numbering the frames have); a video file's frame t `t:05d.png`.
-
-    >>> mask_names(["v/00000.jpg", "v/00005.jpg"], 2), mask_names([], 2)
-    (['00000.png', '00005.png'], ['00000.png', '00001.png'])
-
-    Raises:
-        dead_letters.CaseError: two frames of the folder share a name but for the suffix (`a.jpg`, `a.png`).
-    """
-    if not frame_paths:
-        return [f"{index:05d}.png" for index in range(count)]
-    names = [os.path.splitext(os.path.basename(path))[0] + ".png" for path in frame_paths]
-    clashing = sorted({os.path.basename(path) for path, name in zip(frame_paths, names) if names.count(name) > 1})
-    if clashing:
-        raise dead_letters.CaseError("predict", "frame_names_clash", (
-            f"frames {', '.join(clashing)} would each be masked as {os.path.splitext(clashing[0])[0]}.png; keep one "
-            "image per frame name in the folder"))
-    return names
-
-
 def write_masks(folder: str, masks: Iterable[np.ndarray], names: Sequence[str]) -> list[str]:
-    """Writes each (H, W) mask as `folder/NAME` (palette PNGs, `mask_names`); returns the names."""
+    """Writes each (H, W) mask as `folder/NAME` (palette PNGs; NAME: its frame's own name, `00005.png`); returns
+    the names."""
     os.makedirs(folder, exist_ok=True)
     palette = davis_palette()
     for name, mask in zip(names, masks, strict=True):

@@ -83,8 +83,7 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
     written |= {outputs.SUMMARY, "dead_letter.jsonl"}
     sources, layout = video_discovery.discover(input_path)
     if not sources:
-        raise FileNotFoundError(f"--input {input_path} holds no video ({', '.join(video_clips.video_files.VIDEO_SUFFIXES)}"
-                                f") or frame folder ({video_discovery.FRAMES_FOLDER}/<video>/00000.jpg).")
+        raise FileNotFoundError(f"--input {input_path} holds no {video_discovery.WHAT_IS_TAKEN}.")
     import jax
 
     run = trained_run.open_run(model_dir)
@@ -110,7 +109,8 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
         started = time.perf_counter()
         try:
             decoded = video_clips.decode(source, settings)
-            mask_names = video_outputs.mask_names(source.frames, len(decoded.frames))  # each frame's own name
+            # Each mask named after its own frame (`00005.png` for YouTube-VOS's `00005.jpg`), as Annotations are.
+            mask_names = [f"{name}.png" for name in source.names(len(decoded.frames))]
         except dead_letters.CaseError as error:
             dead.append(dead_letters.dead_letter(source.relative, error.stage, error.reason, error.detail))
             log(f"[{number}/{len(sources)}] {source.video_id}: skipped ({error.reason}: {error.detail})")

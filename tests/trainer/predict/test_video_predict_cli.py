@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from tests import files
+from tests.preprocessing.video import video_makers
 from tests.trainer.predict import video_runs
 
 
@@ -37,19 +38,49 @@ def _davis(root, videos: dict[str, list[str]]):
     return root
 
 
-@pytest.mark.slow  # predicts three videos (about 8 s on 2 cores)
+@pytest.mark.slow  # predicts four videos (about 8 s on 2 cores)
 def test_each_mask_is_named_after_its_own_frame(run, tmp_path):
-    """Before: masks were numbered by position, so after a gap frame 00003.jpg was masked as 00002.png, and a
-    YouTube-VOS folder (00000, 00005, ...) got 00000, 00001, ...: masks matched neither frames nor Annotations."""
-    frames = _davis(tmp_path / "davis", {"gap": ["00000.jpg", "00001.jpg", "00003.jpg", "00004.jpg"],
-                                         "vos": [f"{t:05d}.jpg" for t in range(0, 30, 5)],
-                                         "plain": ["frame_1.jpg", "frame_2.jpg", "frame_3.jpg"]})
-    code, errors, said = _predict("--model", run, "--input", str(frames), "--output", str(tmp_path / "masks"))
+    """Before: masks were numbered by position, so a YouTube-VOS folder (00000, 00005, ...) got 00000, 00001, ...
+    and `frame_1 ... frame_12` got masks in text order under other names: masks matched neither frames nor
+    Annotations. A gap in the numbers is a dead letter naming the missing frame (`frame_order`), not a shift."""
+    frames = _davis(tmp_path / "davis", {"vos": [f"{t:05d}.jpg" for t in range(0, 30, 5)],
+                                         "plain": [f"frame_{t}.jpg" for t in range(1, 13)],
+                                         "gap": ["00000.jpg", "00001.jpg", "00003.jpg", "00004.jpg"]})
+    code, errors, said = _predict("--model", run, "--input", str(frames), "--output", str(tmp_path / "masks"),
+                                  "--max-failed-fraction", "0.5")
     assert code == 0, said
     masks = tmp_path / "masks"
-    assert sorted(os.listdir(masks / "gap")) == ["00000.png", "00001.png", "00003.png", "00004.png"]
     assert sorted(os.listdir(masks / "vos")) == [f"{t:05d}.png" for t in range(0, 30, 5)]
-    assert sorted(os.listdir(masks / "plain")) == ["frame_1.png", "frame_2.png", "frame_3.png"]
+    assert sorted(os.listdir(masks / "plain")) == sorted(f"frame_{t}.png" for t in range(1, 13))
+    summary = json.loads((masks / "summary.json").read_text())
+    assert [(letter["source"], letter["reason"]) for letter in summary["dead_letters"]] == [("gap/", "frame_missing")]
+    assert not (masks / "gap").exists()
+    # frame_10's mask is the prediction for frame_10 (the 10th frame, where the square has moved 9 pixels), not for
+    # frame_2 (text order put frame_10 second): the mask of each frame equals that of the same frame predicted alone.
+    alone = tmp_path / "alone"
+    video_runs.write_frames(alone / "JPEGImages" / "plain", [f"frame_{t}.jpg" for t in range(1, 13)])
+    assert _predict("--model", run, "--input", str(alone), "--output", str(tmp_path / "alone_masks"))[0] == 0
+    for t in (2, 10, 12):
+        assert (masks / "plain" / f"frame_{t}.png").read_bytes() == (
+            tmp_path / "alone_masks" / "plain" / f"frame_{t}.png").read_bytes()
+
+
+@pytest.mark.slow  # predicts a plain folder of frames and a folder of two such folders (about 8 s)
+def test_a_plain_folder_of_frames_is_a_video(run, tmp_path):
+    """Issue 51 item 2: what `ffmpeg -i clip.mp4 frames/%05d.jpg` writes was refused ("holds no video ... or frame
+    folder"); now it is one video, named after the folder, with a mask per frame and the overlay."""
+    video_runs.write_frames(tmp_path / "frames", [f"{t:05d}.jpg" for t in range(1, 11)])
+    code, _, said = _predict("--model", run, "--input", str(tmp_path / "frames"), "--output", str(tmp_path / "one"))
+    assert code == 0, said
+    assert sorted(os.listdir(tmp_path / "one" / "frames")) == [f"{t:05d}.png" for t in range(1, 11)]
+    assert video_makers.ffmpeg_probe(str(tmp_path / "one" / "frames.overlay.mp4"))["frames"] == 10
+    for name in ("cat", "dog"):
+        video_runs.write_frames(tmp_path / "clips" / name, [f"{t:05d}.jpg" for t in range(6)])
+    code, _, said = _predict("--model", run, "--input", str(tmp_path / "clips"), "--output", str(tmp_path / "two"))
+    assert code == 0, said
+    assert sorted(os.listdir(tmp_path / "two")) == sorted([".fullres-output", "cat", "cat.overlay.mp4", "dog",
+                                                           "dog.overlay.mp4", "dead_letter.jsonl", "summary.json"])
+    assert len(os.listdir(tmp_path / "two" / "dog")) == 6
 
 
 @pytest.mark.slow  # predicts once, then again into the same folder (about 6 s)
@@ -105,4 +136,21 @@ def test_options_for_scans_are_refused_with_a_video_model(run, tmp_path):
     code, errors, _ = _predict("--model", run, "--input", str(frames), "--output", str(tmp_path / "masks"),
                                "--no-dicom-seg")
     assert code == 2 and errors[0].startswith("--no-dicom-seg applies to CT scans"), errors
+    assert files.snapshot(tmp_path) == before
+
+
+@pytest.mark.slow  # writes an untrained CT run (about 3 s), then refuses before reading a frame
+def test_a_ct_model_on_video_frames_is_one_sentence(tmp_path):
+    """Before: a CT model given a DAVIS folder printed 88 pydicom errors, one per frame it tried as DICOM."""
+    run = video_runs.write_ct_run(tmp_path / "ct_run")
+    frames = _davis(tmp_path / "davis", {"bear": [f"{t:05d}.jpg" for t in range(4)]})
+    (frames / "ImageSets").mkdir()
+    (frames / "ImageSets" / "val.txt").write_text("bear\n")  # as DAVIS 2017 ships
+    before = files.snapshot(tmp_path)
+    code, errors, said = _predict("--model", run, "--input", str(frames), "--output", str(tmp_path / "masks"))
+    assert code == 2 and errors == [
+        f"--input {frames} holds videos or video frames (.jpg) and no scan, but --model {run} is a CT model, which "
+        "segments scans (NIfTI, NRRD, MetaImage, DICOM); predict videos with a model trained on video clips "
+        "(fullres preprocess video, then fullres train --preset video)."], said
+    assert "pydicom" not in said.lower() and len(said.strip().splitlines()) == 1, said
     assert files.snapshot(tmp_path) == before

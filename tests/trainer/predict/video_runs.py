@@ -37,6 +37,18 @@ def write_run(folder: pathlib.Path, dims=(1, 1, 1, 1, 1), levels: int = 2) -> st
     return str(folder)
 
 
+def write_ct_run(folder: pathlib.Path) -> str:
+    """A CT run (the smoke preset's network, untrained) with the preprocessing predict needs; returns its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = trainer_config.smoke(train_data=str(folder / "ct"), output_dir=str(folder))
+    run_files.write_train_config(str(folder), config)
+    run_files.write_model_info(str(folder), "segmentation", [32, 32, 32, 1], CLASSES, {
+        "spacing": [1.7, 1.7, 2.25], "orientation": "LPS", "window": [-200.0, 300.0], "modality": "ct",
+        "shape": [32, 32, 32]})
+    trained_run.save_model(registry.make_task(config).build_model(), run_files.path(str(folder), run_files.MODEL))
+    return str(folder)
+
+
 def write_frames(folder: pathlib.Path, names: list[str], size=(24, 24), seed: int = 0) -> None:
     """JPEG frames named `names` in `folder`: a textured background and a square that moves right."""
     folder.mkdir(parents=True, exist_ok=True)
