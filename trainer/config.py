@@ -333,12 +333,13 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     if model_source is not None:
         values["model"] = user_model.settings(model_source, values["model"])
     values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
-    if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings and recorded is None:
-        from preprocessing.records import dataset_files  # reads label_map.json with TensorFlow's file system
-
-        label_map = dataset_files.foreground(dataset_files.read_label_map(train_data) or {}) if train_data else None
-        if label_map:
+    if train_data and recorded is None:  # what the data say: detection's classes, segmentation's input channels
+        from preprocessing.records import data_set, dataset_files  # label_map.json with TensorFlow's file system
+        classes = task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings
+        if classes and (label_map := dataset_files.foreground(dataset_files.read_label_map(train_data) or {})):
             values["model"]["num_classes"] = max(label_map.values())
+        if task == "segmentation" and "model.in_channels" not in settings:  # the records' (video clips: RGB, 3)
+            values["model"]["in_channels"] = data_set.channels(train_data) or values["model"]["in_channels"]
     if "augmentation" in settings:  # a preset first, so that augmentation.FIELD settings change it
         values["augmentation"] = dataclasses.asdict(augment_recipe.preset(str(settings.pop("augmentation")).strip()))
     for key, value in settings.items():

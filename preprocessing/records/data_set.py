@@ -207,3 +207,13 @@ def examples(data: DataSet) -> str | None:
     ids.sort()
     digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
     return f"{len(ids)} ({ids[0]} ... {ids[-1]}, ids sha256 {digest})" if ids else "0"
+
+
+def channels(value: str) -> int | None:
+    """The input channels of the records `value` names (`resolve`): 3 for video clips (RGB frames), 1 for CT
+    volumes; None for other records, or data `resolve` refuses (the trainer's data check then names why)."""
+    try:
+        kind = resolve(value).kind
+    except (ValueError, FileNotFoundError):
+        return None
+    return {tfrecord_schema.VIDEO_RECORDS: 3, tfrecord_schema.CT_RECORDS: 1}.get(kind)

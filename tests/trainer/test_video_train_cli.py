@@ -12,8 +12,9 @@ from preprocessing.records import tfrecord_files, tfrecord_schema
 from tests import files
 from tests.trainer.predict import video_runs
 
-SMALL = ("--preset", "video", "--steps", "1", "--batch-size", "4", "--num-levels", "2", "--base-filters", "4",
-         "--augmentation", "none", "--input-partition-dims", "1,2,1,1,1", "--no-saved-model")
+# The smoke preset's network (1 input channel) on clips (3): the records' channels are taken.
+SMALL = ("--preset", "smoke", "--steps", "1", "--batch-size", "4", "--augmentation", "none", "--input-partition-dims",
+         "1,2,1,1,1", "--no-saved-model")
 
 
 def _train(*arguments) -> tuple[int, list[str], str]:
@@ -46,12 +47,34 @@ def _ct_data_set(folder) -> str:
 
 
 @pytest.fixture(scope="module")
-def video_run(tmp_path_factory):
+def trained(tmp_path_factory):
+    """The run folder's parent (clips/, run/) and what training said."""
     folder = tmp_path_factory.mktemp("video_train")
     clips = video_runs.write_clips(folder / "clips", ["cat", "dog"])
     code, errors, said = _train("--train", clips, "--output", str(folder / "run"), *SMALL)
     assert code == 0, said
-    return folder
+    return folder, said
+
+
+@pytest.fixture(scope="module")
+def video_run(trained):
+    return trained[0]
+
+
+@pytest.mark.slow  # the module's trained run (about 30 s on 2 cores)
+def test_clips_train_under_a_one_channel_preset_with_the_records_channels(trained):
+    """Before: 3-channel clips under a 1-channel preset were refused ("pass --set model.in_channels=3"); now the
+    records decide, and the log says so (a --set model.in_channels still decides, and is then checked)."""
+    folder, said = trained
+    assert (f"model.in_channels 3: taken from --train {folder / 'clips'}, which holds video clips (RGB frames), in "
+            "place of the smoke preset's 1 (--set model.in_channels=N sets it)") in said
+    recorded = json.loads((folder / "run" / "train_config.json").read_text())
+    assert recorded["model"]["in_channels"] == 3
+    code, errors, _ = _train("--train", str(folder / "clips"), "--output", str(folder / "other"), *SMALL,
+                             "--set", "model.in_channels=1")
+    assert code == 2 and errors[0].startswith(f"--train {folder / 'clips'} holds video clips of 3 channel(s) but the "
+                                              "model takes 1"), errors
+    assert not (folder / "other").exists()
 
 
 @pytest.mark.slow  # trains a tiny video model one step (module fixture, about 30 s on 2 cores), then refuses
