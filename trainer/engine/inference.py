@@ -186,7 +186,7 @@ class VolumePredictor:
         shared = padded_shape(spatial_shape, self.pad_multiples)  # the training split's padding: every split's
         if all(size % multiple == 0 for size, multiple in zip(shared, self._runs_on)):
             return shared
-        return padded_shape(spatial_shape, [math.lcm(a, b) for a, b in zip(self.pad_multiples, self.multiples)])
+        return padded_shape(spatial_shape, [math.lcm(a, b) for a, b in zip(self.pad_multiples, self._runs_on)])
 
     def pads_beyond(self, spatial_shape: Sequence[int]) -> str | None:
         """Where this split pads a volume of `spatial_shape` further than the training split does (its masks can

@@ -101,7 +101,7 @@ def test_a_second_predict_into_its_own_output_works_and_a_foreign_file_is_refuse
     assert files.snapshot(output) == before
 
 
-@pytest.mark.slow  # predicts one 20-frame video under three splits (about 10 s)
+@pytest.mark.slow  # predicts one 20-frame video under five splits (about 15 s)
 def test_the_split_changes_no_mask(tmp_path):
     """Before: a 20-frame video split 2 ways in time was padded to 24 frames, unsplit to 20; instance normalization
     averages over the padding, so 12 % of mask pixels differed. Now every split runs on the training split's
@@ -121,6 +121,13 @@ def test_the_split_changes_no_mask(tmp_path):
     assert len(np.unique(masks["1,1,1,1,1"])) > 1  # the comparison is not of empty masks
     for dims, mask in masks.items():
         assert np.array_equal(mask, masks["1,1,1,1,1"]), dims
+    # 20 frames do not divide 8 ways: padded to 24, and the video's `why` says its masks can differ.
+    code, _, said = _predict("--model", run, "--input", str(frames), "--output", str(tmp_path / "eight"),
+                             "--input-partition-dims", "1,8,1,1,1")
+    assert code == 0, said
+    why = json.loads((tmp_path / "eight" / "summary.json").read_text())["videos"][0]["why"]
+    assert ("note: split 1,8,1,1,1 pads 20×16×16 to 24×16×16, beyond the training split's 20×16×16, and the model "
+            "sees padding") in why, why
 
 
 @pytest.mark.slow  # writes the untrained run (module fixture, about 5 s), then refuses twice before reading
