@@ -145,9 +145,9 @@ class VolumePredictor:
         self._forward = None
         self._compiled: dict[tuple[int, ...], object] = {}
         self.patch_size = None if patch_size is None else tuple(int(p) for p in patch_size)
-        if self.patch_size is not None and any(p % m for p, m in zip(self.patch_size, self.multiples)):
+        if self.patch_size is not None and any(p % m for p, m in zip(self.patch_size, self._runs_on)):
             raise ValueError(f"the sliding window's patch {list(self.patch_size)} must be a multiple of "
-                             f"{list(self.multiples)} along each axis (the model's downsampling times the split "
+                             f"{list(self._runs_on)} along each axis (the model's downsampling and the split "
                              f"{','.join(map(str, partition.input_partition_dims))}); split it another way with "
                              "--input-partition-dims.")
         self.windows = 0  # the sliding windows of the last volume predicted
