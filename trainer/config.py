@@ -338,7 +338,7 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         classes = task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings
         if classes and (label_map := dataset_files.foreground(dataset_files.read_label_map(train_data) or {})):
             values["model"]["num_classes"] = max(label_map.values())
-        if task == "segmentation" and "model.in_channels" not in settings:  # the records' (video clips: RGB, 3)
+        if "model.in_channels" in hints and "model.in_channels" not in settings:  # the records' (clips: RGB, 3)
             values["model"]["in_channels"] = data_set.channels(train_data) or values["model"]["in_channels"]
     if "augmentation" in settings:  # a preset first, so that augmentation.FIELD settings change it
         values["augmentation"] = dataclasses.asdict(augment_recipe.preset(str(settings.pop("augmentation")).strip()))

@@ -162,16 +162,15 @@ def channels_line(rerun: Rerun, overrides: dict, preset: str | None) -> str | No
     """The log line saying a new segmentation run took its input channels from its records (`config.resolve`), where
     `preset` has others (3-channel video clips under a 1-channel preset); None otherwise, or where the command line
     set `model.in_channels`."""
-    if (preset is None or rerun.task != "segmentation" or rerun.base is not None or not rerun.train_data
-            or overrides.get("model.in_channels") is not None):
+    if preset is None or rerun.base is not None or not rerun.train_data or overrides.get("model.in_channels"):
         return None
     from preprocessing.records import data_set
     from trainer import config as config_lib
 
-    channels = data_set.channels(rerun.train_data)
-    preset_channels = (config_lib.DEFAULT_PRESETS[rerun.task] if preset == "default"
-                       else config_lib.PRESETS[preset])().model.in_channels
-    if channels is None or channels == preset_channels:
+    channels = data_set.channels(rerun.train_data)  # None for records without channels of their own (boxes)
+    preset_channels = getattr((config_lib.DEFAULT_PRESETS[rerun.task] if preset == "default"
+                               else config_lib.PRESETS[preset])().model, "in_channels", None)
+    if channels is None or preset_channels is None or channels == preset_channels:
         return None
     held = "video clips (RGB frames)" if channels == 3 else "CT volumes (one channel)"
     return (f"model.in_channels {channels}: taken from --train {rerun.train_data}, which holds {held}, in place of "
