@@ -8,7 +8,7 @@ import math
 import typing
 from collections.abc import Mapping, Sequence
 
-from common import parsing
+from common import option_sentences, parsing
 from trainer.augment import recipe as augment_recipe
 from trainer.models import retinanet, unet, user_model
 from trainer.parallel import partitioning
@@ -346,7 +346,7 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         auto = key == "partition.input_partition_dims" and str(value).strip().lower() == "auto"  # resolved later
         value = "auto" if auto else parsing.typed(value, hints[key], key, given=given.get(key))
         (values[section] if section else values)[name] = value
-    return from_dict(values)
+    return option_sentences.built(from_dict, values, given)  # errors name the option typed
 
 
 def setting_types(task: str, user_network: bool = False) -> dict[str, object]:
