@@ -162,6 +162,7 @@ def _video_files(input_path: str, labels: str | None) -> list[VideoSource]:
         folder = os.path.join(labels or root, video_id)
         masks, mask_problem = (), None
         if os.path.isdir(folder):
+            hidden += frame_order.list_folder(folder)[1]
             try:
                 masks = tuple(mask_frames.mask_files(folder))
             except dead_letters.CaseError as error:
