@@ -137,6 +137,11 @@ def _frame_folders(frames_root: str, masks_root: str | None) -> list[VideoSource
             above += hidden  # a level above the videos (the input itself, DAVIS's 480p/)
             continue
         video_id = os.path.relpath(folder, frames_root)
+        inner = [n for n in subfolders if _has_frames(os.listdir(os.path.join(folder, n)))]
+        if _has_frames(files) and inner:
+            raise ValueError(f"{folder} holds frames and also a folder of frames ({inner[0]}/), so which video a "
+                             "frame belongs to is ambiguous; keep each video's frames in a folder of their own, and "
+                             "masks outside them (--labels).")
         sources.append(_frame_source(video_id, folder, masks_root and os.path.join(masks_root, video_id)))
     return _tell_hidden(sources, above)
 
@@ -152,10 +157,17 @@ def _video_files(input_path: str, labels: str | None) -> list[VideoSource]:
     if os.path.isfile(input_path):
         root, files, hidden = os.path.dirname(input_path), [input_path], 0
     else:
-        root, files, hidden = input_path, [], 0
+        root, files, hidden, with_frames = input_path, [], 0, []
         for folder, _, names, hidden_here in _walk(input_path):
             hidden += hidden_here
             files += [os.path.join(folder, n) for n in names if n.lower().endswith(video_files.VIDEO_SUFFIXES)]
+            with_frames += [folder] if _has_frames(names) else []
+        ids = {os.path.splitext(os.path.relpath(path, root))[0] for path in files}
+        strays = [f for f in with_frames if os.path.relpath(f, root) not in ids]
+        if strays:  # neither a video's masks (named like it) nor left out silently: a frame folder is a video too
+            raise ValueError(f"--input {input_path} holds video files and also a folder of images that no video is "
+                             f"named like ({os.path.relpath(strays[0], root)}/), so it is neither a video's masks nor "
+                             "taken as a video; convert the frame folders apart, or name the folder like its video.")
     sources = []
     for path in sorted(files):
         video_id = os.path.splitext(os.path.relpath(path, root))[0]
