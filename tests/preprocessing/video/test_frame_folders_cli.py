@@ -90,6 +90,8 @@ def test_labels_that_name_no_masks_are_refused_and_nothing_is_written(tmp_path):
     from tests import files
 
     davis = _davis(tmp_path / "DAVIS")
+    bare = _davis(tmp_path / "bare", labelled=())
+    (bare / "Annotations").mkdir()  # there, but empty: not a reason to train on all background
     video_makers.write_frames(tmp_path / "plain" / "frames", [f"{t:05d}.jpg" for t in range(1, 5)])
     video_makers.write_frames(tmp_path / "plain" / "frames" / "more", ["00001.jpg"])
     (tmp_path / "notes.txt").write_text("masks are elsewhere")
@@ -108,6 +110,10 @@ def test_labels_that_name_no_masks_are_refused_and_nothing_is_written(tmp_path):
          f"--labels {tmp_path / 'empty'} holds no masks for any of the 2 videos (expected e.g. "
          f"{tmp_path / 'empty' / 'bear' / '00000.png'}); name the folder that holds <video>/00000.png masks, or leave "
          "the masks out to convert the videos unlabelled."),
+        (bare, [],
+         f"{bare / 'Annotations'} holds no masks for any of the 2 videos (expected e.g. "
+         f"{bare / 'Annotations' / 'bear' / '00000.png'}); name the folder that holds <video>/00000.png masks, or "
+         "leave the masks out to convert the videos unlabelled."),
         (tmp_path / "plain" / "frames", [],
          f"--input {tmp_path / 'plain' / 'frames'} holds frames and also folders of frames (more/); pass one frame "
          "folder (one video), or a folder of frame folders (one video each)."),
