@@ -170,7 +170,7 @@ def video_clips(values: dict, where: Where) -> None:
                      f"{parameter('clip_stride')} {stride} must be 0 (clips side by side) or more")
             raise ValueError(f"{wrong}, e.g. {parameter('clip_length')}=16 {parameter('clip_stride')}=8.")
         clips.VideoPreprocessConfig(values["clip_length"], values["clip_stride"] or None,
-                                    tuple(parsing.parse_list(values["size"], int, parameter("size")) or ()))
+                                    tuple(parsing.parse_list(values["size"], int, parameter("size"), "64,64") or ()))
 
 
 def train_configuration(values: dict, where: Where = Where()):

@@ -71,6 +71,7 @@ def run(
     sources, layout = video_discovery.discover(input_path, labels)
     if not sources:
         raise ValueError(f"no {video_discovery.WHAT_IS_TAKEN} found under {input_path}.")
+    video_discovery.check_masks_found(sources, labels)
     roots = [os.path.abspath(p) for p in (input_path, labels) if p]
     scrubber = identifiers.Scrubber(tuple((root, os.path.basename(root)) for root in roots))
     labelled = sum(1 for source in sources if source.masks)

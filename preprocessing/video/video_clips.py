@@ -103,6 +103,10 @@ def _decode_folder(source: video_discovery.VideoSource, config: VideoPreprocessC
     for path in source.frames:
         try:
             with Image.open(path) as image:
+                if image.mode == "P":
+                    raise dead_letters.CaseError("read", "frame_is_a_mask", (
+                        f"frame {path.rsplit('/', 1)[-1]} is a palette image, as masks are, not a picture; if the "
+                        "folder holds masks, pass their folder with --labels; if it holds frames, save them as RGB"))
                 rgb = np.asarray(image.convert("RGB"))
         except (OSError, UnidentifiedImageError, SyntaxError) as error:
             raise dead_letters.CaseError("read", "undecodable", f"frame {path.rsplit('/', 1)[-1]} is not a readable "

@@ -137,6 +137,11 @@ def _frame_folders(frames_root: str, masks_root: str | None) -> list[VideoSource
             above += hidden  # a level above the videos (the input itself, DAVIS's 480p/)
             continue
         video_id = os.path.relpath(folder, frames_root)
+        inner = [n for n in subfolders if _has_frames(os.listdir(os.path.join(folder, n)))]
+        if _has_frames(files) and inner:
+            raise ValueError(f"{folder} holds frames and also a folder of frames ({inner[0]}/), so which video a "
+                             "frame belongs to is ambiguous; keep each video's frames in a folder of their own, and "
+                             "masks outside them (--labels).")
         sources.append(_frame_source(video_id, folder, masks_root and os.path.join(masks_root, video_id)))
     return _tell_hidden(sources, above)
 
@@ -152,16 +157,24 @@ def _video_files(input_path: str, labels: str | None) -> list[VideoSource]:
     if os.path.isfile(input_path):
         root, files, hidden = os.path.dirname(input_path), [input_path], 0
     else:
-        root, files, hidden = input_path, [], 0
+        root, files, hidden, with_frames = input_path, [], 0, []
         for folder, _, names, hidden_here in _walk(input_path):
             hidden += hidden_here
             files += [os.path.join(folder, n) for n in names if n.lower().endswith(video_files.VIDEO_SUFFIXES)]
+            with_frames += [folder] if _has_frames(names) else []
+        ids = {os.path.splitext(os.path.relpath(path, root))[0] for path in files}
+        strays = [f for f in with_frames if os.path.relpath(f, root) not in ids]
+        if strays:  # neither a video's masks (named like it) nor left out silently: a frame folder is a video too
+            raise ValueError(f"--input {input_path} holds video files and also a folder of images that no video is "
+                             f"named like ({os.path.relpath(strays[0], root)}/), so it is neither a video's masks nor "
+                             "taken as a video; convert the frame folders apart, or name the folder like its video.")
     sources = []
     for path in sorted(files):
         video_id = os.path.splitext(os.path.relpath(path, root))[0]
         folder = os.path.join(labels or root, video_id)
         masks, mask_problem = (), None
         if os.path.isdir(folder):
+            hidden += frame_order.list_folder(folder)[1]
             try:
                 masks = tuple(mask_frames.mask_files(folder))
             except dead_letters.CaseError as error:
@@ -199,14 +212,13 @@ def discover(input_path: str, labels: str | None = None) -> tuple[list[VideoSour
 
     Raises:
         FileNotFoundError: `input_path` does not exist.
-        ValueError: `labels` is a file, a DAVIS root, or holds no mask of any video; or `input_path` holds frames
-            and folders of frames side by side.
+        ValueError: `labels` is a file or a DAVIS root; or which video a frame belongs to is ambiguous (a frame
+            folder inside a frame folder, images beside video files that no video is named like).
     """
     if not os.path.exists(input_path):
         raise FileNotFoundError(f"--input {input_path!r} does not exist.")
     if labels is not None:
         _check_labels(labels)
-    masks_root = labels
     if os.path.isdir(os.path.join(input_path, FRAMES_FOLDER)):
         masks_root = labels or os.path.join(input_path, MASKS_FOLDER)
         sources, layout = _frame_folders(os.path.join(input_path, FRAMES_FOLDER), masks_root), LAYOUTS[0]
@@ -220,14 +232,25 @@ def discover(input_path: str, labels: str | None = None) -> tuple[list[VideoSour
         sources, layout, labelled = _frame_folders(input_path, labels), LAYOUTS[3], labels is not None
         if all(s.problem and s.problem[1] == "no_frames" for s in sources):
             return [], layout  # no frame anywhere: not a video folder at all
-    if not any(s.masks or s.mask_problem for s in sources):
-        usable = [s for s in sources if not s.problem]
-        if labelled and usable:
-            first = usable[0]
-            expected = os.path.join(first.mask_folder, (first.names(1) or ("00000",))[0] + ".png")
-            option = f"--labels {labels}" if labels else masks_root
-            raise ValueError(f"{option} holds no masks for any of the {len(sources)} videos (expected e.g. {expected})"
-                             f"; name the folder that holds <video>/00000.png masks, or leave the masks out to "
-                             "convert the videos unlabelled.")
-        return sources, layout
-    return [dataclasses.replace(s, labelled=True) for s in sources], layout
+    if labelled or any(s.masks or s.mask_problem for s in sources):
+        sources = [dataclasses.replace(s, labelled=True) for s in sources]
+    return sources, layout
+
+
+def check_masks_found(sources: list[VideoSource], labels: str | None) -> None:
+    """Refuses a labelled data set in which no video has masks (`preprocess video`; predict reads no masks): every
+    clip would be all background. `--labels` naming a folder of something else does that, as does an empty
+    DAVIS `Annotations/`.
+
+    Raises:
+        ValueError: one sentence naming the folder searched and the first mask expected.
+    """
+    usable = [s for s in sources if not s.problem]
+    if not usable or not all(s.labelled and not s.masks and not s.mask_problem for s in usable):
+        return
+    first = usable[0]
+    expected = os.path.join(first.mask_folder or "", first.names(1)[0] + mask_frames.MASK_SUFFIX)
+    where = f"--labels {labels}" if labels else os.path.dirname(first.mask_folder or "")
+    raise ValueError(f"{where} holds no masks for any of the {len(sources)} videos (expected e.g. {expected}); name the "
+                     "folder that holds <video>/00000.png masks, or leave the masks out to convert the videos "
+                     "unlabelled.")

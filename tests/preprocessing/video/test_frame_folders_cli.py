@@ -2,7 +2,9 @@
 and every frame folder that cannot be used named in a dead letter (never a silent jump, gap or hidden file)."""
 
 import json
+import os
 
+import numpy as np
 from typer.testing import CliRunner
 
 from pipelines import cli
@@ -27,6 +29,7 @@ def test_a_folder_of_frame_folders_orders_frames_by_number_and_names_every_folde
     video_makers.write_frames(clips / "youtube_vos", [f"{t:05d}.jpg" for t in range(0, 40, 5)])
     video_makers.write_frames(clips / "gap", [f"{t:05d}.jpg" for t in range(10) if t != 7])
     video_makers.write_frames(clips / "two_patterns", ["a_1.jpg", "b_2.jpg", "a_3.jpg", "a_4.jpg"])
+    video_makers.write_masks(clips / "masks" / "cat", np.zeros((4, 24, 32), np.uint8))  # masks are not frames
     (clips / "empty").mkdir()
     (clips / "empty" / ".DS_Store").write_bytes(b"Bud1")
     result = _preprocess(tmp_path, clips, "--max-failed-fraction", "1")
@@ -34,7 +37,8 @@ def test_a_folder_of_frame_folders_orders_frames_by_number_and_names_every_folde
     output = tmp_path / "out"
     letters = _letters(output)
     assert {source: letter["reason"] for source, letter in letters.items()} == {
-        "gap/": "frame_missing", "two_patterns/": "frame_names_unordered", "empty/": "no_frames"}
+        "gap/": "frame_missing", "two_patterns/": "frame_names_unordered", "empty/": "no_frames",
+        os.path.join("masks", "cat") + "/": "frame_is_a_mask"}
     assert letters["gap/"]["detail"].startswith("frame 00007 is missing: the frames go in steps of 1 but 00006.jpg "
                                                 "is followed by 00008.jpg")
     summary = json.loads((output / "summary.json").read_text())
@@ -50,8 +54,6 @@ def test_a_folder_of_frame_folders_orders_frames_by_number_and_names_every_folde
 
 
 def test_one_folder_of_frames_is_one_video_with_its_masks_in_labels(tmp_path):
-    import numpy as np
-
     video_makers.write_frames(tmp_path / "frames", [f"{t:05d}.jpg" for t in range(1, 9)])
     masks = np.zeros((8, 24, 32), np.uint8)
     masks[:, 4:12, 4:12] = 1
@@ -65,8 +67,6 @@ def test_one_folder_of_frames_is_one_video_with_its_masks_in_labels(tmp_path):
 
 
 def _davis(root, labelled=("bear", "car")):
-    import numpy as np
-
     for video in ("bear", "car"):
         video_makers.write_frames(root / "JPEGImages" / video, [f"{t:05d}.jpg" for t in range(4)])
         if video in labelled:
@@ -90,9 +90,13 @@ def test_labels_that_name_no_masks_are_refused_and_nothing_is_written(tmp_path):
     from tests import files
 
     davis = _davis(tmp_path / "DAVIS")
+    bare = _davis(tmp_path / "bare", labelled=())
+    (bare / "Annotations").mkdir()  # there, but empty: not a reason to train on all background
     video_makers.write_frames(tmp_path / "plain" / "frames", [f"{t:05d}.jpg" for t in range(1, 5)])
     video_makers.write_frames(tmp_path / "plain" / "frames" / "more", ["00001.jpg"])
     (tmp_path / "notes.txt").write_text("masks are elsewhere")
+    video_makers.write_frames(tmp_path / "mixed" / "frames", ["00001.jpg"])
+    video_makers.encode(str(tmp_path / "mixed" / "clip.mp4"), video_makers.frames(4, (24, 32)), 25)
     (tmp_path / "empty").mkdir()
     before = files.snapshot(tmp_path)
     cases = [
@@ -106,9 +110,21 @@ def test_labels_that_name_no_masks_are_refused_and_nothing_is_written(tmp_path):
          f"--labels {tmp_path / 'empty'} holds no masks for any of the 2 videos (expected e.g. "
          f"{tmp_path / 'empty' / 'bear' / '00000.png'}); name the folder that holds <video>/00000.png masks, or leave "
          "the masks out to convert the videos unlabelled."),
+        (bare, [],
+         f"{bare / 'Annotations'} holds no masks for any of the 2 videos (expected e.g. "
+         f"{bare / 'Annotations' / 'bear' / '00000.png'}); name the folder that holds <video>/00000.png masks, or "
+         "leave the masks out to convert the videos unlabelled."),
         (tmp_path / "plain" / "frames", [],
          f"--input {tmp_path / 'plain' / 'frames'} holds frames and also folders of frames (more/); pass one frame "
          "folder (one video), or a folder of frame folders (one video each)."),
+        (tmp_path / "plain", [],
+         f"{tmp_path / 'plain' / 'frames'} holds frames and also a folder of frames (more/), so which video a frame "
+         "belongs to is ambiguous; keep each video's frames in a folder of their own, and masks outside them "
+         "(--labels)."),
+        (tmp_path / "mixed", [],
+         f"--input {tmp_path / 'mixed'} holds video files and also a folder of images that no video is named like "
+         "(frames/), so it is neither a video's masks nor taken as a video; convert the frame folders apart, or name "
+         "the folder like its video."),
         (davis, ["--size", "100000,100000"],
          "--size 100000,100000 with --clip-length 4 makes clips of 149.01 GiB decoded (4 frames × 100000 × 100000 "
          "pixels × 4 bytes: RGB and mask), over --max-decoded-bytes 3.00 GiB; choose a smaller --size (e.g. 128,128) "

@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from preprocessing.video import video_clips
-from trainer import config as trainer_config, trained_run
+from trainer import presets, trained_run
 from trainer.engine import run_files
 from trainer.models import unet
 from trainer.parallel import partitioning
@@ -24,7 +24,7 @@ def write_run(folder: pathlib.Path, dims=(1, 1, 1, 1, 1), levels: int = 2) -> st
 
     keras.utils.set_random_seed(0)
     folder.mkdir(parents=True, exist_ok=True)
-    config = trainer_config.video(
+    config = presets.video(
         train_data=str(folder / "clips"), output_dir=str(folder), steps=1,
         model=unet.UNetConfig(spatial_dims=3, num_classes=3, in_channels=3, num_levels=levels, base_filters=4,
                               stem="none"),
@@ -40,7 +40,7 @@ def write_run(folder: pathlib.Path, dims=(1, 1, 1, 1, 1), levels: int = 2) -> st
 def write_ct_run(folder: pathlib.Path) -> str:
     """A CT run (the smoke preset's network, untrained) with the preprocessing predict needs; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = trainer_config.smoke(train_data=str(folder / "ct"), output_dir=str(folder))
+    config = presets.smoke(train_data=str(folder / "ct"), output_dir=str(folder))
     run_files.write_train_config(str(folder), config)
     run_files.write_model_info(str(folder), "segmentation", [32, 32, 32, 1], CLASSES, {
         "spacing": [1.7, 1.7, 2.25], "orientation": "LPS", "window": [-200.0, 300.0], "modality": "ct",
