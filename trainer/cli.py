@@ -174,7 +174,7 @@ def train(
         overrides = {**flags, **(pairs := parsing.parse_settings(settings or []))}
         config = config_resolution.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides, model_source=model,
                                     recorded=rerun.base, given=recorded_settings.typed_as(flags, pairs))
-        recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say)
+        recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say, preset=preset)
         train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,
                         eval_across_preprocessings=eval_across_preprocessings)
     except distributed.Preempted as preempted:
@@ -224,9 +224,9 @@ def plan(
 
     try:
         on = targets.parse(target)  # an unknown target or slice is named before anything is built
-        asked = (parsing.parse_list(partitions, int, "--partitions") or ()) if partitions is not None else None
+        asked = (parsing.parse_list(partitions, int, "--partitions", "1,2,4,8") or ()) if partitions is not None else None
         counts = asked if asked is not None else targets.default_partitions(on)
-        size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
+        size = parsing.parse_list(image_size, int, "--image-size", "64,128,128") if image_size else None
         given = parsing.parse_settings(settings or [])
         dims = tuple(parsing.parse_list(input_partition_dims, int, "--input-partition-dims")) \
             if input_partition_dims else None
