@@ -101,6 +101,37 @@ def implementation(name: str, instructions: dict, computations: dict) -> str | N
     return None
 
 
+CHANGES = ("activation_layout_changes", "weight_layout_changes", "activation_converts", "weight_converts")
+_PASS_THROUGH = ("bitcast", "get-tuple-element")
+
+
+def around(name: str, kernel, instructions: dict, computations: dict, users: dict) -> dict:
+    """The kernels feeding a convolution and those reading its result (through bitcasts and tuple elements) that
+    change a layout (`transpose`, `copy`) or a precision (`convert`): of the layer's weights (a kernel-shaped array,
+    small) or of an activation (a pass over the full tensor)."""
+    feeding, seen = list(instructions[name]["operands"]), set()
+    while any(instructions.get(n, {}).get("op") in _PASS_THROUGH for n in feeding):
+        feeding = [o for n in feeding for o in (instructions[n]["operands"] if instructions.get(n, {}).get("op")
+                                                in _PASS_THROUGH else [n])]
+    reading, frontier = [], [name]
+    while frontier:
+        current = frontier.pop()
+        for user in users[current]:
+            if user in seen:
+                continue
+            seen.add(user)
+            (frontier if instructions[user]["op"] in _PASS_THROUGH else reading).append(user)
+    counts = dict.fromkeys(CHANGES, 0)
+    for neighbour in feeding + reading:
+        if neighbour not in instructions:
+            continue
+        ops = _ops_inside(neighbour, instructions, computations)
+        what = "weight" if kernel is not None and _dimensions(instructions[neighbour]["type"]) == kernel else "activation"
+        counts[f"{what}_layout_changes"] += bool(ops & set(LAYOUT_OPS))
+        counts[f"{what}_converts"] += bool(ops & set(PRECISION_OPS))
+    return counts
+
+
 def classify(text: str, layers: dict) -> dict:
     """Every entry instruction of a compiled step's HLO: its layer kind, and for convolutions direction and kernel.
 
@@ -109,7 +140,7 @@ def classify(text: str, layers: dict) -> dict:
         layers: {layer name: (class name, its kernel's sorted dimensions or None)} (`layer_classes`).
 
     Returns:
-        {"instructions": {name: {"kind", "direction", "implementation", "layout_changes", "precision_changes"}},
+        {"instructions": {name: {"kind", "layer", "op", "implementation", "direction", *CHANGES}},
          "convolutions": [rows per (kind, direction, implementation) with counts]}.
     """
     instructions, computations, entry = parse(text)
@@ -129,23 +160,15 @@ def classify(text: str, layers: dict) -> dict:
             weight = instruction["target"] == "__cudnn$convBackwardFilter" or (
                 backward and kernel is not None and _dimensions(instruction["type"]) == kernel)
             row["direction"] = "weight gradient" if weight else "input gradient" if backward else "forward"
-            around = list(instruction["operands"])
-            for user in users[name]:  # the result, through get-tuple-element where the call returns a tuple
-                around += users[user] if instructions[user]["op"] == "get-tuple-element" else [user]
-            ops = [_ops_inside(n, instructions, computations) for n in around if n in instructions]
-            row["layout_changes"] = sum(bool(o & set(LAYOUT_OPS)) for o in ops)
-            row["precision_changes"] = sum(bool(o & set(PRECISION_OPS)) for o in ops)
+            row.update(around(name, kernel, instructions, computations, users))
         out[name] = row
-    groups = collections.Counter()
-    changes = collections.defaultdict(lambda: [0, 0])
+    groups = collections.defaultdict(lambda: collections.Counter())
     for row in out.values():
         if row["implementation"]:
-            key = (row["kind"], row["direction"], row["implementation"])
-            groups[key] += 1
-            changes[key][0] += row["layout_changes"]
-            changes[key][1] += row["precision_changes"]
-    convolutions = [{"kind": k, "direction": d, "implementation": i, "count": n, "layout_changes": changes[(k, d, i)][0],
-                     "precision_changes": changes[(k, d, i)][1]} for (k, d, i), n in sorted(groups.items())]
+            groups[(row["kind"], row["direction"], row["implementation"])].update(
+                {"count": 1, **{field: row[field] for field in CHANGES}})
+    convolutions = [{"kind": k, "direction": d, "implementation": i, **{f: counts[f] for f in ("count", *CHANGES)}}
+                    for (k, d, i), counts in sorted(groups.items())]
     return {"instructions": out, "convolutions": convolutions}
 
 
@@ -223,10 +246,11 @@ def markdown(result: dict) -> str:
     lines = []
     for entry in result["rows"]:
         lines += ["", f"{entry['network']} {entry['precision']} {entry['size']}³ {' '.join(entry['sets'])}".rstrip(), "",
-                  "| layer kind | direction | runs as | count | next to a layout change | next to a convert |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['kind']} | {r['direction']} | {r['implementation']} | {r['count']} | {r['layout_changes']} | "
-                  f"{r['precision_changes']} |" for r in entry["convolutions"]]
+                  "| layer kind | direction | runs as | count | layout changes: activations / weights | "
+                  "converts: activations / weights |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['kind']} | {r['direction']} | {r['implementation']} | {r['count']} | "
+                  f"{r['activation_layout_changes']} / {r['weight_layout_changes']} | {r['activation_converts']} / "
+                  f"{r['weight_converts']} |" for r in entry["convolutions"]]
         lines.append("kernels per layer kind: " + ", ".join(f"{k} {n}" for k, n in
                                                             sorted(entry["kernels_per_kind"].items(), key=lambda x: -x[1])))
     return "\n".join(lines)

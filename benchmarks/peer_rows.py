@@ -121,11 +121,16 @@ def main() -> None:
     sys.path.insert(0, REPOSITORY)
     sys.path.insert(0, HERE)
     if row["side"] == "torch":
-        import peer_torch
-        from trainer.models import losses
+        import importlib.util
 
+        import peer_torch
+
+        # fullres's loss module alone (jax.numpy, no Keras, no device): its class balance for whole volumes (0.5).
+        spec = importlib.util.spec_from_file_location("losses", os.path.join(REPOSITORY, "trainer/models/losses.py"))
+        losses = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(losses)
         row["deadline"] = STARTED + row["limit_seconds"] - 5
-        balance = losses.class_balance(None, whole_volumes=True)  # fullres's default for whole volumes (0.5)
+        balance = losses.class_balance(None, whole_volumes=True)
         try:
             result = {**peer_torch.run(row, balance), "class_balance": balance, "versions": versions()}
         except Exception as error:  # noqa: BLE001  (reported in the row; the next row still runs)
