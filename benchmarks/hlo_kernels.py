@@ -11,11 +11,9 @@ result has the layer's kernel's dimensions (in any order) is its weight gradient
 names are not the direction: a transposed convolution's forward pass is `convBackwardInput` and both of its
 gradients are `convForward`. Layer kinds are the Keras classes (Conv3D, Conv3DTranspose, ...) of the model.
 
-    uv run --group cuda python benchmarks/hlo_kernels.py --target h100x1 --size 32 --json F [--set kernels.norm=fused]
-
-compiles the zoo's six networks (their `tiny` configuration unless `--published`) for the target, float32 and
-bfloat16, without a GPU, and prints one table per network and precision. On a GPU `peer_rows.py` joins the same
-classification with JAX's profiler trace (`kernel_times`): the time of each kind.
+`benchmarks/zoo_kernels.py` compiles the zoo's networks for a GPU without one and prints this classification per
+network and precision; on a GPU `peer_rows.py` joins it with JAX's profiler trace (`kernel_times`): the time of
+each kind.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ import collections
 import gzip
 import json
 import re
-import sys
-import time
 
 
 _COMPUTATION = re.compile(r"^(ENTRY )?%(?P<name>[\w.\-]+) .*\{\s*$")
@@ -188,108 +184,38 @@ def layer_classes(model) -> dict:
 
 
 def kernel_times(trace_path: str, table: dict) -> dict:
-    """Device time per (kind, direction, implementation) from a perfetto trace (JAX's profiler), by each kernel's
-    `hlo_op`; kernels without one, or of an op the table does not hold, are counted apart."""
+    """Device time per (kind, direction, implementation) from JAX's perfetto trace of some steps.
+
+    On a GPU the trace has, per device, lines ("threads") for its streams, whose events are kernels (their HLO op in
+    `args.hlo_op`), and an "XLA Ops" line whose events are named by the HLO op. Kernels on the streams are summed
+    where they name their op, else the "XLA Ops" line; every line's name is kept in the result (`lines`), so that a
+    trace of another shape can be read by hand. Time the table cannot place is `unmatched_seconds`.
+    """
     with gzip.open(trace_path, "rt", encoding="utf-8") as file:
         events = json.load(file)
-    events = events.get("traceEvents", events) if isinstance(events, dict) else events
-    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-               and "gpu" in str(e.get("args", {}).get("name", "")).lower()}
+    events = events.get("traceEvents", []) if isinstance(events, dict) else events
+    processes = {e["pid"]: str(e.get("args", {}).get("name", "")) for e in events
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}
+    devices = {pid for pid, name in processes.items() if "/device:" in name and "CPU" not in name}
+    threads = {(e["pid"], e.get("tid")): str(e.get("args", {}).get("name", "")) for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in devices}
+    spans = [e for e in events if e.get("ph") == "X" and e.get("pid") in devices]
+    streams = [e for e in spans if threads.get((e["pid"], e.get("tid")), "").lower().startswith("stream")]
+    if streams and any(e.get("args", {}).get("hlo_op") for e in streams):
+        timed = [(str(e["args"].get("hlo_op", "")), e) for e in streams]
+    else:
+        timed = [(str(e.get("name", "")), e) for e in spans if threads.get((e["pid"], e.get("tid"))) == "XLA Ops"]
     by_kind, by_kernel, total, unmatched = collections.Counter(), collections.Counter(), 0.0, 0.0
-    for event in events:
-        if event.get("ph") != "X" or event.get("pid") not in devices:
-            continue
+    for op, event in timed:
         seconds = float(event.get("dur", 0)) * 1e-6  # microseconds
-        args = event.get("args", {})
-        op = str(args.get("hlo_op") or args.get("long_name") or "").split(":")[0].strip().lstrip("%")
-        row = table["instructions"].get(op)
+        row = table["instructions"].get(op.split(" ")[0].lstrip("%"))
         total += seconds
-        by_kernel[event.get("name", "?")[:120]] += seconds
+        by_kernel[str(event.get("name", "?"))[:120]] += seconds
         if row is None:
             unmatched += seconds
             continue
         by_kind[" · ".join([row["kind"], row.get("direction") or row["op"], row.get("implementation") or ""])] += seconds
-    return {"device_seconds": total, "unmatched_seconds": unmatched,
+    return {"device_seconds": total, "unmatched_seconds": unmatched, "lines": sorted(set(threads.values())),
             "by_kind": [{"what": k, "seconds": s} for k, s in by_kind.most_common()],
             "top_kernels": [{"kernel": k, "seconds": s} for k, s in by_kernel.most_common(25)]}
 
-
-ZOO = ("nnunet_plain", "nnunet_resenc", "monai_unet", "segresnet", "mednext", "swin_unetr")
-ENTRY_OVERHEAD = ("parameter", "get-tuple-element", "bitcast", "tuple", "constant")
-
-
-def kernels_per_kind(table: dict) -> dict:
-    """{layer kind: entry instructions that launch work (fusions, custom calls, copies, ...)}."""
-    return dict(collections.Counter(r["kind"] for r in table["instructions"].values() if r["op"] not in ENTRY_OVERHEAD))
-
-
-def compile_zoo(network: str, precision: str, size: int, published: bool, sets: list[str], target: str) -> dict:
-    """The zoo network's training step (`fullres train`'s, batch 1) compiled for `target`; its classification."""
-    from common import parsing
-    from trainer.plan import compiled_step, target_compile, targets
-
-    config = compiled_step.plan_config(f"tests/trainer/zoo/{network}.py:{'build' if published else 'tiny'}", "default",
-                                       {"precision": precision, "augmentation": "none", **parsing.parse_settings(sets)})
-    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (size,) * 3))
-    devices = targets.devices(targets.parse(target))[:1]
-    started = time.perf_counter()
-    with target_compile.compile_only(target != "cpu"):
-        compiled, _ = builder.compile((1,) * 5, devices)
-    table = classify(compiled.as_text(), layer_classes(builder.model))
-    return {"network": network, "precision": precision, "size": size, "sets": sets, "target": target,
-            "compile_seconds": round(time.perf_counter() - started, 1), "convolutions": table["convolutions"],
-            "kernels_per_kind": kernels_per_kind(table)}
-
-
-def markdown(result: dict) -> str:
-    """One table per network and precision: convolutions by kind, direction and how the GPU runs them."""
-    lines = []
-    for entry in result["rows"]:
-        lines += ["", f"{entry['network']} {entry['precision']} {entry['size']}³ {' '.join(entry['sets'])}".rstrip(), "",
-                  "| layer kind | direction | runs as | count | layout changes: activations / weights | "
-                  "converts: activations / weights |", "| --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['kind']} | {r['direction']} | {r['implementation']} | {r['count']} | "
-                  f"{r['activation_layout_changes']} / {r['weight_layout_changes']} | {r['activation_converts']} / "
-                  f"{r['weight_converts']} |" for r in entry["convolutions"]]
-        lines.append("kernels per layer kind: " + ", ".join(f"{k} {n}" for k, n in
-                                                            sorted(entry["kernels_per_kind"].items(), key=lambda x: -x[1])))
-    return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    import argparse
-    import os
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", default="h100x1", help="a GPU target of `fullres plan --target` (or cpu)")
-    parser.add_argument("--networks", default=",".join(ZOO), help="zoo networks (tests/trainer/zoo/)")
-    parser.add_argument("--precisions", default="float32,bfloat16")
-    parser.add_argument("--size", type=int, default=32, help="voxels a side (batch 1)")
-    parser.add_argument("--published", action="store_true", help="the published configurations, not `tiny`")
-    parser.add_argument("--set", action="append", default=[], dest="sets", help="a training setting, e.g. kernels.norm=fused")
-    parser.add_argument("--json", required=True)
-    args = parser.parse_args(argv)
-    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, repository)
-    os.chdir(repository)  # the zoo's sources are given relative to the checkout
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")  # the target's devices come from its topology, not this machine
-    import trainer  # noqa: F401  (Keras on JAX)
-
-    rows = []
-    for network in args.networks.split(","):
-        for precision in args.precisions.split(","):
-            try:
-                rows.append(compile_zoo(network, precision, args.size, args.published, args.sets, args.target))
-            except ValueError as error:  # a setting this checkout does not know, a size the network cannot take
-                rows.append({"network": network, "precision": precision, "size": args.size, "sets": args.sets,
-                             "error": str(error), "convolutions": [], "kernels_per_kind": {}})
-            print(markdown({"rows": rows[-1:]}), flush=True)
-    with open(args.json, "w", encoding="utf-8") as file:
-        json.dump({"about": "hlo_kernels: convolutions by how the GPU compiler runs them", "rows": rows}, file, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

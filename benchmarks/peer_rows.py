@@ -95,12 +95,14 @@ def traced_kernels(row: dict, model, compiled, state, inputs, labels, step_shard
         for number in range(3):
             state, metrics = compiled(state, inputs, labels, jax.device_put(np.int32(number), step_sharding))
             jax.block_until_ready((state, metrics))
-    found = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+    found = sorted(glob.glob(os.path.join(folder, "**", "perfetto_trace.json.gz"), recursive=True))
     if not found:
         return {"error": f"the profiler wrote no perfetto trace under {folder}"}
     table = hlo_kernels.classify(compiled.as_text(), hlo_kernels.layer_classes(model))
-    return {"trace": os.path.relpath(found[-1], row["trace_dir"]), "steps": 3,
-            **hlo_kernels.kernel_times(found[-1], table)}
+    times = hlo_kernels.kernel_times(found[-1], table)
+    for raw in glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True):
+        os.remove(raw)  # the profiler's own format, large; the perfetto trace beside it stays
+    return {"trace": os.path.relpath(found[-1], row["trace_dir"]), "steps": 3, **times}
 
 
 def versions() -> dict:
@@ -137,6 +139,7 @@ def main() -> None:
             result = {"status": "failed", "error": f"{type(error).__name__}: {str(error).splitlines()[0][:500]}"}
     else:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the peak is what the row used
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")  # compile seconds are the compiler's, not a cache read
         import trainer  # noqa: F401  (Keras on JAX, as every fullres command)
         import jax
 
