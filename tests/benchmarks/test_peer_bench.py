@@ -9,6 +9,8 @@ row in its own process, as the device runs it.
 import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -26,6 +28,22 @@ def load(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_test_environment_has_pytorch_and_the_image_does_not():
+    uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in UV
+    assert uv, "uv is not on PATH; run the tests with `python3 -m uv run pytest`"
+
+    def locked(*groups):
+        exported = subprocess.run([uv, "export", "--locked", "--no-hashes", "--no-emit-project", "--quiet", *groups],
+                                  capture_output=True, text=True, cwd=REPOSITORY, timeout=120)
+        assert exported.returncode == 0, exported.stderr
+        return set(re.findall(r"^([a-z0-9][a-z0-9._-]*)==", exported.stdout, flags=re.M))
+
+    peer = {"torch", "monai", "dynamic-network-architectures"}
+    assert peer <= locked()  # the README's test command: the dev group, which includes peer
+    image = locked("--no-dev")  # the Dockerfile's `uv sync --locked --no-dev`
+    assert not peer & image and not any(name.startswith("nvidia-") for name in image)
 
 
 @pytest.mark.parametrize("balance", [0.0, 0.5])
