@@ -65,6 +65,34 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def summary(result: dict) -> str:
+    """One line per network and precision: convolutions by direction and by how they run, what sits beside them."""
+    lines = ["| network | precision | convolutions: forward / input grad / weight grad | cuDNN calls | XLA-native "
+             "(convolution or fusion) | layout changes beside: activations / weights | converts beside: activations "
+             "/ weights | kernels: convolution layers / normalization / all |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for entry in result["rows"]:
+        if entry.get("error"):
+            lines.append(f"| {entry['network']} | {entry['precision']} | {entry['error'][:150]} | | | | | |")
+            continue
+        rows = entry["convolutions"]
+
+        def total(field, keep=lambda r: True, rows=rows):
+            return sum(r[field] for r in rows if keep(r))
+
+        directions = " / ".join(str(total("count", lambda r, d=d: r["direction"] == d))
+                                for d in ("forward", "input gradient", "weight gradient"))
+        kinds = entry["kernels_per_kind"]
+        convolution = sum(n for k, n in kinds.items() if k.startswith("Conv"))
+        norm = sum(n for k, n in kinds.items() if "Normalization" in k)
+        lines.append(f"| {entry['network']} | {entry['precision']} | {directions} | "
+                     f"{total('count', lambda r: r['implementation'].startswith('cuDNN'))} | "
+                     f"{total('count', lambda r: r['implementation'].startswith('XLA'))} | "
+                     f"{total('activation_layout_changes')} / {total('weight_layout_changes')} | "
+                     f"{total('activation_converts')} / {total('weight_converts')} | "
+                     f"{convolution} / {norm} / {sum(kinds.values())} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -97,6 +125,7 @@ def main(argv=None) -> int:
             print(markdown({"rows": rows[-1:]}), flush=True)
     with open(args.json, "w", encoding="utf-8") as file:
         json.dump({"about": "hlo_kernels: convolutions by how the GPU compiler runs them", "rows": rows}, file, indent=1)
+    print(summary({"rows": rows}), flush=True)
     return 0
 
 

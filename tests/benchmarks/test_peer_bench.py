@@ -63,7 +63,8 @@ def test_the_pytorch_loss_is_fullres_loss_on_the_same_logits(balance):
     assert got == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.parametrize("network", ["nnunet_plain", "monai_unet"])
+# `import monai` takes 8-29 s here (it imports its whole package, TensorFlow's among its optional ones): slow.
+@pytest.mark.parametrize("network", ["nnunet_plain", pytest.param("monai_unet", marks=pytest.mark.slow)])
 def test_the_pytorch_network_and_the_zoo_port_hold_the_same_weights(network):
     from trainer.models import user_model
 
