@@ -54,7 +54,11 @@ def markdown(result: dict) -> str:
     """One table per network and precision: convolutions by kind, direction and how the GPU runs them."""
     lines = []
     for entry in result["rows"]:
-        lines += ["", f"{entry['network']} {entry['precision']} {entry['size']}³ {' '.join(entry['sets'])}".rstrip(), "",
+        title = f"{entry['network']} {entry['precision']} {entry['size']}³ {' '.join(entry['sets'])}".rstrip()
+        if entry.get("error"):
+            lines += ["", f"{title}: not compiled: {entry['error']}"]
+            continue
+        lines += ["", title, "",
                   "| layer kind | direction | runs as | count | layout changes: activations / weights | "
                   "converts: activations / weights |", "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {r['kind']} | {r['direction']} | {r['implementation']} | {r['count']} | "
@@ -106,6 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], dest="sets", help="a training setting, e.g. kernels.norm=fused")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
+    if os.path.exists(args.json) and "hlo_kernels" not in open(args.json, encoding="utf-8").read(200):
+        parser.error(f"--json {args.json} exists and is not this tool's result; name a new file")
     repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, repository)
     os.chdir(repository)  # the zoo's sources are given relative to the checkout
@@ -119,12 +125,15 @@ def main(argv=None) -> int:
         for precision in args.precisions.split(","):
             try:
                 rows.append(compile_zoo(network, precision, args.size, args.published, args.sets, args.target))
-            except ValueError as error:  # a setting this checkout does not know, a size the network cannot take
+            except Exception as error:  # noqa: BLE001  (an unknown setting, a size the network cannot take, the
+                # target compiler failing on the network: the row says which, and the next one compiles)
+                first = (str(error).strip().splitlines() or [""])[0][:400]
                 rows.append({"network": network, "precision": precision, "size": args.size, "sets": args.sets,
-                             "error": str(error), "convolutions": [], "kernels_per_kind": {}})
+                             "error": f"{type(error).__name__}: {first}", "convolutions": [], "kernels_per_kind": {}})
             print(markdown({"rows": rows[-1:]}), flush=True)
-    with open(args.json, "w", encoding="utf-8") as file:
-        json.dump({"about": "hlo_kernels: convolutions by how the GPU compiler runs them", "rows": rows}, file, indent=1)
+            with open(args.json, "w", encoding="utf-8") as file:  # after every row: a stopped run keeps its rows
+                json.dump({"about": "hlo_kernels: convolutions by how the GPU compiler runs them", "target": args.target,
+                           "rows": rows}, file, indent=1)
     print(summary({"rows": rows}), flush=True)
     return 0
 
