@@ -14,7 +14,7 @@ first step. Each row runs in its own process (`peer_rows.py`) under a time limit
 for issue 49's goals. `--trace-dir` adds JAX's profiler to fullres's rows: the kernels' time per convolution kind.
 
 On a GPU (the device machine; docs/measurements.md, "On a device", gives the one call with device_check):
-    python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --limit 240
+    python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --limit 200
 On a CPU, at tiny sizes, in seconds (the suite runs this): python benchmarks/peer_bench.py --tiny --json F
 """
 
@@ -31,8 +31,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = os.path.join(HERE, "peer_rows.py")
-GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120}
-TINY = {"tiny": True, "size": 16, "batch_size": 1, "steps": 3, "warmup": 1, "row_limit": 300}  # a loaded 2-core CPU
+GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600}
+# A row's process on the loaded 2-core machine: 25-60 s for PyTorch's, 130-160 s for fullres's (imports, compile).
+TINY = {"tiny": True, "size": 16, "batch_size": 1, "steps": 3, "warmup": 1, "row_limit": 300, "limit": 1800}
 NETWORKS = ("nnunet_plain", "monai_unet")
 MIN_ROW_SECONDS = 10  # a row is not started with less of the command's time left
 # Issue 49's goals: (name, numerator row, denominator row, at most).
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     parser.add_argument("--networks", default=",".join(NETWORKS), help="which networks, in order")
     parser.add_argument("--candidate", action="append", default=[], metavar="SETS",
                         help="fullres rows with these --set strings, space-separated (repeatable: one row pair each)")
-    parser.add_argument("--limit", type=float, default=600, help="seconds for every row together")
+    parser.add_argument("--limit", type=float, help="seconds for every row together (default 600; --tiny 1800)")
     parser.add_argument("--trace-dir", help="JAX profiler traces of fullres's baseline rows go here (a GPU's kernels)")
     args = parser.parse_args(argv)
     networks = [n for n in args.networks.split(",") if n]
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
     if os.path.exists(args.json) and "peer_bench" not in open(args.json, encoding="utf-8").read(200):
         parser.error(f"--json {args.json} exists and is not a peer_bench result; name a new file")
     settings = dict(TINY if args.tiny else GPU)
+    args.limit = args.limit or settings["limit"]
     base = {**{k: settings[k] for k in ("tiny", "size", "batch_size", "steps", "warmup")},
             "platform": "cpu" if args.tiny else "gpu"}
     started = time.perf_counter()

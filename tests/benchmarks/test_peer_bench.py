@@ -121,8 +121,9 @@ def test_the_ratios_are_the_rows_own_figures_divided():
 def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_run(tmp_path):
     output = tmp_path / "peer.json"
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer_bench.py"), "--tiny", "--json",
-                             str(output), "--networks", "nnunet_plain", "--candidate", "kernels.no_such_kernel=1"],
-                            capture_output=True, text=True, timeout=900, cwd=REPOSITORY)
+                             str(output), "--networks", "nnunet_plain", "--candidate", "kernels.no_such_kernel=1",
+                             "--limit", "1800"],
+                            capture_output=True, text=True, timeout=1900, cwd=REPOSITORY)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     written = json.loads(output.read_text())
     rows = {r["name"]: r for r in written["rows"]}
