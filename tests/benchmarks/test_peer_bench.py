@@ -1,9 +1,9 @@
 """benchmarks/peer_bench.py: the same networks under PyTorch and fullres, side by side (issue 49).
 
-Fast: the PyTorch side's loss is fullres's own (same logits, same labels: the same number), its networks are the
-zoo's ports weight for weight (every weight's shape, as a multiset), a PyTorch row runs as the benchmark runs it,
-and the JSON's ratios are the rows' own figures divided. Slow: the whole command at tiny sizes on the CPU, every
-row in its own process, as the device runs it.
+Fast: the PyTorch side's loss is fullres's own (same logits, same labels: the same number), PlainConvUNet is the
+zoo's port weight for weight (every weight's shape, as a multiset), the JSON's ratios are the rows' own figures
+divided, and the image's lock holds no PyTorch. Slow: the same for MONAI's UNet (its import), a PyTorch row's
+process, and the whole command at tiny sizes on the CPU, every row in its own process, as the device runs it.
 """
 
 import importlib.util
@@ -63,36 +63,59 @@ def test_the_pytorch_loss_is_fullres_loss_on_the_same_logits(balance):
     assert got == pytest.approx(expected, rel=1e-6)
 
 
+SHAPES = """
+import json, os, sys
+sys.path.insert(0, {repository!r}); sys.path.insert(0, {benchmarks!r})
+import numpy as np
+import trainer
+import torch
+import peer_torch
+from trainer.models import user_model
+net = peer_torch.network({network!r}, tiny=True)
+net(torch.zeros((1, 1, 16, 16, 16))).sum().backward()  # the weights a step trains (PlainConvUNet holds unused ones)
+function = user_model.load_function(os.path.join({repository!r}, peer_torch.ZOO[{network!r}]), "tiny")
+print("SHAPES " + json.dumps({{"torch": [list(p.shape) for p in net.parameters() if p.grad is not None],
+    "keras": [list(v.shape) for v in function(num_classes=3, in_channels=1).trainable_weights],
+    "used": peer_torch.used_parameters(net)}}))
+"""
+
+
+def in_own_process(code: str) -> str:
+    """Runs `code` in a fresh Python: torch.compile's machinery (triton, imported by torch.optim and monai) aborted
+    a test worker whose process held the fast tier's other libraries."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPOSITORY)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
 # `import monai` takes 8-29 s here (it imports its whole package, TensorFlow's among its optional ones): slow.
 @pytest.mark.parametrize("network", ["nnunet_plain", pytest.param("monai_unet", marks=pytest.mark.slow)])
 def test_the_pytorch_network_and_the_zoo_port_hold_the_same_weights(network):
-    from trainer.models import user_model
-
-    import torch
-
-    peer_torch = load("peer_torch")
-    net = peer_torch.network(network, tiny=True)
-    net(torch.zeros((1, 1, 16, 16, 16))).sum().backward()  # the weights a step trains (PlainConvUNet holds unused ones)
+    output = in_own_process(SHAPES.format(repository=REPOSITORY, benchmarks=BENCHMARKS, network=network))
+    found = json.loads(next(line for line in output.splitlines() if line.startswith("SHAPES "))[7:])
 
     def dimensions(shape):  # torch (O, I, k, k, k) and Keras (k, k, k, I, O) kernels; a PReLU's (1,) and (1, 1, 1, 1)
         return tuple(sorted(int(d) for d in shape if d != 1))
 
-    torch_shapes = sorted(dimensions(p.shape) for p in net.parameters() if p.grad is not None)
-    function = user_model.load_function(os.path.join(REPOSITORY, peer_torch.ZOO[network]), "tiny")
-    keras_shapes = sorted(dimensions(v.shape) for v in function(num_classes=3, in_channels=1).trainable_weights)
+    torch_shapes = sorted(dimensions(shape) for shape in found["torch"])
+    keras_shapes = sorted(dimensions(shape) for shape in found["keras"])
     assert torch_shapes == keras_shapes and len(torch_shapes) > 10
-    assert peer_torch.used_parameters(net) == sum(int(np.prod(shape)) for shape in keras_shapes)
+    assert found["used"] == sum(int(np.prod(shape)) for shape in keras_shapes)
 
 
+@pytest.mark.slow  # a process importing torch and fullres, and a step: 21 s on the loaded machine
 def test_a_pytorch_row_measures_a_step_and_names_what_cannot_run_here():
-    peer_torch = load("peer_torch")
-    row = {"network": "nnunet_plain", "tiny": True, "size": 16, "batch_size": 1, "steps": 2, "warmup": 1,
-           "mode": "eager", "precision": "float32"}
-    result = peer_torch.run(row, class_balance=0.5)
-    assert result["status"] == "ok" and result["steps"] == 2 and result["median_step_seconds"] > 0
-    assert np.isfinite(result["loss"]) and result["peak_bytes"] > 0 and "RSS" in result["peak_bytes_source"]
-    assert result["parameters"] < sum(p.numel() for p in peer_torch.network("nnunet_plain", tiny=True).parameters())
-    skipped = peer_torch.run({**row, "mode": "nnunet", "precision": "float16"}, class_balance=0.5)
+    row = {"side": "torch", "network": "nnunet_plain", "name": "torch eager float32", "tiny": True, "size": 16,
+           "batch_size": 1, "steps": 2, "warmup": 1, "mode": "eager", "precision": "float32", "limit_seconds": 300}
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer_rows.py"), json.dumps(row)],
+                            capture_output=True, text=True, timeout=600, cwd=REPOSITORY)
+    found = [line for line in result.stdout.splitlines() if line.startswith("ROW_RESULT ")]
+    assert found, result.stdout[-2000:] + result.stderr[-3000:]
+    measured = json.loads(found[-1][len("ROW_RESULT "):])
+    assert measured["status"] == "ok" and measured["steps"] == 2 and measured["median_step_seconds"] > 0, measured
+    assert np.isfinite(measured["loss"]) and measured["peak_bytes"] > 0 and "RSS" in measured["peak_bytes_source"]
+    assert measured["class_balance"] == 0.5 and measured["versions"]["torch"]
+    skipped = load("peer_torch").run({**row, "mode": "nnunet", "precision": "float16"}, class_balance=0.5)
     assert skipped["status"] == "not_run" and "CUDA only" in skipped["error"]
 
 
