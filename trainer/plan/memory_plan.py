@@ -19,7 +19,7 @@ from trainer.engine import recorded_settings
 from trainer.parallel import xla_compile
 from trainer.models import user_model
 from trainer.tasks import registry
-from trainer.plan import compiled_step, input_plan, launch, layout_search, target_compile, target_search, targets
+from trainer.plan import compiled_step, input_plan, launch, layout_measure, layout_search, target_compile, target_search, targets
 
 AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
 
@@ -283,7 +283,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     if on.platform == "cpu":
         if isinstance(layouts_to_try, tuple):
             config = config_lib.with_dims(config, layouts_to_try)
-            row = layout_search.compile_layout(config, shape, on)
+            row = layout_measure.compile_layout(config, shape, on)
             results = [layout_search.Search(row.partitions, [dataclasses.replace(row, fits=None if limit is None
                                                                                  else row.total_bytes <= limit)],
                                             [], row.compile_seconds)]

@@ -4,7 +4,7 @@ The step is the one `fullres train` compiles (`compiled_step.StepBuilder`: the
 same `config.resolve`, `engine.program.build_model` and `jit_step`); only the
 devices differ (`targets.devices`). The TPU compiler checks the program
 against the chip's HBM while compiling and stops with RESOURCE_EXHAUSTED when
-it does not fit: `layout_search.measure` turns that layout into a `Refusal` with the
+it does not fit: `layout_measure.measure` turns that layout into a `Refusal` with the
 bytes it needs and the bytes there are, never a traceback.
 """
 
