@@ -36,6 +36,9 @@ class PlanRow:
     cached: bool = False  # read from the plan cache (`target_compile.PlanCache`), not compiled now
     gathered: tuple[tuple[str, int], ...] = ()  # (Keras layer, largest all-gathered activation, bytes per device)
     all_to_all_bytes: int = 0  # per device per step: splits moved between axes (rotation and scaling)
+    compiler_total_bytes: int | None = None  # on a target: the compiler's own figure; total_bytes adds the device's
+    device_terms: dict | None = None  # on a target: `device_bytes.Terms.to_json()`, how total_bytes was found
+    expected_compile_seconds: float | None = None  # on a GPU: at least this long on the device (autotuning)
     compiler_options: str = ""  # what the compile needed beyond the default ("name=value, ..."; xla_compile.py)
 
     @property
