@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import sys
@@ -57,6 +56,8 @@ def plan_point(row: dict, size: int, target: str) -> dict:
     top = found["rows"][0]
     estimate = top.get("estimate") or {}
     return {**row, "size": size, "total_bytes": top["total_bytes"], "cpu_total_bytes": top["cpu_total_bytes"],
+            "compiler_total_bytes": top["compiler_total_bytes"], "device_terms": top["device_terms"],
+            "expected_compile_seconds": top["expected_compile_seconds"],
             "temp_bytes": top["temp_bytes"], "argument_bytes": top["argument_bytes"], "fits": top["fits"],
             "target_total_bytes": top["total_bytes"], "target_fits": top["fits"], "step_seconds": estimate.get("seconds"),
             "bound": estimate.get("bound"), "flops": top["flops"], "bytes_accessed": top["bytes_accessed"],
@@ -64,32 +65,14 @@ def plan_point(row: dict, size: int, target: str) -> dict:
 
 
 def predict_point(size: int, target: str) -> dict:
-    """The bytes per device `fullres predict`'s whole-volume pass of one size³ volume needs on the target."""
-    import jax
-    import numpy as np
-
-    from trainer.engine import inference, placement, program
-    from trainer.parallel import partitioning
-    from trainer.plan import target_compile, targets
-    from trainer.tasks import registry
+    """The bytes per device `fullres predict`'s whole-volume pass of one size³ volume needs on the target: the program
+    predict compiles (`predict_plan`: the weights alone, padded as predict pads) and what the device holds beside it."""
+    from trainer.plan import predict_plan, targets
 
     row = {"part": "predict", "model": "default", "precision": "float32", "augmentation": "none"}
-    config = device_check_rows.make_config(row)
-    task = registry.make_task(config)
-    model, _, _, state = program.build_model(config, task, 1)
-    devices = targets.devices(targets.parse(target))[:1]
-    with target_compile.compile_only():
-        distribution = partitioning.make_distribution(config.partition, devices)
-        shardings = placement.state_shardings(state, distribution)
-        shapes = jax.tree_util.tree_map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state, shardings)
-        batch = (1, size, size, size, 1)
-        images = jax.ShapeDtypeStruct(batch, np.float32, sharding=distribution.get_data_layout(batch).backend_layout)
-        forward = inference.make_forward(model, distribution, state, len(batch), "probabilities")
-        compiled = forward.lower(shapes, images).compile()
-    figures = device_check_rows.compiler_figures(compiled)
-    hardware = targets.hardware(targets.parse(target).kind)
-    return {**row, "size": size, "total_bytes": figures["total_bytes"], "fits": figures["total_bytes"] <= hardware[
-        "memory_bytes"], "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
+    found = predict_plan.predict_bytes(device_check_rows.make_config(row), (size, size, size, 1), targets.parse(target))
+    return {**row, "size": size, **found, "target_total_bytes": found["total_bytes"], "target_fits": found["fits"],
+            "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
 
 
 def scaled_roofline(point: dict, first: dict, target: str) -> dict:
@@ -137,15 +120,21 @@ def main() -> None:
     parser.add_argument("--target", default="h100x1")
     parser.add_argument("--json", default=None, help="default: benchmarks/results/device_plan_TARGET.json, which "
                         "device_check.py reads")
+    for key in ("models", "precisions", "augmentations"):
+        parser.add_argument(f"--{key}", default=",".join(device_check.GPU[key]), help=f"only these {key}")
     args = parser.parse_args()
     args.json = args.json or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
     import jax
 
     jax.config.update("jax_platforms", "cpu")
-    versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("jax", "jax-cuda12-plugin"))
+    from trainer.plan import device_bytes, target_compile
+
+    compilers = target_compile.compiler_versions()
+    versions = ", ".join(f"{name} {version}" for name, version in compilers.items())
     result = {"about": "device_plan: fullres plan --target for device_check.py's rows, ahead of time, no GPU",
-              "source": f"fullres plan --target {args.target} (its compiler's figures, without cuDNN workspace; "
-                        f"step: roofline estimate; {versions})", "target": args.target, "rows": []}
+              "source": f"fullres plan --target {args.target} (the device's bytes: its compiler's figure and what "
+                        f"the device adds, device_bytes; step: roofline estimate; {versions})", "target": args.target,
+              "compiler_versions": compilers, "device_bytes": device_bytes.plan_json("cuda", compilers), "rows": []}
     if os.path.exists(args.json):
         with open(args.json, encoding="utf-8") as file:
             result["rows"] = json.load(file)["rows"]
@@ -159,8 +148,10 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump(result, file, indent=1)
 
+    chosen = {**device_check.GPU, **{key: tuple(getattr(args, key).split(",")) for key in
+                                     ("models", "precisions", "augmentations")}}
     combinations = [{k: r[k] for k in ("part", "model", "precision", "augmentation")}
-                    for r in device_check.training_rows(device_check.GPU) if r["size_from"] == "fixed"]
+                    for r in device_check.training_rows(chosen) if r["size_from"] == "fixed"]
     firsts = []
     for row in combinations:  # every 128³ point first: the rows a device reaches first, and the walks' start
         first = next((r for r in result["rows"] if all(r.get(k) == row[k] for k in row) and r["size"] == 128

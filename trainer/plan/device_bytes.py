@@ -43,8 +43,8 @@ GPU_MARGIN = 1.05
 # the user did (trainer/__init__.py); JAX's own default, 0.75, would stop a step the plan says fits at 76-95 %.
 GPU_MEMORY_FRACTION = float(trainer.GPU_MEMORY_FRACTION)
 # Seconds of autotuning per second of the roofline step: the 512³ float32 step (roofline 0.584 s) had not compiled
-# after 450 s on an H200 (issue 50), so at least 770; a compile on the device is expected to take at least this.
-AUTOTUNE_SECONDS_PER_ROOFLINE_SECOND = 770
+# after 450 s on an H200 (issue 50), so at least 771 (450 ÷ 0.584, up); a compile on the device takes at least this.
+AUTOTUNE_SECONDS_PER_ROOFLINE_SECOND = 771
 LONG_COMPILE_SECONDS = 180  # issue 50: the first step at the largest cube should compile within 3 minutes
 MARGIN_WHY = ("covers what the terms do not: the spread of the workspace (0.52-1.04× the largest convolution tensor, "
               "counted at 1.0), the compiler's version (the plan compiles with the locked jax, the device may run "
@@ -154,7 +154,7 @@ def compile_warning(seconds: float | None) -> str:
     """The plan's sentence where the device's compile will be long ('' where it will not)."""
     if seconds is None or seconds < LONG_COMPILE_SECONDS:
         return ""
-    return (f"the GPU's first compile will take at least {seconds / 60:.0f} min (autotuning every convolution: the "
+    return (f"the GPU's first compile will take at least {seconds / 60:.1f} min (autotuning every convolution: the "
             f"512³ float32 step had not compiled after 450 s on an H200); XLA_FLAGS=--xla_gpu_autotune_level=0 "
             "compiles without autotuning (untuned kernels, no workspace beyond the compiler's figure), and fullres's "
             "compilation cache makes the second run's compile short")
