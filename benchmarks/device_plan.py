@@ -1,4 +1,4 @@
-"""What `fullres plan --target h100x1` says for every row of `device_check.py`, written ahead, without a GPU.
+"""What `fullres plan --target h100x1` (or `h200x1`) says for every row of `device_check.py`, written ahead, without a GPU.
 
 For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then at
 growing cubes 32 voxels apart from the size its 128³ figure scales to, until the plan says one fits and the next
@@ -8,11 +8,16 @@ code (the CPU compile for the roofline's counts, then the target's compiler; `ta
 plan` leaves a size uncompiled for the target only where its CPU figure is over ten times the device's memory
 (`target_search.LEAST_SHARE_OF_CPU`: the GPU's compiler lays out as little as a fifth of the CPU's bytes, for
 bfloat16), far past any size walked here; such a row says so and does not fit. Then `fullres predict`'s pass of
-one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has (rows
+one 256³ volume, the program predict compiles (`plan.predict_plan`). Each row's `total_bytes` is the device's
+(`plan.device_bytes`: the compiler's figure, `compiler_total_bytes`, and what the device adds, `device_terms`;
+rows written before issue 50 hold the compiler's figure alone there), and the file names the compilers it
+modelled (`compiler_versions`). A rerun keeps the rows it has (rows
 written before the GPU pre-filter was loosened, 2026-11-27, carry the target's figures in `target_*` and a note).
 
     uv sync --group cuda
     nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1]  # results/device_plan_h100x1.json
+    nice -n 10 uv run --group cuda python benchmarks/device_plan.py --target h200x1 --models default \
+        --augmentations none  # the rows the H200 run checks first: results/device_plan_h200x1.json
 
 One target point takes 30-60 s on the 2-core machine; all of them, about half an hour.
 """

@@ -265,3 +265,13 @@ def test_the_rows_read_the_workspace_the_devices_autotuner_gave_each_convolution
            'custom_call_target="__cudnn$convBackwardFilter"\n')
     assert rows.workspace_bytes(Compiled(hlo)) == 134217728
     assert rows.workspace_bytes(Compiled("%c = f32[3]{0} add(%x, %y)")) is None
+
+
+def test_an_h200_is_checked_against_its_own_plan_file(monkeypatch):
+    device_check = load()
+    monkeypatch.setattr(device_check, "nvidia_smi", lambda field: "NVIDIA H200" if field == "name" else None)
+    assert device_check.target_here() == "h200x1"
+    plan = json.loads(open(os.path.join(REPOSITORY, "benchmarks", "results", "device_plan_h200x1.json")).read())
+    assert plan["target"] == "h200x1" and plan["compiler_versions"]["jax"]
+    rows = [r for r in plan["rows"] if r["part"] == "train"]
+    assert rows and all(r["device_terms"]["margin"] == 1.05 for r in rows if r.get("device_terms"))
