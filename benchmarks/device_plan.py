@@ -100,13 +100,14 @@ def fits(point: dict) -> bool:
     return bool(point.get("target_fits", point["fits"]))
 
 
-def largest(row: dict, first: dict, known: list[dict], target: str, save) -> None:
-    """The plan at cubes 32 apart, from where the 128³ figure scales to, until one fits and the next does not."""
+def largest(row: dict, first: dict, known: list[dict], target: str, save, start: int | None = None) -> None:
+    """The plan at cubes 32 apart, from where the 128³ figure scales to (or `start`), until one fits and the next
+    does not."""
     from trainer.plan import targets
 
     limit = targets.memory_per_device(targets.parse(target))
     scale = ((limit - first["argument_bytes"]) / first["temp_bytes"]) ** (1 / 3)
-    size = max(STEP, int(128 * scale) // STEP * STEP)
+    size = start or max(STEP, int(128 * scale) // STEP * STEP)
     seen = {p["size"]: p for p in known if "target_fits" in p}
     while STEP <= size <= 1024:
         if size not in seen or seen[size].get("step_seconds") is None:
@@ -125,6 +126,8 @@ def main() -> None:
     parser.add_argument("--target", default="h100x1")
     parser.add_argument("--json", default=None, help="default: benchmarks/results/device_plan_TARGET.json, which "
                         "device_check.py reads")
+    parser.add_argument("--start", action="append", default=[], metavar="PRECISION=SIZE",
+                        help="where the walk to the largest cube starts (default: the 128³ figure scaled)")
     for key in ("models", "precisions", "augmentations"):
         parser.add_argument(f"--{key}", default=",".join(device_check.GPU[key]), help=f"only these {key}")
     args = parser.parse_args()
@@ -165,10 +168,12 @@ def main() -> None:
             first = plan_point(row, 128, args.target)
             save(first)
         firsts.append(first)
-    for row, first in zip(combinations, firsts):
-        largest(row, first, [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)], args.target, save)
-    if not any(r["part"] == "predict" for r in result["rows"]):
+    if not any(r["part"] == "predict" for r in result["rows"]):  # before the walks, the longest part
         save(predict_point(device_check.GPU["predict_size"], args.target))
+    for row, first in zip(combinations, firsts):
+        starts = dict(text.split("=") for text in args.start)
+        largest(row, first, [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)], args.target, save,
+                int(starts[row["precision"]]) if row["precision"] in starts else None)
 
 
 if __name__ == "__main__":

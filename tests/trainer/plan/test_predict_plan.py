@@ -36,8 +36,8 @@ def test_the_plans_predict_bytes_are_those_of_the_program_predict_compiles():
     compiled_total = (memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
                       - memory.alias_size_in_bytes)
     assert plan["compiler_total_bytes"] == compiled_total
-    # The arguments are the weights and the padded float32 volume: no optimizer slots (the training state's Adam
-    # moments made the old plan's arguments three times the weights).
+    # The arguments are the weights and the padded float32 volume (jax.jit leaves unused arguments out, so a training
+    # state's optimizer slots would not show here; they would in what is held beside the pass, below).
     image = math.prod(padded) * 4
     assert plan["argument_bytes"] == _bytes(weights) + image
     _, _, _, state = program.build_model(config, registry.make_task(config), 1)
