@@ -18,7 +18,7 @@ import math
 
 from trainer import config as config_lib
 from trainer.engine import inference, placement
-from trainer.parallel import halo, partitioning, xla_compile
+from trainer.parallel import device_mesh, halo, xla_compile
 from trainer.plan import device_bytes, target_compile, targets
 from trainer.tasks import registry
 
@@ -49,7 +49,7 @@ def predict_bytes(config: config_lib.TrainConfig, volume: tuple[int, ...], targe
     spatial = inference.padded_shape(volume[:-1], inference.spatial_multiples(dims, config.model.downsampling_levels))
     batch_shape = (1, *spatial, volume[-1])
     with target_compile.compile_only(target.platform != "cpu"):
-        distribution = partitioning.make_distribution(config.partition, devices)
+        distribution = device_mesh.make_distribution(config.partition, devices)
         shapes = jax.tree_util.tree_map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), weights,
                                         placement.state_shardings(weights, distribution))
         forward = inference.make_forward(model, distribution, shapes, len(batch_shape), "probabilities")
