@@ -224,9 +224,9 @@ def plan(
 
     try:
         on = targets.parse(target)  # an unknown target or slice is named before anything is built
-        asked = (parsing.parse_list(partitions, int, "--partitions") or ()) if partitions is not None else None
+        asked = (parsing.parse_list(partitions, int, "--partitions", "1,2,4,8") or ()) if partitions is not None else None
         counts = asked if asked is not None else targets.default_partitions(on)
-        size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
+        size = parsing.parse_list(image_size, int, "--image-size", "64,128,128") if image_size else None
         given = parsing.parse_settings(settings or [])
         dims = tuple(parsing.parse_list(input_partition_dims, int, "--input-partition-dims")) \
             if input_partition_dims else None

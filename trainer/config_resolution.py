@@ -10,7 +10,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
-from common import parsing
+from common import option_sentences, parsing
 from trainer import config, presets
 from trainer.augment import recipe as augment_recipe
 from trainer.models import user_model
@@ -88,4 +88,4 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         auto = key == "partition.input_partition_dims" and str(value).strip().lower() == "auto"  # resolved later
         value = "auto" if auto else parsing.typed(value, hints[key], key, given=given.get(key))
         (values[section] if section else values)[name] = value
-    return config.from_dict(values)
+    return option_sentences.built(config.from_dict, values, given)  # errors name the option typed
