@@ -31,10 +31,26 @@ refuses by layer name).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 
 REPLICA_AXIS = "replica"  # partitioning.REPLICA_AXIS (that module imports this one's caller)
+_BLOCKS = contextvars.ContextVar("fullres_ring_blocks", default=None)  # a list while `recording`
+
+
+@contextlib.contextmanager
+def recording():
+    """Within it, each ring traced appends its per-device block of scores: a dict of `score_bytes`
+    (batch · heads · T/p · S/p · the scores' bytes a value, float32 or float64), `unsplit_score_bytes`
+    (the same layer's batch · heads · T · S) and `parts` (p). `fullres plan` reads them while it lowers a step."""
+    blocks = []
+    token = _BLOCKS.set(blocks)
+    try:
+        yield blocks
+    finally:
+        _BLOCKS.reset(token)
 
 
 def _ring_axes(mesh) -> tuple[str, ...]:
@@ -86,6 +102,9 @@ def _ring(q, k, v, bias, mask, *, axes, parts, scale, causal):
     state = (jnp.zeros((b, n, t, v.shape[-1]), stats_dtype), jnp.full((b, n, t), -jnp.inf, stats_dtype),
              jnp.zeros((b, n, t), stats_dtype))
     update = jax.checkpoint(functools.partial(_block_update, scale=scale, causal=causal, stats_dtype=stats_dtype))
+    if _BLOCKS.get() is not None:
+        scores = b * n * t * block * jnp.dtype(stats_dtype).itemsize
+        _BLOCKS.get().append({"score_bytes": scores, "unsplit_score_bytes": scores * parts * parts, "parts": parts})
     forward = [(i, (i + 1) % parts) for i in range(parts)]
     for step in range(parts):
         source = (index - step) % parts  # whose keys this device holds now

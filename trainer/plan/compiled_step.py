@@ -5,7 +5,7 @@ model, loss, labels, optimizer and schedule, built by `engine.program.build_mode
 and `jit_step`) is lowered from `jax.ShapeDtypeStruct`s with the partitioned
 shardings and compiled; `compiled.memory_analysis()` then gives the bytes each
 device needs, and the HLO text shows the communication (`communication`):
-`collective-permute` is halo exchange between neighbours, an `all-gather` of an
+`collective-permute` is halo exchange between neighbours (or ring attention's keys and values: `ring_traffic`), an `all-gather` of an
 activation is a layer the compiler could not partition (it costs a
 full-resolution copy on every device; `gathers` names each by its layer), and an
 `all-to-all` moves a split from one axis to another (rotation and scaling resample
@@ -26,7 +26,7 @@ from trainer import config_resolution, presets
 from trainer.engine import placement, program
 from trainer.models import user_model
 from trainer.parallel import device_mesh, halo, partitioning, thin_shards, xla_compile
-from trainer.plan import gathers
+from trainer.plan import gathers, ring_traffic
 from trainer.tasks import registry
 
 
@@ -34,8 +34,6 @@ MODELS = ("unet3d", "unet2d", "retinanet")
 
 _DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1, "f64": 8, "s64": 8}
 
-# `%name = f32[1,2,3]{...} collective-permute(` or the async `-start` form, whose result is a tuple.
-_PERMUTE = re.compile(r"=\s*\(?([a-z0-9]+)\[([0-9,]*)\][^ ]*\)?.*?\scollective-permute(-start)?\(")
 
 def default_partition_dims(partitions: int, rank: int) -> tuple[int, ...]:
     """`[1, N, 1, 1(, 1)]`: the usual TPU convention, N-way along the first spatial dimension."""
@@ -48,12 +46,10 @@ def communication(hlo_text: str, replica_batch: int, weight_shapes=()) -> tuple[
 
     The gathers are `gathers.activation_gathers` (an all-gather whose result has the per-replica batch in front
     and is no weight's shape), each with its Keras layer and bytes (`gathers.of_step` names them right where the
-    persistent cache served the program); the halo is every collective-permute's bytes.
+    persistent cache served the program); the halo is the bytes of every collective-permute but the ring
+    attention's (`ring_traffic.permute_bytes`, which counts those apart).
     """
-    exchanged = 0
-    for match in _PERMUTE.finditer(hlo_text):
-        shape = parsing.parse_list(match.group(2), int, "HLO shape") or ()
-        exchanged += math.prod(shape) * _DTYPE_BYTES.get(match.group(1), 4)
+    exchanged, _ = ring_traffic.permute_bytes(hlo_text)
     return gathers.activation_gathers(hlo_text, replica_batch, weight_shapes), exchanged
 
 # `%name = (f32[2,16,1,8,16,1]{...}, f32[...]) all-to-all(` (one operand per peer) or a single array.

@@ -12,8 +12,8 @@ import dataclasses
 import math
 import time
 
-from trainer.parallel import halo, xla_compile
-from trainer.plan import compiled_step, gathers, target_compile, targets
+from trainer.parallel import halo, ring_attention, xla_compile
+from trainer.plan import compiled_step, gathers, ring_traffic, target_compile, targets
 from trainer.plan.plan_row import PlanRow
 
 
@@ -28,7 +28,9 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
 
     started = time.perf_counter()
     with target_compile.compile_only(compile_only):
-        lowered, distribution = builder.lower(dims, devices)
+        with ring_attention.recording() as blocks:
+            lowered, distribution = builder.lower(dims, devices)
+        score_bytes, unsplit_score_bytes = ring_traffic.scores(blocks)
         key = None if cache is None else cache.key(lowered.as_text(), devices)
         found = None if cache is None else cache.load(key)
         if found is not None:
@@ -36,6 +38,9 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
             if isinstance(found, PlanRow):
                 found = dataclasses.replace(found, fits=None if device_memory is None else
                                             found.total_bytes <= device_memory)
+            if isinstance(found, PlanRow):
+                found = dataclasses.replace(found, attention_score_bytes=score_bytes,
+                                            unsplit_score_bytes=unsplit_score_bytes)
             return dataclasses.replace(found, cached=True)
         try:
             compiled, options = xla_compile.compile(lowered)
@@ -67,7 +72,9 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
                   compiler_seconds=costs.get("optimal_seconds") if compile_only else None,
                   gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)),
                   all_to_all_bytes=compiled_step.all_to_all_bytes(compiled.as_text()),
-                  compiler_options=", ".join(f"{k}={str(v).lower()}" for k, v in options.items()))
+                  compiler_options=", ".join(f"{k}={str(v).lower()}" for k, v in options.items()),
+                  ring_bytes=ring_traffic.permute_bytes(compiled.as_text())[1], attention_score_bytes=score_bytes,
+                  unsplit_score_bytes=unsplit_score_bytes)
     if cache is not None:
         cache.store(key, row.to_json())
     return row

@@ -154,7 +154,8 @@ def say_refused_and_replaced(plans: Sequence[tuple[int, Candidates]], log: Calla
                 log(f"N={count}: {said}")
 
 def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list[PlanRow]:
-    """Best first: fits the memory budget, then least halo bytes, then least total memory.
+    """Best first: fits the memory budget, then least halo and ring attention bytes (`PlanRow.exchange_bytes`, called
+    halo below), then least total memory.
 
     The budget is `device_memory`; without one it is the leanest layout's total
     plus 2 % (memory decides whether a run fits at all, so a layout that needs
@@ -167,16 +168,16 @@ def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list
         return []
     budget = device_memory if device_memory is not None else min(r.total_bytes for r in rows) * (1 + NEAR_TIE)
     fitting = {id(r) for r in rows if r.total_bytes <= budget}
-    least = min((r.halo_bytes for r in rows if id(r) in fitting), default=0)
-    tied = {id(r) for r in rows if id(r) in fitting and r.halo_bytes <= least * (1 + NEAR_TIE)}
+    least = min((r.exchange_bytes for r in rows if id(r) in fitting), default=0)
+    tied = {id(r) for r in rows if id(r) in fitting and r.exchange_bytes <= least * (1 + NEAR_TIE)}
 
     def key(row):
         leading = tuple(-d for d in row.input_partition_dims)  # exact ties: the split of the leading dims first
         if id(row) in tied:
-            return (0, row.total_bytes, row.halo_bytes, leading)
+            return (0, row.total_bytes, row.exchange_bytes, leading)
         if id(row) in fitting:
-            return (1, row.halo_bytes, row.total_bytes, leading)
-        return (2, row.total_bytes, row.halo_bytes, leading)
+            return (1, row.exchange_bytes, row.total_bytes, leading)
+        return (2, row.total_bytes, row.exchange_bytes, leading)
 
     ordered = sorted(rows, key=key)
     return [dataclasses.replace(r, rank=i, near_tie=id(r) in tied and len(tied) > 1)

@@ -20,7 +20,7 @@ from trainer.parallel import xla_compile
 from trainer.models import user_model
 from trainer.tasks import registry
 from trainer.plan import (compiled_step, device_bytes, input_plan, launch, layout_measure, layout_search, target_compile,
-                          target_search, targets)
+                          ring_traffic, target_search, targets)
 
 AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
 
@@ -65,9 +65,11 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
     """
     on_target = any(r.cpu_total_bytes is not None for result in results for r in result.rows)
     extra = f" {'CPU plan':>10} {'step (est.)':>11}" if on_target else ""
+    attention = ring_traffic.has_attention([r for result in results for r in result.rows])
     lines = [header]
     lines.append(f"{'rank':>4} {'N':>4} {'dims':<16} {'activations':>12} {'arguments':>10} {'total':>10}{extra} "
-                 f"{'E(N)':>6} {'all-gathers':>11} {'halo/step':>10} {'÷ bound':>8} {'all-to-all':>10}  fits")
+                 f"{'E(N)':>6} {'all-gathers':>11} {'halo/step':>10} {'÷ bound':>8}"
+                 f"{ring_traffic.HEADER if attention else ''} {'all-to-all':>10}  fits")
     for result in results:
         for r in result.rows:
             efficiency = "" if r.efficiency is None else f"{r.efficiency:.3f}"
@@ -81,8 +83,8 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
             lines.append(f"{mark:>4} {r.partitions:>4} {','.join(map(str, r.input_partition_dims)):<16} "
                          f"{sizes.human_bytes(r.temp_bytes):>12} {sizes.human_bytes(r.argument_bytes):>10} "
                          f"{sizes.human_bytes(r.total_bytes):>10}{more} "
-                         f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8} "
-                         f"{sizes.human_bytes(r.all_to_all_bytes):>10}  {fits}")
+                         f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8}"
+                         f"{ring_traffic.cells(r) if attention else ''} {sizes.human_bytes(r.all_to_all_bytes):>10}  {fits}")
         for r in result.rows:
             warning = device_bytes.compile_warning(r.expected_compile_seconds)
             if warning:

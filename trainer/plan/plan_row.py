@@ -40,6 +40,14 @@ class PlanRow:
     device_terms: dict | None = None  # on a target: `device_bytes.Terms.to_json()`, how total_bytes was found
     expected_compile_seconds: float | None = None  # on a GPU: at least this long on the device (autotuning)
     compiler_options: str = ""  # what the compile needed beyond the default ("name=value, ..."; xla_compile.py)
+    ring_bytes: int = 0  # per device per step: ring attention's keys, values and their gradients (not in halo_bytes)
+    attention_score_bytes: int = 0  # per device: the largest block of attention scores a ring forms (ring_traffic)
+    unsplit_score_bytes: int = 0  # that layer's scores unsplit (0: no attention split as a ring)
+
+    @property
+    def exchange_bytes(self) -> int:
+        """What the layout search weighs: halo and ring traffic per device per step."""
+        return self.halo_bytes + self.ring_bytes
 
     @property
     def halo_ratio(self) -> float | None:

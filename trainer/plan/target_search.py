@@ -58,7 +58,7 @@ def _with_estimate(row: plan_row.PlanRow, cpu: plan_row.PlanRow, target: targets
     accessed = row.bytes_accessed if row.bytes_accessed is not None else cpu.bytes_accessed
     estimate = None
     if flops is not None and accessed is not None:
-        estimate = roofline.estimate(flops, accessed, row.halo_bytes + row.all_to_all_bytes, targets.hardware(target.kind),
+        estimate = roofline.estimate(flops, accessed, row.exchange_bytes + row.all_to_all_bytes, targets.hardware(target.kind),
                                      precision)
         estimate = {**estimate.to_json(), "counts_from": "target compiler" if row.flops is not None else "XLA:CPU"}
     return dataclasses.replace(row, cpu_total_bytes=cpu.total_bytes, flops=flops, bytes_accessed=accessed,
