@@ -123,6 +123,7 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
               + (f", {skipped} that all-gather activations set aside" if skipped else "") + "): "
               f"{sizes.human_bytes(best.halo_bytes)} per device per step"
               + (f" ({best.halo_ratio:.2f}× its lower bound)" if best.halo_ratio else "")
+              + (f" and {sizes.human_bytes(best.ring_bytes)} of ring attention" if best.ring_bytes else "")
               + f", {sizes.human_bytes(best.total_bytes)} per device"
               + (" (within 2 % of the leanest layout)" if not skipped else "")
               + (f"; {','.join(map(str, along_first))}: {sizes.human_bytes(default.halo_bytes)} halo, "

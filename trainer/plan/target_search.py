@@ -162,7 +162,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
                                     device_memory)
             figures = (f"{sizes.human_bytes(row.total_bytes)} per device (its compiler "
                        f"{sizes.human_bytes(row.compiler_total_bytes)}, CPU {sizes.human_bytes(row.cpu_total_bytes)}), "
-                       f"halo {sizes.human_bytes(row.halo_bytes)}")
+                       f"halo {sizes.human_bytes(row.halo_bytes)}"
+                       + (f", ring attention {sizes.human_bytes(row.ring_bytes)}" if row.ring_bytes else ""))
             figures += f"; {xla_compile.describe(row.compiler_options)}" if row.compiler_options else ""
         else:
             figures = row.describe()
