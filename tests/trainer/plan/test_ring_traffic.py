@@ -49,3 +49,11 @@ def test_the_table_shows_the_ring_beside_the_halo_only_where_attention_splits():
     header, line = table(attention)[1:3]
     assert "ring/step" in header and "scores" in header and line.count("2.0 KiB") == 2
     assert "ring/step" not in table(convolutional)[1]
+
+
+def test_the_search_ranks_by_halo_and_ring_traffic_together():
+    """Less halo but more ring traffic in all ranks second: both move between devices every step."""
+    less_halo = plan_row.PlanRow(4, (1, 4, 1, 1, 1), 10, 10, 20, None, 0, 100, ring_bytes=1000)
+    less_in_all = plan_row.PlanRow(4, (1, 2, 2, 1, 1), 10, 10, 20, None, 0, 500, ring_bytes=0)
+    ranked = layout_search.rank_rows([less_halo, less_in_all], device_memory=100)
+    assert [r.input_partition_dims for r in ranked] == [(1, 2, 2, 1, 1), (1, 4, 1, 1, 1)]
