@@ -113,7 +113,9 @@ def test_plan_command_json():
                             "efficiency", "activation_all_gathers", "halo_bytes", "fits", "halo_bound_bytes",
                             "halo_ratio", "rank", "near_tie", "compile_seconds", "flops", "bytes_accessed",
                             "compiler_seconds", "cpu_total_bytes", "estimate", "cached", "gathered",
-                            "all_to_all_bytes", "compiler_options"}
+                            "all_to_all_bytes", "compiler_options", "compiler_total_bytes", "device_terms",
+                            "expected_compile_seconds", "ring_bytes", "attention_score_bytes", "unsplit_score_bytes"}
+    assert rows[1]["ring_bytes"] == rows[1]["attention_score_bytes"] == 0  # a UNet has no attention
     assert rows[1]["flops"] > 0 and rows[1]["estimate"] is None  # the CPU's counts; no estimate for virtual devices
     assert [r["input_partition_dims"] for r in rows] == [[1, 1, 1, 1, 1], [1, 2, 1, 1, 1]]
     assert rows[1]["activation_all_gathers"] == 0 and rows[1]["gathered"] == [] and rows[1]["halo_bytes"] > 0
