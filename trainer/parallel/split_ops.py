@@ -83,9 +83,11 @@ def traced_split(function, input_partition_dims):
 
 def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
                     dilation_rate=1):
-    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split."""
+    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `kernels.conv_transpose="subpixel"`."""
+    from trainer.parallel import kernels
+
     original = _ORIGINAL["conv_transpose"]
-    if not active():
+    if not active() and kernels.current().conv_transpose != "subpixel":
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend
     from keras.src.backend.common import backend_utils

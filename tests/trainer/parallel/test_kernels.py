@@ -1,0 +1,112 @@
+"""The kernels fullres computes itself (`trainer/parallel/kernels.py`) equal Keras's own ops in float64: a network
+of every layer kind they replace, its loss and every gradient within 1e-12 relative, 2D and 3D, on one device and
+split 2×2 (0 activation all-gathers split), each candidate alone; and the setting is a run's."""
+
+import functools
+from unittest import mock
+
+import keras
+import numpy as np
+import pytest
+
+from tests.trainer.zoo import step
+from trainer import config as config_lib
+from trainer.parallel import conv_taps, fused_norm, kernels
+
+CANDIDATES = {"taps": kernels.KernelsConfig(conv_weight_grad="taps"),
+              "subpixel": kernels.KernelsConfig(conv_transpose="subpixel"),
+              "fused": kernels.KernelsConfig(norm="fused")}
+
+
+def network(spatial_dims: int, num_classes=3, in_channels=1):
+    """Every op the kernels replace: convolutions (stride 1 and 2, dilated, 1×1), InstanceNorm and GroupNorm,
+    BatchNorm, transposed convolutions (kernel = stride, nnU-Net's; kernel 3 stride 2 "same", MONAI's)."""
+    conv = {2: keras.layers.Conv2D, 3: keras.layers.Conv3D}[spatial_dims]
+    transpose = {2: keras.layers.Conv2DTranspose, 3: keras.layers.Conv3DTranspose}[spatial_dims]
+    inputs = keras.Input((None,) * spatial_dims + (in_channels,))
+    x = conv(4, 3, padding="same")(inputs)
+    x = keras.layers.GroupNormalization(groups=4, epsilon=1e-5)(x)  # InstanceNorm
+    skip = keras.layers.LeakyReLU(0.01)(x)
+    x = conv(6, 3, strides=2, padding="same")(skip)
+    x = keras.layers.GroupNormalization(groups=2)(x)
+    x = keras.layers.Activation("relu")(conv(6, 3, dilation_rate=2, padding="same")(x))
+    x = keras.layers.BatchNormalization()(x)
+    up = transpose(4, 2, strides=2)(x)
+    other = transpose(4, 3, strides=2, padding="same")(x)
+    x = keras.layers.Concatenate()([skip, up, other])
+    return keras.Model(inputs, conv(num_classes, 1)(x))
+
+
+SPLITS = {2: (1, 2, 2, 1), 3: (1, 2, 2, 1, 1)}
+
+
+def _step(spatial_dims: int, split: bool, config: kernels.KernelsConfig | None) -> step.Step:
+    images, labels = step.example((8,) * spatial_dims, seed=spatial_dims)
+    dims = SPLITS[spatial_dims] if split else (1,) * (spatial_dims + 2)
+    with kernels.using(config):
+        return step.run(functools.partial(network, spatial_dims), dims, images, labels, dtype="float64")
+
+
+@pytest.mark.slow  # 4 float64 compiles of a 9-layer network: 10-20 s on 2 idle cores
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+@pytest.mark.parametrize("split", [False, True], ids=["one device", "split 2x2"])
+def test_every_candidate_equals_kerass_ops_in_float64(spatial_dims, split):
+    reference = _step(spatial_dims, split, None)
+    assert reference.float32_values == 0 and reference.gathered == []
+    for name, config in CANDIDATES.items():
+        with mock.patch.object(conv_taps, "weight_gradient", wraps=conv_taps.weight_gradient) as taps, \
+                mock.patch.object(fused_norm, "_statistics", wraps=fused_norm._statistics) as statistics:
+            ours = _step(spatial_dims, split, config)
+        # The candidate ran: per-tap products for every convolution, one-pass statistics for every norm.
+        assert taps.call_count == (4 if config.conv_weight_grad == "taps" else 0), name
+        assert (statistics.call_count > 0) == (config.norm == "fused"), name
+        assert ours.float32_values == 0, name
+        assert ours.gathered == [], f"{name}: {ours.gathered}"
+        assert abs(ours.loss - reference.loss) <= 1e-12 * abs(reference.loss), name
+        assert step.worst_gradient(ours, reference) <= 1e-12, (name, step.worst_gradient(ours, reference))
+        assert len(ours.gradients) == len(reference.gradients)
+
+
+def test_taps_computes_the_weight_gradient_itself_and_xla_the_rest():
+    """The per-tap gradient is not XLA's convolution by another name: it changes the float32 rounding (so it is
+    computed otherwise) and equals XLA's in float64 (above); the forward pass and the input's gradient are XLA's,
+    bit for bit."""
+    import jax
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 6, 6, 6, 5)).astype(np.float32)
+    w = rng.normal(size=(3, 3, 3, 5, 7)).astype(np.float32)
+    arguments = ((2, 2, 2), ((1, 1),) * 3, (1, 1, 1))
+    ours = jax.vjp(lambda x, w: conv_taps.conv(x, w, *arguments), x, w)
+    xlas = jax.vjp(lambda x, w: conv_taps._forward(x, w, *arguments), x, w)
+    cotangent = rng.normal(size=ours[0].shape).astype(np.float32)
+    np.testing.assert_array_equal(ours[0], xlas[0])
+    (dx, dw), (dx_xla, dw_xla) = ours[1](cotangent), xlas[1](cotangent)
+    np.testing.assert_array_equal(dx, dx_xla)
+    np.testing.assert_allclose(dw, dw_xla, rtol=1e-4, atol=1e-4)
+
+
+def test_the_setting_is_a_runs():
+    config = config_lib.resolve(preset="smoke", overrides={"kernels.conv_weight_grad": "taps",
+                                                           "kernels.xla_flags": "conv_nhwc"})
+    assert config.kernels == kernels.KernelsConfig(conv_weight_grad="taps", xla_flags="conv_nhwc")
+    recorded = config_lib.to_dict(config)
+    assert recorded["kernels"]["conv_weight_grad"] == "taps"  # train_config.json holds it
+    assert config_lib.from_dict(recorded) == config
+    del recorded["kernels"]  # a run recorded before the setting: XLA's own ops
+    assert config_lib.from_dict(recorded).kernels == kernels.KernelsConfig()
+    with pytest.raises(ValueError, match=r"kernels.norm 'fast' is not known; use one of xla, fused"):
+        config_lib.resolve(preset="smoke", overrides={"kernels.norm": "fast"})
+
+
+def test_each_flag_set_names_options_the_locked_xla_has():
+    """A compile with an option XLA does not know is refused ("No such compile option"): every named set compiles."""
+    import jax
+    import jax.numpy as jnp
+
+    assert kernels.compiler_options(kernels.KernelsConfig()) is None
+    for name in kernels.FLAG_SETS:
+        options = kernels.compiler_options(kernels.KernelsConfig(xla_flags=name))
+        jax.jit(jnp.sin, compiler_options=options).lower(jnp.zeros(3)).compile()
+    with pytest.raises(Exception, match="No such compile option"):
+        jax.jit(jnp.sin, compiler_options={"xla_gpu_no_such_option": True}).lower(jnp.zeros(3)).compile()
