@@ -68,20 +68,24 @@ def test_every_candidate_equals_kerass_ops_in_float64(spatial_dims, split):
 
 
 def test_taps_computes_the_weight_gradient_itself_and_xla_the_rest():
-    """The per-tap gradient is not XLA's convolution by another name: it changes the float32 rounding (so it is
-    computed otherwise) and equals XLA's in float64 (above); the forward pass and the input's gradient are XLA's,
-    bit for bit."""
+    """In float32 with a stride of 2: the forward pass and the input's gradient are XLA's, bit for bit, and the
+    per-tap weight gradient equals XLA's to float32 rounding (in float64 to 1e-12: above)."""
     import jax
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 6, 6, 6, 5)).astype(np.float32)
     w = rng.normal(size=(3, 3, 3, 5, 7)).astype(np.float32)
     arguments = ((2, 2, 2), ((1, 1),) * 3, (1, 1, 1))
-    ours = jax.vjp(lambda x, w: conv_taps.conv(x, w, *arguments), x, w)
-    xlas = jax.vjp(lambda x, w: conv_taps._forward(x, w, *arguments), x, w)
-    cotangent = rng.normal(size=ours[0].shape).astype(np.float32)
-    np.testing.assert_array_equal(ours[0], xlas[0])
-    (dx, dw), (dx_xla, dw_xla) = ours[1](cotangent), xlas[1](cotangent)
+    cotangent = rng.normal(size=(2, 3, 3, 3, 7)).astype(np.float32)
+
+    @jax.jit
+    def both(x, w, cotangent):  # (value, (dx, dw)) of each, compiled once
+        ours = jax.vjp(lambda x, w: conv_taps.conv(x, w, *arguments), x, w)
+        xlas = jax.vjp(lambda x, w: conv_taps._forward(x, w, *arguments), x, w)
+        return (ours[0], ours[1](cotangent)), (xlas[0], xlas[1](cotangent))
+
+    (value, (dx, dw)), (value_xla, (dx_xla, dw_xla)) = both(x, w, cotangent)
+    np.testing.assert_array_equal(value, value_xla)
     np.testing.assert_array_equal(dx, dx_xla)
     np.testing.assert_allclose(dw, dw_xla, rtol=1e-4, atol=1e-4)
 
@@ -110,3 +114,38 @@ def test_each_flag_set_names_options_the_locked_xla_has():
         jax.jit(jnp.sin, compiler_options=options).lower(jnp.zeros(3)).compile()
     with pytest.raises(Exception, match="No such compile option"):
         jax.jit(jnp.sin, compiler_options={"xla_gpu_no_such_option": True}).lower(jnp.zeros(3)).compile()
+
+
+def test_a_resume_with_other_kernels_is_logged_not_refused():
+    """The kernels compute the same values otherwise: a resume may change them (`run_record.MAY_CHANGE`, as
+    `remat`), and its log says so; a run recorded before the setting resumes as it was."""
+    import dataclasses
+
+    from trainer.engine import run_record
+
+    config = config_lib.smoke()
+    recorded = config_lib.to_dict(config)
+    changed = dataclasses.replace(config, kernels=kernels.KernelsConfig(norm="fused", xla_flags="conv_nhwc"))
+    assert run_record._settings(recorded) == run_record._settings(config_lib.to_dict(changed))  # not refused
+    lines = []
+    run_record._log_changed_freely(recorded, changed, config.steps, 1, {}, lines.append)
+    assert lines == ["resuming with --set kernels.norm=fused (was xla), --set kernels.xla_flags=conv_nhwc (was none)"]
+    del recorded["kernels"]
+    assert run_record._settings(recorded) == run_record._settings(config_lib.to_dict(config))
+
+
+def test_in_bfloat16_the_taps_multiply_bfloat16_and_accumulate_in_float32():
+    """Mixed precision: Keras hands the convolution bfloat16 inputs and kernel; each tap's product takes them as
+    they are (no float32 copy of the activation) and accumulates in float32; the gradient comes back bfloat16."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.zeros((1, 6, 6, 6, 4), jnp.bfloat16)
+    w = jnp.zeros((3, 3, 3, 4, 5), jnp.bfloat16)
+    gradient = jax.grad(lambda w: conv_taps.keras_conv(x, w, 1, "same").astype(jnp.float32).sum())
+    jaxpr = jax.make_jaxpr(gradient)(w)
+    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 27
+    assert all(e.invars[0].aval.dtype == jnp.bfloat16 and e.invars[1].aval.dtype == jnp.bfloat16 for e in dots)
+    assert all(e.params["preferred_element_type"] == jnp.float32 for e in dots)
+    assert jaxpr.out_avals[0].dtype == jnp.bfloat16
