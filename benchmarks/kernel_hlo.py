@@ -29,7 +29,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-os.environ["JAX_PLATFORMS"] = "cpu"  # the model is built on the CPU; the targets' devices are compile-only (as `fullres plan`)
 
 NETWORK = "tests/trainer/zoo/nnunet_plain.py:build"
 CANDIDATES = {
@@ -38,6 +37,7 @@ CANDIDATES = {
     "subpixel": {"kernels.conv_transpose": "subpixel"},
     "fused": {"kernels.norm": "fused"},
     "all three": {"kernels.conv_weight_grad": "taps", "kernels.conv_transpose": "subpixel", "kernels.norm": "fused"},
+    "taps unmerged": {"kernels.conv_weight_grad": "taps", "kernels.xla_flags": "taps_unmerged"},
     "flags conv_nhwc": {"kernels.xla_flags": "conv_nhwc"},
     "flags cudnn_fusion": {"kernels.xla_flags": "cudnn_fusion"},
 }
@@ -51,7 +51,9 @@ def gpu_counts(text: str) -> dict:
         counts["cudnn"][kind] = counts["cudnn"].get(kind, 0) + 1
     counts["xla_convolutions"] = len(re.findall(r"= \S+ convolution\(", text))
     counts["cublas_gemms"] = len(re.findall(r'custom_call_target="__cublas\$', text))
-    counts["triton_gemm_fusions"] = text.count('"kind":"__triton_gemm"')
+    counts["triton_gemm_fusions"] = len(re.findall(r'"kind":"__triton\w*gemm\w*"', text))  # nested gemm too
+    # Operands laid side by side for one product (XLA merges the per-tap products into one GEMM over an im2col).
+    counts["concatenates"] = len(re.findall(r"= \S+ concatenate\(", text))
     counts["dots"] = len(re.findall(r"= \S+ dot\(", text))
     counts["transposes"] = len(re.findall(r"= \S+ transpose\(", text))
     counts["converts"] = len(re.findall(r"= \S+ convert\(", text))
@@ -86,8 +88,10 @@ def main(argv=None) -> None:
     parser.add_argument("--targets", default="h100x1,v5e:2x2")
     parser.add_argument("--precisions", default="float32,bfloat16")
     parser.add_argument("--candidates", default=",".join(CANDIDATES), help="names in CANDIDATES, comma-separated")
+    parser.add_argument("--hlo-dir", default=None, help="also write each compiled step's HLO text here")
     parser.add_argument("--output", default=os.path.join(HERE, "results", "kernel_hlo.json"))
     args = parser.parse_args(argv)
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the model is built on the CPU; the targets' devices are compile-only (as plan)
     from trainer.plan import targets
 
     rows = []
@@ -102,6 +106,11 @@ def main(argv=None) -> None:
                         continue  # GPU options: the TPU compiler ignores them
                     point = compile_point(overrides, precision, args.size, dims, devices)
                     text = point.pop("text")
+                    if args.hlo_dir:
+                        os.makedirs(args.hlo_dir, exist_ok=True)
+                        label = f"{target}_{'x'.join(map(str, dims))}_{precision}_{name.replace(' ', '_')}.hlo"
+                        with open(os.path.join(args.hlo_dir, label), "w", encoding="utf-8") as handle:
+                            handle.write(text)
                     row = {"target": target, "dims": list(dims), "precision": precision, "candidate": name,
                            "settings": overrides, **point}
                     if target.startswith("h100"):

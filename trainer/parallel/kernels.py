@@ -43,6 +43,10 @@ FLAG_SETS = {
     "cudnn_fusion": {"xla_gpu_use_runtime_fusion": True, "xla_gpu_cudnn_gemm_fusion_level": 2},
     # Every Triton tiling tried for the matrix products (the weight gradient's per-tap products with `taps`).
     "exhaustive_gemm": {"xla_gpu_exhaustive_tiling_search": True},
+    # The per-tap products kept apart: XLA's dot merger otherwise joins the k^d products of a `taps` weight gradient
+    # (they share the output's gradient) into one product over an im2col concatenation of the input, k^d times
+    # its bytes (deviceless h100x1, 32³ bfloat16: one bf16[65536, 864] operand for a 3×3×3, 32-channel input).
+    "taps_unmerged": {"xla_gpu_dot_merger_threshold_mb": 0},
     # cuBLAS, not Triton, for every matrix product.
     "cublas_gemm": {"xla_gpu_enable_triton_gemm": False},
     # The three that touch convolutions and products together.
