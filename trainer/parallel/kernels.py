@@ -121,11 +121,12 @@ def using(config: KernelsConfig | None):
     """Traces what runs inside with `config`'s kernels (Keras's own ops outside it)."""
     from trainer.parallel import split_ops
 
-    split_ops.install()  # transposed convolutions go through split_ops, which reads `current()`
+    config = config or KernelsConfig()
     install()
-    token = _CURRENT.set(config or KernelsConfig())
+    token = _CURRENT.set(config)
     try:
-        yield
+        with split_ops.subpixel_everywhere(config.conv_transpose == "subpixel"):  # transposed convolutions' home
+            yield
     finally:
         _CURRENT.reset(token)
 

@@ -1,14 +1,14 @@
 """The kernels fullres computes itself (`trainer/parallel/kernels.py`) equal Keras's own ops in float64: a network
-of every layer kind they replace, its loss and every gradient within 1e-12 relative, 2D and 3D, on one device and
-split 2×2 (0 activation all-gathers split), each candidate alone; and the setting is a run's."""
+of every layer kind they replace (`tests/trainer/kernel_network.py`), its loss and every gradient within 1e-12
+relative, 2D and 3D, on one device and split 2×2 (0 activation all-gathers split), each candidate alone; and the setting is a run's."""
 
 import functools
 from unittest import mock
 
-import keras
 import numpy as np
 import pytest
 
+from tests.trainer import kernel_network
 from tests.trainer.zoo import step
 from trainer import config as config_lib
 from trainer.parallel import conv_taps, fused_norm, kernels
@@ -18,25 +18,6 @@ CANDIDATES = {"taps": kernels.KernelsConfig(conv_weight_grad="taps"),
               "fused": kernels.KernelsConfig(norm="fused")}
 
 
-def network(spatial_dims: int, num_classes=3, in_channels=1):
-    """Every op the kernels replace: convolutions (stride 1 and 2, dilated, 1×1), InstanceNorm and GroupNorm,
-    BatchNorm, transposed convolutions (kernel = stride, nnU-Net's; kernel 3 stride 2 "same", MONAI's)."""
-    conv = {2: keras.layers.Conv2D, 3: keras.layers.Conv3D}[spatial_dims]
-    transpose = {2: keras.layers.Conv2DTranspose, 3: keras.layers.Conv3DTranspose}[spatial_dims]
-    inputs = keras.Input((None,) * spatial_dims + (in_channels,))
-    x = conv(4, 3, padding="same")(inputs)
-    x = keras.layers.GroupNormalization(groups=4, epsilon=1e-5)(x)  # InstanceNorm
-    skip = keras.layers.LeakyReLU(0.01)(x)
-    x = conv(6, 3, strides=2, padding="same")(skip)
-    x = keras.layers.GroupNormalization(groups=2)(x)
-    x = keras.layers.Activation("relu")(conv(6, 3, dilation_rate=2, padding="same")(x))
-    x = keras.layers.BatchNormalization()(x)
-    up = transpose(4, 2, strides=2)(x)
-    other = transpose(4, 3, strides=2, padding="same")(x)
-    x = keras.layers.Concatenate()([skip, up, other])
-    return keras.Model(inputs, conv(num_classes, 1)(x))
-
-
 SPLITS = {2: (1, 2, 2, 1), 3: (1, 2, 2, 1, 1)}
 
 
@@ -44,7 +25,7 @@ def _step(spatial_dims: int, split: bool, config: kernels.KernelsConfig | None) 
     images, labels = step.example((8,) * spatial_dims, seed=spatial_dims)
     dims = SPLITS[spatial_dims] if split else (1,) * (spatial_dims + 2)
     with kernels.using(config):
-        return step.run(functools.partial(network, spatial_dims), dims, images, labels, dtype="float64")
+        return step.run(functools.partial(kernel_network.network, spatial_dims), dims, images, labels, dtype="float64")
 
 
 @pytest.mark.slow  # 4 float64 compiles of a 9-layer network: 10-20 s on 2 idle cores

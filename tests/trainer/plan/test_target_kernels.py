@@ -1,9 +1,9 @@
 """The kernel candidates (`trainer/parallel/kernels.py`) on the TPU's compiled training step, without a TPU: per-device
 bytes within ±5% of XLA's own ops and no new all-gather, split 2×2 on a v5e:2x2 slice (libtpu, the `tpu` group).
 
-The step is the one `fullres train` runs (`compiled_step.StepBuilder`) for a user's nnU-Net-shaped network
-(`tests/trainer/user_networks.py:transposed_decoder`: strided convolutions, GroupNorm, `Conv3DTranspose` k2 s2)
-at 16³, batch 1. Split, a transposed convolution is already sub-pixel (`split_ops`), so `conv_transpose=subpixel`
+The step is the one `fullres train` runs (`compiled_step.StepBuilder`) for a user's network of every op the
+candidates replace (`tests/trainer/kernel_network.py:build3d`: convolutions, InstanceNorm, GroupNorm, BatchNorm,
+`Conv3DTranspose` k2 s2 and k3 s2) at 8³, batch 1: small, so that four TPU compiles stay cheap. Split, a transposed convolution is already sub-pixel (`split_ops`), so `conv_transpose=subpixel`
 lowers to the very same program; the other two change it.
 """
 
@@ -15,7 +15,7 @@ from trainer.plan import compiled_step, gathers, target_compile, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.target]
 
-NETWORK = "tests/trainer/user_networks.py:transposed_decoder"
+NETWORK = "tests/trainer/kernel_network.py:build3d"
 DIMS = (1, 2, 2, 1, 1)
 CANDIDATES = {"xla": {}, "taps": {"kernels.conv_weight_grad": "taps"},
               "subpixel": {"kernels.conv_transpose": "subpixel"}, "fused": {"kernels.norm": "fused"}}
@@ -24,7 +24,7 @@ CANDIDATES = {"xla": {}, "taps": {"kernels.conv_weight_grad": "taps"},
 def _compiled(overrides: dict, devices) -> dict:
     config = compiled_step.plan_config(NETWORK, "default", {**overrides, "batch_size": 1, "augment": False,
                                                             "partition.input_partition_dims": "1,2,2,1,1"})
-    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (16, 16, 16)))
+    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (8, 8, 8)))
     with target_compile.compile_only():
         lowered, _ = builder.lower(DIMS, devices[:4])
         compiled = lowered.compile()
@@ -39,6 +39,7 @@ def _compiled(overrides: dict, devices) -> dict:
 def test_each_candidate_keeps_the_tpus_bytes_and_adds_no_gather():
     devices = targets.devices(targets.parse("v5e:2x2"))
     steps = {name: _compiled(overrides, devices) for name, overrides in CANDIDATES.items()}
+    print({name: (step["bytes"], step["all_gathers"]) for name, step in steps.items()})  # the figures docs/layers.md quotes
     xla = steps["xla"]
     assert xla["activation_gathers"] == [] and xla["bytes"] > 0
     for name, step in steps.items():
