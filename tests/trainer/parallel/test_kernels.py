@@ -11,7 +11,7 @@ import pytest
 from tests.trainer import kernel_network
 from tests.trainer.zoo import step
 from trainer import config as config_lib
-from trainer.parallel import conv_taps, fused_norm, kernels
+from trainer.parallel import conv_taps, fused_norm, kernels, subpixel
 
 CANDIDATES = {"taps": kernels.KernelsConfig(conv_weight_grad="taps"),
               "subpixel": kernels.KernelsConfig(conv_transpose="subpixel"),
@@ -36,10 +36,13 @@ def test_every_candidate_equals_kerass_ops_in_float64(spatial_dims, split):
     assert reference.float32_values == 0 and reference.gathered == []
     for name, config in CANDIDATES.items():
         with mock.patch.object(conv_taps, "weight_gradient", wraps=conv_taps.weight_gradient) as taps, \
-                mock.patch.object(fused_norm, "_statistics", wraps=fused_norm._statistics) as statistics:
+                mock.patch.object(fused_norm, "_statistics", wraps=fused_norm._statistics) as statistics, \
+                mock.patch.object(subpixel, "conv_transpose", wraps=subpixel.conv_transpose) as phases:
             ours = _step(spatial_dims, split, config)
-        # The candidate ran: per-tap products for every convolution, one-pass statistics for every norm.
+        # The candidate ran: per-tap products for every convolution, one-pass statistics for every norm, sub-pixel
+        # transposed convolutions (split: always).
         assert taps.call_count == (4 if config.conv_weight_grad == "taps" else 0), name
+        assert phases.call_count == (2 if config.conv_transpose == "subpixel" or split else 0), name
         assert (statistics.call_count > 0) == (config.norm == "fused"), name
         assert ours.float32_values == 0, name
         assert ours.gathered == [], f"{name}: {ours.gathered}"
@@ -130,3 +133,10 @@ def test_in_bfloat16_the_taps_multiply_bfloat16_and_accumulate_in_float32():
     assert all(e.invars[0].aval.dtype == jnp.bfloat16 and e.invars[1].aval.dtype == jnp.bfloat16 for e in dots)
     assert all(e.params["preferred_element_type"] == jnp.float32 for e in dots)
     assert jaxpr.out_avals[0].dtype == jnp.bfloat16
+
+
+def test_a_tpu_program_keeps_xlas_weight_gradients():
+    taps = kernels.KernelsConfig(conv_weight_grad="taps", norm="fused")
+    assert kernels.for_platform(taps, "tpu") == kernels.KernelsConfig(norm="fused")
+    assert kernels.for_platform(taps, "gpu") == taps and kernels.for_platform(taps, "cpu") == taps
+    assert kernels.traced(len, kernels.KernelsConfig(conv_weight_grad="taps"), "tpu") is len  # nothing to swap

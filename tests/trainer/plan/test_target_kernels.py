@@ -3,8 +3,11 @@ bytes within ±5% of XLA's own ops and no new all-gather, split 2×2 on a v5e:2x
 
 The step is the one `fullres train` runs (`compiled_step.StepBuilder`) for a user's network of every op the
 candidates replace (`tests/trainer/kernel_network.py:build3d`: convolutions, InstanceNorm, GroupNorm, BatchNorm,
-`Conv3DTranspose` k2 s2 and k3 s2) at 8³, batch 1: small, so that four TPU compiles stay cheap. Split, a transposed convolution is already sub-pixel (`split_ops`), so `conv_transpose=subpixel`
-lowers to the very same program; the other two change it.
+`Conv3DTranspose` k2 s2 and k3 s2) at 16³ (split 2×2, XLA differentiates its dilated convolution right from
+16 voxels: `thin_shards`), batch 1: small, so that four TPU compiles stay cheap. Split, a transposed convolution
+is already sub-pixel (`split_ops`), so `conv_transpose=subpixel` lowers to the very same program, and a TPU program
+keeps XLA's weight gradients (`kernels.for_platform`: the per-tap products took 8.29 MiB per device here against
+0.77 MiB, narrow channels padded to 128 lanes); `norm=fused` changes it.
 """
 
 import re
@@ -24,7 +27,7 @@ CANDIDATES = {"xla": {}, "taps": {"kernels.conv_weight_grad": "taps"},
 def _compiled(overrides: dict, devices) -> dict:
     config = compiled_step.plan_config(NETWORK, "default", {**overrides, "batch_size": 1, "augment": False,
                                                             "partition.input_partition_dims": "1,2,2,1,1"})
-    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (8, 8, 8)))
+    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (16, 16, 16)))
     with target_compile.compile_only():
         lowered, _ = builder.lower(DIMS, devices[:4])
         compiled = lowered.compile()
@@ -45,5 +48,6 @@ def test_each_candidate_keeps_the_tpus_bytes_and_adds_no_gather():
     for name, step in steps.items():
         assert abs(step["bytes"] / xla["bytes"] - 1) <= 0.05, (name, step["bytes"], xla["bytes"])
         assert step["activation_gathers"] == [] and step["all_gathers"] <= xla["all_gathers"], name
-    assert steps["taps"]["lowered"] != xla["lowered"] and steps["fused"]["lowered"] != xla["lowered"]
+    assert steps["fused"]["lowered"] != xla["lowered"]
     assert steps["subpixel"]["lowered"] == xla["lowered"]  # split: sub-pixel already
+    assert steps["taps"]["lowered"] == xla["lowered"]  # a TPU program keeps XLA's weight gradients
