@@ -36,8 +36,8 @@ NORMS = ("xla", "fused")
 # before anything runs: `test_kernels_config.py`). What each aims at (none of it measured on a GPU yet):
 FLAG_SETS = {
     "none": {},
-    # cuDNN's channels-last (NHWC/NDHWC) layouts for every convolution, Keras's own layout: no transposes around a
-    # float32 convolution (XLA keeps NCHW for float32 and picks NHWC for 16-bit types on tensor-core GPUs).
+    # cuDNN's channels-last (NDHWC) layouts for every convolution, Keras's own: XLA's GPU layout heuristic kept all
+    # 83 convolutions of nnU-Net's 3D step channels first, in bfloat16 too (deviceless h100x1, docs/layers.md).
     "conv_nhwc": {"xla_gpu_force_conv_nhwc": True},
     # cuDNN's runtime-compiled fusions of a convolution with its elementwise neighbours (bias, activation), and
     # cuDNN for fused matrix products.
