@@ -40,6 +40,9 @@ CANDIDATES = {
     "taps unmerged": {"kernels.conv_weight_grad": "taps", "kernels.xla_flags": "taps_unmerged"},
     "flags conv_nhwc": {"kernels.xla_flags": "conv_nhwc"},
     "flags cudnn_fusion": {"kernels.xla_flags": "cudnn_fusion"},
+    "flags exhaustive_gemm": {"kernels.xla_flags": "exhaustive_gemm"},
+    "flags cublas_gemm": {"kernels.xla_flags": "cublas_gemm"},
+    "flags conv_nhwc_fusion": {"kernels.xla_flags": "conv_nhwc_fusion"},
 }
 _CUDNN = re.compile(r'custom_call_target="__cudnn\$(conv[A-Za-z]*)"')
 
