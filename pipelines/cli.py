@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from preprocessing import cli as preprocessing_cli
-from trainer import cli as trainer_cli
+from trainer import cli as trainer_cli, cli_predict
 from common import console
 from components import image_name
 from pipelines import demo
@@ -31,7 +31,7 @@ app = typer.Typer(rich_markup_mode=None,
 app.callback()(trainer_cli.global_options)
 app.command()(trainer_cli.train)
 app.command()(trainer_cli.plan)
-app.command()(trainer_cli.predict)
+app.command()(cli_predict.predict)
 app.command()(demo.demo)
 
 

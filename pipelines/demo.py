@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from common import console
-from trainer.cli import _use_virtual_devices
+from trainer import cli_options
 
 
 DEMO_PREPROCESSING = {"spacing": "1.7,1.7,2.25", "window": "-200,300", "shape": "32,32,32"}
@@ -50,7 +50,7 @@ def demo(
     output = output.resolve()
     try:
         output_guard.check_owned_directory(str(output), "demo", {})
-        _use_virtual_devices(virtual_devices, least=0)  # inherited by every step the local runner starts
+        cli_options.use_virtual_devices(virtual_devices, least=0)  # inherited by every step the local runner starts
         output.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(output), "demo")
         with output_guard.lock(str(output)):
