@@ -37,13 +37,13 @@ class Step(device_check_rows.Step):
         import jax
 
         from trainer.engine import program
-        from trainer.parallel import partitioning
+        from trainer.parallel import device_mesh
         from trainer.plan import compiled_step
         from trainer.tasks import registry
 
         self.config = compiled_step.plan_config(kernel_hlo.NETWORK, "default", {**settings, "augment": False})
         self.task = registry.make_task(self.config)
-        self.distribution = partitioning.make_distribution(self.config.partition, jax.devices()[:1])
+        self.distribution = device_mesh.make_distribution(self.config.partition, jax.devices()[:1])
         with self.distribution.scope():
             self.model, self.optimizer, _, self.state = program.build_model(self.config, self.task, self.config.steps)
         self.jitted = program.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5,

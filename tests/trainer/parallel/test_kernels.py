@@ -11,6 +11,7 @@ import pytest
 from tests.trainer import kernel_network
 from tests.trainer.zoo import step
 from trainer import config as config_lib
+from trainer import config_resolution, presets
 from trainer.parallel import conv_taps, fused_norm, kernels, subpixel
 
 CANDIDATES = {"taps": kernels.KernelsConfig(conv_weight_grad="taps"),
@@ -75,7 +76,7 @@ def test_taps_computes_the_weight_gradient_itself_and_xla_the_rest():
 
 
 def test_the_setting_is_a_runs():
-    config = config_lib.resolve(preset="smoke", overrides={"kernels.conv_weight_grad": "taps",
+    config = config_resolution.resolve(preset="smoke", overrides={"kernels.conv_weight_grad": "taps",
                                                            "kernels.xla_flags": "conv_nhwc"})
     assert config.kernels == kernels.KernelsConfig(conv_weight_grad="taps", xla_flags="conv_nhwc")
     recorded = config_lib.to_dict(config)
@@ -84,7 +85,7 @@ def test_the_setting_is_a_runs():
     del recorded["kernels"]  # a run recorded before the setting: XLA's own ops
     assert config_lib.from_dict(recorded).kernels == kernels.KernelsConfig()
     with pytest.raises(ValueError, match=r"kernels.norm 'fast' is not known; use one of xla, fused"):
-        config_lib.resolve(preset="smoke", overrides={"kernels.norm": "fast"})
+        config_resolution.resolve(preset="smoke", overrides={"kernels.norm": "fast"})
 
 
 def test_each_flag_set_names_options_the_locked_xla_has():
@@ -107,7 +108,7 @@ def test_a_resume_with_other_kernels_is_logged_not_refused():
 
     from trainer.engine import run_record
 
-    config = config_lib.smoke()
+    config = presets.smoke()
     recorded = config_lib.to_dict(config)
     changed = dataclasses.replace(config, kernels=kernels.KernelsConfig(norm="fused", xla_flags="conv_nhwc"))
     assert run_record._settings(recorded) == run_record._settings(config_lib.to_dict(changed))  # not refused
