@@ -109,14 +109,14 @@ def roofline_seconds(figures: dict, row: dict) -> dict | None:
 class Step:
     """The training step of `row`'s config on one device: built once, compiled per size."""
 
-    def __init__(self, row: dict):
+    def __init__(self, row: dict, config=None):
         import jax
 
         from trainer.engine import program
         from trainer.parallel import device_mesh
         from trainer.tasks import registry
 
-        self.config = make_config(row)
+        self.config = config or make_config(row)  # `peer_rows.py` gives a zoo network's config
         self.task = registry.make_task(self.config)
         self.distribution = device_mesh.make_distribution(self.config.partition, jax.devices()[:1])
         with self.distribution.scope():

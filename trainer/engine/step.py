@@ -104,8 +104,9 @@ def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state:
     state_sharding = placement.state_shardings(state, distribution)
     scalar = distribution.replicated_layout(0).backend_layout
     return jax.jit(
-        kernels_lib.traced(split_ops.traced_split(train_step, distribution.config.input_partition_dims), kernels,
-                           distribution.device_mesh.devices.flat[0].platform),
+        kernels_lib.traced(split_ops.traced_split(train_step, distribution.config.input_partition_dims,
+                                                  distribution.device_mesh),
+                           kernels, distribution.device_mesh.devices.flat[0].platform),
         in_shardings=(state_sharding, input_sharding, label_sharding, scalar),
         out_shardings=(state_sharding, scalar),  # every metric replicated
         donate_argnums=(0,),
