@@ -107,6 +107,26 @@ def _done_steps(run_dir: str) -> int:
     return steps[-1] if steps else 0
 
 
+def check_resumable(run_dir: str) -> None:
+    """`run_files.check_resumable`, and a finished run whose checkpoints are gone is refused: a rerun would start at
+    step 1 and overwrite the model it holds.
+
+    Raises:
+        output_guard.OutputRefused: the sentence names the model, the missing checkpoints and the fix.
+    """
+    from common import output_guard
+
+    run_files.check_resumable(run_dir)
+    model = run_files.path(run_dir, run_files.MODEL)
+    if "://" in run_dir or not os.path.isfile(model) or not run_files.holds_run(run_dir) or _done_steps(run_dir):
+        return
+    kept = run_files.path(run_dir, run_files.CHECKPOINTS)
+    raise output_guard.OutputRefused(
+        f"--output {run_dir} holds a trained model ({model}) but no checkpoint ({kept} is "
+        f"{'empty' if os.path.isdir(kept) else 'missing'}), so a rerun would train from step 1 and overwrite that "
+        f"model; put the run's checkpoints back into {kept} to resume it, or train into a new --output.")
+
+
 def _shown(value) -> str:
     if value is None:
         return "none"
