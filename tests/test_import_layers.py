@@ -37,6 +37,7 @@ LAYERS = (
     "trainer.evaluate",
     "trainer.train",
     "trainer.predict",
+    "trainer.option_conflicts",
     "trainer.cli_help",
     "trainer.cli",
     "trainer.__main__",

@@ -146,8 +146,9 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
 
     Returns:
         The history line `record` writes once training starts: `{"event": "started" | "resumed" | "continued with
-        changes", "step", "steps", "devices", "data", "data_path", "eval_path", "fingerprint",
-        "model_source_sha256", "changed": {key: [before, now]}}` ("started" where the output holds no run yet;
+        changes", "step", "steps", "warmup_steps" (the warm-up used), "devices", "data", "data_path", "eval_path",
+        "fingerprint", "model_source_sha256", "changed": {key: [before, now]}}` ("started" where the output holds no
+        run yet;
         `data_path`, `eval_path`: the data's absolute paths, where a resume that leaves them out finds them).
 
     Raises:
@@ -155,10 +156,15 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     """
     from trainer.models import user_model
 
+    from trainer.engine import program  # Keras: the check above is asked before it is imported
+
     run_dir = config.output_dir
     fingerprint = data_fingerprint(config.train_data)
+    if (cut := program.warmup_note(config, total_steps)) is not None:
+        log(cut)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
-    line = {"event": "started", "step": 0, "steps": total_steps, "devices": devices, "data": config.train_data,
+    line = {"event": "started", "step": 0, "steps": total_steps, "warmup_steps": program.warmup_steps_used(
+                config, total_steps), "devices": devices, "data": config.train_data,
             "data_path": absolute(config.train_data), "eval_path": absolute(config.eval_data)}
     if recorded.train_config is None:  # no run here yet
         return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
