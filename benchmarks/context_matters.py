@@ -125,18 +125,20 @@ def run_arm(data: dict, name: str, arm: str, seed: int, steps: int, num_classes:
             preset: str = "demo", settings: dict | None = None) -> dict:
     """One training run and its scores. `preset`'s recipe on the demo preset's network (`benchmarks/seed_sweep.py`
     trains the others); `settings`: more `--set` overrides (`config.resolve`'s keys)."""
-    from trainer import config as config_lib, train as train_lib, trained_run
+    from trainer import train as train_lib, trained_run
+    from trainer import config_resolution
+    from trainer import presets
     from trainer.models import losses
 
     patch, batch = ARMS[arm]
     output = os.path.join(work, f"{name}-{preset}-{arm}-seed{seed}")
-    model = dataclasses.replace(config_lib.demo().model, num_classes=num_classes)
-    if config_lib.resolve(preset=preset).model.deep_supervision:  # the demo network has too few levels for it: one more
+    model = dataclasses.replace(presets.demo().model, num_classes=num_classes)
+    if config_resolution.resolve(preset=preset).model.deep_supervision:  # the demo network has too few levels for it: one more
         model = dataclasses.replace(model, num_levels=model.num_levels + 1, deep_supervision=True)
-    config = config_lib.resolve(preset=preset, train_data=data["train"], output_dir=output, overrides=settings)
+    config = config_resolution.resolve(preset=preset, train_data=data["train"], output_dir=output, overrides=settings)
     config = dataclasses.replace(config, steps=steps, batch_size=batch, model=model, patch_size=patch, augment=False,
                                  seed=seed, checkpoint_every=steps, log_every=50,
-                                 partition=config_lib.demo().partition)
+                                 partition=presets.demo().partition)
     lines = []
     results = train_lib.train(config, log=lambda line: (lines.append(line), log(f"  {line}")),
                               export_saved_model=False)

@@ -41,12 +41,13 @@ def main() -> None:
     os.environ["KERAS_BACKEND"] = "jax"
     import trainer  # noqa: F401  (chooses the Keras backend before TensorFlow loads)
     from preprocessing.images import demo_images
-    from trainer import config as config_lib, train
+    from trainer import train
+    from trainer import presets
 
     root = arguments.output or tempfile.mkdtemp(prefix="detection-learning-")
     shapes = demo_images.write_demo_tfrecords(os.path.join(root, "shapes"), num_train=256, num_eval=32, seed=3)
     started = time.monotonic()
-    config = config_lib.detection_demo(train_data=shapes["train"], eval_data=shapes["eval"],
+    config = presets.detection_demo(train_data=shapes["train"], eval_data=shapes["eval"],
                                        output_dir=os.path.join(root, "run"), steps=arguments.steps, log_every=50,
                                        checkpoint_every=arguments.steps)
     results = train.train(config, log=print, export_saved_model=False)

@@ -15,8 +15,8 @@ What each part runs (nothing here is a copy of fullres's code; each calls the co
 * predict: `inference.VolumePredictor.probabilities`, the whole-volume pass `fullres predict` makes per scan
   (its weights untrained: time and memory do not depend on their values; reading and writing the scan files
   are not included).
-* input: `ct_input.CtBatches` reading synthetic CT records (written by the project's own encoder) and feeding
-  the same training step, the loop as `train._loop` runs it: the seconds spent waiting for each next batch.
+* input: `ct_batches.CtBatches` reading synthetic CT records (written by the project's own encoder) and feeding
+  the same training step, the loop as `train_loop.loop` runs it: the seconds spent waiting for each next batch.
 """
 
 from __future__ import annotations
@@ -113,12 +113,12 @@ class Step:
         import jax
 
         from trainer.engine import program
-        from trainer.parallel import partitioning
+        from trainer.parallel import device_mesh
         from trainer.tasks import registry
 
         self.config = make_config(row)
         self.task = registry.make_task(self.config)
-        self.distribution = partitioning.make_distribution(self.config.partition, jax.devices()[:1])
+        self.distribution = device_mesh.make_distribution(self.config.partition, jax.devices()[:1])
         with self.distribution.scope():
             self.model, self.optimizer, _, self.state = program.build_model(self.config, self.task, self.config.steps)
         self.jitted = program.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5)
@@ -257,6 +257,7 @@ def input_row(row: dict) -> dict:
     import numpy as np
 
     from trainer.data import batches as batches_lib, ct_input
+    from trainer.data import ct_batches
     from trainer.engine import placement
 
     size, total = row["sizes"][0], row["warmup"] + row["steps"]
@@ -267,7 +268,7 @@ def input_row(row: dict) -> dict:
         written = time.perf_counter() - started
         records = ct_input.CtRecords(pattern)
         state = placement.place_state(step.state, step.distribution)
-        feed = ct_input.CtBatches(records, step.config.batch_size, seed=0, steps=total, cache="off")
+        feed = ct_batches.CtBatches(records, step.config.batch_size, seed=0, steps=total, cache="off")
         waits, in_flight = [], collections.deque()
         try:
             for number in range(total):
@@ -279,7 +280,7 @@ def input_row(row: dict) -> dict:
                 inputs, labels = step.task.place(step.distribution, batch, None)
                 state, metrics = step.jitted(state, inputs, labels, np.int32(number))
                 in_flight.append((batch, metrics))
-                while len(in_flight) > 1:  # as train._loop: this step and the next in flight
+                while len(in_flight) > 1:  # as train_loop.loop: this step and the next in flight
                     done_batch, done_metrics = in_flight.popleft()
                     jax.block_until_ready(done_metrics)
                     done_batch.release()

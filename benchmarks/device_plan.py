@@ -69,7 +69,7 @@ def predict_point(size: int, target: str) -> dict:
     import numpy as np
 
     from trainer.engine import inference, placement, program
-    from trainer.parallel import partitioning
+    from trainer.parallel import device_mesh
     from trainer.plan import target_compile, targets
     from trainer.tasks import registry
 
@@ -79,7 +79,7 @@ def predict_point(size: int, target: str) -> dict:
     model, _, _, state = program.build_model(config, task, 1)
     devices = targets.devices(targets.parse(target))[:1]
     with target_compile.compile_only():
-        distribution = partitioning.make_distribution(config.partition, devices)
+        distribution = device_mesh.make_distribution(config.partition, devices)
         shardings = placement.state_shardings(state, distribution)
         shapes = jax.tree_util.tree_map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state, shardings)
         batch = (1, size, size, size, 1)

@@ -36,7 +36,7 @@ import time
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPOSITORY)
 
-SPACING, WINDOW, SHAPE = (1.7, 1.7, 2.25), (-200, 300), (32, 32, 32)  # pipelines.cli.DEMO_PREPROCESSING
+SPACING, WINDOW, SHAPE = (1.7, 1.7, 2.25), (-200, 300), (32, 32, 32)  # pipelines.demo.DEMO_PREPROCESSING
 SHIFT = {"hu_offset": -50.0, "anatomy_scale": 1.15, "noise_hu": 30.0}
 RECIPES = ("none", "flips", "intensity", "nnunet")
 GAP = 0.03  # the bar: the full recipe beats flips only by this much on the shifted set (mean of the seeds)

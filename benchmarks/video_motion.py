@@ -71,12 +71,13 @@ def confusion(samples) -> dict:
 
 
 def run_arm(data: dict, arm: str, seed: int, steps: int, work: str) -> dict:
-    from trainer import config as config_lib, train as train_lib, trained_run
+    from trainer import train as train_lib, trained_run
+    from trainer import config_resolution
 
     output = os.path.join(work, f"{arm}-seed{seed}")
     overrides = {"steps": steps, "seed": seed, "augment": False, "checkpoint_every": steps, "log_every": 50,
                  "partition.input_partition_dims": DIMS, "learning_rate": 3e-3}
-    config = config_lib.resolve("segmentation", "video", data["train"], output, overrides=overrides,
+    config = config_resolution.resolve("segmentation", "video", data["train"], output, overrides=overrides,
                                 model_source=ARMS[arm])
     lines = []
     results = train_lib.train(config, log=lambda line: (lines.append(line), print(f"  {line}", flush=True)),

@@ -15,9 +15,13 @@ import typing
 from collections.abc import Iterable, Mapping
 
 EXAMPLES = {int: "1,4,1,1,1", float: "1.0,1.0,2.5", str: "liver,kidney"}
+# The shape of each list setting, for the sentence that shows how to write it (else its kind's `EXAMPLES`).
+SETTING_EXAMPLES = {"patch_size": "128,128,128", "partition.input_partition_dims": "1,4,1,1,1",
+                    "partition.label_partition_dims": "1,4,1,1,1", "augmentation.mirror_axes": "0,1,2",
+                    "image_size": "512,512"}
 
 
-def parse_list(text: str | None, kind: type = int, name: str = "value") -> tuple | None:
+def parse_list(text: str | None, kind: type = int, name: str = "value", example: str | None = None) -> tuple | None:
     """`"1,4,1,1,1"`, `"[1, 4, 1, 1, 1]"` -> a tuple of `kind`; None, `""` or `"none"` -> None.
 
     Spaces never belong inside a number, so they are dropped from numbers; names
@@ -33,7 +37,8 @@ def parse_list(text: str | None, kind: type = int, name: str = "value") -> tuple
         ('left kidney', 'liver')
 
     Raises:
-        ValueError: a part is not a `kind`; the message names `name`.
+        ValueError: a part is not a `kind`; the message names `name` (the option as the user typed it) and shows
+            `example` (a list of the option's own shape; default: one of `kind`).
     """
     if text is None:
         return None
@@ -45,7 +50,7 @@ def parse_list(text: str | None, kind: type = int, name: str = "value") -> tuple
         return tuple(kind(part) for part in parts if part)
     except ValueError:
         raise ValueError(f"{name} {text!r} is not a comma-separated list of {kind.__name__}s; write it like "
-                         f"{EXAMPLES.get(kind, EXAMPLES[float])}.") from None
+                         f"{example or EXAMPLES.get(kind, EXAMPLES[float])}.") from None
 
 
 def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
@@ -93,7 +98,9 @@ def typed(value, hint, name: str, what: str = "train override", given: str | Non
     if typing.get_origin(kind) is tuple:
         args = typing.get_args(kind)
         item = args[0] if args else int
-        parsed = parse_list(value, item, name) if isinstance(value, str) else tuple(value)
+        typed_as = given and (given.partition("=")[0] if given.startswith("--set ") else given.partition(" ")[0])
+        parsed = parse_list(value, item, typed_as or name, SETTING_EXAMPLES.get(name)) if isinstance(value, str) \
+            else tuple(value)
         return [typed(v, item, f"{name}[{i}]", what, given) for i, v in enumerate(parsed)]
     if kind is bool:
         if isinstance(value, bool):

@@ -49,15 +49,15 @@ def describe_dataset(artifact, summary: dict, output: str) -> None:
 def train_config(*, task: str, preset: str, train_data: str, output_dir: str, steps: int, batch_size: int,
                  learning_rate: float, input_partition_dims: str, precision: str, overrides: dict,
                  model_source: str | None = None, augmentation: str = ""):
-    """A `TrainConfig` from the train component's parameters, through `config.resolve` as the CLI's.
+    """A `TrainConfig` from the train component's parameters, through `config_resolution.resolve` as the CLI's.
 
     0 and "" are the component's "keep the preset's value" (KFP parameters have no None).
     """
-    from trainer import config as config_lib
+    from trainer import config_resolution
 
     named = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "precision": precision,
              "partition.input_partition_dims": input_partition_dims, "augmentation": augmentation}
-    return config_lib.resolve(task, preset, train_data, output_dir,
+    return config_resolution.resolve(task, preset, train_data, output_dir,
                               overrides={**{k: v for k, v in named.items() if v}, **(overrides or {})},
                               model_source=model_source)
 

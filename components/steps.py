@@ -102,7 +102,7 @@ def preprocess_video(
 
     output = runtime.output_location(dataset, beam_args)
     config = video_clips.VideoPreprocessConfig(clip_length, clip_stride or None,
-                                               tuple(parsing.parse_list(size, int, "size") or ()))
+                                               tuple(parsing.parse_list(size, int, "size", "64,64") or ()))
     summary = video_pipeline.run(input_path=runtime.readable(input_uri), output=output,
                                  labels=runtime.readable(labels_uri) or None, config=config,
                                  pipeline_args=runtime.beam_arguments(beam_args),

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import trainer  # noqa: F401  (chooses Keras's JAX backend before anything imports Keras)
-from trainer.parallel.partitioning import SpatialParallel
+from trainer.parallel.device_mesh import SpatialParallel
 
 __all__ = ["SpatialParallel", "plan", "train"]
 
@@ -100,13 +100,13 @@ def train(network: Callable | str, *, train: str, output: str, eval: str | None 
     Raises:
         ValueError: one sentence for a bad network, setting, partitioning or data set (as `fullres train`).
     """
-    from trainer import config as config_lib, train as train_lib
+    from trainer import config_resolution, train as train_lib
 
     dims = input_partition_dims if input_partition_dims is None or isinstance(input_partition_dims, str) else \
         ",".join(map(str, input_partition_dims))
     # Each setting's sentence names the argument as given here (`fullres.train(learning_rate=nan)`).
     given = {key: f"fullres.train({key}={value!r})" for key, value in settings.items()}
-    config = config_lib.resolve("segmentation", preset, train, output, eval,
-                                overrides={"partition.input_partition_dims": dims, "allow_gathers": allow_gathers,
-                                           **settings}, model_source=source_of(network), given=given)
+    config = config_resolution.resolve("segmentation", preset, train, output, eval,
+                                       overrides={"partition.input_partition_dims": dims, "allow_gathers": allow_gathers,
+                                                  **settings}, model_source=source_of(network), given=given)
     return train_lib.train(config, log=log)

@@ -165,7 +165,7 @@ def video_clips(values: dict, where: Where) -> None:
         from preprocessing.video import video_clips as clips
 
         clips.VideoPreprocessConfig(values["clip_length"], values["clip_stride"] or None,
-                                    tuple(parsing.parse_list(values["size"], int, parameter("size")) or ()))
+                                    tuple(parsing.parse_list(values["size"], int, parameter("size"), "64,64") or ()))
 
 
 def train_configuration(values: dict, where: Where = Where()):

@@ -219,6 +219,7 @@ def preprocess_video(
     fit: Annotated[str, typer.Option(help="crop (scale to cover H,W and cut the middle: aspect kept) or resize (stretch).")] = "crop",
     folder_fps: Annotated[float, typer.Option(help="Frame rate recorded for frame folders, which state none (DAVIS: 24).")] = 24.0,
     num_classes: Annotated[int | None, typer.Option(help="Classes including background: mask values must be 0..N-1 (default: 0..255).")] = None,
+    max_decoded_bytes: Annotated[str, typer.Option(help="The most memory one whole video may take decoded at --size (4 bytes a pixel: RGB and mask): a --size whose one clip exceeds it is refused, a longer video is a dead letter.")] = "3GiB",
     num_shards: NumShards = 0,
     compress: Compress = False,
     max_failed_fraction: MaxFailedFraction = 0.1,
@@ -226,14 +227,14 @@ def preprocess_video(
     workers: Workers = None,
 ) -> None:
     """Cut videos (+ per-frame masks) into fixed-size uint8 RGB clips; bad videos go to dead_letter.jsonl."""
-    from common import dead_letters, parsing
+    from common import dead_letters, parsing, sizes
     from preprocessing.video import video_clips
 
     try:
         dead_letters.check_failed_fraction(max_failed_fraction)
         config = video_clips.VideoPreprocessConfig(
-            clip_length, clip_stride, tuple(parsing.parse_list(size, int, "--size") or ()), fit, folder_fps,
-            255 if num_classes is None else num_classes - 1)
+            clip_length, clip_stride, tuple(parsing.parse_list(size, int, "--size", "128,128") or ()), fit, folder_fps,
+            255 if num_classes is None else num_classes - 1, sizes.parse_bytes(max_decoded_bytes, "--max-decoded-bytes"))
     except ValueError as error:
         console.fail(str(error))
     _check_counts(num_shards, workers)
@@ -325,7 +326,7 @@ def demo_data_video(
     output: Annotated[Path, typer.Option(help="Directory to write videos/ into.")] = Path("fullres-demo-video"),
     videos: Annotated[int, typer.Option(help="Number of videos.")] = 8,
     frames: Annotated[int, typer.Option(help="Frames of each video.")] = 24,
-    size: Annotated[str, typer.Option(help="H,W of the frames (even numbers: H.264).")] = "64,64",
+    size: Annotated[str, typer.Option(help="H,W of the frames: even numbers (H.264), 16 or more.")] = "64,64",
     fps: Annotated[int, typer.Option(help="Frame rate.")] = 24,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
 ) -> None:
@@ -335,10 +336,8 @@ def demo_data_video(
     from preprocessing.video import demo_video
 
     try:
-        shape = tuple(parsing.parse_list(size, int, "--size") or ())
-        if len(shape) != 2 or min(shape) < 16 or videos < 1 or frames < 2 or fps < 1:
-            raise ValueError(f"--size {size} must be H,W of 16 or more, --videos {videos} 1 or more, --frames {frames} "
-                             f"2 or more and --fps {fps} 1 or more, e.g. --size 64,64 --videos 8 --frames 24 --fps 24.")
+        shape = tuple(parsing.parse_list(size, int, "--size", "64,64") or ())
+        demo_video.check_settings(shape, videos, frames, fps, size)
     except ValueError as error:
         console.fail(str(error))
     written = _write_demo_data(output, "demo-data-video", demo_video.demo_video_files(videos, frames),

@@ -54,11 +54,11 @@ SEGMENTATION_SETTINGS = dict(steps=40, learning_rate=1e-2, checkpoint_every=10, 
 
 
 def segmentation_config(folder: pathlib.Path):
-    from trainer import config as config_lib
+    from trainer import presets
     from trainer.parallel import partitioning
 
     data = folder / "data"
-    return config_lib.smoke(train_data=str(data / "train-*.tfrecord"), eval_data=str(data / "eval-*.tfrecord"),
+    return presets.smoke(train_data=str(data / "train-*.tfrecord"), eval_data=str(data / "eval-*.tfrecord"),
                             output_dir=str(folder / "run"), partition=partitioning.PartitionConfig((1, 4, 1, 1, 1)),
                             **SEGMENTATION_SETTINGS)
 

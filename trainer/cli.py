@@ -1,9 +1,9 @@
-"""The trainer's commands (`fullres train`, `fullres plan`); `pipelines/cli.py` adds them to the `fullres` command line.
+"""The trainer's commands (`fullres train`, `fullres plan`); `pipelines/cli.py` adds them, and `fullres predict`
+(`cli_predict`), to the `fullres` command line.
 
 Commands import their heavy libraries (JAX, Keras, TensorFlow) only when they
 run, so `--help` is instant and `--virtual-devices` can still set `XLA_FLAGS`
-before JAX starts. The helpers here (one-sentence errors, progress lines,
-virtual devices) serve every layer's commands.
+before JAX starts (`cli_options`).
 """
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from common import console, parsing, sizes
-from preprocessing import cli as preprocessing_cli
-from trainer import cli_help
+from common import console, parsing
+from trainer import cli_help, cli_options
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -39,34 +37,6 @@ def global_options(
 ) -> None:
     if verbose:
         os.environ["FULLRES_VERBOSE"] = "1"  # read by console.fail, here and in the processes a command starts
-
-def _jax_backend_started() -> bool:
-    """True once XLA has created its devices; XLA_FLAGS are read then, not when JAX is imported."""
-    if "jax" not in sys.modules:
-        return False
-    from jax._src import xla_bridge  # no public JAX API tells whether the backend has started
-
-    return xla_bridge.backends_are_initialized()
-
-
-def _use_virtual_devices(count: int | None, least: int = 1) -> None:
-    """Makes XLA present the CPU as `count` devices (must run before JAX is imported); 0 (where `least` is 0) or None:
-    the devices present."""
-    if count is not None and count < least:
-        console.fail(f"--virtual-devices {count} is not a number of devices; pass {least} or more, or leave it out to "
-                     "use the devices present.")
-    if not count:
-        return
-    if _jax_backend_started():
-        console.fail("--virtual-devices must be applied before JAX starts; pass it on the command line, not from Python.")
-    _set_host_device_count(count)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-
-def _set_host_device_count(count: int) -> None:
-    """Sets XLA's CPU device count (read when the backend starts; other platforms ignore it)."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
 
 
 @app.command()
@@ -145,12 +115,12 @@ def train(
         if coordinator_address or num_processes or process_id is not None:
             console.fail("--local-processes starts the processes itself; leave out --coordinator-address, --num-processes "
                   "and --process-id.")
-        raise typer.Exit(code=local_launcher.launch(_options_without(context, "local_processes"), local_processes,
+        raise typer.Exit(code=local_launcher.launch(cli_options.options_without(context, "local_processes"), local_processes,
                                                     log=console.say))
     given = [coordinator_address is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):
         console.fail("a multi-process run needs all of --coordinator-address, --num-processes and --process-id.")
-    _use_virtual_devices(virtual_devices)
+    cli_options.use_virtual_devices(virtual_devices)
     if task not in ("segmentation", "detection"):
         console.fail(f"--task {task!r} is not known; use segmentation or detection.")
     if preset not in PRESET_NAMES:
@@ -164,6 +134,8 @@ def train(
         if len(size) != 2:
             console.fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
     from trainer import config as config_lib, option_conflicts, train as train_lib
+    from trainer import config_resolution
+    from trainer import presets
     from trainer.engine import recorded_settings
     from trainer.parallel import distributed
 
@@ -174,9 +146,9 @@ def train(
         distributed.initialize(
             distributed.ProcessGroup(coordinator_address, num_processes, process_id) if all(given) else None
         )
-        if preset != "default" and config_lib.PRESETS[preset]().task != task:
-            console.fail(f"--preset {preset} is a {config_lib.PRESETS[preset]().task} preset but --task is {task}; pass "
-                  f"--task {config_lib.PRESETS[preset]().task} or another preset.")
+        if preset != "default" and presets.PRESETS[preset]().task != task:
+            console.fail(f"--preset {preset} is a {presets.PRESETS[preset]().task} preset but --task is {task}; pass "
+                  f"--task {presets.PRESETS[preset]().task} or another preset.")
         unet_only = {"num_levels": num_levels, "base_filters": base_filters, "stem": stem,
                      "normalization": normalization, "encoder": encoder, "deep_supervision": deep_supervision}
         given_unet = [f"--{k.replace('_', '-')}" for k, v in unet_only.items()
@@ -199,7 +171,7 @@ def train(
             **{f"model.{k}": v for k, v in unet_only.items()},
         }
         overrides = {**flags, **(pairs := parsing.parse_settings(settings or []))}
-        config = config_lib.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides, model_source=model,
+        config = config_resolution.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides, model_source=model,
                                     recorded=rerun.base, given=recorded_settings.typed_as(flags, pairs))
         recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say)
         train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,
@@ -251,9 +223,9 @@ def plan(
 
     try:
         on = targets.parse(target)  # an unknown target or slice is named before anything is built
-        asked = (parsing.parse_list(partitions, int, "--partitions") or ()) if partitions is not None else None
+        asked = (parsing.parse_list(partitions, int, "--partitions", "1,2,4,8") or ()) if partitions is not None else None
         counts = asked if asked is not None else targets.default_partitions(on)
-        size = parsing.parse_list(image_size, int, "--image-size") if image_size else None
+        size = parsing.parse_list(image_size, int, "--image-size", "64,128,128") if image_size else None
         given = parsing.parse_settings(settings or [])
         dims = tuple(parsing.parse_list(input_partition_dims, int, "--input-partition-dims")) \
             if input_partition_dims else None
@@ -269,10 +241,10 @@ def plan(
                 raise ValueError(f"--device-memory {device_memory} must be more than 0, e.g. --device-memory 16GiB.")
     except ValueError as error:
         console.fail(str(error))
-    if not _jax_backend_started():
+    if not cli_options.jax_backend_started():
         # Only the CPU platform reads this flag: on a TPU or GPU host the plan uses the
         # real devices; without an accelerator the CPU poses as enough devices.
-        _set_host_device_count(max(counts, default=1))
+        cli_options.set_host_device_count(max(counts, default=1))
         if target.strip().lower() != "cpu":  # the model is built on the CPU; the target's devices are compile-only
             import jax  # (JAX reads JAX_PLATFORMS when it is imported, which `trainer` may have done)
 
@@ -296,101 +268,6 @@ def plan(
         typer.echo(json.dumps(plan.to_json(), indent=2))
         return
     typer.echo("\n".join([*memory_plan.table(plan.results, plan.header, budget), *memory_plan.launch_lines(plan)]))
-
-
-def predict(
-    model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation model).")],
-    input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases; for a video model, videos or DAVIS frame folders.")],
-    output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl (new, or written by fullres predict).")],
-    output_format: Annotated[str | None, typer.Option("--format", help="nifti, nrrd or mha (default: each input's own format; NIfTI for DICOM).")] = None,
-    dicom_seg: Annotated[bool, typer.Option("--dicom-seg/--no-dicom-seg", help="For DICOM input, also write a DICOM SEG of the series.")] = True,
-    probabilities: Annotated[bool, typer.Option("--probabilities", help="Also write each class's probability map.")] = False,
-    input_partition_dims: Annotated[str | None, typer.Option(help="How each volume is split over the devices, e.g. 1,2,2,1,1 (default: as in training where the devices hold it, else the same axes in fewer parts; the log and summary.json say which).")] = None,
-    virtual_devices: Annotated[int | None, typer.Option(help="On a CPU, present it as this many devices (to predict partitioned without accelerators).")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="A scan whose modality or intensity range differs from the model's training scans is a dead letter (default: predicted, with a warning in its problems).")] = False,
-    max_failed_fraction: preprocessing_cli.MaxFailedFraction = 0.1,
-    pseudonymize: Annotated[bool, typer.Option(help="Name cases by keyed hashes, as preprocess does (no DICOM SEG then); the mapping back goes to OUTPUT.pseudonyms.json beside the output, never inside it.")] = False,
-    pseudonymize_key_file: Annotated[str | None, typer.Option(help="Key for --pseudonymize (pass the preprocessed data's for the same pseudonyms); default OUTPUT.pseudonym-key, generated once.")] = None,
-    device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB (default: what the accelerator reports; unchecked on CPUs): a scan whose pass needs more is skipped with the number of cores it needs.")] = None,
-    max_voxels: Annotated[int | None, typer.Option(help="Scans with more voxels (read from the header, and on the model's grid) are dead letters (default 2^29, as in preprocess ct).")] = None,
-    max_decoded_bytes: Annotated[str | None, typer.Option(help="Scans that take more memory once decoded (stored type + float32 copy, read from the header) are dead letters, e.g. 8GiB (default 3GiB, as in preprocess ct).")] = None,
-    follow_links: preprocessing_cli.FollowLinks = False,
-    sliding_window: Annotated[bool, typer.Option("--sliding-window", help="Predict a whole-volume model patch by patch too (nnU-Net's sliding window of its training shape, half overlap, Gaussian weights); a model trained with --patch-size always predicts that way.")] = False,
-    clips: Annotated[bool, typer.Option("--clips", help="Video models: predict in overlapping clips of the training clip's length even where the whole video fits one pass.")] = False,
-) -> None:
-    """Segment new scans with a trained model: whole volume, one partitioned pass (a patch-trained model: a sliding
-    window of its patch), masks in each scan's own geometry.
-
-    The model's recorded preprocessing (spacing, orientation, window) is
-    applied; each scan is padded, never cropped, and the mask is written with
-    the scan's exact size, spacing, origin and direction. One bad scan is a
-    dead letter; the others are still predicted.
-    """
-    _use_virtual_devices(virtual_devices)
-    if not os.path.exists(input_path):
-        console.fail(f"--input {input_path!r} does not exist.")
-    from common import dead_letters
-
-    try:  # before the heavy imports: a typo fails at once
-        dead_letters.check_failed_fraction(max_failed_fraction)
-    except ValueError as error:
-        console.fail(str(error))
-    from trainer.parallel import partitioning
-
-    try:  # PartitionError is a ValueError
-        dims = partitioning.parse_dims(input_partition_dims)
-        budget = None if device_memory is None else sizes.parse_bytes(device_memory)
-        limits = {**({} if max_voxels is None else {"max_voxels": max_voxels}),
-                  **({} if max_decoded_bytes is None else {
-                      "max_decoded_bytes": sizes.parse_bytes(max_decoded_bytes, "--max-decoded-bytes")})}
-        if limits.get("max_voxels", 1) < 1:
-            raise ValueError(f"--max-voxels must be positive, got {max_voxels}.")
-        if limits.get("max_decoded_bytes", 1) < 1:
-            raise ValueError(f"--max-decoded-bytes must be positive, e.g. 3GiB, got {max_decoded_bytes}.")
-    except ValueError as error:
-        console.fail(str(error))
-    from trainer.engine import run_files
-
-    refusal = run_files.not_a_run(str(model))  # before predict's own imports (SimpleITK, the preprocessing, ...)
-    if refusal is not None:
-        console.fail(refusal)
-    from common import output_guard
-    from trainer.predict import predict as predict_lib, video_predict
-
-    if video_predict.is_video_run(str(model)):  # trained on video clips: whole videos, PNG masks and an overlay
-        return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction)
-    try:
-        with output_guard.lock(str(output)):
-            summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
-                                          strict=strict, max_failed_fraction=max_failed_fraction,
-                                          pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,
-                                          probabilities=probabilities, dicom_seg=dicom_seg, input_partition_dims=dims,
-                                          device_memory=budget, follow_links=follow_links,
-                                          sliding_window=sliding_window, log=console.say, **limits)
-    except (predict_lib.ModelRefused, partitioning.PartitionError, output_guard.OutputRefused, FileNotFoundError,
-            ValueError, predict_lib.TooManyFailed) as error:
-        console.fail(str(error))
-    except OSError as error:
-        console.fail_if_write_error(error, output)
-    if summary["ok"] == 0:
-        console.fail(f"no scan was predicted ({summary['failed']} dead letter(s) in {output / 'dead_letter.jsonl'}).")
-
-
-def _options_without(context: typer.Context, *left_out: str) -> list[str]:
-    """The command's options as given (defaults left out: a resume takes the run's), except `left_out`."""
-    arguments = []
-    given = console.given(context)
-    for parameter in context.command.params:
-        value = context.params.get(parameter.name)
-        if parameter.name in left_out or value is None or parameter.name not in given:
-            continue
-        if parameter.is_flag:  # --a/--no-a as given; a lone flag (--continue-with-changes) only when set
-            arguments += [parameter.opts[0]] if value else parameter.secondary_opts[:1]
-        elif isinstance(value, (list, tuple)):
-            arguments += [part for item in value for part in (parameter.opts[0], str(item))]
-        else:
-            arguments += [parameter.opts[0], str(value)]
-    return arguments
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,14 +1,15 @@
-"""Training configuration: one frozen dataclass, every default in it, named presets."""
+"""Training configuration: one frozen dataclass, every default in it, and its checks.
+
+The named presets are `presets`; from a preset and a user's settings to a config is `config_resolution.resolve`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from common import parsing
 from trainer.augment import recipe as augment_recipe
 from trainer.models import retinanet, unet, user_model
 from trainer.parallel import partitioning
@@ -17,7 +18,7 @@ PRECISIONS = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "constant", "poly")
 OPTIMIZERS = ("adam", "sgd")
 TASKS = ("segmentation", "detection")
-INPUT_CACHE = ("auto", "on", "off")  # trainer.data.ct_input.choose_cache
+INPUT_CACHE = ("auto", "on", "off")  # trainer.data.decoded_cache.choose_cache
 MODEL_TYPES = {"segmentation": unet.UNetConfig, "detection": retinanet.RetinaNetConfig}
 
 
@@ -70,9 +71,9 @@ class TrainConfig:
             partition: every device then holds what the split was meant to divide); refused otherwise.
 
     Example:
-        >>> config = smoke(train_data="/tmp/train-*.tfrecord", output_dir="/tmp/run")
-        >>> config.model.num_levels
-        2
+        >>> config = TrainConfig(train_data="/tmp/train-*.tfrecord", output_dir="/tmp/run", steps=100)
+        >>> config.steps, config.precision
+        (100, 'float32')
     """
 
     task: str = "segmentation"
@@ -164,189 +165,7 @@ class TrainConfig:
         return "mixed_bfloat16" if self.precision == "bfloat16" else "float32"
 
 
-def ct_256(**overrides) -> TrainConfig:
-    """Full-resolution 256³ CT: the default (TPU-shaped) UNet, 16-way split over depth × height."""
-    defaults = dict(model=unet.UNetConfig(spatial_dims=3, num_classes=3),  # TPU-shaped: 2×2×2 stem, 128-512 filters
-                    partition=partitioning.PartitionConfig((1, 4, 4, 1, 1)), steps=20000, learning_rate=1e-3,
-                    warmup_steps=500)
-    return TrainConfig(**{**defaults, **overrides})
-
-
-def nnunet(**overrides) -> TrainConfig:
-    """nnU-Net's training recipe on the default (TPU-shaped) UNet: deep supervision, SGD, poly learning rate.
-
-    nnunetv2's `nnUNetTrainer`: SGD with Nesterov momentum 0.99, weight decay
-    3e-5, learning rate 1e-2 decayed as `(1 - t/T) ** 0.9`, no warm-up, and
-    deep supervision (`UNetConfig.deep_supervision`), and its augmentation set on
-    the device (`augmentation="nnunet"`). Add `encoder="residual"`
-    for its ResEnc presets' encoder (`--encoder residual`).
-    """
-    defaults = dict(
-        model=unet.UNetConfig(spatial_dims=3, num_classes=3, deep_supervision=True),
-        optimizer="sgd",
-        momentum=0.99,
-        weight_decay=3e-5,
-        learning_rate=1e-2,
-        schedule="poly",
-        warmup_steps=0,
-        augmentation=augment_recipe.preset("nnunet"),
-    )
-    return TrainConfig(**{**defaults, **overrides})
-
-
-def demo(**overrides) -> TrainConfig:
-    """The built-in demo: small synthetic volumes, trains to a useful Dice on 2 CPU cores."""
-    defaults = dict(
-        # Shaped for 2 CPU cores, not for TPU lanes: no stem, 8 filters at the scan's own resolution.
-        model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8, stem="none"),
-        partition=partitioning.PartitionConfig((1, 1, 1, 1, 1)),
-        steps=500,
-        batch_size=2,
-        learning_rate=3e-3,
-        warmup_steps=20,
-        checkpoint_every=100,
-        log_every=20,
-    )
-    return TrainConfig(**{**defaults, **overrides})
-
-
-def smoke(**overrides) -> TrainConfig:
-    """A tiny run for smoke tests: seconds on a CPU."""
-    defaults = dict(model=unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=2, base_filters=4, stem="none"),
-                    steps=6, batch_size=2, learning_rate=1e-2, checkpoint_every=2, log_every=1)
-    return TrainConfig(**{**defaults, **overrides})
-
-
-def video(**overrides) -> TrainConfig:
-    """Video clips (`fullres preprocess video`): the demo's small 3D UNet over (T, H, W) RGB frames, video augmentation."""
-    model = unet.UNetConfig(spatial_dims=3, num_classes=3, in_channels=3, num_levels=3, base_filters=8, stem="none")
-    return demo(**{"model": model, "augmentation": augment_recipe.preset("video"), "steps": 300, **overrides})
-
-
-def detection(**overrides) -> TrainConfig:
-    """RetinaNet (ResNet-18 + FPN) at 1024², unpartitioned; set `partition` for larger images."""
-    defaults = dict(
-        task="detection",
-        model=retinanet.RetinaNetConfig(),
-        partition=partitioning.PartitionConfig((1, 1, 1, 1)),
-        image_size=(1024, 1024),
-        steps=20000,
-        batch_size=8,
-        learning_rate=1e-3,
-        warmup_steps=500,
-    )
-    return TrainConfig(**{**defaults, **overrides})
-
-
-def detection_2560(**overrides) -> TrainConfig:
-    """RetinaNet at 2560², each image split 8-way along its height."""
-    return detection(**{"partition": partitioning.PartitionConfig((1, 8, 1, 1)), "image_size": (2560, 2560),
-                        "batch_size": 1, **overrides})
-
-
-def detection_demo(**overrides) -> TrainConfig:
-    """The synthetic shapes (`fullres demo-data images`): a small RetinaNet that learns them on 2 CPU cores."""
-    defaults = dict(
-        task="detection",
-        model=DETECTION_DEMO_MODEL,
-        partition=partitioning.PartitionConfig((1, 1, 1, 1)),
-        image_size=(256, 256),
-        max_boxes=16,
-        steps=1000,
-        batch_size=8,
-        learning_rate=3e-3,
-        warmup_steps=100,
-        checkpoint_every=250,
-        log_every=50,
-    )
-    return TrainConfig(**{**defaults, **overrides})
-
-
-# Anchors from 16 px (P3) to 101 px (P5): the synthetic shapes are 20–56 px wide, and KerasHub's default
-# anchor_size 4 (32 px and up) leaves the smaller ones without any anchor of IoU ≥ 0.5, i.e. as background.
-DETECTION_DEMO_MODEL = retinanet.RetinaNetConfig(
-    num_classes=3, stackwise_num_blocks=(1, 1, 1, 1), stackwise_num_filters=(64, 64, 96, 128), head_filters=64,
-    head_conv_layers=2, anchor_size=2.0,
-)
-
-DEFAULT_PRESETS = {"segmentation": TrainConfig, "detection": detection}
 AUGMENTED_ON_DEVICE = ("segmentation",)  # tasks whose `augmentation` runs in the step (detection's is its input's)
-# Detection records carry label_map.json (ids from 1): the class count is read from it unless given.
-CLASSES_FROM_LABEL_MAP = ("detection",)
-
-PRESETS = {"ct_256": ct_256, "demo": demo, "smoke": smoke, "nnunet": nnunet, "detection": detection, "detection_2560": detection_2560,
-           "detection_demo": detection_demo, "video": video}
-
-
-def resolve(task: str = "segmentation", preset: str = "default", train_data: str = "", output_dir: str = "",
-            eval_data: str | None = None, overrides: Mapping[str, object] | None = None, model_source: str | None = None,
-            recorded: Mapping | None = None, given: Mapping[str, str] | None = None) -> TrainConfig:
-    """The one way to a `TrainConfig`: the command line, the KFP train component and `fullres plan` all call it.
-
-    Args:
-        task: "segmentation" or "detection".
-        preset: a name in `PRESETS`, or "default" for the task's default.
-        train_data, output_dir, eval_data: as in `TrainConfig`.
-        overrides: dotted keys to values, e.g. `{"model.num_levels": 5, "partition.input_partition_dims":
-            "1,4,1,1,1"}`. Values may be text (as `--set key=value` gives them) or numbers (integral floats,
-            as KFP passes them, become ints where the setting is an int); None keeps the preset's value.
-            Nested dicts (`{"model": {"num_levels": 5}}`) are read as dotted keys.
-        model_source: a user's network, `FILE.py:FUNCTION` (`--model`), in place of the preset's; it keeps the
-            preset's spatial_dims, num_classes and in_channels unless overrides set them.
-        recorded: a resume's settings in the preset's place (`engine.recorded_settings.base`): what overrides leave
-            out stays the run's (given steps count even where the run set epochs).
-        given: how the command line gave each override (`--set learning_rate=nan`), for the sentences; without
-            it a sentence names a key as "train override KEY" (the pipelines' `train_overrides`).
-
-    Detection's class count comes from `label_map.json` beside `train_data` unless `model.num_classes` is given.
-
-    Example:
-        >>> resolve(preset="demo", overrides={"model.num_levels": "2", "steps": 10}).model.num_levels
-        2
-
-    Raises:
-        ValueError: unknown task, preset or key (the valid ones listed), or a value of the wrong kind.
-    """
-    if task not in TASKS:
-        raise ValueError(f"task {task!r} is not known; use one of {', '.join(TASKS)}.")
-    if preset == "default":
-        base = DEFAULT_PRESETS[task]()
-    elif preset in PRESETS:
-        base = PRESETS[preset]()
-    else:
-        raise ValueError(f"preset {preset!r} is not known; use default or one of {', '.join(PRESETS)}.")
-    if base.task != task:
-        raise ValueError(f"preset {preset} is a {base.task} preset but the task is {task}; pick a {task} preset or "
-                         f"set the task to {base.task}.")
-    settings, given = {k: v for k, v in parsing.flatten(overrides or {}).items() if v is not None}, given or {}
-    if model_source is not None:
-        user_model.check_task(task, model_source)
-    hints = setting_types(task, user_network=model_source is not None or "function" in (recorded or {}).get("model", ()))
-    unknown = sorted(set(settings) - set(hints))
-    if unknown:
-        where = f" with --model {model_source}" if model_source is not None else ""
-        raise ValueError(f"unknown {'setting' if given else 'train override'}{'s' if len(unknown) > 1 else ''} "
-                         f"{', '.join(given.get(key, key) for key in unknown)}{where}; valid ones: {', '.join(sorted(hints))}.")
-    values = to_dict(base) if recorded is None else json.loads(json.dumps(recorded))
-    if recorded is not None and "steps" in settings and "epochs" not in settings:
-        values["epochs"] = None
-    if model_source is not None:
-        values["model"] = user_model.settings(model_source, values["model"])
-    values.update(train_data=train_data, output_dir=output_dir, eval_data=eval_data)
-    if task in CLASSES_FROM_LABEL_MAP and "model.num_classes" not in settings and recorded is None:
-        from preprocessing.records import dataset_files  # reads label_map.json with TensorFlow's file system
-
-        label_map = dataset_files.foreground(dataset_files.read_label_map(train_data) or {}) if train_data else None
-        if label_map:
-            values["model"]["num_classes"] = max(label_map.values())
-    if "augmentation" in settings:  # a preset first, so that augmentation.FIELD settings change it
-        values["augmentation"] = dataclasses.asdict(augment_recipe.preset(str(settings.pop("augmentation")).strip()))
-    for key, value in settings.items():
-        section, _, name = key.rpartition(".")
-        auto = key == "partition.input_partition_dims" and str(value).strip().lower() == "auto"  # resolved later
-        value = "auto" if auto else parsing.typed(value, hints[key], key, given=given.get(key))
-        (values[section] if section else values)[name] = value
-    return from_dict(values)
 
 
 def setting_types(task: str, user_network: bool = False) -> dict[str, object]:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from common import file_writes
 from trainer import config as config_lib
 from trainer.engine import placement, run_files
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh
 from trainer.tasks import base, registry
 
 
@@ -55,7 +55,7 @@ class Loaded:
     config: config_lib.TrainConfig  # the run's, split as `load` was asked
     model: object  # keras.Model
     state: placement.TrainState  # the weights, replicated on the mesh (no optimizer state)
-    distribution: partitioning.SpatialParallel
+    distribution: device_mesh.SpatialParallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +180,10 @@ def load(run: TrainedRun | str, devices=None, input_partition_dims: Sequence[int
     config = run.config if input_partition_dims is None else config_lib.with_dims(run.config, input_partition_dims)
     devices = devices or jax.devices()
     cores = config.partition.num_cores_per_replica
-    partitioning.require_devices(cores, len(devices),
+    device_mesh.require_devices(cores, len(devices),
                                  f"the model's input_partition_dims {list(config.partition.input_partition_dims)}")
     replicas = max(d for d in range(1, len(devices) // cores + 1) if config.batch_size % d == 0)
-    distribution = partitioning.make_distribution(config.partition, devices[: replicas * cores])
+    distribution = device_mesh.make_distribution(config.partition, devices[: replicas * cores])
     with distribution.scope():
         model = load_model(run)
     state = placement.TrainState([v.value for v in model.trainable_variables],

@@ -28,7 +28,7 @@ from common import dead_letters
 from common import output_guard
 from preprocessing.beam import conversion, counting
 from preprocessing.images import annotations as annotations_lib
-from preprocessing.records import dataset_files, tfrecord_schema
+from preprocessing.records import dataset_files, detection_schema
 
 KEPT_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
 # 100 megapixels (10000 × 10000): 300 MB decoded as RGB, far above any detection canvas.
@@ -171,12 +171,12 @@ class ConvertImageFn(beam.DoFn):
         boxes, labels, texts, dead, flags = valid_boxes(image, width, height)
         for letter in dead:
             yield counting.reject(letter)
-        record = tfrecord_schema.DetectionRecord(
+        record = detection_schema.DetectionRecord(
             source_id=image.source_id, filename=os.path.basename(image.path), encoded=encoded,
             image_format=KEPT_FORMATS[image_format], height=height, width=width, boxes=boxes, labels=labels, texts=texts,
             crowd=flags["crowd"], difficult=flags["difficult"],
         )
-        yield counting.accept(tfrecord_schema.encode_detection_example(record))
+        yield counting.accept(detection_schema.encode_detection_example(record))
 
 
 def run(

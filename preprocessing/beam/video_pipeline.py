@@ -70,17 +70,20 @@ def run(
     output_guard.check_conversion_output(output, {"input": input_path, "labels": labels})
     sources, layout = video_discovery.discover(input_path, labels)
     if not sources:
-        raise ValueError(f"no videos ({', '.join(video_discovery.video_files.VIDEO_SUFFIXES)}) or frame folders "
-                         f"({video_discovery.FRAMES_FOLDER}/<video>/00000.jpg) found under {input_path}.")
+        raise ValueError(f"no {video_discovery.WHAT_IS_TAKEN} found under {input_path}.")
+    video_discovery.check_masks_found(sources, labels)
     roots = [os.path.abspath(p) for p in (input_path, labels) if p]
     scrubber = identifiers.Scrubber(tuple((root, os.path.basename(root)) for root in roots))
     labelled = sum(1 for source in sources if source.masks)
-    log(f"fullres preprocess video: {len(sources)} videos ({layout}, {labelled} with masks) to cut into clips of "
-        f"{config.clip_length} frames every {config.clip_stride} at {config.size[0]}x{config.size[1]}; writing {output}")
+    hidden = sum(source.hidden for source in sources)
+    ignored = f"; {hidden} hidden files (._*, .DS_Store) ignored" if hidden else ""
+    log(f"fullres preprocess video: {len(sources)} videos ({layout}, {labelled} with masks{ignored}) to cut into "
+        f"clips of {config.clip_length} frames every {config.clip_stride} at {config.size[0]}x{config.size[1]}; "
+        f"writing {output}")
 
     def fields(counters: dict) -> dict:
         return {"layout": layout, "videos": int(counters.get("videos", 0)), "frames": int(counters.get("frames", 0)),
-                "preprocessing": video_clips.preprocessing_record(config)}
+                "hidden_files_ignored": hidden, "preprocessing": video_clips.preprocessing_record(config)}
 
     return conversion.run(sources, [], VideoToClipsFn(config, scrubber), output, pipeline_args=pipeline_args,
                           num_shards=num_shards, compress=compress, max_failed_fraction=max_failed_fraction,

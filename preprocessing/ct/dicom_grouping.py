@@ -25,7 +25,7 @@ import numpy as np
 import pydicom
 
 from common import dead_letters
-from preprocessing.ct import dicom_series, geometry
+from preprocessing.ct import dicom_frames, dicom_series, geometry
 
 LABEL_MODALITIES = ("SEG", "RTSTRUCT")
 _ORIENTATION_DECIMALS = 3  # ImageOrientationPatient written by different tools differs in the 4th decimal
@@ -85,9 +85,9 @@ def group_files(
 
 
 def _index(paths: list[str]
-           ) -> tuple[dict[tuple, list[dicom_series.Frame]], dict[str, pydicom.Dataset], list[LabelObject], list[dict]]:
+           ) -> tuple[dict[tuple, list[dicom_frames.Frame]], dict[str, pydicom.Dataset], list[LabelObject], list[dict]]:
     """Reads headers: frames keyed by (series UID, orientation, frame of reference, size, multi-frame file), label objects."""
-    groups: dict[tuple, list[dicom_series.Frame]] = collections.defaultdict(list)
+    groups: dict[tuple, list[dicom_frames.Frame]] = collections.defaultdict(list)
     headers, labels, dead = {}, [], []
     for path in paths:
         if os.path.isfile(path) and os.path.getsize(path) == 0:
@@ -103,7 +103,7 @@ def _index(paths: list[str]
             if is_label_object(header):
                 labels.append(LabelObject(path, str(header.Modality).upper(), referenced_series_uid(header)))
                 continue
-            frames = dicom_series.frames_of(header, path)
+            frames = dicom_frames.frames_of(header, path)
         except dead_letters.CaseError as error:
             dead.append(dead_letters.dead_letter(path, "discover", error.reason, error.detail))
             continue
@@ -119,7 +119,7 @@ def _index(paths: list[str]
     return groups, headers, labels, dead
 
 
-def _series_volumes(groups: list[list[dicom_series.Frame]], headers: dict[str, pydicom.Dataset], spacing_tolerance: float
+def _series_volumes(groups: list[list[dicom_frames.Frame]], headers: dict[str, pydicom.Dataset], spacing_tolerance: float
                     ) -> tuple[list[SeriesGroup], list[dict]]:
     """The volumes of one SeriesInstanceUID; lone slices beside the main group (localizers, strays) are set aside."""
     groups = sorted(groups, key=lambda frames: (-len(frames), frames[0].path))  # the largest group is the series

@@ -29,7 +29,7 @@ import pydicom
 import SimpleITK as sitk
 
 from common import dead_letters
-from preprocessing.ct import dicom_series
+from preprocessing.ct import dicom_frames
 
 
 def class_ids(names: list[str], classes: tuple[str, ...], path: str, kind: str) -> list[int]:
@@ -83,7 +83,7 @@ def _seg_masks(path: str, reference: sitk.Image) -> list[tuple[str, np.ndarray]]
     masks = {number: np.zeros(shape, bool) for number in segmentation.get_segment_numbers()}
     shared = segmentation.SharedFunctionalGroupsSequence[0]
     first_frame = segmentation.PerFrameFunctionalGroupsSequence[0]
-    plane = dicom_series.functional_group(first_frame, "PlaneOrientationSequence", shared)
+    plane = dicom_frames.functional_group(first_frame, "PlaneOrientationSequence", shared)
     orientation = np.asarray([float(v) for v in plane.ImageOrientationPatient])
     direction = np.asarray(reference.GetDirection()).reshape(3, 3)
     if np.abs(orientation - np.concatenate([direction[:, 0], direction[:, 1]])).max() > 1e-3:
@@ -91,7 +91,7 @@ def _seg_masks(path: str, reference: sitk.Image) -> list[tuple[str, np.ndarray]]
                               "unlike the image slices it references; export the SEG on the image's grid")
     for index, group in enumerate(segmentation.PerFrameFunctionalGroupsSequence):
         number = int(group.SegmentIdentificationSequence[0].ReferencedSegmentNumber)
-        position = dicom_series.functional_group(group, "PlanePositionSequence", shared).ImagePositionPatient
+        position = dicom_frames.functional_group(group, "PlanePositionSequence", shared).ImagePositionPatient
         z = _slice_index(reference, position, f"frame {index + 1} of SEG {path}", corner=True)
         masks[number][z] |= np.asarray(segmentation.get_frame(index + 1)) >= 0.5  # binary 1, fractional ≥ half
     return [(segmentation.get_segment_description(number).segment_label, mask) for number, mask in masks.items()]

@@ -1,13 +1,12 @@
-"""DICOM slices and where they lie: ordering the frames of one volume along the slice normal, and reading them.
+"""One DICOM volume from its files: ordering the slices along the slice normal, and stacking their pixels.
 
 Slices are ordered by their position along the slice normal, never by file
 name or InstanceNumber. Gaps that vary by up to `spacing_tolerance` (scanners
 round positions) are taken as uniform; beyond it (a missing slice, a variable
 pitch) the slices are interpolated linearly onto a uniform grid at the median
 gap, from their true positions, and the case carries a `slices_resampled` note.
-A multi-frame (enhanced) file is read from its functional groups. Compressed
-transfer syntaxes decode through pydicom's GDCM and pylibjpeg plug-ins.
-Grouping files into volumes is `dicom_grouping`.
+What one file holds (its slices' geometry, its decoded pixels) is
+`dicom_frames`; grouping files into volumes is `dicom_grouping`.
 """
 
 from __future__ import annotations
@@ -19,107 +18,13 @@ import pydicom
 import SimpleITK as sitk
 
 from common import dead_letters
-from preprocessing.ct import geometry
+from preprocessing.ct import dicom_frames, geometry
 
 DEFAULT_SPACING_TOLERANCE = 0.05
 
 
-@dataclasses.dataclass(frozen=True)
-class Frame:
-    """One 2-D slice: a single-frame file, or one frame of a multi-frame file (`index` 0-based)."""
-
-    path: str
-    index: int | None
-    position: tuple[float, float, float]  # ImagePositionPatient, mm
-    orientation: tuple[float, ...]  # ImageOrientationPatient: row then column direction cosines
-    pixel_spacing: tuple[float, float]  # (row spacing, column spacing) mm
-    size: tuple[int, int]  # (rows, columns)
-
-    @property
-    def name(self) -> str:
-        return self.path if self.index is None else f"{self.path} (frame {self.index + 1})"
-
-
-def _floats(values, count: int, path: str, field: str) -> tuple[float, ...]:
-    try:
-        result = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        result = ()
-    if len(result) != count:
-        raise dead_letters.CaseError("read", "missing_geometry", f"{path} has no valid {field} ({count} numbers expected)")
-    return result
-
-
-def _checked(frame: Frame) -> Frame:
-    """The frame, if its geometry is usable: zero or non-finite spacing, direction or position is refused, never guessed.
-
-    Raises:
-        CaseError: `invalid_geometry`, naming the file and the field.
-    """
-    row, column = np.asarray(frame.orientation[:3]), np.asarray(frame.orientation[3:])
-
-    def values(numbers) -> str:  # as DICOM writes multiple values: a\b\c
-        return "\\".join(f"{v:g}" for v in numbers)
-
-    problem = None
-    if not np.all(np.isfinite(frame.pixel_spacing)) or min(frame.pixel_spacing) <= 0:
-        problem = f"PixelSpacing {values(frame.pixel_spacing)}"
-    elif (not np.all(np.isfinite(frame.orientation)) or min(np.linalg.norm(row), np.linalg.norm(column)) < 0.5
-          or np.linalg.norm(np.cross(row, column)) < 0.5):
-        problem = f"ImageOrientationPatient {values(frame.orientation)}"
-    elif not np.all(np.isfinite(frame.position)):
-        problem = f"ImagePositionPatient {values(frame.position)}"
-    if problem:
-        raise dead_letters.CaseError("read", "invalid_geometry", f"{frame.name} has {problem}; fullres does not guess "
-                                     "geometry, so export the series with its true geometry")
-    return frame
-
-
-def functional_group(group, sequence: str, shared):
-    """The first item of functional group `sequence`, per-frame first, then shared; None when neither has it."""
-    for source in (group, shared):
-        if source is not None and sequence in source and len(source[sequence].value):
-            return source[sequence].value[0]
-    return None
-
-
-def frames_of(dataset: pydicom.Dataset, path: str) -> list[Frame]:
-    """The slices a header describes: one for a single-frame file, one per frame of an enhanced file.
-
-    Raises:
-        CaseError: `missing_geometry`, naming the file and the field.
-    """
-    per_frame = getattr(dataset, "PerFrameFunctionalGroupsSequence", None)
-    if per_frame is None:
-        if "ImagePositionPatient" not in dataset or "ImageOrientationPatient" not in dataset or "PixelSpacing" not in dataset:
-            raise dead_letters.CaseError("read", "missing_geometry", f"{path} lacks ImagePositionPatient, "
-                                      "ImageOrientationPatient or PixelSpacing, so it cannot be placed in a volume")
-        return [_checked(Frame(path, None, _floats(dataset.ImagePositionPatient, 3, path, "ImagePositionPatient"),
-                               _floats(dataset.ImageOrientationPatient, 6, path, "ImageOrientationPatient"),
-                               _floats(dataset.PixelSpacing, 2, path, "PixelSpacing"),
-                               (int(dataset.Rows), int(dataset.Columns))))]
-    shared = dataset.SharedFunctionalGroupsSequence[0] if "SharedFunctionalGroupsSequence" in dataset else None
-    frames = []
-    for index, group in enumerate(per_frame):
-        position = functional_group(group, "PlanePositionSequence", shared)
-        orientation = functional_group(group, "PlaneOrientationSequence", shared)
-        measures = functional_group(group, "PixelMeasuresSequence", shared)
-        if position is None or orientation is None or measures is None:
-            raise dead_letters.CaseError("read", "missing_geometry", f"frame {index + 1} of {path} has no Plane Position, "
-                                      "Plane Orientation or Pixel Measures functional group")
-        frames.append(_checked(Frame(path, index, _floats(position.ImagePositionPatient, 3, path, "ImagePositionPatient"),
-                                     _floats(orientation.ImageOrientationPatient, 6, path, "ImageOrientationPatient"),
-                                     _floats(measures.PixelSpacing, 2, path, "PixelSpacing"),
-                                     (int(dataset.Rows), int(dataset.Columns)))))
-    return frames
-
-
-def _normal(orientation) -> np.ndarray:
-    return np.cross(np.asarray(orientation[:3]), np.asarray(orientation[3:]))
-
-
-def along_normal(frames: list[Frame]) -> np.ndarray:
-    return np.array([f.position for f in frames]) @ _normal(frames[0].orientation)
+def along_normal(frames: list[dicom_frames.Frame]) -> np.ndarray:
+    return np.array([f.position for f in frames]) @ dicom_frames.normal(frames[0].orientation)
 
 
 def slice_grid(along: np.ndarray, tolerance: float) -> tuple[float, bool]:
@@ -133,55 +38,7 @@ def slice_grid(along: np.ndarray, tolerance: float) -> tuple[float, bool]:
     return step, bool(np.abs(gaps - step).max() > tolerance * step + 1e-3)
 
 
-def _rescale(dataset: pydicom.Dataset, index: int | None) -> tuple[float, float]:
-    """(slope, intercept) of one frame: Pixel Value Transformation (per-frame, then shared), else the top level."""
-    if index is not None and "PerFrameFunctionalGroupsSequence" in dataset:
-        shared = dataset.SharedFunctionalGroupsSequence[0] if "SharedFunctionalGroupsSequence" in dataset else None
-        transform = functional_group(dataset.PerFrameFunctionalGroupsSequence[index], "PixelValueTransformationSequence", shared)
-        if transform is not None:
-            return float(getattr(transform, "RescaleSlope", 1.0)), float(getattr(transform, "RescaleIntercept", 0.0))
-    return float(getattr(dataset, "RescaleSlope", 1.0)), float(getattr(dataset, "RescaleIntercept", 0.0))
-
-
-def _check_complete(dataset: pydicom.Dataset, path: str) -> None:
-    """Refuses uncompressed pixel data shorter than rows × columns × frames × samples × bits promise (`cut_short`,
-    the reason `volume_bytes` gives volume files); compressed data are checked by their decoders."""
-    syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
-    if "PixelData" not in dataset or syntax is None or syntax.is_compressed:
-        return
-    try:
-        promised = (int(dataset.Rows) * int(dataset.Columns) * int(getattr(dataset, "NumberOfFrames", 1) or 1)
-                    * int(getattr(dataset, "SamplesPerPixel", 1) or 1) * int(dataset.BitsAllocated) + 7) // 8
-    except (AttributeError, TypeError, ValueError):
-        return  # a header without the sizes: decoding names what is missing
-    held = len(dataset.PixelData)
-    if held < promised:
-        raise dead_letters.CaseError("read", "cut_short", f"{path} holds {held:,} of the {promised:,} pixel data bytes "
-                                     "its header promises: the file was cut short (a copy or download that stopped), "
-                                     "so copy it again from its source")
-
-
-def _decode(dataset: pydicom.Dataset, path: str) -> np.ndarray:
-    """A file's stored pixels as (frames, rows, columns), through pydicom's decoder plug-ins."""
-    _check_complete(dataset, path)
-    try:
-        pixels = dataset.pixel_array
-    except Exception as error:  # pydicom and its decoder plug-ins raise many kinds
-        syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
-        described = f" (transfer syntax {syntax.name})" if syntax is not None else ""
-        raise dead_letters.CaseError("read", "unreadable", f"pixel data of {path}{described} cannot be decoded ({error})") from None
-    return pixels[None] if pixels.ndim == 2 else pixels  # (frames, H, W)
-
-
-def _read_pixels(path: str) -> tuple[pydicom.Dataset, np.ndarray]:
-    try:
-        dataset = pydicom.dcmread(path)
-    except Exception as error:  # pydicom raises many kinds for corrupt files
-        raise dead_letters.CaseError("read", "unreadable", f"{path} cannot be read ({error})") from None
-    return dataset, _decode(dataset, path)
-
-
-def drop_identical(frames: list[Frame], along: np.ndarray) -> tuple[list[Frame], list[tuple[str, str, str]]]:
+def drop_identical(frames: list[dicom_frames.Frame], along: np.ndarray) -> tuple[list[dicom_frames.Frame], list[tuple[str, str, str]]]:
     """Drops files that repeat another file's position and pixels; refuses a position with different pixels.
 
     Returns:
@@ -210,8 +67,8 @@ def drop_identical(frames: list[Frame], along: np.ndarray) -> tuple[list[Frame],
 
 
 def _same_pixels(first: str, second: str) -> bool:
-    (a, pixels_a), (b, pixels_b) = _read_pixels(first), _read_pixels(second)
-    return pixels_a.shape == pixels_b.shape and np.array_equal(pixels_a, pixels_b) and _rescale(a, None) == _rescale(b, None)
+    (a, pixels_a), (b, pixels_b) = dicom_frames.read_pixels(first), dicom_frames.read_pixels(second)
+    return pixels_a.shape == pixels_b.shape and np.array_equal(pixels_a, pixels_b) and dicom_frames.rescale(a, None) == dicom_frames.rescale(b, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +80,7 @@ class SliceStack:
     `along[0] + k * step`; `volume_slices` says on which slice each frame lies.
     """
 
-    frames: tuple[Frame, ...]
+    frames: tuple[dicom_frames.Frame, ...]
     along: tuple[float, ...]  # each frame's position along the slice normal, ascending, mm
     step: float  # slice spacing of the volume, mm
     resampled: bool  # the gaps vary beyond the tolerance: the volume is interpolated onto a uniform grid
@@ -246,11 +103,11 @@ class SliceStack:
         orientation = np.asarray(self.frames[0].orientation)
         row_spacing, column_spacing = self.frames[0].pixel_spacing
         # ITK direction: row-major 3×3 whose columns are the x (row), y (column) and z (normal) axes.
-        direction = np.stack([orientation[:3], orientation[3:], _normal(orientation)], axis=1).reshape(-1)
+        direction = np.stack([orientation[:3], orientation[3:], dicom_frames.normal(orientation)], axis=1).reshape(-1)
         return (column_spacing, row_spacing, self.step), self.frames[0].position, tuple(direction.tolist())
 
 
-def slice_stack(frames: list[Frame], spacing_tolerance: float = DEFAULT_SPACING_TOLERANCE) -> SliceStack:
+def slice_stack(frames: list[dicom_frames.Frame], spacing_tolerance: float = DEFAULT_SPACING_TOLERANCE) -> SliceStack:
     """Orders the frames of one volume along the slice normal, as `read_series` stacks them.
 
     Files that repeat another one (same position, same pixels) are left out.
@@ -279,7 +136,7 @@ def slice_stack(frames: list[Frame], spacing_tolerance: float = DEFAULT_SPACING_
     return SliceStack(tuple(frames), tuple(float(v) for v in along), step, resample)
 
 
-def check_untilted(frames: list[Frame], along: np.ndarray) -> None:
+def check_untilted(frames: list[dicom_frames.Frame], along: np.ndarray) -> None:
     """Refuses slices whose positions drift within their own plane (a gantry-tilted acquisition), in one sentence.
 
     The volume is stacked along the slice normal from the first slice's
@@ -330,15 +187,15 @@ def read_series(files: tuple[str, ...], spacing_tolerance: float = DEFAULT_SPACI
             header = pydicom.dcmread(path, stop_before_pixels=True)
         except Exception as error:  # pydicom raises many kinds for corrupt files
             raise dead_letters.CaseError("read", "unreadable", f"{path} cannot be read ({error})") from None
-        frames.extend(frames_of(header, path))
+        frames.extend(dicom_frames.frames_of(header, path))
     stack = slice_stack(frames, spacing_tolerance)
     volume = np.empty((len(stack.frames), *stack.frames[0].size), np.float32)  # (D, H, W)
     current, dataset, pixels = None, None, None
     for slice_index, frame in enumerate(stack.frames):
         if frame.path != current:  # a multi-frame file's frames come together; single-frame files one each
             current = frame.path
-            dataset, pixels = _read_pixels(frame.path)
-        slope, intercept = _rescale(dataset, frame.index)
+            dataset, pixels = dicom_frames.read_pixels(frame.path)
+        slope, intercept = dicom_frames.rescale(dataset, frame.index)
         volume[slice_index] = pixels[frame.index or 0].astype(np.float32) * slope + intercept  # as scanners rescale
     dataset = pixels = None
     if stack.resampled:

@@ -192,7 +192,7 @@ def _dicom_header(source: ct_io.VolumeSource) -> VolumeHeader:
     except Exception as error:  # pydicom raises many kinds for corrupt headers
         raise dead_letters.CaseError("read", "unreadable",
                                      f"the header of {source.dicom_files[0]} cannot be read ({error})") from None
-    # Slice geometry is checked per file when the series is read (`dicom_series.frames_of`); here only the size matters.
+    # Slice geometry is checked per file when the series is read (`dicom_frames.frames_of`); here only the size matters.
     stored = np.dtype(f"int{max(8, bits)}") if bits in (8, 16, 32, 64) else np.dtype(np.float64)
     return VolumeHeader(size, (column_spacing, row_spacing, float(getattr(header, "SliceThickness", None) or 1.0)),
                         tuple(np.eye(3).reshape(-1).tolist()), stored.name, stored.itemsize, 1, samples, "dicom")

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
-from preprocessing.records import dataset_files, tfrecord_schema
+from preprocessing.records import dataset_files, detection_schema
 
 CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 2, "name": "square"}, {"id": 3, "name": "triangle"})
 
@@ -119,7 +119,7 @@ def detection_record(image: np.ndarray, boxes, categories, source_id: str) -> by
     height, width = image.shape[:2]
     corners = [[y / height, x / width, (y + h) / height, (x + w) / width] for x, y, w, h in boxes]
     names = {c["id"]: c["name"] for c in CATEGORIES}
-    return tfrecord_schema.encode_detection_example(tfrecord_schema.DetectionRecord(
+    return detection_schema.encode_detection_example(detection_schema.DetectionRecord(
         source_id=source_id, filename=f"{source_id}.png", encoded=buffer.getvalue(), image_format="png",
         height=height, width=width, boxes=np.asarray(corners, np.float32).reshape(-1, 4), labels=tuple(categories),
         texts=tuple(names[c] for c in categories),

@@ -15,6 +15,7 @@ What differs:
 | `label/slabs`         | bytes × S  | uint8 class ids per frame, (frames, H, W) each                     |
 | `video/fps`           | float      | the source's frame rate (frames per second)                        |
 | `video/source_frames` | int64 × T  | the source frame each clip frame is (0 = the video's first)        |
+| `video/frame_names`   | bytes × T  | each clip frame's own name: a frame folder's file stem (`00005`), a video file's frame number (`00012`) |
 | `video/frame_count`   | int64      | frames in the whole source video                                   |
 | `video/source_size`   | int64 × 2  | (H, W) of the source frames, before `--size`                       |
 | `video/crop_box`      | float × 4  | (left, top, right, bottom) of the source frame that became the clip's frame |
@@ -40,6 +41,7 @@ from preprocessing.records import example_proto, tfrecord_schema as schema
 
 FPS = "video/fps"
 SOURCE_FRAMES = "video/source_frames"
+FRAME_NAMES = "video/frame_names"
 FRAME_COUNT = "video/frame_count"
 SOURCE_SIZE = "video/source_size"
 CROP_BOX = "video/crop_box"
@@ -60,6 +62,7 @@ class VideoClip:
     source_size: tuple[int, int]
     crop_box: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     label_values: tuple[int, ...] = ()  # class ids in the clip's masks; () for a video without masks
+    frame_names: tuple[str, ...] = ()  # each frame's own name (a frame folder's stems); (): its source frame, 00012
 
     def __post_init__(self):
         if self.image.ndim != 4 or self.image.shape[-1] != 3 or self.image.dtype != np.uint8:
@@ -70,6 +73,11 @@ class VideoClip:
                              f"{self.image.shape[:-1]}.")
         if len(self.source_frames) != len(self.image):
             raise ValueError(f"VideoClip {self.case_id}: {len(self.source_frames)} source frames for a clip of "
+                             f"{len(self.image)} frames.")
+        if not self.frame_names:
+            object.__setattr__(self, "frame_names", tuple(f"{frame:05d}" for frame in self.source_frames))
+        if len(self.frame_names) != len(self.image):
+            raise ValueError(f"VideoClip {self.case_id}: {len(self.frame_names)} frame names for a clip of "
                              f"{len(self.image)} frames.")
 
 
@@ -95,6 +103,7 @@ def encode_video_clip(clip: VideoClip) -> bytes:
         schema.LABEL_VALUES: example_proto.IntValues(clip.label_values),
         FPS: example_proto.FloatValues([clip.fps]),
         SOURCE_FRAMES: example_proto.IntValues(clip.source_frames),
+        FRAME_NAMES: example_proto.BytesValues([name.encode() for name in clip.frame_names]),
         FRAME_COUNT: example_proto.IntValues([clip.frame_count]),
         SOURCE_SIZE: example_proto.IntValues(clip.source_size),
         CROP_BOX: example_proto.FloatValues(clip.crop_box),

@@ -55,6 +55,35 @@ def motion_video(rng: np.random.Generator, frames: int, size: tuple[int, int], s
     return images, masks
 
 
+MAX_DEMO_BYTES = 3 * 2**30  # a demo video is made whole in memory before it is encoded
+
+
+def check_settings(size: tuple[int, ...], videos: int, frames: int, fps: int, size_text: str | None = None) -> None:
+    """Refuses demo settings that cannot make the videos, one sentence each, naming the option.
+
+    >>> check_settings((33, 33), 8, 24, 24)
+    Traceback (most recent call last):
+    ValueError: --size 33,33: H.264 stores frames of even sizes only; pass --size 32,32 or --size 34,34.
+
+    Raises:
+        ValueError: see above; `size_text` is `--size` as typed, if it was.
+    """
+    typed = size_text if size_text is not None else ",".join(map(str, size))
+    if len(size) != 2:
+        raise ValueError(f"--size {typed} is not H,W; write it like --size 64,64.")
+    if min(size) < 16:
+        raise ValueError(f"--size {typed}: the squares need frames of 16 pixels or more a side; write it like --size 64,64.")
+    if size[0] % 2 or size[1] % 2:
+        low, high = (",".join(str(s - s % 2 + step * (s % 2)) for s in size) for step in (0, 2))
+        raise ValueError(f"--size {typed}: H.264 stores frames of even sizes only; pass --size {low} or --size {high}.")
+    for name, value, least, example in (("--videos", videos, 1, 8), ("--frames", frames, 2, 24), ("--fps", fps, 1, 24)):
+        if value < least:
+            raise ValueError(f"{name} {value} must be {least} or more, e.g. {name} {example}.")
+    if frames * size[0] * size[1] * 4 > MAX_DEMO_BYTES:
+        raise ValueError(f"--size {typed} with --frames {frames} makes a demo video of more than 3 GiB in memory; "
+                         "choose a smaller --size or fewer --frames, e.g. --size 64,64 --frames 24.")
+
+
 def demo_video_files(videos: int, frames: int) -> list[str]:
     """The files `write_demo_videos` writes, relative to its output folder (what `fullres demo-data video` claims)."""
     names = [f"videos/motion_{index:03d}.mp4" for index in range(videos)]
@@ -88,9 +117,10 @@ def write_demo_videos(output_dir: str, videos: int = 8, frames: int = 24, size: 
                       fps: int = 24, seed: int = 0) -> dict:
     """Writes `output_dir/videos/motion_NNN.mp4` with masks in `motion_NNN/`; returns `{"videos": folder}`.
 
-    Frame sizes must be even (H.264's 4:2:0 colour), so `size` is rounded up to even numbers.
+    Raises:
+        ValueError: `check_settings` refuses them (frame sizes must be even: H.264's 4:2:0 colour).
     """
-    size = (size[0] + size[0] % 2, size[1] + size[1] % 2)
+    check_settings(tuple(size), videos, frames, fps)
     folder = os.path.join(output_dir, "videos")
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)

@@ -27,14 +27,26 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from common import dead_letters
+from preprocessing.video import frame_order
 
 MASK_SUFFIX = ".png"
 INDEXED_MODES = ("P", "L")  # palette indices, or grey levels read as class ids
 
 
 def mask_files(folder: str) -> list[str]:
-    """The PNG masks in `folder`, in frame order (their names sorted: DAVIS's 00000.png, 00001.png, ...)."""
-    return sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.lower().endswith(MASK_SUFFIX))
+    """A video file's PNG masks in `folder`, in frame order: by the number in their names (`frame_order`), which
+    must run one by one (the masks pair with the frames by position), hidden files left out.
+
+    Raises:
+        dead_letters.CaseError: names that cannot be ordered, or a missing mask between two (`frame_order`).
+    """
+    masks = frame_order.ordered(frame_order.list_folder(folder)[0], (MASK_SUFFIX,), "mask", "labels")
+    if masks.step != 1:
+        raise dead_letters.CaseError("labels", "label_frames_missing", (
+            f"its masks are numbered in steps of {masks.step} ({', '.join(masks.files[:2])}, ...) but a video file's "
+            "masks pair with its frames one by one; add a mask for every frame (an all-zero PNG where nothing is "
+            "labelled)"))
+    return [os.path.join(folder, name) for name in masks.files]
 
 
 def pair_names(frames: list[str], masks: list[str]) -> None:

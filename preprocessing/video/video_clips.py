@@ -1,9 +1,17 @@
 """One video into clips: decode (file or frame folder), fit to --size, pair its masks, cut T-frame clips.
 
 Clips start at frames 0, S, 2S, ... (`--clip-stride S`) while T frames
-remain (`--clip-length T`); each records its source frames and the video's
-frame rate. A frame folder has no frame rate of its own: `folder_fps` (DAVIS
-is 24 frames per second) is recorded.
+remain (`--clip-length T`); each records its source frames (their places in
+the video, and their own names: a frame folder's file names, `00005` in
+YouTube-VOS), and the video's frame rate. A frame folder has no frame rate of
+its own: `folder_fps` (DAVIS is 24 frames per second) is recorded.
+
+A whole video is decoded, at the clip size, before it is cut: `max_decoded_bytes`
+bounds it (4 bytes a clip pixel: RGB and the mask). A `--size` whose one clip
+would not fit is refused before anything runs; a video too long to fit is a
+dead letter (`too_large`) before its frames are decoded, where its length is
+known (a frame folder, a file whose index lists its frames), else as soon as
+the decoded frames reach the bound.
 """
 
 from __future__ import annotations
@@ -14,9 +22,12 @@ import functools
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from common import dead_letters
+from common import dead_letters, sizes
 from preprocessing.records import video_clips as clip_records
 from preprocessing.video import frames as frames_lib, mask_frames, video_discovery, video_files
+
+
+DEFAULT_MAX_DECODED_BYTES = 3 * 2**30  # as CT's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +45,7 @@ class VideoPreprocessConfig:
     fit: str = "crop"  # `frames.FITS`
     folder_fps: float = 24.0  # recorded for frame folders, which state none (DAVIS: 24)
     max_label: int = 255
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES  # one whole video at the clip size, frames and masks
 
     def __post_init__(self):
         if self.clip_stride is None:
@@ -47,6 +59,36 @@ class VideoPreprocessConfig:
             raise ValueError(f"--fit {self.fit!r} is not known; use one of {', '.join(frames_lib.FITS)}.")
         if not self.folder_fps > 0:
             raise ValueError(f"--folder-fps {self.folder_fps} must be a positive frame rate, e.g. 24.")
+        if self.max_decoded_bytes < 1:
+            raise ValueError(f"--max-decoded-bytes must be positive, e.g. 3GiB, got {self.max_decoded_bytes}.")
+        clip = self.clip_length * self.frame_bytes
+        if clip > self.max_decoded_bytes:
+            height, width = self.size
+            raise ValueError(
+                f"--size {height},{width} with --clip-length {self.clip_length} makes clips of {sizes.human_bytes(clip)} "
+                f"decoded ({self.clip_length} frames × {height} × {width} pixels × 4 bytes: RGB and mask), over "
+                f"--max-decoded-bytes {sizes.human_bytes(self.max_decoded_bytes)}; choose a smaller --size (e.g. "
+                "128,128) or --clip-length, or raise --max-decoded-bytes if the workers have that memory to spare.")
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes one decoded frame takes at the clip size, with its mask: H × W × (3 + 1)."""
+        return self.size[0] * self.size[1] * 4
+
+    def check_length(self, frames: int, known: bool = True) -> None:
+        """Refuses a video of `frames` frames (`known`: counted before decoding; else: decoded so far) that would
+        not fit `max_decoded_bytes` at the clip size.
+
+        Raises:
+            dead_letters.CaseError: `too_large`.
+        """
+        if frames * self.frame_bytes <= self.max_decoded_bytes:
+            return
+        count = f"{frames} frames" if known else f"more than {frames - 1} frames"
+        raise dead_letters.CaseError("read", "too_large", (
+            f"it has {count}, which at --size {self.size[0]},{self.size[1]} take more than "
+            f"{sizes.human_bytes(self.max_decoded_bytes)} decoded (--max-decoded-bytes); cut it into shorter videos "
+            "(e.g. ffmpeg -i IN -t 60 OUT.mp4), choose a smaller --size, or raise --max-decoded-bytes"))
 
 
 def preprocessing_record(config: VideoPreprocessConfig) -> dict:
@@ -56,10 +98,15 @@ def preprocessing_record(config: VideoPreprocessConfig) -> dict:
 
 
 def _decode_folder(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -> video_files.Decoded:
+    config.check_length(len(source.frames))
     frames, size, box = [], None, None
     for path in source.frames:
         try:
             with Image.open(path) as image:
+                if image.mode == "P":
+                    raise dead_letters.CaseError("read", "frame_is_a_mask", (
+                        f"frame {path.rsplit('/', 1)[-1]} is a palette image, as masks are, not a picture; if the "
+                        "folder holds masks, pass their folder with --labels; if it holds frames, save them as RGB"))
                 rgb = np.asarray(image.convert("RGB"))
         except (OSError, UnidentifiedImageError, SyntaxError) as error:
             raise dead_letters.CaseError("read", "undecodable", f"frame {path.rsplit('/', 1)[-1]} is not a readable "
@@ -78,17 +125,19 @@ def decode(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -
     """Every frame of a video file or frame folder, fitted to `config.size` (`fullres predict` decodes so too).
 
     Raises:
-        dead_letters.CaseError: the video cannot be used (`video_files`).
+        dead_letters.CaseError: the video cannot be used (`video_files`; its `problem`, found when it was listed:
+            an empty folder, frames that cannot be ordered or one missing; `too_large`).
     """
-    if source.frames:
+    source.check_frames()
+    if source.frame_folder:
         return _decode_folder(source, config)
     return video_files.decode(source.path, functools.partial(frames_lib.crop_box, size=config.size, fit=config.fit),
-                              lambda frame, box: frames_lib.fit_frame(frame, config.size, box))
+                              lambda frame, box: frames_lib.fit_frame(frame, config.size, box), config.check_length)
 
 
 def source_frames(source: video_discovery.VideoSource):
     """The source's frames as they are, (H, W, 3) uint8 one at a time (for predict's overlay video)."""
-    if source.frames:
+    if source.frame_folder:
         for path in source.frames:
             with Image.open(path) as image:
                 yield np.asarray(image.convert("RGB"))
@@ -113,12 +162,16 @@ def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessC
         dead_letters.CaseError: the video or its masks cannot be used (`video_files`, `mask_frames`), or it has
             fewer frames than one clip.
     """
-    if source.frames and source.masks:
-        mask_frames.pair_names(list(source.frames), list(source.masks))  # before decoding anything
+    source.check_frames()
+    if source.masks or source.mask_problem:
+        source.check_masks()  # what its masks' names tell, before decoding anything
+    if source.frame_folder and source.masks:
+        mask_frames.pair_names(list(source.frames), list(source.masks))
     decoded = decode(source, config)
+    source.check_masks()  # none in a labelled data set: after decoding, so that a broken video is named as such
     count = len(decoded.frames)
     if source.masks:
-        if not source.frames:
+        if not source.frame_folder:
             mask_frames.count_masks(count, list(source.masks))
         masks = mask_frames.read_masks(list(source.masks), decoded.source_size,
                                        functools.partial(frames_lib.fit_mask, size=config.size, box=decoded.crop_box),
@@ -129,6 +182,7 @@ def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessC
         raise dead_letters.CaseError("clips", "too_few_frames", (
             f"it has {count} frames, fewer than one clip of --clip-length {config.clip_length}; pass --clip-length "
             f"{count} or less, or leave it out"))
+    names = source.names(count)
     clips = []
     for start in range(0, count - config.clip_length + 1, config.clip_stride):
         stop = start + config.clip_length
@@ -136,5 +190,6 @@ def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessC
         values = tuple(int(v) for v in np.unique(label)) if source.masks else ()
         clips.append(clip_records.VideoClip(
             f"{source.video_id}@{start:05d}", source.relative, decoded.frames[start:stop], label, decoded.fps,
-            tuple(range(start, stop)), count, tuple(decoded.source_size), tuple(decoded.crop_box), values))
+            tuple(range(start, stop)), count, tuple(decoded.source_size), tuple(decoded.crop_box), values,
+            names[start:stop]))
     return clips

@@ -47,8 +47,12 @@ def _error(reason: str, detail: str, stage: str = "read") -> dead_letters.CaseEr
 
 
 def decode(path: str, fit: Callable[[tuple[int, int]], tuple[float, float, float, float]],
-           fit_frame: Callable[[np.ndarray, tuple[float, float, float, float]], np.ndarray]) -> Decoded:
+           fit_frame: Callable[[np.ndarray, tuple[float, float, float, float]], np.ndarray],
+           check_length: Callable[..., None] = lambda frames, known=True: None) -> Decoded:
     """Decodes every frame of the video file `path`, each fitted by `fit_frame(frame, fit(source (H, W)))`.
+
+    `check_length(frames, known)` may refuse the video by its length: with the index's count before decoding
+    (`known`), and with the count decoded so far as frames arrive, so a long video stops before it fills memory.
 
     Raises:
         dead_letters.CaseError: see the module docstring.
@@ -69,6 +73,7 @@ def decode(path: str, fit: Callable[[tuple[int, int]], tuple[float, float, float
             raise _error("no_video_stream", "it holds no video stream; pass a video file")
         stream = container.streams.video[0]
         listed = int(stream.frames or 0)  # the container's index; 0 where it keeps none (AVI without one, MKV)
+        check_length(listed)
         frames, times, size, box = [], [], None, None
         try:
             for frame in container.decode(stream):
@@ -85,6 +90,7 @@ def decode(path: str, fit: Callable[[tuple[int, int]], tuple[float, float, float
                     raise _error("frame_size_changes", f"frame {len(frames)} is {shape[1]}×{shape[0]} but the first "
                                  f"is {size[1]}×{size[0]}; re-encode it at one size, e.g. ffmpeg -i IN -vf "
                                  f"scale={size[1]}:{size[0]} OUT.mp4")
+                check_length(len(frames) + 1, False)
                 frames.append(fit_frame(frame.to_ndarray(format="rgb24"), box))
                 times.append(frame.time)
         except av.error.FFmpegError as error:

@@ -197,11 +197,11 @@ def test_integer_train_overrides_stay_integers_through_kfp(runner):
 
 
 def test_fractional_value_for_an_integer_setting_is_refused():
-    from trainer import config
+    from trainer import config_resolution
 
     with pytest.raises(ValueError, match=r"^train override model.num_classes must be a whole number, got 2.5; "
                                          r"write it like 2\.$"):
-        config.resolve("segmentation", "smoke", overrides={"model": {"num_classes": 2.5}})
+        config_resolution.resolve("segmentation", "smoke", overrides={"model": {"num_classes": 2.5}})
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def test_train_help_documents_partitioning():
          "depth 16 (input_partition_dims[1] = 4) does not fit a model with 3 downsamplings"),
         (["--input-partition-dims", "1,4,1,1,1", "--batch-size", "3"], "global batch size 3 does not divide over 2 replicas"),
         (["--preset", "huge"], "--preset 'huge' is not known"),
-        (["--precision", "float16"], "TrainConfig.precision must be one of"),
+        (["--precision", "float16"], "--precision float16: precision must be one of"),  # the option typed, not the field
         (["--task", "detection", "--num-levels", "3"], "--num-levels configure the UNet; they do not apply to --task detection"),
         (["--preset", "detection_demo"], "--preset detection_demo is a detection preset but --task is segmentation"),
         (["--task", "classification"], "--task 'classification' is not known"),

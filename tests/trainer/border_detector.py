@@ -31,13 +31,14 @@ def main() -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from preprocessing.images import demo_images
-    from trainer import config as config_lib, train
+    from trainer import train
+    from trainer import presets
 
     with tempfile.TemporaryDirectory() as scratch:
         shapes = demo_images.write_demo_tfrecords(os.path.join(scratch, "shapes"), num_train=NUM_TRAIN,
                                                   num_eval=NUM_EVAL, seed=DATA_SEED)
         output = os.path.join(scratch, "run")
-        config = config_lib.detection_demo(train_data=shapes["train"], output_dir=output, steps=STEPS,
+        config = presets.detection_demo(train_data=shapes["train"], output_dir=output, steps=STEPS,
                                            log_every=50, checkpoint_every=STEPS)
         train.train(config, log=print, export_saved_model=False)
         os.makedirs(FOLDER, exist_ok=True)

@@ -32,9 +32,9 @@ def write_shapes(directory: str) -> dict:
 
 def make_config(shapes: dict, output_dir: str):
     """The detection demo preset (RetinaNet, 256², batch 8, unpartitioned replicas), `SETTINGS` steps."""
-    from trainer import config as config_lib
+    from trainer import presets
 
-    return config_lib.detection_demo(train_data=shapes["train"], eval_data=shapes["eval"], output_dir=output_dir,
+    return presets.detection_demo(train_data=shapes["train"], eval_data=shapes["eval"], output_dir=output_dir,
                                      **SETTINGS)
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer import config as config_lib
+
+from trainer import presets
 from trainer.engine import placement
 from trainer.models import retinanet
 from trainer.parallel import partitioning
@@ -26,7 +27,7 @@ SMALL = retinanet.RetinaNetConfig(num_classes=3, stackwise_num_blocks=(1, 1, 1, 
 def test_2560_step_runs_on_8_cores_and_reports_memory():
     devices = jax.devices()[:8]
     # No warm-up: the first step's learning rate would be 0 and the weights would not move.
-    config = config_lib.detection(model=SMALL, image_size=SIZE, batch_size=1, warmup_steps=0,
+    config = presets.detection(model=SMALL, image_size=SIZE, batch_size=1, warmup_steps=0,
                                   partition=partitioning.PartitionConfig(DIMS))
     # The step as `compile_step` compiles it, from a builder whose model and optimizer (built as training builds
     # them, the optimizer on the learning-rate schedule) give the step its state: one RetinaNet build, not two.

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from preprocessing.images import demo_images
-from trainer import config as config_lib
+from trainer import presets
 from trainer.engine import placement
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 
 pytestmark = pytest.mark.slow  # trains a detector
 
@@ -82,7 +82,7 @@ def border_detector() -> str:
     from trainer.engine import run_files
 
     trained_as = run_files.read_train_config(stored.FOLDER)
-    today = config_lib.detection_demo()
+    today = presets.detection_demo()
     if (trained_as.model, trained_as.precision, trained_as.steps) != (today.model, today.precision, stored.STEPS):
         pytest.fail(f"the stored border detector was trained as {trained_as.model} ({trained_as.precision}, "
                     f"{trained_as.steps} steps) but the detection demo preset is now {today.model} "
@@ -169,10 +169,10 @@ def check_borders(model_dir: str):
     loaded = trained_run.load(model_dir)
     config, model, state = loaded.config, loaded.model, loaded.state
     images, truths = _border_images(np.random.default_rng(11), 64)
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 2, 1)), jax.devices()[:8])
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig((1, 4, 2, 1)), jax.devices()[:8])
     partitioned = _detect(model, state, config, distribution, images)
     border, elsewhere = _recall(truths, partitioned, True), _recall(truths, partitioned, False)
-    one_device = partitioning.make_distribution(partitioning.PartitionConfig((1, 1, 1, 1)), jax.devices()[:1])
+    one_device = device_mesh.make_distribution(partitioning.PartitionConfig((1, 1, 1, 1)), jax.devices()[:1])
     whole = _detect(model, state, config, one_device, images)
     tiled = _detect(model, state, config, one_device, images, tiles=True)
     tiled_border = _recall(truths, tiled, True)

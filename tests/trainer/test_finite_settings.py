@@ -5,7 +5,10 @@ import math
 
 import pytest
 
-from trainer import config as config_lib
+
+from trainer import config_resolution
+
+from trainer import presets
 from trainer.augment import recipe
 
 
@@ -22,7 +25,7 @@ from trainer.augment import recipe
 ])
 def test_a_setting_that_is_not_a_finite_number_is_one_sentence(key, value, sentence):
     with pytest.raises(ValueError) as refused:
-        config_lib.resolve(preset="smoke", overrides={key: value})
+        config_resolution.resolve(preset="smoke", overrides={key: value})
     assert str(refused.value) == sentence
 
 
@@ -41,7 +44,7 @@ def test_an_augmentation_range_of_nan_is_refused_from_python_too():
 ])
 def test_the_config_itself_refuses_what_python_gives_it(field, value, sentence):
     with pytest.raises(ValueError) as refused:
-        config_lib.smoke(**{field: value})
+        presets.smoke(**{field: value})
     assert str(refused.value) == sentence
 
 

@@ -38,9 +38,9 @@ def test_augmentation_switched_off_and_configured_is_refused(demo_data, tmp_path
 @pytest.mark.slow  # one 2-step training run (50 s measured on the shared 2-core machine)
 def test_a_warm_up_longer_than_the_run_is_said_and_recorded_and_a_cache_over_memory_warned(demo_data, tmp_path,
                                                                                            monkeypatch):
-    from trainer.data import ct_input
+    from trainer.data import decoded_cache
 
-    monkeypatch.setattr(ct_input, "memory_available", lambda: 2**10)  # 1 KiB: less than the demo share
+    monkeypatch.setattr(decoded_cache, "memory_available", lambda: 2**10)  # 1 KiB: less than the demo share
     run = tmp_path / "run"
     result = _train("--train", demo_data["train"], "--output", str(run), "--steps", "2", "--warmup-steps", "50",
                     "--input-cache", "on")

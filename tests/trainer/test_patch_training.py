@@ -10,6 +10,7 @@ import SimpleITK as sitk
 from tests import shared_runs
 from tests.trainer.predict import test_predict
 from trainer import config as config_lib, train
+from trainer import presets
 from trainer.engine import sliding_window
 from trainer.parallel import partitioning
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.slow  # trains a tiny run on crops, then predicts scans
 @pytest.fixture(scope="module")
 def patch_run(demo_data, tmp_path_factory):
     folder = tmp_path_factory.mktemp("patch_run")
-    config = config_lib.smoke(train_data=demo_data["train"], eval_data=demo_data["eval"], output_dir=str(folder / "run"),
+    config = presets.smoke(train_data=demo_data["train"], eval_data=demo_data["eval"], output_dir=str(folder / "run"),
                               patch_size=(8, 8, 8), steps=4, partition=partitioning.PartitionConfig((1, 4, 1, 1, 1)))
     lines = []
     results = train.train(config, log=lines.append, export_saved_model=False)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import config as config_lib, train
+from trainer import train
+
+from trainer import presets
 from trainer.engine import checkpoints
 from trainer.models import deep_supervision, unet
 from trainer.parallel import partitioning
@@ -18,7 +20,7 @@ from trainer.parallel import partitioning
 def test_nnunet_recipe_with_a_residual_encoder_trains_evaluates_and_exports_one_tensor(demo_data, tmp_path):
     model = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=8, deep_supervision=True,
                             encoder="residual", residual_blocks=(1, 1, 2))  # the stem: 16³ folds to 8³, then 4³, 2³
-    config = config_lib.nnunet(train_data=demo_data["train"], eval_data=demo_data["eval"], output_dir=str(tmp_path),
+    config = presets.nnunet(train_data=demo_data["train"], eval_data=demo_data["eval"], output_dir=str(tmp_path),
                                model=model, steps=6, batch_size=8, checkpoint_every=6, log_every=1,
                                partition=partitioning.PartitionConfig((1, 1, 1, 1, 1)))
     results = train.train(config, log=lambda line: None)

@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import config as config_lib, train
+from trainer import run_setup, train, train_loop
+
+from trainer import presets
 from trainer.engine import checkpoints
 from trainer.parallel import partitioning
 from tests.files import snapshot
@@ -56,7 +58,7 @@ def test_every_logging_window_records_its_input_wait(segmentation_run):
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) == 8 and all(re.search(r"  input wait \d+%$", line) for line in steps), steps
     # The decoded cache holds 6 tiny volumes: the steps never wait for them.
-    assert results["input_bound"] is False and 0.0 <= results["input_wait_fraction"] < train.INPUT_BOUND
+    assert results["input_bound"] is False and 0.0 <= results["input_wait_fraction"] < train_loop.INPUT_BOUND
     assert results["input_cache"].startswith("on: this process's share of the data set")
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -78,17 +80,17 @@ def test_a_run_whose_reader_is_slow_says_it_is_input_bound(demo_data, tmp_path, 
         return read(self, *arguments)
 
     monkeypatch.setattr(ct_input.CtRecords, "read", slow_read)
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(tmp_path / "run"), steps=6, batch_size=4,
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(tmp_path / "run"), steps=6, batch_size=4,
                               input_cache="off", checkpoint_every=100, log_every=2,
                               partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)))
     lines = []
     results = train.train(config, log=lines.append, export_saved_model=False)  # the input is judged, not the export
-    assert results["input_bound"] is True and results["input_wait_fraction"] >= train.INPUT_BOUND, results
+    assert results["input_bound"] is True and results["input_wait_fraction"] >= train_loop.INPUT_BOUND, results
     assert results["input_cache"] == "off (--input-cache off): records are read every step"
     bound = [line for line in lines if line.startswith("step ") and "input-bound" in line]
     assert bound and bound[-1].startswith("step 6/6") and "the input cache (--input-cache on" in bound[-1], lines
     with open(tmp_path / "run" / "history.jsonl") as file:
-        assert json.loads(file.readlines()[-1])["input_wait"] >= train.INPUT_BOUND
+        assert json.loads(file.readlines()[-1])["input_wait"] >= train_loop.INPUT_BOUND
 
 
 @pytest.mark.slow
@@ -196,7 +198,7 @@ def test_resume_after_kill_ends_with_the_same_weights(demo_data, tmp_path):
 @pytest.mark.slow
 def test_epochs_set_the_number_of_steps(demo_data, tmp_path):
     # 6 training cases, global batch 4 (4 replicas × 2 cores): ceil(6 / 4) = 2 steps an epoch, 3 epochs = 6 steps.
-    config = config_lib.smoke(
+    config = presets.smoke(
         train_data=demo_data["train"], output_dir=str(tmp_path), epochs=3, batch_size=4, checkpoint_every=100,
         partition=partitioning.PartitionConfig((1, 2, 1, 1, 1)),
     )
@@ -237,7 +239,7 @@ def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_pa
     output = tmp_path / "papers"
     output.mkdir()
     (output / "thesis.tex").write_text("four years")
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(output))
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(output))
     with pytest.raises(output_guard.OutputRefused) as refused:
         train.train(config, log=lambda line: None)
     assert str(refused.value) == (
@@ -245,7 +247,7 @@ def test_output_holding_other_files_is_refused_before_training(demo_data, tmp_pa
         "so pass a new or empty directory as --output, or the output of an earlier `fullres train` to resume it.")
     assert snapshot(output) == {"thesis.tex": b"four years"}
     data_directory = os.path.dirname(demo_data["train"])
-    inside = config_lib.smoke(train_data=demo_data["train"], output_dir=os.path.join(data_directory, "run"))
+    inside = presets.smoke(train_data=demo_data["train"], output_dir=os.path.join(data_directory, "run"))
     with pytest.raises(output_guard.OutputRefused, match=r"^--output .*/run lies inside the training data .*; fullres "
                                                          r"would replace or mix its files with yours, so choose an "
                                                          r"--output outside "):
@@ -335,7 +337,7 @@ def test_scalars_read_back_in_tensorboard_as_tf_summary_writes_them(tmp_path):
 
 
 def test_the_trainer_s_seed_draws_what_keras_s_seed_draws():
-    """`train._seed` is `keras.utils.set_random_seed` less TensorFlow's seed: the same weights, NumPy and Python draws."""
+    """`run_setup.seed` is `keras.utils.set_random_seed` less TensorFlow's seed: the same weights, NumPy and Python draws."""
     import random
 
     import keras
@@ -350,9 +352,9 @@ def test_the_trainer_s_seed_draws_what_keras_s_seed_draws():
 
     keras.utils.set_random_seed(11)
     theirs = draws()
-    train._seed(11)
+    run_setup.seed(11)
     ours = draws()
-    train._seed(12)
+    run_setup.seed(12)
     assert ours == theirs and draws() != theirs
 
 
@@ -362,8 +364,8 @@ def test_a_ct_training_process_without_export_imports_no_tensorflow(demo_data, t
     and saved as model.keras, all without TensorFlow (4.6 CPU-s of every such process before)."""
     program = f"""
 import json, sys
-from trainer import config as config_lib, train
-config = config_lib.smoke(train_data={demo_data['train']!r}, eval_data={demo_data['eval']!r},
+from trainer import presets, train
+config = presets.smoke(train_data={demo_data['train']!r}, eval_data={demo_data['eval']!r},
                           output_dir={str(tmp_path / 'run')!r}, steps=2, log_every=1)
 results = train.train(config, log=lambda line: None, export_saved_model=False)
 print(json.dumps({{"steps": results["steps"], "tensorflow": "tensorflow" in sys.modules}}))

@@ -91,11 +91,11 @@ def test_a_wildcard_in_the_folder_part_finds_the_summary_and_its_label_check(tmp
 
 @pytest.mark.parametrize("pattern", ["out/ts4[1]/data-*", "out/*/data-*", "out/ts41"])
 def test_the_model_records_the_preprocessing_found_through_any_name_of_the_data_set(tmp_path, pattern):
-    from trainer import config as config_lib
+    from trainer import presets
     from trainer.tasks import registry
 
     _ct_data_set(tmp_path / "out" / "ts41", spacing=(0.8, 0.8, 2.5))
-    task = registry.make_task(config_lib.smoke(train_data=str(tmp_path / pattern), output_dir=str(tmp_path / "run")))
+    task = registry.make_task(presets.smoke(train_data=str(tmp_path / pattern), output_dir=str(tmp_path / "run")))
     assert task.preprocessing()["spacing"] == [0.8, 0.8, 2.5]  # what model_info.json records for predict
 
 
@@ -179,14 +179,14 @@ def test_a_pattern_that_matches_more_than_records_is_refused(tmp_path):
 
 
 def test_a_folder_given_as_train_means_the_data_set_s_records(tmp_path):
-    from trainer import config as config_lib
     from trainer.data import ct_input
+    from trainer import presets
     from trainer.tasks import registry
 
     _ct_data_set(tmp_path / "ts41", shapes=[SHAPE, SHAPE, SHAPE])
     folder = str(tmp_path / "ts41")
     assert ct_input.count_examples(folder) == 3
-    task = registry.make_task(config_lib.smoke(train_data=folder, output_dir=str(tmp_path / "run")))
+    task = registry.make_task(presets.smoke(train_data=folder, output_dir=str(tmp_path / "run")))
     task.check_data(folder, "--train", training=True)
     assert task.example_shape() == (*SHAPE, 1)
 

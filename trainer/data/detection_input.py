@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from preprocessing.records import dataset_files, tfrecord_schema
+from preprocessing.records import dataset_files, detection_schema
 from trainer.data import ct_input
 
 
@@ -123,7 +123,7 @@ def detection_dataset(
         dataset = dataset.filter(lambda index, _: rows_of_each_batch(index, batch_size, rows))
         batch_size = len(rows)
     dataset = dataset.map(
-        lambda index, serialized: _transform(tfrecord_schema.parse_detection_example(serialized), canvas, max_boxes,
+        lambda index, serialized: _transform(detection_schema.parse_detection_example(serialized), canvas, max_boxes,
                                              augment, tf.stack([tf.cast(seed, tf.int64), index])),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
     )

@@ -1,6 +1,6 @@
 """How fast this host delivers one process's share of a data set: what `fullres plan --data` and the benchmark measure.
 
-The rate is the training input's own (`ct_input.CtBatches`: read, check,
+The rate is the training input's own (`ct_batches.CtBatches`: read, check,
 decode into the batch buffers that go to the accelerator), measured over whole
 passes of the data set, from the records or from the decoded cache, on all the
 cores this process may use or on fewer (the reading threads are pinned, as
@@ -14,7 +14,7 @@ import dataclasses
 import os
 import time
 
-from trainer.data import batches, ct_input
+from trainer.data import batches, ct_batches, ct_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,7 @@ def measure(records: ct_input.CtRecords, depth: tuple[int, int] | None = None, *
     start, stop = share.depth_of(crop[0])
     example_bytes = (stop - start) * crop[1] * crop[2] * records.layout(0).voxel_bytes  # image (every channel), label
     with pinned_to(cores):
-        stream = ct_input.CtBatches(records, 1, share, seed=0, cache="on" if cached else "off", workers=cores,
+        stream = ct_batches.CtBatches(records, 1, share, seed=0, cache="on" if cached else "off", workers=cores,
                                     patch=patch)
         held = []
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from common import sizes
 from trainer.engine import placement, sliding_window
-from trainer.parallel import partitioning, split_ops, xla_compile
+from trainer.parallel import device_mesh, partitioning, split_ops, xla_compile
 
 
 def apply(model: keras.Model, trainable, non_trainable, images, training: bool = False):
@@ -34,7 +34,7 @@ def apply(model: keras.Model, trainable, non_trainable, images, training: bool =
 OUTPUTS = ("class_ids", "probabilities", "raw")
 
 
-def make_forward(model: keras.Model, distribution: partitioning.SpatialParallel, state: placement.TrainState,
+def make_forward(model: keras.Model, distribution: device_mesh.SpatialParallel, state: placement.TrainState,
                  image_ndim: int, output: str = "class_ids"):
     """`forward(state, placed_images)`, jitted with the distribution's shardings (images split as in training).
 
@@ -127,9 +127,9 @@ class VolumePredictor:
                  downsampling_levels: int | Sequence[int], device_memory: int | None = None,
                  patch_size: Sequence[int] | None = None, pad_as: Sequence[int] | None = None):
         cores = partition.num_cores_per_replica
-        partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(partition.input_partition_dims)}")
+        device_mesh.require_devices(cores, len(devices), f"input_partition_dims {list(partition.input_partition_dims)}")
         self.partition = partition
-        self.distribution = partitioning.make_distribution(partition, list(devices)[:cores])
+        self.distribution = device_mesh.make_distribution(partition, list(devices)[:cores])
         self.model = model
         self.state = placement.place_state(state, self.distribution)
         self.multiples = spatial_multiples(partition.input_partition_dims, downsampling_levels)

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 from trainer.data import batches
-from trainer.parallel import distributed, partitioning
+from trainer.parallel import device_mesh, distributed
 
 
 class TrainState(NamedTuple):
@@ -49,17 +49,17 @@ def write_state_to_model(state: TrainState, model: keras.Model, optimizer: keras
         variable.assign(np.asarray(value))
 
 
-def sharding(distribution: partitioning.SpatialParallel, axes) -> jax.sharding.Sharding:
+def sharding(distribution: device_mesh.SpatialParallel, axes) -> jax.sharding.Sharding:
     """The sharding of an array whose dimensions lie along `axes` of the distribution's mesh (None: whole)."""
     return keras.distribution.TensorLayout(tuple(axes), distribution.device_mesh).backend_layout
 
 
-def state_shardings(state: TrainState, distribution: partitioning.SpatialParallel):
+def state_shardings(state: TrainState, distribution: device_mesh.SpatialParallel):
     """Replicated shardings for every array of the state (weights are never split)."""
     return jax.tree_util.tree_map(lambda x: distribution.replicated_layout(np.ndim(x)).backend_layout, state)
 
 
-def place_state(state: TrainState, distribution: partitioning.SpatialParallel) -> TrainState:
+def place_state(state: TrainState, distribution: device_mesh.SpatialParallel) -> TrainState:
     """Copies the state onto the distribution's mesh, replicated.
 
     Always a copy (`may_alias=False`): the train step donates its state, and a
@@ -138,7 +138,7 @@ def global_array(sharding: jax.sharding.Sharding, local: np.ndarray, batch_size:
     return jax.make_array_from_callback(shape, sharding, device_block)
 
 
-def place_batch(distribution: partitioning.SpatialParallel, images: np.ndarray, labels: np.ndarray | None = None,
+def place_batch(distribution: device_mesh.SpatialParallel, images: np.ndarray, labels: np.ndarray | None = None,
                 *, batch_size: int | None = None, rows: list[int] | None = None):
     """Places a batch on the mesh: batch over replicas, space over cores.
 

@@ -14,7 +14,7 @@ import keras
 
 from trainer import config as config_lib
 from trainer.engine import placement, step
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh
 
 
 @keras.saving.register_keras_serializable(package="fullres")
@@ -106,7 +106,7 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
     return model, optimizer, schedule, placement.initial_state(model, optimizer)
 
 
-def jit_step(task, model, optimizer, distribution: partitioning.SpatialParallel, state, image_ndim: int):
+def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int):
     """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
     `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it."""
     prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here

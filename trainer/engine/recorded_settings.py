@@ -48,7 +48,7 @@ class Rerun:
 
     Args:
         task, train_data, eval_data: the rerun's (given, or the run's).
-        base: the settings `config.resolve` starts from in the default preset's place (`recorded=`); None where
+        base: the settings `config_resolution.resolve` starts from in the default preset's place (`recorded=`); None where
             the preset is (a new run, `--preset` given, or another `--task`).
         taken: the options the record supplied, as the log line names them.
     """
@@ -139,9 +139,9 @@ def _there(pattern: str) -> bool:
 def base(settings: dict, task: str) -> dict:
     """`settings` (a train_config.json) over the task's default preset: a setting the run's fullres did not know
     yet keeps the default, as a rerun that repeated every option would have had it."""
-    from trainer import config as config_lib
+    from trainer import config as config_lib, presets
 
-    values = config_lib.to_dict(config_lib.DEFAULT_PRESETS[task]())
+    values = config_lib.to_dict(presets.DEFAULT_PRESETS[task]())
     merged = {**values, **{k: v for k, v in settings.items() if k not in ("model", "partition", "augmentation")}}
     for section in ("partition", "augmentation"):
         merged[section] = {**values[section], **(settings.get(section) or {})}
@@ -168,7 +168,7 @@ def taken_line(rerun: Rerun, overrides: dict, model_given: bool) -> str | None:
         overrides: the settings the command line gave (dotted keys; None: not given), `--set` ones included.
         model_given: `--model` was given (the model's settings are then the command line's).
     """
-    from trainer import config as config_lib
+    from trainer import config as config_lib, presets
 
     said, left = list(rerun.taken), 0
     if rerun.base is not None:
@@ -177,7 +177,7 @@ def taken_line(rerun: Rerun, overrides: dict, model_given: bool) -> str | None:
         given |= {key for key in recorded if (key.startswith("model.") and model_given)
                   or (key.startswith("augmentation.") and "augmentation" in given)}
         given |= {"steps", "epochs"} if given & {"steps", "epochs"} else set()
-        default = _flat(config_lib.to_dict(config_lib.DEFAULT_PRESETS[rerun.task]()))
+        default = _flat(config_lib.to_dict(presets.DEFAULT_PRESETS[rerun.task]()))
         recipe = []
         for key, value in recorded.items():
             if key in given or key in ("task", "train_data", "output_dir", "eval_data", "model.function"):
@@ -204,7 +204,7 @@ def taken_line(rerun: Rerun, overrides: dict, model_given: bool) -> str | None:
 
 def typed_as(flags: dict, settings: dict) -> dict[str, str]:
     """How the command line gave each setting (`--learning-rate nan`, `--set learning_rate=nan`): what the
-    sentences of `config.resolve` name. A `--set` wins over its option, as in the overrides.
+    sentences of `config_resolution.resolve` name. A `--set` wins over its option, as in the overrides.
 
     >>> typed_as({"learning_rate": 0.5, "steps": None}, {"model.stem": "none"})
     {'learning_rate': '--learning-rate 0.5', 'model.stem': '--set model.stem=none'}

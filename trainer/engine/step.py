@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import keras
 
 from trainer.engine import inference, placement
-from trainer.parallel import partitioning, split_ops
+from trainer.parallel import device_mesh, split_ops
 
 
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -81,7 +81,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
     return train_step
 
 
-def jit_train_step(train_step, distribution: partitioning.SpatialParallel, state: placement.TrainState, image_ndim: int,
+def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state: placement.TrainState, image_ndim: int,
                    label_ndim: int | None = None, label_sharding=None, input_sharding=None):
     """Jits `train_step(state, inputs, labels, step)` with the distribution's shardings; the state is donated.
 

@@ -22,9 +22,10 @@ import numpy as np
 
 from common import parsing
 from trainer import config as config_lib
+from trainer import config_resolution, presets
 from trainer.engine import placement, program
 from trainer.models import user_model
-from trainer.parallel import halo, partitioning, thin_shards, xla_compile
+from trainer.parallel import device_mesh, halo, partitioning, thin_shards, xla_compile
 from trainer.plan import gathers
 from trainer.tasks import registry
 
@@ -74,12 +75,12 @@ def all_to_all_bytes(hlo_text: str) -> int:
 
 def plan_config(model: str | None = None, preset: str = "default", overrides: dict | None = None,
                 task: str | None = None, given: dict | None = None) -> config_lib.TrainConfig:
-    """The `TrainConfig` `fullres plan` sizes, through `config.resolve` like `fullres train`.
+    """The `TrainConfig` `fullres plan` sizes, through `config_resolution.resolve` like `fullres train`.
 
     `model` is shorthand: "unet3d" / "unet2d" (segmentation, 3D or 2D UNet),
     "retinanet" (detection), or a user's network as FILE.py:FUNCTION
     (segmentation; `model.spatial_dims` says 2D or 3D); None takes the task
-    from `task`, else the preset's. `given`: how the command line gave each override (`config.resolve`).
+    from `task`, else the preset's. `given`: how the command line gave each override (`config_resolution.resolve`).
     """
     user = user_model.is_source(model)
     if model is not None and model not in MODELS and not user:
@@ -88,12 +89,12 @@ def plan_config(model: str | None = None, preset: str = "default", overrides: di
     if model is not None:
         task = "detection" if model == "retinanet" else "segmentation"
     elif task is None:
-        task = config_lib.PRESETS[preset]().task if preset in config_lib.PRESETS else "segmentation"
+        task = presets.PRESETS[preset]().task if preset in presets.PRESETS else "segmentation"
     settings = dict(overrides or {})
     if model in ("unet3d", "unet2d") or user:
         spatial_dims = int(settings.setdefault("model.spatial_dims", 3 if model != "unet2d" else 2))
         settings.setdefault("partition.input_partition_dims", ",".join("1" * (spatial_dims + 2)))  # layouts replace it
-    return config_lib.resolve(task, preset, overrides=settings, model_source=model if user else None, given=given)
+    return config_resolution.resolve(task, preset, overrides=settings, model_source=model if user else None, given=given)
 
 def example_shape(config: config_lib.TrainConfig, spatial_size: Sequence[int] | None) -> tuple[int, ...]:
     """One example's shape, channels last, as the task trains on it: (D, H, W, 1) at `spatial_size`, or (H, W, 3)."""
@@ -126,7 +127,7 @@ class StepBuilder:
         partitioning.validate(config.partition, self.image_shape, len(devices), config.model.downsampling_levels,
                               config.batch_size)
         self.check_thin_shards(dims)
-        distribution = partitioning.make_distribution(config.partition, devices)
+        distribution = device_mesh.make_distribution(config.partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape))
         return train_step.lower(*step_arguments(self.task, self.state, distribution, self.image_shape)), distribution
 
@@ -154,7 +155,7 @@ def check_thin_shards(config: config_lib.TrainConfig, model, state, image_shape:
         thin_shards.check_model(model, state, config.partition.input_partition_dims, image_shape)
 
 
-def step_arguments(task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
+def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
     """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
     (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
     (`StepBuilder.lower`, and training's gather check) without any input."""
@@ -166,7 +167,7 @@ def step_arguments(task, state, distribution: partitioning.SpatialParallel, imag
     return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), step)
 
 
-def step_gathers(train_step, task, state, distribution: partitioning.SpatialParallel, image_shape: tuple[int, ...],
+def step_gathers(train_step, task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...],
                  keep: Callable | None = None) -> list[gathers.Gather]:
     """The activation all-gathers of the jitted `train_step` (`program.jit_step`) as its compiler compiles it.
 
@@ -194,7 +195,7 @@ def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices
         devices: the devices of one replica group (their count divides by the layout's cores).
 
     Returns:
-        (the compiled step, its `partitioning.SpatialParallel`); it takes
+        (the compiled step, its `device_mesh.SpatialParallel`); it takes
         `(TrainState, inputs, labels, step)` placed as `placement.place_state` and the task's `place` place them.
     """
     return StepBuilder(config, tuple(shape)).compile(config.partition.input_partition_dims, devices)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from common import sizes
-from trainer.data import batches, ct_input, input_rate
+from trainer.data import batches, ct_input, decoded_cache, input_rate
 from trainer.engine import placement
 
 
@@ -27,7 +27,7 @@ def placed_share(dims: Sequence[int], image_shape: Sequence[int], devices: int, 
     """The share of a global batch of `image_shape` that process `process` of `processes` reads under `dims`.
 
     Devices belong to processes in the mesh's order (the first `devices / processes` to process 0), as
-    `partitioning.build_mesh` lays out `jax.devices()`, which a multi-process run lists process by process.
+    `device_mesh.build_mesh` lays out `jax.devices()`, which a multi-process run lists process by process.
 
     >>> placed_share((1, 16, 1, 1, 1), (1, 256, 256, 256, 1), 16, 4, 1)
     Share(rows=(0,), depth=(64, 128))
@@ -129,7 +129,7 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
         cached = input_rate.measure(records, share.depth, cached=True, patch=patch)
         # The cache holds what is read of each example: the share's depths, or (crops move) the whole volume.
         cache_bytes = records.share_bytes(None if patch else stop - start)
-        cache_on, cache_reason = ct_input.choose_cache("auto", cache_bytes, ct_input.memory_available())
+        cache_on, cache_reason = decoded_cache.choose_cache("auto", cache_bytes, decoded_cache.memory_available())
         compressed = records.compressed
         count = len(records)
     finally:

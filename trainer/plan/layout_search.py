@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.models import user_model
-from trainer.parallel import halo, partitioning, thin_shards, xla_compile
+from trainer.parallel import device_mesh, halo, partitioning, thin_shards, xla_compile
 from trainer.plan import compiled_step, gathers, target_compile, targets
 
 
@@ -335,7 +335,7 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         raise ValueError(f"--layouts {layouts_to_try!r} is not known; use one of {', '.join(LAYOUT_CHOICES)}.")
     devices = list(jax.devices() if devices is None else devices)
     largest = max(partitions, default=1)
-    partitioning.require_devices(largest, len(devices), f"{largest} partitions")
+    device_mesh.require_devices(largest, len(devices), f"{largest} partitions")
     spatial = len(shape) - 1
     builder = lazy_builder(config, shape)
     # Every N is sized up before the first compile: one that cannot divide is said at once, not after the others.

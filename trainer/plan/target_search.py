@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 from common import sizes
 from trainer import config as config_lib
-from trainer.parallel import partitioning, xla_compile
+from trainer.parallel import device_mesh, xla_compile
 from trainer.plan import layout_search, roofline, target_compile, targets
 
 
@@ -92,8 +92,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     target_devices = targets.devices(target)  # first: a missing compiler is said before anything is compiled
     cpu_devices = jax.devices("cpu")
     for count in partitions:
-        partitioning.require_devices(count, len(target_devices), f"{count} partitions on {target.name}")
-        partitioning.require_devices(count, len(cpu_devices), f"{count} partitions (the CPU estimate)")
+        device_mesh.require_devices(count, len(target_devices), f"{count} partitions on {target.name}")
+        device_mesh.require_devices(count, len(cpu_devices), f"{count} partitions (the CPU estimate)")
     builder = layout_search.lazy_builder(config, shape)
     plans = [(count, layout_search.candidates(layouts_to_try, count, config, shape, builder))
              for count in partitions]

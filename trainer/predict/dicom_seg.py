@@ -47,7 +47,7 @@ import SimpleITK as sitk
 
 from common import dead_letters
 from common import output_guard
-from preprocessing.ct import dicom_series
+from preprocessing.ct import dicom_frames, dicom_series
 
 MANUFACTURER = "fullres"
 # Type 2 attributes of the Patient and General Study modules: a source may lack them (anonymisers drop
@@ -112,7 +112,7 @@ def write_dicom_seg(
 
     names = _checked_names(class_names)
     headers = _read_headers(source_files)
-    frames = [frame for path, header in headers.items() for frame in dicom_series.frames_of(header, path)]
+    frames = [frame for path, header in headers.items() for frame in dicom_frames.frames_of(header, path)]
     stack = dicom_series.slice_stack(frames, spacing_tolerance)
     labels = _labels_on_grid(mask, stack, names)  # (D, H, W)
     source_images, pixels = _frames_for_sources(stack, headers, labels)  # pixels: (source frames, H, W)

@@ -18,7 +18,7 @@ from preprocessing.ct import ct_io, ct_transforms, intensity, volume_discovery
 from preprocessing.records import dataset_files
 from trainer import config as config_lib, trained_run
 from trainer.engine import inference, run_files
-from trainer.parallel import device_split, partitioning
+from trainer.parallel import device_mesh, device_split
 from trainer.predict import outputs, scan_grid
 
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
@@ -165,7 +165,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                                              len(devices))
     config = config_lib.with_dims(run.config, dims)
     cores = config.partition.num_cores_per_replica
-    partitioning.require_devices(cores, len(devices),
+    device_mesh.require_devices(cores, len(devices),
                                  f"input_partition_dims {list(config.partition.input_partition_dims)}",
                                  "pass --input-partition-dims with fewer parts")
     loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)  # one replica

@@ -31,7 +31,7 @@ from preprocessing.records import dataset_files
 from preprocessing.video import video_clips, video_discovery
 from trainer import config as config_lib, trained_run
 from trainer.engine import inference
-from trainer.parallel import device_split, partitioning
+from trainer.parallel import device_mesh, device_split, partitioning
 from trainer.predict import outputs, video_outputs
 
 
@@ -93,7 +93,7 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
     chosen, split_reason = device_split.choose(trained, input_partition_dims, len(devices))
     config = config_lib.with_dims(run.config, chosen)
     cores = config.partition.num_cores_per_replica
-    partitioning.require_devices(cores, len(devices), f"input_partition_dims {list(config.partition.input_partition_dims)}",
+    device_mesh.require_devices(cores, len(devices), f"input_partition_dims {list(config.partition.input_partition_dims)}",
                                  "pass --input-partition-dims with fewer parts")
     loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)
     make = lambda patch: inference.VolumePredictor(  # noqa: E731

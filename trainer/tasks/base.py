@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from trainer import config as config_lib
 from trainer.data import batches
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh
 
 
 @runtime_checkable
@@ -20,9 +20,9 @@ class Task(Protocol):
     """What differs between segmentation and detection, as methods.
 
     Example:
-        >>> from trainer import config
+        >>> from trainer import presets
         >>> from trainer.tasks import registry
-        >>> task = registry.make_task(config.smoke())
+        >>> task = registry.make_task(presets.smoke())
         >>> isinstance(task, Task), task.name, task.planned_example_shape((32, 32, 32))
         (True, 'segmentation', (32, 32, 32, 1))
     """
@@ -61,24 +61,24 @@ class Task(Protocol):
         """What the training step reports of the batch it trained on besides the loss (segmentation: each class's
         Dice, which the plateau warning reads), on the device; {} for none."""
 
-    def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+    def label_sharding(self, distribution: device_mesh.SpatialParallel, image_ndim: int):
         """How the labels of a batch lie on the mesh (a sharding, or a dict of them)."""
 
-    def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+    def label_spec(self, image_shape: tuple[int, ...], distribution: device_mesh.SpatialParallel):
         """The labels of a batch of `image_shape`, shapes only, for compiling ahead of time."""
 
-    def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+    def input_sharding(self, distribution: device_mesh.SpatialParallel, image_ndim: int):
         """How the step's inputs lie on the mesh (a sharding, or a dict of them)."""
 
-    def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+    def input_spec(self, image_shape: tuple[int, ...], distribution: device_mesh.SpatialParallel):
         """The step's inputs for a batch of `image_shape`, shapes and (compact) dtypes only, for compiling."""
 
     def prepare(self, inputs, labels, step, distribution=None):
         """On the device, inside the step: `(images, labels)` the model and loss take, from the compact inputs
         and labels the host sent, augmented by draws of (seed, `step`, row) on the batch as `distribution`
-        (the step's `partitioning.SpatialParallel`) lays it out."""
+        (the step's `device_mesh.SpatialParallel`) lays it out."""
 
-    def place(self, distribution: partitioning.SpatialParallel, batch: batches.HostBatch,
+    def place(self, distribution: device_mesh.SpatialParallel, batch: batches.HostBatch,
               share: batches.Share | None = None):
         """This process's share of a host batch onto the mesh: (inputs, labels)."""
 

@@ -17,7 +17,7 @@ from trainer import config as config_lib
 from trainer.data import batches as batches_lib, ct_input
 from trainer.engine import inference, placement
 from trainer.models import retinanet
-from trainer.parallel import distributed, partitioning
+from trainer.parallel import device_mesh, distributed, partitioning
 from trainer.tasks import detection_eval, report
 
 
@@ -86,7 +86,7 @@ class DetectionTask:
                              f"{list(self.config.image_size)}; set image_size={','.join(map(str, spatial_size))}.")
         return (*self.config.image_size, 3)
 
-    def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel) -> dict:
+    def label_spec(self, image_shape: tuple[int, ...], distribution: device_mesh.SpatialParallel) -> dict:
         """The anchor targets of a batch of `image_shape`, shapes only: one boxes and one classes map per level."""
         model, shardings, specs = self.config.model, self.label_sharding(distribution, len(image_shape)), {}
         for number, level in zip(range(model.min_level, model.max_level + 1), model.levels):
@@ -98,16 +98,16 @@ class DetectionTask:
                                                              sharding=shardings[f"classes/{level}"])
         return specs
 
-    def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+    def label_sharding(self, distribution: device_mesh.SpatialParallel, image_ndim: int):
         """Targets are whole within a replica (split over replicas along the batch only), one per level."""
         whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec(partitioning.REPLICA_AXIS))
         return {f"{kind}/{level}": whole for level in self.config.model.levels for kind in ("boxes", "classes")}
 
-    def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+    def input_sharding(self, distribution: device_mesh.SpatialParallel, image_ndim: int):
         """Images split as the distribution says (float32: the input pipeline resizes and augments them)."""
         return distribution.get_data_layout((0,) * image_ndim).backend_layout
 
-    def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+    def input_spec(self, image_shape: tuple[int, ...], distribution: device_mesh.SpatialParallel):
         """The images of a batch of `image_shape` as the train step receives them, shapes only."""
         return jax.ShapeDtypeStruct(image_shape, np.float32, sharding=self.input_sharding(distribution, len(image_shape)))
 
@@ -116,13 +116,13 @@ class DetectionTask:
         """Nothing to do on the device: the images come as float32, augmented by the input pipeline."""
         return inputs, labels
 
-    def place_labels(self, distribution: partitioning.SpatialParallel, targets: dict, rows=None):
+    def place_labels(self, distribution: device_mesh.SpatialParallel, targets: dict, rows=None):
         """Anchor targets of the global batch rows `rows` (all by default) onto the mesh."""
         shardings = self.label_sharding(distribution, 4)
         return {key: placement.global_array(shardings[key], value, self.config.batch_size, rows)
                 for key, value in targets.items()}
 
-    def place(self, distribution: partitioning.SpatialParallel, batch: batches_lib.HostBatch,
+    def place(self, distribution: device_mesh.SpatialParallel, batch: batches_lib.HostBatch,
               share: batches_lib.Share | None = None):
         """A batch (the rows `share` names, None: all) onto the mesh: (images, anchor targets). Images are read
         whole: a process holding part of an image's height reads all of it."""

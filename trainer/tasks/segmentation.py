@@ -20,9 +20,10 @@ from preprocessing.records import data_set, dataset_files, tfrecord_schema
 from trainer import config as config_lib
 from trainer.augment import keys, recipe as augment_recipe
 from trainer.data import batches as batches_lib, ct_input, patches
+from trainer.data import ct_batches
 from trainer.engine import inference, placement, sliding_window
 from trainer.models import losses, receptive_field, unet, user_model
-from trainer.parallel import distributed, partitioning
+from trainer.parallel import device_mesh, distributed, partitioning
 from trainer.tasks import metrics, report
 
 
@@ -134,24 +135,24 @@ class SegmentationTask:
         logits = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
         return {"class_dice": losses.class_dice(logits, labels)}
 
-    def label_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int):
+    def label_sharding(self, distribution: device_mesh.SpatialParallel, image_ndim: int):
         """Split like the images, without their channel axis (see the module docstring)."""
         image_layout = distribution.get_data_layout((0,) * image_ndim)
         return placement.sharding(distribution, image_layout.axes[:-1])
 
-    def input_sharding(self, distribution: partitioning.SpatialParallel, image_ndim: int) -> dict:
+    def input_sharding(self, distribution: device_mesh.SpatialParallel, image_ndim: int) -> dict:
         """The image (int16, video uint8) split as the distribution says; each row's scale over the replicas."""
         return {"image": distribution.get_data_layout((0,) * image_ndim).backend_layout,
                 "scale": placement.sharding(distribution, (partitioning.REPLICA_AXIS,))}
 
-    def input_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel) -> dict:
+    def input_spec(self, image_shape: tuple[int, ...], distribution: device_mesh.SpatialParallel) -> dict:
         """The inputs of a batch of `image_shape` as the train step receives them, shapes only."""
         shardings = self.input_sharding(distribution, len(image_shape))
         stored = self.records().stored if self.config.train_data else np.int16  # `fullres plan` reads no data
         return {"image": jax.ShapeDtypeStruct(image_shape, stored, sharding=shardings["image"]),
                 "scale": jax.ShapeDtypeStruct(image_shape[:1], np.float32, sharding=shardings["scale"])}
 
-    def prepare(self, inputs: dict, labels, step, distribution: partitioning.SpatialParallel | None = None):
+    def prepare(self, inputs: dict, labels, step, distribution: device_mesh.SpatialParallel | None = None):
         """On the device: int16 (video: uint8) × scale -> float32 images, uint8 -> int32 labels, then the augmentation.
 
         `config.augmentation` (`trainer.augment.recipe.compose`), drawn per (seed, `step`, row), on the batch as
@@ -184,12 +185,12 @@ class SegmentationTask:
                              f"or size a {5 - dims}D {name} with {other}.")
         return (*spatial_size, self.config.model.in_channels)
 
-    def label_spec(self, image_shape: tuple[int, ...], distribution: partitioning.SpatialParallel):
+    def label_spec(self, image_shape: tuple[int, ...], distribution: device_mesh.SpatialParallel):
         """The labels of a batch of `image_shape` as the train step receives them, shapes only: (B, D, H, W) uint8."""
         return jax.ShapeDtypeStruct(image_shape[:-1], np.uint8,
                                     sharding=self.label_sharding(distribution, len(image_shape)))
 
-    def place(self, distribution: partitioning.SpatialParallel, batch: batches_lib.HostBatch,
+    def place(self, distribution: device_mesh.SpatialParallel, batch: batches_lib.HostBatch,
               share: batches_lib.Share | None = None):
         """A batch (this process's share of it: `share`, None: all) onto the mesh: (inputs, labels)."""
         image = batch.inputs["image"]
@@ -205,7 +206,7 @@ class SegmentationTask:
         return inputs, labels
 
     def batches(self, start_step: int, share: batches_lib.Share | None = None, log: Callable[[str], None] = print
-                ) -> ct_input.CtBatches:
+                ) -> ct_batches.CtBatches:
         """This process's share of every step's batch from `start_step` on, in the run's order (`ct_input`).
 
         Args:
@@ -221,7 +222,7 @@ class SegmentationTask:
             log(f"loss: soft Dice + cross-entropy weighing each class by its voxel count to the power -{balance:g} "
                 f"(class_balance{'' if config.class_balance is not None else ', the whole-volume recipe'}: a small "
                 "organ is otherwise lost on some seeds, docs/recipe.md)")
-        return ct_input.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
+        return ct_batches.CtBatches(self.records(), config.batch_size, share, seed=config.seed, start_step=start_step,
                                   cache=config.input_cache, log=log, patch=config.patch_size)
 
     def receptive_field(self, model, size: tuple[int, ...] | None = None) -> receptive_field.ReceptiveField:
@@ -278,7 +279,7 @@ class SegmentationTask:
 def evaluate_segmentation(
     model,
     state: placement.TrainState,
-    distribution: partitioning.SpatialParallel,
+    distribution: device_mesh.SpatialParallel,
     pattern: str,
     batch_size: int,
     num_classes: int,
@@ -306,7 +307,7 @@ def evaluate_segmentation(
     cases = 0
     records = ct_input.CtRecords(pattern)
     video = records.layout(0).kind == tfrecord_schema.VIDEO_RECORDS  # the report shows clips as frames over time
-    stream = ct_input.CtBatches(records, batch_size, shuffle=False)
+    stream = ct_batches.CtBatches(records, batch_size, shuffle=False)
     for batch in stream:
         images = tfrecord_schema.dequantize(batch.inputs["image"], batch.inputs["scale"][:, None, None, None, None])
         labels = batch.labels.astype(np.int32)

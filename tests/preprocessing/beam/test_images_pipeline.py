@@ -19,7 +19,7 @@ from PIL import Image
 
 from preprocessing.beam import conversion, counting, images_pipeline, local_workers
 from preprocessing.images import annotations, demo_images
-from preprocessing.records import tfrecord_schema
+from preprocessing.records import detection_schema
 
 IN_PROCESS = [f"--runner={local_workers.LOCAL_RUNNER}", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 QUIET = dict(pipeline_args=IN_PROCESS, log=lambda line: None)
@@ -28,7 +28,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.
 
 def _records(output):
     files = sorted(glob.glob(os.path.join(output, "data-*.tfrecord")))
-    parsed = [tfrecord_schema.parse_detection_example(raw) for raw in tf.data.TFRecordDataset(files)]
+    parsed = [detection_schema.parse_detection_example(raw) for raw in tf.data.TFRecordDataset(files)]
     return {p["source_id"].numpy().decode(): p for p in parsed}
 
 
@@ -139,7 +139,7 @@ def test_convert_fn_in_test_pipeline(bad_coco):
     with TestPipeline(argv=IN_PROCESS) as pipeline:
         outputs = (pipeline | beam.Create(chosen)
                    | beam.ParDo(images_pipeline.ConvertImageFn()).with_outputs(counting.DEAD_LETTER, main="records"))
-        ids = outputs.records | beam.Map(lambda raw: tfrecord_schema.parse_detection_example(raw)["source_id"].numpy())
+        ids = outputs.records | beam.Map(lambda raw: detection_schema.parse_detection_example(raw)["source_id"].numpy())
         assert_that(ids, equal_to([b"1"]), label="records")
         assert_that(outputs[counting.DEAD_LETTER] | beam.Map(lambda d: d["reason"]), equal_to(["unreadable"]),
                     label="dead_letters")

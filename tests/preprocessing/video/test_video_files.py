@@ -126,3 +126,15 @@ def test_davis_frame_folders_pair_frames_and_masks(tmp_path):
     with pytest.raises(dead_letters.CaseError) as caught:
         video_clips.video_to_clips(sources[1], config)
     assert caught.value.reason == "label_frames_missing"
+
+
+def test_a_video_without_an_index_stops_decoding_at_the_bound(tmp_path):
+    path = video_makers.encode(str(tmp_path / "long.mkv"), video_makers.frames(12, (24, 32)), 25)  # MKV: no count
+    config = video_clips.VideoPreprocessConfig(clip_length=2, size=(16, 16), max_decoded_bytes=5 * 1024)
+    decoded = []
+    with pytest.raises(dead_letters.CaseError) as caught:
+        video_files.decode(path, lambda source: frames_lib.crop_box(source, (16, 16), "crop"),
+                           lambda frame, box: decoded.append(frame) or frames_lib.fit_frame(frame, (16, 16), box),
+                           config.check_length)
+    assert caught.value.reason == "too_large" and caught.value.detail.startswith("it has more than 5 frames")
+    assert len(decoded) == 5  # the sixth frame was never fitted: decoding stopped at the bound

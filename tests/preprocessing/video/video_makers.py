@@ -102,3 +102,35 @@ def write_motion_clip_records(path: str, clip: tuple[int, int, int], count: int 
             f"motion_{index}@00000", f"motion_{index}.mp4", motion_frames, masks, 24.0, tuple(range(clip[0])),
             clip[0], clip[1:], label_values=(0, 1, 2))))
     tfrecord_files.write_records(path, records)
+
+
+def write_frames(folder, names: list[str], size: tuple[int, int] = (24, 32)) -> None:
+    """One image per name in `folder` (made if need be), frame k of the list `20 * k + 10` grey, so that the clips'
+    pictures show which file each frame came from (PNG exactly, JPEG within a few levels)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, name in enumerate(names):
+        Image.fromarray(np.full((*size, 3), 20 * index + 10, np.uint8)).save(folder / name)
+
+
+def clip_frames(output) -> dict:
+    """`{case_id: (source frames, frame names, the mean grey of each clip frame)}` of every clip record in `output`."""
+    import glob
+    import os
+
+    from preprocessing.records import example_layout, tfrecord_files, video_clips as clip_records
+    from trainer.data import ct_input
+
+    found = {}
+    for path in sorted(glob.glob(os.path.join(str(output), "data-*.tfrecord*"))):
+        records = tfrecord_files.RecordFile(path)
+        for index in range(len(records)):
+            keys = example_layout.layout(lambda offset, size, r=records, i=index: r.read(i, offset, size),
+                                         int(records.lengths[index]))
+            found[keys["case_id"][0].data.decode()] = (
+                tuple(int(n) for n in keys[clip_records.SOURCE_FRAMES]),
+                tuple(v.data.decode() for v in keys[clip_records.FRAME_NAMES]), None)
+        records.close()
+    for example in ct_input.read_examples(os.path.join(str(output), "data-*")):
+        frames, names, _ = found[example["case_id"]]
+        found[example["case_id"]] = (frames, names, tuple(round(float(f.mean()) * 255) for f in example["image"]))
+    return found

@@ -6,7 +6,7 @@ import pytest
 
 from trainer.augment import keys, mirror
 from trainer.engine import placement
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 from trainer.plan import gathers
 
 
@@ -49,7 +49,7 @@ def test_an_axis_left_out_is_never_flipped_and_the_others_keep_their_draws():
 def test_split_volumes_mirror_as_one_device_does_without_gathering(dims):
     images, labels = _batch()
     reference = MIRROR(images, labels, keys.row_keys(0, 5, 2))
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), jax.devices()[:int(np.prod(dims))])
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), jax.devices()[:int(np.prod(dims))])
     image_sharding = distribution.get_data_layout(images.shape).backend_layout
     label_sharding = placement.sharding(distribution, distribution.get_data_layout(images.shape).axes[:-1])
     function = jax.jit(lambda i, lab, step: mirror.mirror(i, lab, keys.row_keys(0, step, 2)),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from preprocessing.records import tfrecord_files, tfrecord_schema
-from trainer.data import batches, ct_input
+from trainer.data import batches, ct_batches, ct_input, decoded_cache
 
 
 def _take(stream, steps):
@@ -36,25 +36,25 @@ def records(tmp_path_factory):
 
 
 def test_the_order_is_a_function_of_seed_and_position(records):
-    whole = _take(ct_input.CtBatches(records, 2, seed=3), 6)  # 12 positions: 2 epochs and more of 5 examples
+    whole = _take(ct_batches.CtBatches(records, 2, seed=3), 6)  # 12 positions: 2 epochs and more of 5 examples
     ids = [case for batch in whole for case in batch[0]]
     for epoch in range(2):  # every epoch holds each example once, in its seed's own order
         assert sorted(ids[5 * epoch:5 * epoch + 5]) == [f"case{i}" for i in range(5)]
     assert ids[:5] != ids[5:10]
-    resumed = _take(ct_input.CtBatches(records, 2, seed=3, start_step=4), 2)  # a resumed run starts at its step
+    resumed = _take(ct_batches.CtBatches(records, 2, seed=3, start_step=4), 2)  # a resumed run starts at its step
     for (a_ids, a_image, a_label, _), (b_ids, b_image, b_label, _) in zip(whole[4:], resumed):
         assert a_ids == b_ids
         np.testing.assert_array_equal(a_image, b_image)
         np.testing.assert_array_equal(a_label, b_label)
-    assert [b[0] for b in _take(ct_input.CtBatches(records, 2, seed=4), 3)] != [b[0] for b in whole[:3]]
+    assert [b[0] for b in _take(ct_batches.CtBatches(records, 2, seed=4), 3)] != [b[0] for b in whole[:3]]
 
 
 @pytest.mark.parametrize("share", [batches.Share((0, 2)), batches.Share((1,)), batches.Share((0, 1, 2), (4, 12)),
                                    batches.Share((2,), (15, 16))])
 @pytest.mark.parametrize("cache", ["off", "on"])
 def test_a_share_is_exactly_its_rows_and_depths_of_the_whole_batch(records, share, cache):
-    whole = _take(ct_input.CtBatches(records, 3, seed=1, start_step=2), 4)
-    part = _take(ct_input.CtBatches(records, 3, share, seed=1, start_step=2, cache=cache), 4)
+    whole = _take(ct_batches.CtBatches(records, 3, seed=1, start_step=2), 4)
+    part = _take(ct_batches.CtBatches(records, 3, share, seed=1, start_step=2, cache=cache), 4)
     start, stop = share.depth_of(16)
     rows = list(share.rows)
     for full, mine in zip(whole, part):
@@ -65,7 +65,7 @@ def test_a_share_is_exactly_its_rows_and_depths_of_the_whole_batch(records, shar
 
 
 def test_the_cache_is_filled_once_and_then_read(records, monkeypatch):
-    stream = ct_input.CtBatches(records, 1, seed=0, cache="on")
+    stream = ct_batches.CtBatches(records, 1, seed=0, cache="on")
     reads = []
     original = ct_input.CtRecords.read
     monkeypatch.setattr(ct_input.CtRecords, "read", lambda self, index, *rest: (reads.append(index),
@@ -73,7 +73,7 @@ def test_the_cache_is_filled_once_and_then_read(records, monkeypatch):
     taken = _take(stream, 15)  # 3 epochs of 5
     assert stream.cached and sorted(set(reads)) == list(range(5))
     assert len(reads) == 5 * stream._cuts  # each example's pieces read once, in the first epoch only
-    uncached = _take(ct_input.CtBatches(records, 1, seed=0, cache="off"), 15)
+    uncached = _take(ct_batches.CtBatches(records, 1, seed=0, cache="off"), 15)
     for a, b in zip(taken, uncached):
         assert a[0] == b[0]
         np.testing.assert_array_equal(a[1], b[1])
@@ -81,7 +81,7 @@ def test_the_cache_is_filled_once_and_then_read(records, monkeypatch):
 
 def _fill_from_two_threads(fails: bool):
     """Thread one fills depths 0-4 of example 0 (its read failing if `fails`); thread two needs 1-3 meanwhile."""
-    cache = ct_input._Cache(4, (2, 2))
+    cache = decoded_cache.DecodedCache(4, (2, 2))
     reads, reading, go = [], threading.Event(), threading.Event()
 
     def read(low, high, image, label):
@@ -118,7 +118,7 @@ def test_depths_whose_read_failed_are_read_by_the_thread_that_waited():
 
 def test_released_buffers_are_reused_not_reallocated(records, monkeypatch):
     made = []
-    stream = ct_input.CtBatches(records, 2, seed=0)
+    stream = ct_batches.CtBatches(records, 2, seed=0)
     original = stream._new_buffer
     monkeypatch.setattr(stream, "_new_buffer", lambda: made.append(1) or original())
     stream._prefetcher._new_buffer = stream._new_buffer
@@ -132,12 +132,12 @@ def test_released_buffers_are_reused_not_reallocated(records, monkeypatch):
     ("auto", 2**30, 8 * 2**30, True), ("auto", 5 * 2**30, 8 * 2**30, False), ("auto", 1, None, False),
     ("on", 10 * 2**30, 2**30, True), ("off", 1, 8 * 2**30, False)])
 def test_the_cache_decision_and_its_reason(mode, needed, available, expected):
-    chosen, reason = ct_input.choose_cache(mode, needed, available)
+    chosen, reason = decoded_cache.choose_cache(mode, needed, available)
     assert chosen is expected and reason.startswith("on" if expected else "off")
 
 
 def test_reads_and_decodes_use_every_usable_core(records):
-    stream = ct_input.CtBatches(records, 1, seed=0, workers=2)
+    stream = ct_batches.CtBatches(records, 1, seed=0, workers=2)
     assert stream._cuts == 2  # one example a step is read as 2 depth ranges, one per worker
     assert sorted(piece[1:] for piece in stream._pieces([(0, (0, 0, 0))])) == [(0, 8), (8, 16)]
     stream.close()

@@ -11,7 +11,7 @@ from PIL import Image
 
 from preprocessing.beam import images_pipeline, local_workers
 from preprocessing.images import demo_images
-from trainer import config as config_lib
+from trainer import presets
 from preprocessing.records import dataset_files
 from trainer.tasks import detection
 from trainer.data import detection_input
@@ -94,7 +94,7 @@ def _records_with_three_boxes(directory, count=4, size=128):
 @pytest.mark.slow
 def test_training_logs_and_counts_boxes_beyond_max_boxes(tmp_path):
     pattern = _records_with_three_boxes(str(tmp_path / "records"))
-    config = config_lib.detection_demo(train_data=pattern, output_dir=str(tmp_path / "run"), image_size=(128, 128),
+    config = presets.detection_demo(train_data=pattern, output_dir=str(tmp_path / "run"), image_size=(128, 128),
                                        batch_size=2, max_boxes=1, log_every=2, augment=False)
     task = detection.DetectionTask(config)
     lines = []
@@ -130,8 +130,8 @@ def category_zero_records(tmp_path):
 def test_category_zero_is_trained_and_evaluated_as_a_class(category_zero_records, tmp_path):
     label_map = dataset_files.read_label_map(category_zero_records)
     assert label_map == {"zero": 1, "one": 2}
-    model = dataclasses.replace(config_lib.DETECTION_DEMO_MODEL, num_classes=max(label_map.values()))
-    config = config_lib.detection_demo(train_data=category_zero_records, output_dir=str(tmp_path / "run"),
+    model = dataclasses.replace(presets.DETECTION_DEMO_MODEL, num_classes=max(label_map.values()))
+    config = presets.detection_demo(train_data=category_zero_records, output_dir=str(tmp_path / "run"),
                                        image_size=(128, 128), model=model)
     assert detection.DetectionTask(config).class_names == ["zero", "one"]
     batch = next(detection_input.detection_dataset(category_zero_records, 1, (128, 128), max_boxes=4)
@@ -158,7 +158,7 @@ def _label_map_beside(directory, label_map):
 def test_eval_data_with_other_class_ids_is_refused(tmp_path):
     train = _label_map_beside(str(tmp_path / "train"), {"car": 1, "dog": 2, "person": 3})
     held_out = _label_map_beside(str(tmp_path / "eval"), {"person": 1})  # converted alone: ids of its own
-    config = config_lib.detection_demo(train_data=train, eval_data=held_out, output_dir=str(tmp_path / "run"))
+    config = presets.detection_demo(train_data=train, eval_data=held_out, output_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError) as error:
         detection.DetectionTask(config)
     assert str(error.value) == (
@@ -211,9 +211,9 @@ def test_crowd_regions_and_difficult_objects_are_neither_trained_on_nor_counted_
     batch = next(detection_input.detection_dataset(pattern, 1, (128, 128), max_boxes=4).as_numpy_iterator())
     assert list(batch["ignore"][0]) == [0, 1, 0, 0] and list(batch["classes"][0]) == [0, 0, 1, -1]
     # Training: no anchor on the crowd is a person; the person and the zebra are still positives.
-    config = config_lib.detection_demo(train_data=pattern, output_dir=str(tmp_path / "run"), image_size=(128, 128),
+    config = presets.detection_demo(train_data=pattern, output_dir=str(tmp_path / "run"), image_size=(128, 128),
                                        batch_size=1, augment=False,
-                                       model=dataclasses.replace(config_lib.DETECTION_DEMO_MODEL, num_classes=2))
+                                       model=dataclasses.replace(presets.DETECTION_DEMO_MODEL, num_classes=2))
     trained = next(detection.DetectionTask(config).batches(0, log=lambda line: None)).labels
     expected = retinanet.encode_targets(batch["boxes"], np.array([[0, -1, 1, -1]]), (128, 128), config.model)
     for key, value in expected.items():

@@ -4,7 +4,7 @@ equal to the same rows and depths of the whole batch."""
 import numpy as np
 import pytest
 
-from trainer.data import batches, ct_input, patches
+from trainer.data import batches, ct_batches, ct_input, patches
 
 
 def test_a_third_of_the_crops_are_centred_on_foreground_and_every_crop_lies_inside():
@@ -40,8 +40,8 @@ def test_a_patch_larger_than_the_volume_is_refused_in_one_sentence():
 def test_a_process_share_of_a_patch_batch_is_those_rows_and_depths_of_the_whole_batch(demo_data):
     records = ct_input.CtRecords(demo_data["train"])
     try:
-        whole = ct_input.CtBatches(records, 2, seed=5, steps=4, cache="off", patch=(8, 8, 4))
-        share = ct_input.CtBatches(records, 2, batches.Share((1,), (4, 8)), seed=5, steps=4, cache="on",
+        whole = ct_batches.CtBatches(records, 2, seed=5, steps=4, cache="off", patch=(8, 8, 4))
+        share = ct_batches.CtBatches(records, 2, batches.Share((1,), (4, 8)), seed=5, steps=4, cache="on",
                                    patch=(8, 8, 4))
         for step in range(4):
             full, part = next(whole), next(share)
@@ -51,7 +51,7 @@ def test_a_process_share_of_a_patch_batch_is_those_rows_and_depths_of_the_whole_
             assert part.ids == full.ids[1:]
             if step == 0:  # the crop is the record's voxels at the crop's origin
                 position = 0
-                index = ct_input.epoch_order(5, 0, len(records))[position]
+                index = ct_batches.epoch_order(5, 0, len(records))[position]
                 sampler = patches.CropSampler((8, 8, 4), records.shape, 5, whole._whole_label)
                 z, y, x = sampler.origin(position, int(index))
                 image = np.empty(records.shape, np.int16)
@@ -69,10 +69,10 @@ def test_a_process_share_of_a_patch_batch_is_those_rows_and_depths_of_the_whole_
 
 @pytest.mark.slow  # imports and starts the trainer (2.4 s)
 def test_training_refuses_a_patch_larger_than_the_volumes_before_making_the_run_folder(demo_data, tmp_path):
-    from trainer import config as config_lib, train
+    from trainer import presets, train
 
     output = tmp_path / "run"
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(output), patch_size=(32, 8, 8))
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(output), patch_size=(32, 8, 8))
     with pytest.raises(ValueError, match=r"^--patch-size 32,8,8 is larger than the 16x16x16 volumes of "):
         train.train(config, log=lambda line: None)
     assert not output.exists()

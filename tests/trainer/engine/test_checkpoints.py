@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trainer.engine import checkpoints, placement
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 
 
 def _state(distribution, width=4, value=0.0):
@@ -21,7 +21,7 @@ def _state(distribution, width=4, value=0.0):
 
 @pytest.fixture
 def distribution():
-    return partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices())
+    return device_mesh.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices())
 
 
 def test_newest_checkpoints_are_kept_and_the_newest_restored_onto_the_mesh(distribution, tmp_path):

@@ -62,12 +62,13 @@ def test_the_dice_the_step_reports_is_each_class_s_dice_of_the_predicted_ids():
 def test_training_logs_the_warning_from_the_step_s_own_dice(demo_data, tmp_path, monkeypatch):
     """The wiring: the step reports each class's Dice and the loop hands it to the watch (a watch that calls any
     loss flat and any Dice unfound, over 4 steps, so 6 smoke steps must warn once)."""
-    from trainer import config as config_lib, train
+    from trainer import train
+    from trainer import presets
     from trainer.parallel import partitioning
 
     monkeypatch.setattr(plateau, "PlateauWatch", functools.partial(plateau.PlateauWatch, window_steps=4,
                                                                    loss_change=1e9, dice_floor=1.01))
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(tmp_path / "run"), steps=6,
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(tmp_path / "run"), steps=6,
                               checkpoint_every=100, log_every=1, partition=partitioning.PartitionConfig((1, 8, 1, 1, 1)))
     lines = []
     train.train(config, log=lines.append, export_saved_model=False)

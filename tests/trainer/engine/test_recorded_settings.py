@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 
 from pipelines import cli
 from tests.files import snapshot
-from trainer import config as config_lib, trained_run
+from trainer import trained_run
+from trainer import config_resolution
+from trainer import presets
 from trainer.engine import recorded_settings, run_files, run_record
 
 SMALL = ["--preset", "smoke", "--patch-size", "16,8,8", "--augmentation", "nnunet", "--input-partition-dims",
@@ -96,7 +98,7 @@ def _bare(run, given=("output_dir", "steps"), overrides=None):
     """What `fullres train --output RUN --steps 9` resolves to, and what check_rerun says of it."""
     overrides = {"steps": 9} if overrides is None else overrides
     rerun = recorded_settings.fill(str(run), set(given), "segmentation", None, None)
-    config = config_lib.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data, overrides=overrides,
+    config = config_resolution.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data, overrides=overrides,
                                 recorded=rerun.base)
     line = run_record.check_rerun(config, trained_run.read_record(str(run)), 9, 8)
     return rerun, config, line
@@ -108,7 +110,7 @@ def test_recorded_set_values_a_users_network_and_epochs_are_kept(demo_data, tmp_
 
     network = tmp_path / "net.py"
     network.write_text("def build(num_classes, in_channels):\n    return None\n")
-    config = config_lib.smoke(train_data=demo_data["train"], eval_data=demo_data["eval"], output_dir=str(tmp_path / "run"),
+    config = presets.smoke(train_data=demo_data["train"], eval_data=demo_data["eval"], output_dir=str(tmp_path / "run"),
                               model=user_model.UserModelConfig(str(network), "build", num_classes=3),
                               class_balance=0.5, epochs=3,
                               augmentation=dataclasses.replace(recipe.preset("flips"), rotation_probability=0.1))
@@ -138,7 +140,7 @@ def test_data_no_longer_where_the_run_recorded_them(demo_data, tmp_path):
         shutil.copytree(os.path.dirname(demo_data["train"]), copy)
     train, held_out = str(data / os.path.basename(demo_data["train"])), str(other / os.path.basename(demo_data["eval"]))
     run = tmp_path / "run"
-    _recorded_run(run, config_lib.smoke(train_data=train, eval_data=held_out, output_dir=str(run)))
+    _recorded_run(run, presets.smoke(train_data=train, eval_data=held_out, output_dir=str(run)))
     shutil.rmtree(other)
     rerun, config, _ = _bare(run)
     assert config.eval_data is None and rerun.taken == (f"--train {train}", f"no --eval (the run's {held_out} is not "
@@ -158,7 +160,7 @@ def test_a_detection_run_resumes_from_its_record_and_a_given_change_is_refused(t
 
     shapes = demo_images.write_demo_tfrecords(str(tmp_path / "shapes"), num_train=8, num_eval=0, size=(64, 64))
     run = tmp_path / "run"
-    config = config_lib.detection_demo(train_data=shapes["train"], output_dir=str(run), image_size=(64, 64),
+    config = presets.detection_demo(train_data=shapes["train"], output_dir=str(run), image_size=(64, 64),
                                        max_boxes=5, steps=2)
     _recorded_run(run, config)
     rerun, resumed, line = _bare(run)
@@ -179,7 +181,7 @@ def test_another_task_on_a_runs_resume_is_refused_by_the_runs_task_before_its_da
 
     shapes = demo_images.write_demo_tfrecords(str(tmp_path / "shapes"), num_train=2, num_eval=0, size=(64, 64))
     run = tmp_path / "run"
-    _recorded_run(run, config_lib.detection_demo(train_data=shapes["train"], output_dir=str(run), image_size=(64, 64),
+    _recorded_run(run, presets.detection_demo(train_data=shapes["train"], output_dir=str(run), image_size=(64, 64),
                                                  max_boxes=5, steps=2))
     before = snapshot(run)
     for given in ([], ["--train", shapes["train"]]):
@@ -208,12 +210,12 @@ def test_a_bare_resume_from_elsewhere_says_no_eval_change_and_a_shorter_schedule
     data: the log named it a change (`--eval "/…/eval-*" (was "eval-*")`), and fewer steps 'stretched' the schedule."""
     monkeypatch.chdir(os.path.dirname(demo_data["eval"]))
     run = tmp_path / "run"
-    config = config_lib.smoke(train_data=demo_data["train"], eval_data=os.path.basename(demo_data["eval"]),
+    config = presets.smoke(train_data=demo_data["train"], eval_data=os.path.basename(demo_data["eval"]),
                               output_dir=str(run), steps=12)
     _recorded_run(run, config)
     monkeypatch.chdir(tmp_path)
     rerun = recorded_settings.fill(str(run), {"output_dir", "steps"}, "segmentation", None, None)
-    resumed = config_lib.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data,
+    resumed = config_resolution.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data,
                                  overrides={"steps": 9}, recorded=rerun.base)
     lines = []
     run_record.check_rerun(resumed, trained_run.read_record(str(run)), 9, 8, log=lines.append)

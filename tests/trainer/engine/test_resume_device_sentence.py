@@ -5,7 +5,8 @@ from typer.testing import CliRunner
 
 from pipelines import cli
 from tests.files import snapshot
-from trainer import config as config_lib, trained_run
+from trainer import trained_run
+from trainer import presets
 from trainer.engine import run_files, run_record
 from trainer.parallel import partitioning
 
@@ -22,7 +23,7 @@ def test_a_resume_on_devices_its_batch_does_not_divide_over_names_the_device_cou
     assert "fullres: error: global batch size 2 does not divide over 4 replicas (8 devices / 2 cores per replica); " \
            "use a multiple of 4." in new.stderr
     run = tmp_path / "run"  # the same run, trained on 4 devices (2 replicas), resumed on the tests' 8
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(run), steps=2,
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(run), steps=2,
                               partition=partitioning.PartitionConfig((1, 2, 1, 1, 1), (1, 2, 1, 1, 1)))
     run.mkdir()
     run_files.write_train_config(str(run), config)

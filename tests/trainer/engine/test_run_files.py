@@ -2,12 +2,13 @@
 
 import dataclasses
 
-from trainer import config as config_lib
+
+from trainer import presets
 from trainer.engine import run_files
 
 
 def test_train_config_round_trip(tmp_path):
-    config = config_lib.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path))
+    config = presets.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path))
     config = dataclasses.replace(config, partition=dataclasses.replace(config.partition,
                                                                        input_partition_dims=(1, 2, 1, 1, 1)))
     run_files.write_train_config(str(tmp_path), config)
@@ -16,7 +17,7 @@ def test_train_config_round_trip(tmp_path):
 
 def _cut_short_run(tmp_path) -> str:
     """A run copied in part: its files there, train_config.json cut short half way."""
-    config = config_lib.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path / "run"))
+    config = presets.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path / "run"))
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     run_files.write_train_config(str(run), config)

@@ -9,6 +9,7 @@ import pytest
 
 from preprocessing.ct import demo_ct
 from trainer import config as config_lib, evaluate, train
+from trainer import presets
 from trainer.engine import run_record
 from tests.files import snapshot
 
@@ -96,7 +97,7 @@ def test_more_steps_resume_and_a_change_of_meaning_is_recorded_when_asked(short_
 def test_eval_data_preprocessed_otherwise_than_the_training_data_are_refused_before_a_run_starts(demo_data, coarse_data,
                                                                                                tmp_path):
     output = tmp_path / "run"
-    config = config_lib.smoke(train_data=demo_data["train"], eval_data=coarse_data["eval"], output_dir=str(output))
+    config = presets.smoke(train_data=demo_data["train"], eval_data=coarse_data["eval"], output_dir=str(output))
     with pytest.raises(ValueError) as refused:
         train.train(config, log=lambda line: None)
     assert str(refused.value) == (
@@ -143,7 +144,7 @@ def test_another_network_file_or_partition_is_refused_by_what_the_run_records(de
     (run / "model_source.py").write_text("def build(num_classes, in_channels):\n    return 1\n")
     mine = tmp_path / "net.py"
     mine.write_text("def build(num_classes, in_channels):\n    return 2\n")
-    config = config_lib.smoke(train_data=demo_data["train"], output_dir=str(run),
+    config = presets.smoke(train_data=demo_data["train"], output_dir=str(run),
                               model=user_model.UserModelConfig(str(mine), "build"))
     with pytest.raises(run_record.RunChanged) as refused:
         run_record.check_rerun(config, _recorded(run, config), 6, 8)

@@ -6,6 +6,10 @@ import numpy as np
 import pytest
 
 from trainer import config as config_lib
+
+from trainer import config_resolution
+
+from trainer import presets
 from trainer.models import losses
 
 
@@ -33,8 +37,8 @@ def test_the_recipe_balances_whole_volumes_and_leaves_patches_and_a_given_value_
     assert losses.class_balance(None, whole_volumes=True) == losses.WHOLE_VOLUME_CLASS_BALANCE
     assert losses.class_balance(None, whole_volumes=False) == 0.0  # patches: a third centred on foreground instead
     assert losses.class_balance(0.25, whole_volumes=True) == 0.25
-    assert config_lib.resolve(preset="demo", overrides={"class_balance": "1"}).class_balance == 1.0
-    old_run = config_lib.to_dict(config_lib.demo())
+    assert config_resolution.resolve(preset="demo", overrides={"class_balance": "1"}).class_balance == 1.0
+    old_run = config_lib.to_dict(presets.demo())
     del old_run["class_balance"]  # a train_config.json from before issue 44: it trained the plain cross-entropy
     assert config_lib.from_dict(old_run).class_balance == 0.0
 
@@ -42,4 +46,4 @@ def test_the_recipe_balances_whole_volumes_and_leaves_patches_and_a_given_value_
 @pytest.mark.parametrize("value", [-0.1, 1.5, math.nan])
 def test_a_balance_outside_zero_to_one_is_refused_in_one_sentence(value):
     with pytest.raises(ValueError, match=r"^TrainConfig.class_balance must be in \[0, 1\] or None, got "):
-        config_lib.demo(class_balance=value)
+        presets.demo(class_balance=value)

@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer.engine import placement, step
 from trainer.models import retinanet
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 
 TOLERANCE = 1e-4
 CONFIG = retinanet.RetinaNetConfig(num_classes=3, stackwise_num_blocks=(1, 1, 1, 1),
@@ -69,7 +69,7 @@ def detector():
 
 
 def _loss_and_grads(model, state, images, targets, dims, devices):
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), devices)
     placed_state = placement.place_state(state, distribution)
     image_sharding = distribution.get_data_layout(images.shape).backend_layout
     whole = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec("replica"))  # labels unpartitioned

@@ -8,6 +8,10 @@ import sys
 import pytest
 
 from trainer import config as config_lib
+
+from trainer import config_resolution
+
+from trainer import presets
 from trainer.engine import run_files
 from trainer.models import user_model
 
@@ -83,22 +87,22 @@ def test_downsampling_is_measured_from_the_traced_network(tmp_path, stride, leve
 
 
 def test_a_users_network_resolves_keeping_the_presets_sizes_and_refuses_unet_settings():
-    config = config_lib.resolve("segmentation", "smoke", overrides={"model.num_classes": 4},
+    config = config_resolution.resolve("segmentation", "smoke", overrides={"model.num_classes": 4},
                                 model_source=f"{NETWORKS}:residual_groupnorm")
     assert config.model == user_model.UserModelConfig(NETWORKS, "residual_groupnorm", 3, 4, 1)
     assert config_lib.from_dict(config_lib.to_dict(config)) == config
     with pytest.raises(ValueError, match=r"unknown train override model.num_levels with --model .*; valid ones"):
-        config_lib.resolve("segmentation", overrides={"model.num_levels": 3}, model_source=f"{NETWORKS}:x")
+        config_resolution.resolve("segmentation", overrides={"model.num_levels": 3}, model_source=f"{NETWORKS}:x")
     with pytest.raises(ValueError, match=r"fullres trains a network of your own for segmentation only; detection "
                                          r"needs anchors, per-level box and class heads and their targets"):
-        config_lib.resolve("detection", model_source=f"{NETWORKS}:residual_groupnorm")
+        config_resolution.resolve("detection", model_source=f"{NETWORKS}:residual_groupnorm")
     with pytest.raises(ValueError, match=r"--model 'nets/net:build' is not FILE.py:FUNCTION"):
-        config_lib.resolve("segmentation", model_source="nets/net:build")
+        config_resolution.resolve("segmentation", model_source="nets/net:build")
 
 
 def test_the_run_keeps_a_copy_of_the_file_and_reads_the_network_back_from_it(tmp_path):
     source = _write(tmp_path, "net.py", TINY.format(stride=2))
-    config = config_lib.smoke(model=user_model.UserModelConfig(source, "build"))
+    config = presets.smoke(model=user_model.UserModelConfig(source, "build"))
     run = tmp_path / "run"
     run.mkdir()
     run_files.write_train_config(str(run), config)

@@ -26,9 +26,9 @@ def main(address: str, process_id: int, delay: float) -> None:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from trainer.engine import placement
-    from trainer.parallel import partitioning
+    from trainer.parallel import device_mesh, partitioning
 
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)))
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)))
     if process_id == 1:
         time.sleep(delay)
     state = placement.place_state(placement.TrainState([np.arange(3, dtype=np.float32)], [], []), distribution)

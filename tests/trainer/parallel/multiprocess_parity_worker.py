@@ -46,9 +46,9 @@ def loss_and_grads(model, state, dims, images, labels, share=None):
 
     from trainer.engine import placement, step
     from trainer.models import losses
-    from trainer.parallel import partitioning
+    from trainer.parallel import device_mesh, partitioning
 
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims))
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims))
     placed_state = placement.place_state(state, distribution)
     rows = None if share is None else list(share.rows)
     depth = None if share is None else share.depth
@@ -70,12 +70,12 @@ def main(address: str, num_processes: int, process_id: int, output: str) -> None
     import numpy as np
 
     from trainer.engine import placement
-    from trainer.parallel import partitioning
+    from trainer.parallel import device_mesh, partitioning
 
     model, state = model_and_state()
     images, labels = batch()
     for dims in LAYOUTS:
-        distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims))
+        distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims))
         share = placement.process_share(distribution.get_data_layout(images.shape).backend_layout, images.shape)
         rows, (start, stop) = list(share.rows), share.depth_of(BATCH_SHAPE[1])
         # This process holds only its rows, and of them only its depths: what the input path reads.

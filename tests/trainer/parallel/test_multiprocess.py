@@ -18,7 +18,7 @@ import pytest
 
 from tests.trainer.parallel import multiprocess_parity_worker as worker
 from trainer.engine import checkpoints
-from trainer.parallel import distributed, local_launcher, partitioning
+from trainer.parallel import device_mesh, distributed, local_launcher, partitioning
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOLERANCE = 1e-5  # as in test_parity.py: per-tensor ||a − b|| / ||b||
@@ -61,7 +61,7 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
     process reads."""
     import jax
 
-    from trainer.data import batches, ct_input
+    from trainer.data import batches, ct_batches, ct_input
     from trainer.engine import placement
 
     records = ct_input.CtRecords(demo_data["train"])
@@ -71,7 +71,7 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
         """Each 'process' (4 of the 8 devices) as `placement.process_share` sees it on its own devices."""
         found = []
         for devices in mesh_devices:
-            distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), list(mesh_devices.ravel()))
+            distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), list(mesh_devices.ravel()))
             sharding = distribution.get_data_layout((4, 16, 16, 16, 1)).backend_layout
             blocks = {d: i for d, i in sharding.devices_indices_map((4, 16, 16, 16, 1)).items() if d in set(devices)}
             found.append(placement.share_of_blocks(blocks.values(), (4, 16, 16, 16, 1)))
@@ -81,7 +81,7 @@ def test_each_process_of_a_depth_split_reads_its_depths_of_every_global_batch(de
     assert shares((1, 4, 1, 1, 1)) == [batches.Share((0, 1)), batches.Share((2, 3))]
 
     def read(share):
-        stream = ct_input.CtBatches(records, 4, share, seed=3, start_step=1)
+        stream = ct_batches.CtBatches(records, 4, share, seed=3, start_step=1)
         taken = [next(stream) for _ in range(3)]
         copied = [(b.ids, b.inputs["image"].copy(), b.labels.copy()) for b in taken]
         stream.close()

@@ -13,7 +13,7 @@ import pytest
 
 from trainer.engine import placement, step
 from trainer.models import losses, unet
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 
 pytestmark = pytest.mark.slow  # compiles and runs partitioned and reference steps side by side
 
@@ -35,7 +35,7 @@ def _batch(shape, seed=0):
 
 
 def _loss_and_grads(model, state, dims, devices, images, labels, label_dims=None, loss=losses.dice_cross_entropy):
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims, label_dims), devices)
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims, label_dims), devices)
     placed_state = placement.place_state(state, distribution)
     placed_images, placed_labels = placement.place_batch(distribution, images, labels)
     function = jax.jit(
@@ -137,7 +137,7 @@ def test_train_step_updates_identically_when_partitioned(unet3d):
     train_step = step.make_train_step(model, optimizer, losses.dice_cross_entropy)
     results = []
     for dims, devices in (((1, 1, 1, 1, 1), jax.devices()[:1]), ((1, 8, 1, 1, 1), jax.devices())):
-        distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
+        distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), devices)
         placed = placement.place_state(state, distribution)
         jitted = step.jit_train_step(train_step, distribution, placed, image_ndim=5, label_ndim=4)
         new_state, metrics = jitted(placed, *placement.place_batch(distribution, images, labels), np.int32(0))

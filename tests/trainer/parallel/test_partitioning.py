@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 from trainer.parallel.partitioning import PartitionConfig, PartitionError
 
 
@@ -93,17 +93,17 @@ def test_validate_accepts_working_configs(dims, shape, devices, levels, batch):
     ],
 )
 def test_build_mesh(dims, num_devices, mesh_shape, axis_names):
-    mesh = partitioning.build_mesh(PartitionConfig(dims), jax.devices()[:num_devices])
+    mesh = device_mesh.build_mesh(PartitionConfig(dims), jax.devices()[:num_devices])
     assert mesh.shape == mesh_shape
     assert tuple(mesh.axis_names) == axis_names
 
 
 def test_data_and_label_layouts():
-    distribution = partitioning.make_distribution(PartitionConfig((1, 2, 2, 1, 1)))
+    distribution = device_mesh.make_distribution(PartitionConfig((1, 2, 2, 1, 1)))
     assert distribution.num_replicas == 2
     assert distribution.get_data_layout((2, 32, 32, 32, 1)).axes == ("replica", "depth", "height", None, None)
     assert distribution.get_label_layout((2, 32, 32, 32)).axes == ("replica", None, None, None)
-    split_labels = partitioning.make_distribution(PartitionConfig((1, 2, 2, 1, 1), (1, 2, 2, 1)))
+    split_labels = device_mesh.make_distribution(PartitionConfig((1, 2, 2, 1, 1), (1, 2, 2, 1)))
     assert split_labels.get_label_layout((2, 32, 32, 32)).axes == ("replica", "depth", "height", None)
     assert distribution.replicated_layout(5).axes == (None,) * 5
 

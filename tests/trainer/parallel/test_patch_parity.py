@@ -7,7 +7,7 @@ import pytest
 
 from preprocessing.records import tfrecord_schema
 from tests.trainer.parallel import test_parity as parity
-from trainer.data import ct_input
+from trainer.data import ct_batches, ct_input
 
 pytestmark = pytest.mark.slow  # compiles the tiny UNet's step twice
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # compiles the tiny UNet's step twice
 def test_a_patch_batch_steps_alike_split_or_not(demo_data):
     dims = (1, 2, 2, 1, 1)
     records = ct_input.CtRecords(demo_data["train"])
-    batches = ct_input.CtBatches(records, 2, seed=1, steps=1, cache="off", patch=(8, 8, 8))
+    batches = ct_batches.CtBatches(records, 2, seed=1, steps=1, cache="off", patch=(8, 8, 8))
     batch = next(batches)
     images = tfrecord_schema.dequantize(batch.inputs["image"], batch.inputs["scale"][:, None, None, None, None])
     labels = batch.labels.astype(np.int32)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.trainer.parallel.test_parity import TOLERANCE, _relative
 from trainer.engine import placement, step
-from trainer.parallel import partitioning, split_ops
+from trainer.parallel import device_mesh, partitioning, split_ops
 from trainer.plan import gathers
 
 pytestmark = pytest.mark.slow  # each case compiles its step once per split
@@ -144,7 +144,7 @@ def _batch(name, d):
 def split_step(model, state, dims, images, targets):
     """(loss, gradients, activation all-gathers) of one compiled loss-and-gradient step split as `dims`."""
     cores = math.prod(dims)
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), jax.devices()[:cores])
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), jax.devices()[:cores])
     placed = placement.place_state(state, distribution)
     layout = distribution.get_data_layout(images.shape).backend_layout
     images, targets = jax.device_put(images, layout), jax.device_put(targets, layout)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from keras.src.backend.common import backend_utils
 
-from trainer.parallel import interpolation, partitioning, split_ops, subpixel
+from trainer.parallel import device_mesh, interpolation, split_ops, subpixel
 
 # (spatial dims, kernel, stride, padding, output padding, dilation): kernel = stride (nnU-Net, UNETR), kernel > stride
 # (MONAI's k3 s2 "same"), output padding, dilation with stride 1, an uneven output ("valid", k3 s2: 2n + 1).
@@ -60,7 +60,7 @@ def test_spatial_parts_are_the_split_of_each_axis():
     with split_ops.splitting((1, 2, 4, 1, 1)):
         assert split_ops.spatial_parts(3) == (2, 4, 1)
         assert split_ops.spatial_parts(2) == (4, 4)  # another rank: a multiple of every axis's split
-    keras.distribution.set_distribution(partitioning.SpatialParallel((1, 1, 2, 1), devices=jax.devices()[:2]))
+    keras.distribution.set_distribution(device_mesh.SpatialParallel((1, 1, 2, 1), devices=jax.devices()[:2]))
     try:
         assert split_ops.spatial_parts(2) == (1, 2)
     finally:
@@ -107,7 +107,7 @@ def test_the_ops_are_replaced_only_under_a_split():
     with split_ops.splitting((1, 1, 1, 1)):
         assert not split_ops.active()
     for dims, split in (((1, 1, 1, 1), False), ((1, 2, 1, 1), True), ((1, 1, 2, 1), True)):
-        keras.distribution.set_distribution(partitioning.SpatialParallel(dims, devices=jax.devices()[:2]))
+        keras.distribution.set_distribution(device_mesh.SpatialParallel(dims, devices=jax.devices()[:2]))
         try:
             assert split_ops.active() is split
             assert ("lhs_dilation=(2, 2)" not in _conv_transpose_program()) is split

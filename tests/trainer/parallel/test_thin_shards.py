@@ -105,10 +105,10 @@ def test_the_api_plan_refuses_it_too():
 def test_a_plan_of_all_layouts_says_why_each_was_pruned():
     """`fullres plan --layouts all` listed the refused 2×2 splits of (8, 4, 4) under 'they cannot divide at some
     resolution level', which they do: the plan now gives each pruned layout its own reason."""
-    from trainer import config as config_lib
+    from trainer import config_resolution
     from trainer.plan import layout_search
 
-    config = config_lib.resolve("segmentation", "smoke", model_source=WIDE)
+    config = config_resolution.resolve("segmentation", "smoke", model_source=WIDE)
     shape = (8, 4, 4, 1)
     kept, pruned = layout_search.prune(layout_search.layouts(4, 3), config, shape,
                                        layout_search.lazy_builder(config, shape))

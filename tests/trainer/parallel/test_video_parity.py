@@ -11,11 +11,11 @@ import pytest
 
 from tests.preprocessing.video import video_makers
 from tests.trainer.parallel import test_parity as parity
-from trainer import config as trainer_config
+from trainer import presets
 from trainer.augment import recipe
 from trainer.engine import placement, step
 from trainer.models import unet
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 from trainer.tasks import registry
 
 pytestmark = pytest.mark.slow  # three compilations of a small 3D UNet's step
@@ -29,7 +29,7 @@ def video_task(tmp_path_factory):
     video_makers.write_motion_clip_records(path, CLIP)
     always = dataclasses.replace(recipe.preset("video"), noise_probability=1.0, brightness_probability=1.0,
                                  contrast_probability=1.0, gamma_probability=1.0)
-    config = trainer_config.video(
+    config = presets.video(
         train_data=path, augmentation=always,
         model=unet.UNetConfig(spatial_dims=3, num_classes=3, in_channels=3, num_levels=3, base_filters=4, stem="none"))
     task = registry.make_task(config)
@@ -43,7 +43,7 @@ def video_task(tmp_path_factory):
 
 
 def _loss_and_grads(task, batch, model, state, dims):
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims),
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims),
                                                   jax.devices()[:int(np.prod(dims))])
     placed_state = placement.place_state(state, distribution)
     inputs, labels = task.place(distribution, batch)

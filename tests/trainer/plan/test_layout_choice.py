@@ -10,18 +10,22 @@ import numpy as np
 import pytest
 
 from trainer import config as config_lib, train
+
+from trainer import config_resolution
+
+from trainer import presets
 from trainer.engine import placement, step
 from trainer.models import losses, unet
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 from trainer.plan import layout_choice, layout_search
 
 
 def _auto(**changes):
-    return config_lib.smoke(partition=partitioning.PartitionConfig("auto"), **changes)
+    return presets.smoke(partition=partitioning.PartitionConfig("auto"), **changes)
 
 
 def test_auto_is_a_partition_setting_of_its_own():
-    config = config_lib.resolve(preset="smoke", overrides={"partition.input_partition_dims": "auto"})
+    config = config_resolution.resolve(preset="smoke", overrides={"partition.input_partition_dims": "auto"})
     assert config.partition.is_auto and config.partition.rank is None
     assert config_lib.from_dict(config_lib.to_dict(config)).partition.is_auto
     with pytest.raises(partitioning.PartitionError, match="'auto', which training resolves"):
@@ -55,7 +59,7 @@ def test_a_cached_choice_is_reused_and_a_stale_one_is_not(tmp_path):
 
 def _loss_and_grads(model, state, dims, images, labels):
     devices = jax.devices()[:int(np.prod(dims))]
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig(dims), devices)
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig(dims), devices)
     placed = placement.place_state(state, distribution)
     placed_images, placed_labels = placement.place_batch(distribution, images, labels)
     function = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy),

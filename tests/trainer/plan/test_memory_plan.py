@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer.engine import placement, step
 from trainer.models import losses
-from trainer.parallel import partitioning
+from trainer.parallel import device_mesh, partitioning
 from common import sizes
 from trainer.plan import compiled_step, gathers, layout_search, memory_plan
 
@@ -73,7 +73,7 @@ def test_transposed_convolution_gradient_is_caught():
     outputs = keras.layers.Conv3D(3, 1)(keras.layers.Conv3DTranspose(4, 2, strides=2, name="upsampling")(inputs))
     model = keras.Model(inputs, outputs)
     state = placement.initial_state(model, keras.optimizers.SGD(0.1))
-    distribution = partitioning.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices()[:4])
+    distribution = device_mesh.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices()[:4])
     placed = placement.place_state(state, distribution)
     images, labels = placement.place_batch(distribution, np.zeros((1, 16, 8, 8, 4), np.float32), np.zeros((1, 32, 16, 16), np.int32))
     function = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy),
@@ -139,14 +139,14 @@ def test_plan_refuses_an_image_the_pyramid_cannot_split():
 
 
 def _train_lowering(config, shape, devices):
-    """The step exactly as `train._train` builds, places and jits it, lowered on real (random) arrays."""
+    """The step exactly as `train._train` (`run_setup.set_up`) builds, places and jits it, lowered on real (random) arrays."""
     from trainer.data import batches as batches_lib
     from trainer.engine import program
     from trainer.tasks import registry
 
     task = registry.make_task(config)
     image_shape = (config.batch_size, *shape)
-    distribution = partitioning.make_distribution(config.partition, devices)
+    distribution = device_mesh.make_distribution(config.partition, devices)
     keras.utils.set_random_seed(config.seed)
     with distribution.scope():
         model, optimizer, _, state = program.build_model(config, task, config.steps)

@@ -4,7 +4,8 @@ cannot divide no longer ends the plan: it is said before the first compile and t
 
 import pytest
 
-from trainer import config as config_lib
+
+from trainer import presets
 from trainer.parallel import partitioning
 from trainer.plan import compiled_step, layout_search
 
@@ -16,7 +17,7 @@ def test_a_plan_whose_every_count_cannot_divide_is_refused_before_anything_compi
     monkeypatch.setattr(layout_search, "measure", no_compile)
     monkeypatch.setattr(compiled_step, "StepBuilder", no_compile)  # nor is the model built
     with pytest.raises(partitioning.PartitionError) as refused:
-        layout_search.search(config_lib.smoke(), (16, 16, 16, 1), [3], layouts_to_try="default",
+        layout_search.search(presets.smoke(), (16, 16, 16, 1), [3], layouts_to_try="default",
                              log=lambda line: None)
     assert str(refused.value) == (
         "--partitions 3 (split 1,3,1,1,1): depth 16 (input_partition_dims[1] = 3) does not fit a model with 1 "
@@ -34,7 +35,7 @@ def test_a_count_that_cannot_divide_is_said_before_the_others_compile(monkeypatc
 
     monkeypatch.setattr(layout_search, "measure", no_compile)
     with pytest.raises(RuntimeError, match="stop after the first compile"):
-        layout_search.search(config_lib.smoke(), (16, 16, 16, 1), [1, 2, 3], layouts_to_try="default",
+        layout_search.search(presets.smoke(), (16, 16, 16, 1), [1, 2, 3], layouts_to_try="default",
                              log=said.append)
     assert said[0].startswith("N=3: --partitions 3 (split 1,3,1,1,1): depth 16 (input_partition_dims[1] = 3)")
     assert said[-1] == "compile 1,1,1,1,1"

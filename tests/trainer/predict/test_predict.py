@@ -11,7 +11,7 @@ import SimpleITK as sitk
 
 from preprocessing.ct import ct_io, ct_transforms
 from tests import shared_runs
-from trainer import config as config_lib
+from trainer import presets
 from trainer.tasks import registry
 from trainer.predict import outputs, predict, scan_grid
 
@@ -29,7 +29,7 @@ def test_segmentation_task_records_the_preprocessing_of_its_training_data(tmp_pa
     recorded = ct_transforms.preprocessing_record(
         ct_transforms.CtPreprocessConfig(spacing=(0.8, 0.8, 2.5), window=(-160, 240), modality="ct"))
     (tmp_path / "summary.json").write_text(json.dumps({"preprocessing": recorded}))
-    config = config_lib.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path / "run"))
+    config = presets.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path / "run"))
     task = registry.make_task(config)
     assert task.preprocessing() == {"spacing": [0.8, 0.8, 2.5], "orientation": "LPS", "window": [-160, 240],
                                     "modality": "ct", "shape": None}

@@ -18,7 +18,7 @@ import SimpleITK as sitk
 
 from preprocessing.ct import demo_ct
 from tests import files, shared_runs
-from trainer import config as config_lib
+from trainer import presets
 from trainer.predict import predict, scan_check
 from trainer.tasks import registry
 
@@ -92,7 +92,7 @@ def test_a_ct_scan_outside_the_training_hu_range_is_named():
 
 def test_training_copies_what_its_scans_were_into_the_model(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"preprocessing": PREPROCESSING, "data_modality": CT_TRAINED}))
-    config = config_lib.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path / "run"))
+    config = presets.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(tmp_path / "run"))
     assert registry.make_task(config).data_modality() == CT_TRAINED
 
 

@@ -8,6 +8,7 @@ import SimpleITK as sitk
 
 from common import output_guard
 from trainer import config as config_lib
+from trainer import presets
 from trainer.predict import outputs, predict
 from tests.trainer.predict.test_predict import PREPROCESSING, _scan
 
@@ -16,7 +17,7 @@ def _run(tmp_path) -> str:
     """A run folder as far as predict reads it before loading weights (these are not weights: never loaded)."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "train_config.json").write_text(json.dumps(config_lib.to_dict(config_lib.smoke())))
+    (run / "train_config.json").write_text(json.dumps(config_lib.to_dict(presets.smoke())))
     (run / "model_info.json").write_text(json.dumps({"task": "segmentation", "image_shape": [16, 16, 16, 1],
                                                      "class_names": None, "preprocessing": PREPROCESSING}))
     (run / "model.keras").write_bytes(b"not read")

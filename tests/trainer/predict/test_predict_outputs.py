@@ -86,13 +86,13 @@ def test_a_truncated_model_keras_is_one_sentence(tmp_path):
     from typer.testing import CliRunner
 
     from pipelines import cli
-    from trainer import config as config_lib
+    from trainer import presets
     from trainer.engine import run_files
     from trainer.tasks import registry
 
     run = tmp_path / "run"
     run.mkdir()
-    config = config_lib.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(run))
+    config = presets.smoke(train_data=str(tmp_path / "data-*.tfrecord"), output_dir=str(run))
     run_files.write_train_config(str(run), config)
     run_files.write_model_info(str(run), "segmentation", (16, 16, 16, 1), None, PREPROCESSING)
     keras.utils.set_random_seed(0)

@@ -11,7 +11,8 @@ from PIL import Image
 from preprocessing.records import dataset_files
 from preprocessing.video import video_clips
 from tests.preprocessing.video import video_makers
-from trainer import config as trainer_config, train, trained_run
+from trainer import train, trained_run
+from trainer import presets
 from trainer.engine import inference
 from trainer.models import unet
 from trainer.parallel import partitioning
@@ -32,7 +33,7 @@ def video_run(tmp_path_factory):
     dataset_files.write_summary(str(data), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
                                             "label_values": {"0": 2, "1": 2, "2": 2},
                                             "preprocessing": video_clips.preprocessing_record(settings)})
-    config = trainer_config.video(
+    config = presets.video(
         train_data=str(data), output_dir=str(folder / "run"), steps=2, checkpoint_every=2, log_every=1,
         model=unet.UNetConfig(spatial_dims=3, num_classes=3, in_channels=3, num_levels=2, base_filters=4, stem="none"),
         partition=partitioning.PartitionConfig((1, 2, 2, 1, 1)))  # 2 replicas on 8 devices

@@ -5,14 +5,15 @@ import json
 
 from preprocessing.ct import demo_ct
 from preprocessing.records import dataset_files
-from trainer import config as config_lib, trained_run
+from trainer import trained_run
+from trainer import presets
 from trainer.predict import predict
 from trainer.tasks import registry
 
 
 def test_the_label_map_names_the_classes_in_model_info(tmp_path):
     data = demo_ct.write_demo_tfrecords(str(tmp_path / "data"), num_train=1, num_eval=0, shape=(8, 8, 8))
-    config = config_lib.smoke(train_data=data["train"])
+    config = presets.smoke(train_data=data["train"])
     assert registry.make_task(config).class_names is None  # no label map: predict then says class_1, class_2
     dataset_files.write_label_map(str(tmp_path / "data"), {"background": 0, "liver": 1, "spleen": 2})
     task = registry.make_task(config)
@@ -29,5 +30,5 @@ def test_the_label_map_names_the_classes_in_model_info(tmp_path):
 def test_a_label_map_that_skips_an_id_names_it_by_number(tmp_path):
     data = demo_ct.write_demo_tfrecords(str(tmp_path / "data"), num_train=1, num_eval=0, shape=(8, 8, 8))
     dataset_files.write_label_map(str(tmp_path / "data"), {"background": 0, "kidney": 2})
-    task = registry.make_task(config_lib.smoke(train_data=data["train"]))
+    task = registry.make_task(presets.smoke(train_data=data["train"]))
     assert task.class_names == ["background", "class_1", "kidney"]

@@ -5,14 +5,16 @@ import re
 
 import pytest
 
-from trainer import config as config_lib, trained_run
+from trainer import trained_run
+
+from trainer import presets
 from trainer.tasks import registry
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_segmentation_report_names_default_to_background_and_numbered_classes():
-    task = registry.make_task(config_lib.smoke(train_data="/nowhere/train-*.tfrecord"))
+    task = registry.make_task(presets.smoke(train_data="/nowhere/train-*.tfrecord"))
     assert task.report_class_names(None) == ["background", "class_1", "class_2"]
     assert task.report_class_names(["bg", "liver", "tumour"]) == ["bg", "liver", "tumour"]
     with pytest.raises(ValueError, match="^2 class names given for a model of 3 classes; give one name per class"):
