@@ -50,7 +50,8 @@ class PolyDecay(keras.optimizers.schedules.LearningRateSchedule):
 def warmup_steps_used(config: config_lib.TrainConfig, total_steps: int) -> int:
     """The warm-up a run of `total_steps` takes: `config.warmup_steps`, cut to end before the last step.
 
-    >>> warmup_steps_used(config_lib.smoke(warmup_steps=50), 2), warmup_steps_used(config_lib.smoke(warmup_steps=5), 40)
+    >>> from trainer import presets
+    >>> warmup_steps_used(presets.smoke(warmup_steps=50), 2), warmup_steps_used(presets.smoke(warmup_steps=5), 40)
     (1, 5)
     """
     return max(min(config.warmup_steps, total_steps - 1), 0)

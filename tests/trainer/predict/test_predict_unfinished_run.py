@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 from common import output_guard
 from pipelines import cli
 from tests.files import snapshot
-from trainer import config as config_lib
+from trainer import presets
 from trainer.engine import run_files
 
 
 def _unfinished_run(folder) -> str:
     """A run's folder as training leaves it before its end: its config and model_info.json, no model.keras."""
     run = str(folder / "run")
-    config = config_lib.smoke(train_data="data/train-*.tfrecord", output_dir=run)
+    config = presets.smoke(train_data="data/train-*.tfrecord", output_dir=run)
     os.makedirs(run)
     run_files.write_train_config(run, config)
     run_files.write_model_info(run, "segmentation", (16, 16, 16, 1), ["background", "a", "b"], None)
