@@ -81,12 +81,13 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
         config = config_lib.with_dims(config, choice.input_partition_dims)
         task = registry.make_task(config)
+    # A rerun into a run's folder keeps to what the run means, checked before anything is built or written (and
+    # before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8").
+    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
+                                   continue_with_changes, log)
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
     )
-    # A rerun into a run's folder keeps to what the run means, checked before anything is built or written.
-    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
-                                   continue_with_changes, log)
     distribution = device_mesh.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(

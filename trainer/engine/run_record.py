@@ -70,9 +70,12 @@ def option(key: str) -> str:
 
 def data_fingerprint(pattern: str) -> dict:
     """What the preprocessing of the data set `pattern` names recorded: its record kind, `summary.json`'s
-    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none)."""
+    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none);
+    and which examples it holds (`data_set.examples`: other scans or videos with the same settings are other data)."""
     data = data_set.resolve(pattern)
-    return {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
+    fingerprint = {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
+    found = data_set.examples(data)
+    return fingerprint if found is None else {**fingerprint, "examples": found}
 
 
 def absolute(pattern: str | None) -> str | None:
@@ -248,7 +251,9 @@ def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
     changes: dict[str, tuple[object, object, str]] = {}
     summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
     for key, was, now in differences(trained_fingerprint(recorded), fingerprint):
-        changes[f"training data {key}"] = (was, now, summary)
+        where = (f" (--train {config.train_data} holds other cases than the run trained on: its case ids differ)"
+                 if key == "examples" else summary)
+        changes[f"training data {key}"] = (was, now, where)
     values = config_lib.to_dict(config)
     before, after = _settings(recorded.train_config), _settings(values)
     differ = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
@@ -333,7 +338,7 @@ def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = 
     Raises:
         ValueError: they differ and `across` is False.
     """
-    found = differences(trained, data_fingerprint(eval_data), ignore=("shape",))
+    found = differences(trained, data_fingerprint(eval_data), ignore=("shape", "examples"))  # held out: other cases
     if not found:
         return None
     key, was, now = found[0]
@@ -342,7 +347,23 @@ def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = 
         raise ValueError(
             f"--eval {eval_data} holds data preprocessed with {key} {_shown(now)} but the model trains on {key} "
             f"{_shown(was)} ({trained_from}){more}, so its scores would not be the model's; convert the held-out "
-            f"scans as the training data were (fullres preprocess ct with the same settings), or pass {EVAL_OPTION} "
-            "to score them anyway (the scores then say so).")
+            f"{_converted_as(trained)}, or pass {EVAL_OPTION} to score them anyway (the scores then say so).")
     return (f"scored across preprocessings: --eval {eval_data} has {key} {_shown(now)}, the training data "
             f"{_shown(was)}{more}")
+
+
+def _converted_as(trained: dict) -> str:
+    """How to convert held-out data as the training data were, in words: video clips name the clip settings.
+
+    >>> _converted_as({"kind": "video clips", "preprocessing": {"clip_length": 8, "clip_stride": 8, "size": [16, 16],
+    ...                                                         "fit": "crop"}})
+    'videos as the training clips were (fullres preprocess video --clip-length 8 --clip-stride 8 --size 16,16 --fit crop)'
+    """
+    from preprocessing.records import tfrecord_schema
+
+    recorded = trained.get("preprocessing") or {}
+    if trained.get("kind") != tfrecord_schema.VIDEO_RECORDS or not recorded.get("size"):
+        return "scans as the training data were (fullres preprocess ct with the same settings)"
+    return (f"videos as the training clips were (fullres preprocess video --clip-length {recorded['clip_length']} "
+            f"--clip-stride {recorded['clip_stride']} --size {','.join(map(str, recorded['size']))} "
+            f"--fit {recorded['fit']})")
