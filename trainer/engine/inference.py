@@ -54,7 +54,8 @@ def make_forward(model: keras.Model, distribution: device_mesh.SpatialParallel, 
             return jax.nn.softmax(outputs.astype(jnp.float32), axis=-1)
         return outputs
 
-    forward = split_ops.traced_split(forward, distribution.config.input_partition_dims)  # as training traces it
+    forward = split_ops.traced_split(forward, distribution.config.input_partition_dims,
+                                     distribution.device_mesh)  # as training traces it
     image_layout = distribution.get_data_layout((0,) * image_ndim)
     in_shardings = (placement.state_shardings(state, distribution), image_layout.backend_layout)
     if output == "raw":

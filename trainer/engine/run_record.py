@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # May differ between the runs of one folder: how long to train, how often to save and log, memory and input
 # tricks that do not change the arithmetic, and the held-out data (scored at the end, checked on its own).
 MAY_CHANGE = ("steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "input_cache", "allow_gathers",
-              "remat", "eval_data")
+              "remat", "eval_data", "kernels")  # kernels: the same values computed otherwise (kernels.py)
 _PATHS = ("train_data", "output_dir", "model.file")  # where things are; the data are judged by their fingerprint
 # Settings with an option of their own on `fullres train` (the others are `--set KEY=VALUE`).
 _FLAGS = {"steps", "epochs", "batch_size", "learning_rate", "warmup_steps", "schedule", "optimizer", "weight_decay",
@@ -100,7 +100,8 @@ def _settings(values: dict) -> dict:
     """The defining settings of a TrainConfig dict (`config.to_dict`, or train_config.json) as dotted keys, JSON
     values (tuples as lists)."""
     flat = parsing.flatten(json.loads(json.dumps(values)))
-    return {key: value for key, value in flat.items() if key not in MAY_CHANGE and key not in _PATHS}
+    return {key: value for key, value in flat.items()
+            if key not in MAY_CHANGE and key.partition(".")[0] not in MAY_CHANGE and key not in _PATHS}
 
 
 def _done_steps(run_dir: str) -> int:
@@ -305,7 +306,10 @@ def _log_changed_freely(recorded: dict, config: config_lib.TrainConfig, total_st
     for key in MAY_CHANGE:
         if key in ("steps", "epochs"):
             continue
-        if key in recorded and recorded[key] != now.get(key):
+        if key == "kernels" and key in recorded and recorded[key] != now[key]:
+            said += [f"--set kernels.{name}={value} (was {recorded[key].get(name)})"
+                     for name, value in now[key].items() if recorded[key].get(name) != value]
+        elif key in recorded and recorded[key] != now.get(key):
             said.append(f"{option(key)} {_shown(now.get(key))} (was {_shown(recorded[key])})")
     if previous.get("devices") is not None and previous["devices"] != devices:
         said.append(f"{devices} devices (was {previous['devices']}; the partition is the run's)")
