@@ -111,6 +111,26 @@ def _done_steps(run_dir: str) -> int:
     return steps[-1] if steps else 0
 
 
+def check_resumable(run_dir: str) -> None:
+    """`run_files.check_resumable`, and a finished run whose checkpoints are gone is refused: a rerun would start at
+    step 1 and overwrite the model it holds.
+
+    Raises:
+        output_guard.OutputRefused: the sentence names the model, the missing checkpoints and the fix.
+    """
+    from common import output_guard
+
+    run_files.check_resumable(run_dir)
+    model = run_files.path(run_dir, run_files.MODEL)
+    if "://" in run_dir or not os.path.isfile(model) or not run_files.holds_run(run_dir) or _done_steps(run_dir):
+        return
+    kept = run_files.path(run_dir, run_files.CHECKPOINTS)
+    raise output_guard.OutputRefused(
+        f"--output {run_dir} holds a trained model ({model}) but no checkpoint ({kept} is "
+        f"{'empty' if os.path.isdir(kept) else 'missing'}), so a rerun would train from step 1 and overwrite that "
+        f"model; put the run's checkpoints back into {kept} to resume it, or train into a new --output.")
+
+
 def _shown(value) -> str:
     if value is None:
         return "none"
@@ -130,8 +150,9 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
 
     Returns:
         The history line `record` writes once training starts: `{"event": "started" | "resumed" | "continued with
-        changes", "step", "steps", "devices", "data", "data_path", "eval_path", "fingerprint",
-        "model_source_sha256", "changed": {key: [before, now]}}` ("started" where the output holds no run yet;
+        changes", "step", "steps", "warmup_steps" (the warm-up used), "devices", "data", "data_path", "eval_path",
+        "fingerprint", "model_source_sha256", "changed": {key: [before, now]}}` ("started" where the output holds no
+        run yet;
         `data_path`, `eval_path`: the data's absolute paths, where a resume that leaves them out finds them).
 
     Raises:
@@ -139,10 +160,15 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     """
     from trainer.models import user_model
 
+    from trainer.engine import program  # Keras: the check above is asked before it is imported
+
     run_dir = config.output_dir
     fingerprint = data_fingerprint(config.train_data)
+    if (cut := program.warmup_note(config, total_steps)) is not None:
+        log(cut)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
-    line = {"event": "started", "step": 0, "steps": total_steps, "devices": devices, "data": config.train_data,
+    line = {"event": "started", "step": 0, "steps": total_steps, "warmup_steps": program.warmup_steps_used(
+                config, total_steps), "devices": devices, "data": config.train_data,
             "data_path": absolute(config.train_data), "eval_path": absolute(config.eval_data)}
     if recorded.train_config is None:  # no run here yet
         return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
