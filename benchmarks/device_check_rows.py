@@ -137,19 +137,20 @@ def roofline_seconds(figures: dict, row: dict) -> dict | None:
 class Step:
     """The training step of `row`'s config on one device: built once, compiled per size."""
 
-    def __init__(self, row: dict):
+    def __init__(self, row: dict, config=None):
         import jax
 
         from trainer.engine import program
         from trainer.parallel import device_mesh
         from trainer.tasks import registry
 
-        self.config = make_config(row)
+        self.config = config or make_config(row)  # `peer_rows.py` gives a zoo network's config
         self.task = registry.make_task(self.config)
         self.distribution = device_mesh.make_distribution(self.config.partition, jax.devices()[:1])
         with self.distribution.scope():
             self.model, self.optimizer, _, self.state = program.build_model(self.config, self.task, self.config.steps)
-        self.jitted = program.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5)
+        self.jitted = program.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5,
+                                       self.config.kernels)
 
     def compile(self, size: int):
         """(compiled step, its arguments' shapes, image shape, seconds) for size³ examples."""

@@ -292,8 +292,10 @@ def check_own_file(directory: str, name: str, header: bytes, made: str, option: 
                             f"it, so pass another {option}, or move {name} away.")
 
 
-def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], option: str = "--output") -> list[str]:
-    """`fullres predict`: a new or empty directory, or one whose `kind` marker lists every file it holds.
+def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], option: str = "--output",
+                        below: bool = False) -> list[str]:
+    """`fullres predict`: a new or empty directory, or one whose `kind` marker lists every file it holds (`below`:
+    in every subfolder too, named by relative paths, as a video's masks are).
 
     Returns:
         The files an earlier run of `kind` wrote there (which this run may replace).
@@ -303,7 +305,7 @@ def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], o
     """
     check_outside_inputs(output, inputs, option)
     _check_not_a_file(output, option)
-    names = [n for n in _entries(output) if n != MARKER]
+    names = [n for n in (_files_below(output) if below else _entries(output)) if n != MARKER]
     marker = read_marker(output) or {}
     listed = set(marker.get("files", [])) if marker.get("kind") == kind else set()
     unknown = [n for n in names if n not in listed]

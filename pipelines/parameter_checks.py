@@ -164,6 +164,11 @@ def video_clips(values: dict, where: Where) -> None:
         from common import parsing
         from preprocessing.video import video_clips as clips
 
+        length, stride = values["clip_length"], values["clip_stride"]
+        if length < 1 or stride < 0:  # the one that is wrong, in the pipeline's words (stride 0: side by side)
+            wrong = (f"{parameter('clip_length')} {length} must be 1 or more" if length < 1 else
+                     f"{parameter('clip_stride')} {stride} must be 0 (clips side by side) or more")
+            raise ValueError(f"{wrong}, e.g. {parameter('clip_length')}=16 {parameter('clip_stride')}=8.")
         clips.VideoPreprocessConfig(values["clip_length"], values["clip_stride"] or None,
                                     tuple(parsing.parse_list(values["size"], int, parameter("size"), "64,64") or ()))
 

@@ -174,7 +174,7 @@ def train(
         overrides = {**flags, **(pairs := parsing.parse_settings(settings or []))}
         config = config_resolution.resolve(task, preset, train_data, str(output), eval_data, overrides=overrides, model_source=model,
                                     recorded=rerun.base, given=recorded_settings.typed_as(flags, pairs))
-        recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say)
+        recorded_settings.log_taken(rerun, overrides, model is not None, log=console.say, preset=preset)
         train_lib.train(config, log=console.say, export_saved_model=saved_model, continue_with_changes=continue_with_changes,
                         eval_across_preprocessings=eval_across_preprocessings)
     except distributed.Preempted as preempted:

@@ -17,6 +17,7 @@ from trainer import cli_options
 
 
 def predict(
+    context: typer.Context,
     model: Annotated[Path, typer.Option(help="The output directory of `fullres train` (a segmentation model).")],
     input_path: Annotated[str, typer.Option("--input", help="A scan (NIfTI, NRRD, MetaImage), a DICOM series directory, or a directory of cases; for a video model, videos or DAVIS frame folders.")],
     output: Annotated[Path, typer.Option(help="Directory for the masks, summary.json and dead_letter.jsonl (new, or written by fullres predict).")],
@@ -76,7 +77,8 @@ def predict(
     from trainer.predict import predict as predict_lib, video_predict
 
     if video_predict.is_video_run(str(model)):  # trained on video clips: whole videos, PNG masks and an overlay
-        return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction)
+        return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction,
+                                     context)  # its options for scans are refused
     try:
         with output_guard.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,

@@ -40,7 +40,9 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         given: how the command line gave each override (`--set learning_rate=nan`), for the sentences; without
             it a sentence names a key as "train override KEY" (the pipelines' `train_overrides`).
 
-    Detection's class count comes from `label_map.json` beside `train_data` unless `model.num_classes` is given.
+    Detection's class count comes from `label_map.json` beside `train_data` unless `model.num_classes` is given;
+    a new segmentation run's input channels from the records of `train_data` (3 for video clips) unless
+    `model.in_channels` is.
 
     Example:
         >>> resolve(preset="demo", overrides={"model.num_levels": "2", "steps": 10}).model.num_levels
@@ -81,6 +83,12 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
         label_map = dataset_files.foreground(dataset_files.read_label_map(train_data) or {}) if train_data else None
         if label_map:
             values["model"]["num_classes"] = max(label_map.values())
+    if "model.in_channels" in hints and "model.in_channels" not in settings and recorded is None and train_data:
+        from preprocessing.records import data_set
+
+        # The records' own channels (video clips: RGB, 3) in the preset's place; `recorded_settings.channels_line`
+        # says so in the log.
+        values["model"]["in_channels"] = data_set.channels(train_data) or values["model"]["in_channels"]
     if "augmentation" in settings:  # a preset first, so that augmentation.FIELD settings change it
         values["augmentation"] = dataclasses.asdict(augment_recipe.preset(str(settings.pop("augmentation")).strip()))
     for key, value in settings.items():

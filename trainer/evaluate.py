@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from trainer import trained_run
 from trainer.engine import run_files, run_record
-from trainer.parallel import device_split
 
 
 def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = None, class_names: list[str] | None = None,
@@ -62,17 +61,16 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
 
 
 def _load_on_devices_present(run: trained_run.TrainedRun, log) -> tuple[trained_run.Loaded, dict]:
-    """The run's model placed under the split the devices present allow, and that choice as the scores keep it."""
+    """The run's model placed under the split the devices present allow (`trained_run.load_split`), and that choice
+    as the scores keep it."""
     import jax
 
-    devices = jax.devices()
-    trained = run.config.partition.input_partition_dims
-    dims, why = device_split.choose(trained, None, len(devices))
-    loaded = trained_run.load(run, devices, dims)
+    loaded, split = trained_run.load_split(run)
     replicas = loaded.distribution.num_replicas
-    log(f"evaluating each case split {','.join(map(str, dims))} over {loaded.config.partition.num_cores_per_replica} "
-        f"{devices[0].platform} device(s), {replicas} replica(s) of {len(devices)} device(s) present ({why})")
-    return loaded, {**device_split.record(dims, trained, len(devices), why), "replicas": replicas}
+    log(f"evaluating each case split {','.join(map(str, split['input_partition_dims']))} over "
+        f"{loaded.config.partition.num_cores_per_replica} {jax.devices()[0].platform} "
+        f"device(s), {replicas} replica(s) of {split['devices_present']} device(s) present ({split['why']})")
+    return loaded, {**split, "replicas": replicas}
 
 
 def _without_names(sample: dict, number: int) -> dict:

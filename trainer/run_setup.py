@@ -81,12 +81,13 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
         config = config_lib.with_dims(config, choice.input_partition_dims)
         task = registry.make_task(config)
+    # A rerun into a run's folder keeps to what the run means, checked before anything is built or written (and
+    # before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8").
+    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
+                                   continue_with_changes, log)
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
     )
-    # A rerun into a run's folder keeps to what the run means, checked before anything is built or written.
-    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
-                                   continue_with_changes, log)
     distribution = device_mesh.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(
@@ -113,7 +114,8 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
                                                                   "class; more levels widen it)"))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
     train_step = distributed.RunTogether(
-        program.jit_step(task, model, optimizer, distribution, state, len(image_shape)), "train step", log)
+        program.jit_step(task, model, optimizer, distribution, state, len(image_shape), config.kernels), "train step",
+        log)
     found = compiled_step.step_gathers(train_step.jitted, task, state, distribution, image_shape,
                                        keep=train_step.prime)
     if found and not config.allow_gathers:

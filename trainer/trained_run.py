@@ -10,7 +10,9 @@ and writes each file. This module turns them into something usable:
 * `open_run`: the config, the task (with the class names the run was trained with) and `model_info.json`;
 * `load_model`: the network rebuilt from the config (fullres's own, or the user's from the run's copy of its
   file) and given the trained weights;
-* `load`: the same, placed on a mesh for partitioned inference.
+* `load`: the same, placed on a mesh for partitioned inference;
+* `load_split`: placed under the split the devices present allow (`parallel.device_split`): predict (scans and
+  videos) and evaluation all load a run this one way.
 
 The network is rebuilt and given the weights rather than loaded whole: KerasHub's
 backbones inside the detector do not survive `keras.saving.load_model`, and a
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from common import file_writes
 from trainer import config as config_lib
 from trainer.engine import placement, run_files
-from trainer.parallel import device_mesh
+from trainer.parallel import device_mesh, device_split
 from trainer.tasks import base, registry
 
 
@@ -187,3 +189,32 @@ def load(run: TrainedRun | str, devices=None, input_partition_dims: Sequence[int
     with distribution.scope():
         model = load_model(run)
     return Loaded(run, config, model, placement.place_state(placement.weights_state(model), distribution), distribution)
+
+
+def load_split(run: TrainedRun, asked: Sequence[int] | None = None, *, one_replica: bool = False,
+               devices=None) -> tuple[Loaded, dict]:
+    """The run's network placed under the split the devices present allow, and that choice as outputs keep it.
+
+    The split is `device_split.choose`'s: `asked` (`--input-partition-dims`), else the training split where the
+    devices hold it, else its axes in fewer parts. `fullres predict` (scans and videos: `one_replica`, one
+    volume at a time) and evaluation (as many replicas as the devices hold and the batch divides) load so.
+
+    Returns:
+        (the `Loaded` model, `device_split.record` of the choice: `input_partition_dims`, `trained_with`,
+        `devices_present`, `why`).
+
+    Raises:
+        partitioning.PartitionError: the split asked for needs more devices than are present.
+    """
+    import math
+
+    import jax
+
+    devices = list(devices or jax.devices())
+    trained = run.config.partition.input_partition_dims
+    dims, why = device_split.choose(trained, asked, len(devices))
+    cores = math.prod(dims)
+    device_mesh.require_devices(cores, len(devices), f"input_partition_dims {list(dims)}",
+                                "pass --input-partition-dims with fewer parts")
+    loaded = load(run, devices[:cores] if one_replica else devices, dims)
+    return loaded, device_split.record(dims, trained, len(devices), why)

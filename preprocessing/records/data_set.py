@@ -180,3 +180,40 @@ def ct_shapes(data: DataSet, enough: int = 2) -> list[tuple[int, ...]]:
         finally:
             records.close()
     return shapes
+
+
+def examples(data: DataSet) -> str | None:
+    """Which examples a CT or video data set holds, in a few words: their count, first and last case id (clips:
+    `video@start`) and the SHA-256 of every case id in order. Two data sets of other scans or videos differ here
+    even where they were converted with the same settings; the same data moved or converted again do not (Beam's
+    sharding aside: ids are sorted). None for other kinds (detection records carry no case ids).
+
+    Each record's header is read (its id; no voxel), as training's input reads it at its start.
+    """
+    import hashlib
+
+    if data.kind not in (tfrecord_schema.CT_RECORDS, tfrecord_schema.VIDEO_RECORDS):
+        return None
+    ids = []
+    for path in data.files:
+        records = tfrecord_files.RecordFile(path)
+        try:
+            for number, length in enumerate(records.lengths):
+                features = example_layout.layout(
+                    lambda offset, size, number=number, records=records: records.read(number, offset, size), int(length))
+                ids.append(features[tfrecord_schema.CASE_ID][0].data.decode())
+        finally:
+            records.close()
+    ids.sort()
+    digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
+    return f"{len(ids)} ({ids[0]} ... {ids[-1]}, ids sha256 {digest})" if ids else "0"
+
+
+def channels(value: str) -> int | None:
+    """The input channels of the records `value` names (`resolve`): 3 for video clips (RGB frames), 1 for CT
+    volumes; None for other records, or data `resolve` refuses (the trainer's data check then names why)."""
+    try:
+        kind = resolve(value).kind
+    except (ValueError, FileNotFoundError):
+        return None
+    return {tfrecord_schema.VIDEO_RECORDS: 3, tfrecord_schema.CT_RECORDS: 1}.get(kind)

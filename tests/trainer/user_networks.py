@@ -107,3 +107,18 @@ def wide_coarse(num_classes=3, in_channels=1):
     coarse = layers.Conv3D(4, 5, padding="same", activation="relu", name="wide_coarse")(coarse)
     merged = layers.Concatenate()([x, layers.UpSampling3D(2)(coarse)])
     return keras.Model(inputs, layers.Conv3D(num_classes, 1)(merged), name="wide_coarse")
+
+
+
+def global_attention(num_classes=3, in_channels=1):
+    """UNETR in small: 2³ patches embedded by a strided convolution, global multi-head self-attention of every token
+    of the volume's grid to every other (pre-norm, residual), nearest upsampling back to the input's resolution and
+    a convolution, a skip from the input. (Not 4³ patches: `fullres train` of a k=4 s=4 patch embedding on the 16³
+    demo volumes split 2×2 all-gathers 2 KiB "outside any layer", attention or not; measured 2026-11-28.)"""
+    inputs = keras.Input((None, None, None, in_channels))
+    tokens = layers.Conv3D(16, 2, strides=2, name="patch_embedding")(inputs)
+    normed = layers.LayerNormalization()(tokens)
+    attended = layers.MultiHeadAttention(2, 8, attention_axes=(1, 2, 3), name="global_attention")(normed, normed)
+    x = layers.Conv3D(8, 1, name="up")(layers.UpSampling3D(2)(layers.Add()([tokens, attended])))
+    x = layers.Conv3D(8, 3, padding="same", activation="relu")(layers.Concatenate()([inputs, x]))
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="global_attention")

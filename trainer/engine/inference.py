@@ -54,7 +54,8 @@ def make_forward(model: keras.Model, distribution: device_mesh.SpatialParallel, 
             return jax.nn.softmax(outputs.astype(jnp.float32), axis=-1)
         return outputs
 
-    forward = split_ops.traced_split(forward, distribution.config.input_partition_dims)  # as training traces it
+    forward = split_ops.traced_split(forward, distribution.config.input_partition_dims,
+                                     distribution.device_mesh)  # as training traces it
     image_layout = distribution.get_data_layout((0,) * image_ndim)
     in_shardings = (placement.state_shardings(state, distribution), image_layout.backend_layout)
     if output == "raw":
@@ -127,8 +128,12 @@ class VolumePredictor:
             padded shape is compiled ahead of time and its memory checked before anything runs.
         patch_size: predict by nnU-Net's sliding window of this (D, H, W) (`sliding_window`: a patch-trained
             model, or one asked to), each window one partitioned pass; None: the whole volume in one pass.
-        pad_as: pad volumes as this split would too (the training split, where predict splits fewer ways than it:
-            the padding is part of what the model sees, so the masks are then those of the training split).
+        pad_as: pad volumes as this split pads them (the training split): the padding is part of what the model
+            sees (instance normalization averages over it, the convolutions at the border read it), so every split
+            that runs on that one padded shape gives the training split's masks. A split runs on it when each axis
+            divides by its parts (the input's placement needs that); the model's lower levels may then divide
+            unevenly, which XLA's partitioner computes exactly (nothing in a forward pass is a `shard_map`). Only a
+            split the padded shape does not divide pads further (`pads_beyond`), and its masks can differ.
     """
 
     def __init__(self, model, state: placement.TrainState, partition: partitioning.PartitionConfig, devices,
@@ -141,16 +146,17 @@ class VolumePredictor:
         self.model = model
         self.state = placement.place_state(state, self.distribution)
         self.multiples = spatial_multiples(partition.input_partition_dims, downsampling_levels)
-        if pad_as is not None:
-            self.multiples = tuple(math.lcm(a, b) for a, b in zip(self.multiples,
-                                                                  spatial_multiples(pad_as, downsampling_levels)))
+        spatial = len(partition.input_partition_dims) - 2
+        self._runs_on = tuple(math.lcm(2**level, int(parts)) for level, parts in zip(  # what the pass accepts
+            partitioning.per_axis(downsampling_levels, spatial), partition.input_partition_dims[1:-1]))
+        self.pad_multiples = self.multiples if pad_as is None else spatial_multiples(pad_as, downsampling_levels)
         self.device_memory = device_memory if device_memory is not None else device_memory_limit(devices[0])
         self._forward = None
         self._compiled: dict[tuple[int, ...], object] = {}
         self.patch_size = None if patch_size is None else tuple(int(p) for p in patch_size)
-        if self.patch_size is not None and any(p % m for p, m in zip(self.patch_size, self.multiples)):
+        if self.patch_size is not None and any(p % m for p, m in zip(self.patch_size, self._runs_on)):
             raise ValueError(f"the sliding window's patch {list(self.patch_size)} must be a multiple of "
-                             f"{list(self.multiples)} along each axis (the model's downsampling times the split "
+                             f"{list(self._runs_on)} along each axis (the model's downsampling and the split "
                              f"{','.join(map(str, partition.input_partition_dims))}); split it another way with "
                              "--input-partition-dims.")
         self.windows = 0  # the sliding windows of the last volume predicted
@@ -184,7 +190,24 @@ class VolumePredictor:
         """The shape a volume of `spatial_shape` is padded to before the forward pass (sliding: to one patch)."""
         if self.patch_size is not None:
             return tuple(max(s, p) for s, p in zip(spatial_shape, self.patch_size))
-        return padded_shape(spatial_shape, self.multiples)
+        shared = padded_shape(spatial_shape, self.pad_multiples)  # the training split's padding: every split's
+        if all(size % multiple == 0 for size, multiple in zip(shared, self._runs_on)):
+            return shared
+        return padded_shape(spatial_shape, [math.lcm(a, b) for a, b in zip(self.pad_multiples, self._runs_on)])
+
+    def pads_beyond(self, spatial_shape: Sequence[int]) -> str | None:
+        """Where this split pads a volume of `spatial_shape` further than the training split does (its masks can
+        then differ from the training split's), that in words; else None."""
+        if self.patch_size is not None:
+            return None
+        shared, own = padded_shape(spatial_shape, self.pad_multiples), self.padded_shape(spatial_shape)
+        if shared == own:
+            return None
+        dims = ",".join(map(str, self.partition.input_partition_dims))
+        return (f"split {dims} pads {'×'.join(map(str, spatial_shape))} to {'×'.join(map(str, own))}, beyond the "
+                f"training split's {'×'.join(map(str, shared))}, and the model sees padding (instance normalization "
+                "averages over it), so its masks can differ from the training split's; a split whose parts divide "
+                f"{'×'.join(map(str, shared))} gives them exactly")
 
     def describe(self) -> str:
         """How volumes meet the network, in words (predict's log and summary)."""
@@ -212,9 +235,9 @@ class VolumePredictor:
             return self._sliding(volume, fill)
         spatial = volume.shape[:-1]
         target = self.padded_shape(spatial) if pad_to is None else tuple(pad_to)
-        if any(t < s or t % m for s, t, m in zip(spatial, target, self.multiples)):
+        if any(t < s or t % m for s, t, m in zip(spatial, target, self._runs_on)):
             raise ValueError(f"pad_to {list(target)} must be at least {list(spatial)} and a multiple of "
-                             f"{list(self.multiples)}.")
+                             f"{list(self._runs_on)}.")
         padding = [(0, t - s) for s, t in zip(spatial, target)]
         padded = np.pad(volume, [*padding, (0, 0)], constant_values=fill) if any(p for _, p in padding) else volume
         batch = padded[None].astype(np.float32)

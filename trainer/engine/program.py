@@ -86,11 +86,13 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
     return model, optimizer, schedule, placement.initial_state(model, optimizer)
 
 
-def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int):
+def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int,
+             kernels=None):
     """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
-    `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it."""
+    `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it;
+    `kernels`: the run's `config.kernels` (`trainer.parallel.kernels`; None: XLA's own ops)."""
     prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
     train_step = step.make_train_step(model, optimizer, task.loss, prepare, task.batch_metrics)
     return step.jit_train_step(train_step, distribution, state,
                                image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
-                               input_sharding=task.input_sharding(distribution, image_ndim))
+                               input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels)

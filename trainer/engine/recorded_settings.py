@@ -150,11 +150,31 @@ def base(settings: dict, task: str) -> dict:
     return merged
 
 
-def log_taken(rerun: Rerun, overrides: dict, model_given: bool, log: Callable[[str], None]) -> None:
-    """Logs `taken_line` where the record supplied anything."""
-    line = taken_line(rerun, overrides, model_given)
-    if line is not None:
-        log(line)
+def log_taken(rerun: Rerun, overrides: dict, model_given: bool, log: Callable[[str], None],
+              preset: str | None = None) -> None:
+    """Logs `taken_line` where the record supplied anything, and `channels_line` where the data did."""
+    for line in (taken_line(rerun, overrides, model_given), channels_line(rerun, overrides, preset)):
+        if line is not None:
+            log(line)
+
+
+def channels_line(rerun: Rerun, overrides: dict, preset: str | None) -> str | None:
+    """The log line saying a new segmentation run took its input channels from its records (`config.resolve`), where
+    `preset` has others (3-channel video clips under a 1-channel preset); None otherwise, or where the command line
+    set `model.in_channels`."""
+    if preset is None or rerun.base is not None or not rerun.train_data or overrides.get("model.in_channels"):
+        return None
+    from preprocessing.records import data_set
+    from trainer import presets
+
+    channels = data_set.channels(rerun.train_data)  # None for records without channels of their own (boxes)
+    preset_channels = getattr((presets.DEFAULT_PRESETS[rerun.task] if preset == "default"
+                               else presets.PRESETS[preset])().model, "in_channels", None)
+    if channels is None or preset_channels is None or channels == preset_channels:
+        return None
+    held = "video clips (RGB frames)" if channels == 3 else "CT volumes (one channel)"
+    return (f"model.in_channels {channels}: taken from --train {rerun.train_data}, which holds {held}, in place of "
+            f"the {preset} preset's {preset_channels} (--set model.in_channels=N sets it)")
 
 
 def taken_line(rerun: Rerun, overrides: dict, model_given: bool) -> str | None:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # May differ between the runs of one folder: how long to train, how often to save and log, memory and input
 # tricks that do not change the arithmetic, and the held-out data (scored at the end, checked on its own).
 MAY_CHANGE = ("steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "input_cache", "allow_gathers",
-              "remat", "eval_data")
+              "remat", "eval_data", "kernels")  # kernels: the same values computed otherwise (kernels.py)
 _PATHS = ("train_data", "output_dir", "model.file")  # where things are; the data are judged by their fingerprint
 # Settings with an option of their own on `fullres train` (the others are `--set KEY=VALUE`).
 _FLAGS = {"steps", "epochs", "batch_size", "learning_rate", "warmup_steps", "schedule", "optimizer", "weight_decay",
@@ -70,9 +70,12 @@ def option(key: str) -> str:
 
 def data_fingerprint(pattern: str) -> dict:
     """What the preprocessing of the data set `pattern` names recorded: its record kind, `summary.json`'s
-    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none)."""
+    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none);
+    and which examples it holds (`data_set.examples`: other scans or videos with the same settings are other data)."""
     data = data_set.resolve(pattern)
-    return {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
+    fingerprint = {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
+    found = data_set.examples(data)
+    return fingerprint if found is None else {**fingerprint, "examples": found}
 
 
 def absolute(pattern: str | None) -> str | None:
@@ -97,7 +100,8 @@ def _settings(values: dict) -> dict:
     """The defining settings of a TrainConfig dict (`config.to_dict`, or train_config.json) as dotted keys, JSON
     values (tuples as lists)."""
     flat = parsing.flatten(json.loads(json.dumps(values)))
-    return {key: value for key, value in flat.items() if key not in MAY_CHANGE and key not in _PATHS}
+    return {key: value for key, value in flat.items()
+            if key not in MAY_CHANGE and key.partition(".")[0] not in MAY_CHANGE and key not in _PATHS}
 
 
 def _done_steps(run_dir: str) -> int:
@@ -222,7 +226,9 @@ def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
     changes: dict[str, tuple[object, object, str]] = {}
     summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
     for key, was, now in differences(trained_fingerprint(recorded), fingerprint):
-        changes[f"training data {key}"] = (was, now, summary)
+        where = (f" (--train {config.train_data} holds other cases than the run trained on: its case ids differ)"
+                 if key == "examples" else summary)
+        changes[f"training data {key}"] = (was, now, where)
     values = config_lib.to_dict(config)
     before, after = _settings(recorded.train_config), _settings(values)
     differ = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
@@ -274,7 +280,10 @@ def _log_changed_freely(recorded: dict, config: config_lib.TrainConfig, total_st
     for key in MAY_CHANGE:
         if key in ("steps", "epochs"):
             continue
-        if key in recorded and recorded[key] != now.get(key):
+        if key == "kernels" and key in recorded and recorded[key] != now[key]:
+            said += [f"--set kernels.{name}={value} (was {recorded[key].get(name)})"
+                     for name, value in now[key].items() if recorded[key].get(name) != value]
+        elif key in recorded and recorded[key] != now.get(key):
             said.append(f"{option(key)} {_shown(now.get(key))} (was {_shown(recorded[key])})")
     if previous.get("devices") is not None and previous["devices"] != devices:
         said.append(f"{devices} devices (was {previous['devices']}; the partition is the run's)")
@@ -307,7 +316,7 @@ def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = 
     Raises:
         ValueError: they differ and `across` is False.
     """
-    found = differences(trained, data_fingerprint(eval_data), ignore=("shape",))
+    found = differences(trained, data_fingerprint(eval_data), ignore=("shape", "examples"))  # held out: other cases
     if not found:
         return None
     key, was, now = found[0]
@@ -316,7 +325,23 @@ def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = 
         raise ValueError(
             f"--eval {eval_data} holds data preprocessed with {key} {_shown(now)} but the model trains on {key} "
             f"{_shown(was)} ({trained_from}){more}, so its scores would not be the model's; convert the held-out "
-            f"scans as the training data were (fullres preprocess ct with the same settings), or pass {EVAL_OPTION} "
-            "to score them anyway (the scores then say so).")
+            f"{_converted_as(trained)}, or pass {EVAL_OPTION} to score them anyway (the scores then say so).")
     return (f"scored across preprocessings: --eval {eval_data} has {key} {_shown(now)}, the training data "
             f"{_shown(was)}{more}")
+
+
+def _converted_as(trained: dict) -> str:
+    """How to convert held-out data as the training data were, in words: video clips name the clip settings.
+
+    >>> _converted_as({"kind": "video clips", "preprocessing": {"clip_length": 8, "clip_stride": 8, "size": [16, 16],
+    ...                                                         "fit": "crop"}})
+    'videos as the training clips were (fullres preprocess video --clip-length 8 --clip-stride 8 --size 16,16 --fit crop)'
+    """
+    from preprocessing.records import tfrecord_schema
+
+    recorded = trained.get("preprocessing") or {}
+    if trained.get("kind") != tfrecord_schema.VIDEO_RECORDS or not recorded.get("size"):
+        return "scans as the training data were (fullres preprocess ct with the same settings)"
+    return (f"videos as the training clips were (fullres preprocess video --clip-length {recorded['clip_length']} "
+            f"--clip-stride {recorded['clip_stride']} --size {','.join(map(str, recorded['size']))} "
+            f"--fit {recorded['fit']})")

@@ -2,9 +2,13 @@
 
 `fullres predict` and evaluation (`trainer.evaluate`, the pipelines' evaluate step) both choose here: the
 training split where the devices present hold it; otherwise the same axes cut into fewer parts until they fit
-(a 16-way `1,4,4,1,1` model predicts `1,2,2,1,1` on 4 devices and unsplit on 1). Predict still pads volumes as
-the training split pads them (`inference.VolumePredictor(pad_as=...)`: the padding is part of what the model
-sees); evaluation's records are not padded, and a smaller cut divides every size the training split divides. A split changes no class id (the partitioned forward pass is exact up to float rounding:
+(a 16-way `1,4,4,1,1` model predicts `1,2,2,1,1` on 4 devices and unsplit on 1). Predict pads volumes as the
+training split pads them under every split, `--input-partition-dims` too (`inference.VolumePredictor(pad_as=...)`:
+the padding is part of what the model sees, instance normalization averages over it); a split runs on that shape
+wherever each axis divides by its parts, its lower levels split unevenly by XLA, exactly. Only an asked split that
+does not divide it pads further, and says its masks can differ (no split can run a shape its input does not
+divide: the input's placement needs equal blocks). Evaluation's records are not padded, and a smaller cut divides
+every size the training split divides. `trained_run.load_split` loads a run under this choice for all three. A split changes no class id (the partitioned forward pass is exact up to float rounding:
 `tests/trainer/parallel/test_parity.py`), so the masks, and an evaluation's scores, are those of the training
 split; only how much of a volume each device holds changes, and a scan too large for the split chosen is a dead
 letter that names the cores it needs (`engine.inference.VolumeTooLarge`).

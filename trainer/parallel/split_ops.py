@@ -11,6 +11,10 @@ spatial split, those ops are computed by exactly equivalent formulations that
 split with halo exchanges only: `subpixel.conv_transpose` (a stride-1
 convolution and a depth-to-space) and `interpolation.resize` (a fixed 3-tap
 stencil per axis and an interleave; integer factors, linear and nearest).
+Global attention (Keras's `dot_product_attention`, which `MultiHeadAttention`
+calls, and `MultiHeadAttention` over a grid of tokens), whose keys and values
+XLA would all-gather, is `ring_attention`'s: keys and values passed round the
+devices that hold the tokens, over the split's mesh.
 
 Under a split means: inside fullres's own compiled programs for a split layout
 (`splitting`: training's step, `fullres plan`, evaluation and `fullres predict`),
@@ -26,7 +30,9 @@ import contextlib
 import contextvars
 
 _SPLITTING = contextvars.ContextVar("fullres_splitting", default=())  # input_partition_dims while `splitting`
+_MESH = contextvars.ContextVar("fullres_split_mesh", default=None)  # the jax Mesh of the split, where `splitting` has one
 _ORIGINAL = {}  # what `install` replaced: name -> the original function
+_SUBPIXEL_EVERYWHERE = contextvars.ContextVar("fullres_subpixel_everywhere", default=False)
 
 
 def partition_dims() -> tuple[int, ...]:
@@ -56,26 +62,55 @@ def spatial_parts(spatial_dims: int) -> tuple[int, ...]:
     return tuple(parts) if len(parts) == spatial_dims else (math.lcm(*parts),) * spatial_dims
 
 
+def mesh():
+    """The `jax.sharding.Mesh` the traced model is split over (`splitting`'s, else a splitting `SpatialParallel`'s);
+    None where none is known (a shape-only trace), and the ops that need one (ring attention) are then Keras's."""
+    if not active():
+        return None
+    if _MESH.get() is not None:
+        return _MESH.get()
+    import keras
+
+    distribution = keras.distribution.distribution()
+    if getattr(distribution, "config", None) is None:
+        return None
+    return distribution.device_mesh.backend_mesh
+
+
 @contextlib.contextmanager
-def splitting(input_partition_dims):
+def splitting(input_partition_dims, device_mesh=None):
     """Traces what runs inside with the split formulations, for a layout split as `input_partition_dims` (one
-    integer per dimension of the features, channels last; a 1-way layout keeps Keras's own ops)."""
+    integer per dimension of the features, channels last; a 1-way layout keeps Keras's own ops) over `device_mesh`
+    (a `jax.sharding.Mesh` or a `keras.distribution.DeviceMesh`; None: shapes only, attention stays Keras's)."""
     install()
     token = _SPLITTING.set(tuple(int(parts) for parts in input_partition_dims))
+    mesh_token = _MESH.set(getattr(device_mesh, "backend_mesh", device_mesh))
     try:
         yield
     finally:
+        _MESH.reset(mesh_token)
         _SPLITTING.reset(token)
 
 
-def traced_split(function, input_partition_dims):
-    """`function`, tracing its body under `splitting(input_partition_dims)`: what fullres jits for a layout (same
-    name, so the compiled program's op names read as before)."""
+@contextlib.contextmanager
+def subpixel_everywhere(enabled: bool = True):
+    """Traces what runs inside with every transposed convolution sub-pixel, split or not (`kernels.conv_transpose`)."""
+    install()
+    token = _SUBPIXEL_EVERYWHERE.set(enabled)
+    try:
+        yield
+    finally:
+        _SUBPIXEL_EVERYWHERE.reset(token)
+
+
+def traced_split(function, input_partition_dims, device_mesh=None):
+    """`function`, tracing its body under `splitting(input_partition_dims, device_mesh)`: what fullres jits for a
+    layout (same name, so the compiled program's op names read as before)."""
     import functools
 
     @functools.wraps(function)
     def traced(*args, **kwargs):
-        with splitting(input_partition_dims):
+        with splitting(input_partition_dims, device_mesh):
             return function(*args, **kwargs)
 
     return traced
@@ -83,9 +118,9 @@ def traced_split(function, input_partition_dims):
 
 def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
                     dilation_rate=1):
-    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split."""
+    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `subpixel_everywhere`."""
     original = _ORIGINAL["conv_transpose"]
-    if not active():
+    if not active() and not _SUBPIXEL_EVERYWHERE.get():
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend
     from keras.src.backend.common import backend_utils
@@ -120,15 +155,52 @@ def _resize(image, shape, method, antialias=True, precision=None):
     return original(image, shape, method, antialias, precision)
 
 
+def _dot_product_attention(query, key, value, bias=None, mask=None, scale=None, is_causal=False,
+                           flash_attention=None, attn_logits_soft_cap=None):
+    """Keras's JAX `dot_product_attention` (`keras.ops.dot_product_attention`, `MultiHeadAttention`), as
+    `ring_attention.dot_product_attention` under a split where that computes it."""
+    from trainer.parallel import ring_attention
+
+    split_mesh = mesh()
+    if attn_logits_soft_cap is None and ring_attention.supported(split_mesh, query, key, value, bias, mask):
+        return ring_attention.dot_product_attention(split_mesh, query, key, value, bias, mask, scale, is_causal)
+    return _ORIGINAL["dot_product_attention"](query, key, value, bias, mask, scale, is_causal, flash_attention,
+                                              attn_logits_soft_cap)
+
+
+def _compute_attention(layer, query, key, value, attention_mask=None, training=None, return_attention_scores=False,
+                       use_causal_mask=False):
+    """`MultiHeadAttention._compute_attention`; over a grid of tokens laid out as the split volume (`attention_axes`
+    some or all of its spatial axes, one of them split), as `ring_attention.grid_attention` under a split."""
+    from trainer.parallel import ring_attention
+
+    split_mesh = mesh()
+    plain = attention_mask is None and not use_causal_mask and not return_attention_scores and (
+        layer._dropout == 0.0 or not training)
+    if plain and ring_attention.grid_supported(split_mesh, query, key, value, layer._attention_axes,
+                                               len(partition_dims()) - 2):
+        output = ring_attention.grid_attention(split_mesh, query, key, value, layer._inverse_sqrt_key_dim,
+                                               len(partition_dims()) - 2, layer._attention_axes)
+        return output, None
+    return _ORIGINAL["compute_attention"](layer, query, key, value, attention_mask=attention_mask, training=training,
+                                          return_attention_scores=return_attention_scores,
+                                          use_causal_mask=use_causal_mask)
+
+
 def install() -> None:
-    """Routes Keras's JAX `conv_transpose` and `jax.image.resize` through the split formulations (once; they act
-    only while `active`)."""
+    """Routes Keras's JAX `conv_transpose`, `dot_product_attention`, `MultiHeadAttention`'s attention and
+    `jax.image.resize` through the split formulations (once; they act only while `active`)."""
     if _ORIGINAL:
         return
     import jax
+    import keras
     from keras.src.backend.jax import nn
 
     _ORIGINAL["conv_transpose"] = nn.conv_transpose
     _ORIGINAL["resize"] = jax.image.resize
+    _ORIGINAL["dot_product_attention"] = nn.dot_product_attention
+    _ORIGINAL["compute_attention"] = keras.layers.MultiHeadAttention._compute_attention
     nn.conv_transpose = _conv_transpose
     jax.image.resize = _resize
+    nn.dot_product_attention = _dot_product_attention
+    keras.layers.MultiHeadAttention._compute_attention = _compute_attention

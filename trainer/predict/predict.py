@@ -18,7 +18,6 @@ from preprocessing.ct import ct_io, ct_transforms, intensity, volume_discovery
 from preprocessing.records import dataset_files
 from trainer import config as config_lib, trained_run
 from trainer.engine import inference, run_files
-from trainer.parallel import device_mesh, device_split
 from trainer.predict import outputs, scan_grid
 
 # What predict needs to prepare a scan as the model's training scans were (see ct_transforms.preprocessing_record).
@@ -140,6 +139,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
     # Only files an earlier predict listed in its marker may be replaced: a user's own `CASE.nii.gz` is never overwritten.
     written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
     written |= {name for own in (outputs.SUMMARY, "dead_letter.jsonl") for name in (own, file_writes.PARTIAL_PREFIX + own)}
+    _refuse_videos(input_path, model_dir)  # before the DICOM reader tries each frame (and logs each failure)
     found = volume_discovery.find_volumes(input_path, follow_links=follow_links)
     scans = dict(sorted(found.images.items()))
     if not scans and not found.dead:
@@ -161,19 +161,12 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
         case.case_id, case.image, output_format_name, probabilities, dicom_seg,
         _class_names(info, run.config.model.num_classes)) for case in named.cases}, probabilities)
     devices = jax.devices()
-    dims, split_reason = device_split.choose(run.config.partition.input_partition_dims, input_partition_dims,
-                                             len(devices))
-    config = config_lib.with_dims(run.config, dims)
-    cores = config.partition.num_cores_per_replica
-    device_mesh.require_devices(cores, len(devices),
-                                 f"input_partition_dims {list(config.partition.input_partition_dims)}",
-                                 "pass --input-partition-dims with fewer parts")
-    loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)  # one replica
+    loaded, split = trained_run.load_split(run, input_partition_dims, one_replica=True)
+    config, dims, split_reason = loaded.config, split["input_partition_dims"], split["why"]
     patch, why = _window(config, info, sliding_window)
     predictor = inference.VolumePredictor(loaded.model, loaded.state, config.partition, devices,
                                           config.model.downsampling_levels, device_memory, patch_size=patch,
-                                          pad_as=run.config.partition.input_partition_dims if input_partition_dims is None
-                                          else None)
+                                          pad_as=run.config.partition.input_partition_dims)
     names = _class_names(info, config.model.num_classes)
     shown_dims = ",".join(map(str, dims))
     if not info.get("data_modality"):
@@ -224,7 +217,8 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
             dead.append(dead_letters.dead_letter(source.name, "predict", reason, scrub(detail)))
             log(f"[{number}/{len(scans)}] {case_id}: skipped ({reason}: {scrub(detail)})")
             continue
-        case["problems"] = [scrub(problem) for problem in case["problems"]]
+        beyond = predictor.pads_beyond(case["model_grid_shape"])  # an asked split the training padding cannot run
+        case["problems"] = [scrub(problem) for problem in case["problems"] + ([f"note: {beyond}"] if beyond else [])]
         case["notes"] = [{"reason": reason, "detail": scrub(detail)} for _, reason, detail in source.notes]
         case["seconds"] = round(time.perf_counter() - started, 3)
         cases.append(case)
@@ -237,7 +231,7 @@ def predict(model_dir: str, input_path: str, output_dir: str, *, output_format_n
                "pseudonymized": pseudonymize, "ok": len(cases),
                "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{config.partition.num_cores_per_replica} {devices[0].platform}",
-               "split": device_split.record(dims, run.config.partition.input_partition_dims, len(devices), split_reason),
+               "split": split,
                "class_names": names, "inference": {"method": "whole" if patch is None else "sliding_window",
                                                    "patch_size": None if patch is None else list(patch),
                                                    "described": predictor.describe() + why},
@@ -279,6 +273,29 @@ def _predict_case(case_id, source, info, predictor, names, output_dir, format_na
             "padded_shape": list(predictor.padded_shape(prepared.volume.shape[:3])),
             "input_partition_dims": list(predictor.partition.input_partition_dims),
             **({"windows": predictor.windows} if predictor.patch_size is not None else {}), "outputs": files}
+
+
+SCAN_SUFFIXES = (".nii", ".nii.gz", ".nrrd", ".nhdr", ".mha", ".mhd", ".dcm", ".ima")
+
+
+def _refuse_videos(input_path: str, model_dir: str) -> None:
+    """Refuses, in one sentence, an `--input` of videos or video frames (a DAVIS folder, `frames/00000.jpg`) for a CT
+    model: it holds such files and none that could be a scan (a scan suffix, or none: DICOM files often have none).
+    Before: the DICOM reader tried every frame and the terminal filled with its errors (88 for a DAVIS folder)."""
+    from preprocessing.video import video_discovery, video_files
+
+    media = video_discovery.FRAME_SUFFIXES + video_files.VIDEO_SUFFIXES
+    names = ([os.path.basename(input_path)] if os.path.isfile(input_path) else
+             [name for _, _, files in os.walk(input_path) for name in files if not name.startswith(".")])
+    lowered = [name.lower() for name in names]
+    if any(name.endswith(SCAN_SUFFIXES) or "." not in name for name in lowered):
+        return
+    found = sorted({os.path.splitext(name)[1] for name in lowered if name.endswith(media)})
+    if found:
+        raise ModelRefused(
+            f"--input {input_path} holds videos or video frames ({', '.join(found)}) and no scan, but --model "
+            f"{model_dir} is a CT model, which segments scans (NIfTI, NRRD, MetaImage, DICOM); predict videos with a "
+            "model trained on video clips (fullres preprocess video, then fullres train --preset video).")
 
 
 def _window(config: config_lib.TrainConfig, info: dict, asked: bool) -> tuple[tuple[int, ...] | None, str]:

@@ -12,7 +12,7 @@ is written whole or not at all (`common.file_writes`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -52,18 +52,17 @@ def unfit_mask(mask: np.ndarray, source_size: tuple[int, int], box: tuple[float,
     return full
 
 
-def write_masks(folder: str, masks: Iterable[np.ndarray]) -> list[str]:
-    """Writes each (H, W) mask as `folder/00000.png, 00001.png, ...` (palette PNGs); returns the names."""
+def write_masks(folder: str, masks: Iterable[np.ndarray], names: Sequence[str]) -> list[str]:
+    """Writes each (H, W) mask as `folder/NAME` (palette PNGs; NAME: its frame's own name, `00005.png`); returns
+    the names."""
     os.makedirs(folder, exist_ok=True)
-    names, palette = [], davis_palette()
-    for index, mask in enumerate(masks):
-        name = f"{index:05d}.png"
+    palette = davis_palette()
+    for name, mask in zip(names, masks, strict=True):
         image = Image.fromarray(mask)  # mode L; the palette makes it P
         image.putpalette(palette)
         with file_writes.whole(os.path.join(folder, name)) as temporary:
             image.save(temporary, format="PNG")
-        names.append(name)
-    return names
+    return list(names)
 
 
 def overlay(frame: np.ndarray, mask: np.ndarray, palette: np.ndarray) -> np.ndarray:

@@ -29,9 +29,9 @@ import numpy as np
 from common import console, dead_letters, output_guard
 from preprocessing.records import dataset_files
 from preprocessing.video import video_clips, video_discovery
-from trainer import config as config_lib, trained_run
+from trainer import trained_run
 from trainer.engine import inference
-from trainer.parallel import device_mesh, device_split, partitioning
+from trainer.parallel import partitioning
 from trainer.predict import outputs, video_outputs
 
 
@@ -77,34 +77,31 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
     dead_letters.check_failed_fraction(max_failed_fraction)
     info = trained_run.read_info(model_dir)
     settings = video_clips.config_of(info["preprocessing"])
-    written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir}))
+    # Masks sit in one folder per video: every file below the output, not only its top level, must be predict's.
+    written = set(output_guard.check_listed_output(output_dir, "predict", {"input": input_path, "model": model_dir},
+                                                   below=True))
     written |= {outputs.SUMMARY, "dead_letter.jsonl"}
     sources, layout = video_discovery.discover(input_path)
     if not sources:
-        raise FileNotFoundError(f"--input {input_path} holds no video ({', '.join(video_clips.video_files.VIDEO_SUFFIXES)}"
-                                f") or frame folder ({video_discovery.FRAMES_FOLDER}/<video>/00000.jpg).")
+        raise FileNotFoundError(f"--input {input_path} holds no {video_discovery.WHAT_IS_TAKEN}.")
     import jax
 
     run = trained_run.open_run(model_dir)
     devices = jax.devices()
     # The training split where the devices hold it, else its axes in fewer parts (as predict and evaluation do):
-    # a clip model trained split over time on 8 devices segments videos on 1.
-    trained = run.config.partition.input_partition_dims
-    chosen, split_reason = device_split.choose(trained, input_partition_dims, len(devices))
-    config = config_lib.with_dims(run.config, chosen)
+    # a clip model trained split over time on 8 devices segments videos on 1, with the training split's masks.
+    loaded, split = trained_run.load_split(run, input_partition_dims, one_replica=True)
+    config, trained = loaded.config, run.config.partition.input_partition_dims
     cores = config.partition.num_cores_per_replica
-    device_mesh.require_devices(cores, len(devices), f"input_partition_dims {list(config.partition.input_partition_dims)}",
-                                 "pass --input-partition-dims with fewer parts")
-    loaded = trained_run.load(run, devices[:cores], config.partition.input_partition_dims)
     make = lambda patch: inference.VolumePredictor(  # noqa: E731
         loaded.model, loaded.state, config.partition, devices, config.model.downsampling_levels, device_memory,
-        patch_size=patch, pad_as=trained if input_partition_dims is None else None)
+        patch_size=patch, pad_as=trained)
     whole, windows = make(None), None
     names = list(info.get("class_names") or dataset_files.segmentation_class_names(config.model.num_classes))
     dims = ",".join(map(str, config.partition.input_partition_dims))
     log(f"fullres predict: {len(sources)} video(s) ({layout}) from {input_path}, model {model_dir} ({len(names)} "
         f"classes: {', '.join(names)}), frames fitted to {settings.size[0]}x{settings.size[1]} ({settings.fit}), "
-        f"split {dims} over {cores} {devices[0].platform} device(s) ({split_reason})")
+        f"split {dims} over {cores} {devices[0].platform} device(s) ({split['why']})")
     os.makedirs(output_dir, exist_ok=True)
     output_guard.write_marker(output_dir, "predict", sorted(written))
     videos, dead = [], []
@@ -112,6 +109,8 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
         started = time.perf_counter()
         try:
             decoded = video_clips.decode(source, settings)
+            # Each mask named after its own frame (`00005.png` for YouTube-VOS's `00005.jpg`), as Annotations are.
+            mask_names = [f"{name}.png" for name in source.names(len(decoded.frames))]
         except dead_letters.CaseError as error:
             dead.append(dead_letters.dead_letter(source.relative, error.stage, error.reason, error.detail))
             log(f"[{number}/{len(sources)}] {source.video_id}: skipped ({error.reason}: {error.detail})")
@@ -121,14 +120,16 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
         if not in_one and windows is None:
             windows = make((settings.clip_length, *settings.size))
         predictor = whole if in_one else windows
+        beyond = predictor.pads_beyond((frames, *settings.size))
+        why += f"; note: {beyond}" if beyond else ""
         volume = decoded.frames.astype(np.float32) / 255.0  # (N, H, W, 3), as the training step scales uint8
         ids = np.argmax(predictor.probabilities(volume, 0.0), axis=-1).astype(np.uint8)  # (N, H, W)
         masks = [video_outputs.unfit_mask(mask, decoded.source_size, decoded.crop_box) for mask in ids]
-        planned = [os.path.join(source.video_id, f"{t:05d}.png") for t in range(frames)]
+        planned = [os.path.join(source.video_id, name) for name in mask_names]
         overlay_name = source.video_id + video_outputs.OVERLAY_SUFFIX
         written.update([*planned, *([overlay_name] if overlay else [])])
         output_guard.write_marker(output_dir, "predict", sorted(written))  # listed before they are written
-        video_outputs.write_masks(os.path.join(output_dir, source.video_id), masks)
+        video_outputs.write_masks(os.path.join(output_dir, source.video_id), masks, mask_names)
         if overlay:
             video_outputs.write_overlay(os.path.join(output_dir, overlay_name),
                                         video_clips.source_frames(source), masks, decoded.fps)
@@ -144,7 +145,7 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
     summary = {"model": os.path.abspath(model_dir), "input": os.path.basename(os.path.abspath(input_path)),
                "ok": len(videos), "failed": len(dead), "input_partition_dims": list(config.partition.input_partition_dims),
                "devices": f"{cores} {devices[0].platform}",
-               "split": device_split.record(chosen, trained, len(devices), split_reason), "class_names": names,
+               "split": split, "class_names": names,
                "videos": videos,
                "dead_letters": dead}
     path = outputs.write_summary_and_dead_letters(output_dir, summary)
@@ -155,9 +156,41 @@ def predict_videos(model_dir: str, input_path: str, output_dir: str, *,
     return summary
 
 
+# `fullres predict` options for scans, which a video model has no use for (parameter name: how users write it).
+SCAN_OPTIONS = {"output_format": "--format", "probabilities": "--probabilities", "sliding_window": "--sliding-window",
+                "strict": "--strict", "dicom_seg": "--dicom-seg/--no-dicom-seg", "pseudonymize": "--pseudonymize",
+                "pseudonymize_key_file": "--pseudonymize-key-file", "max_voxels": "--max-voxels",
+                "max_decoded_bytes": "--max-decoded-bytes", "follow_links": "--follow-links"}
+
+
+def scan_options_given(context) -> list[str]:
+    """The scan-only options given on the command line (`SCAN_OPTIONS`), as written (`--format nifti`)."""
+    if context is None:
+        return []
+    given = console.given(context)
+    shown = []
+    for name, flag in SCAN_OPTIONS.items():
+        if name in given:
+            value = context.params[name]
+            if not isinstance(value, bool):
+                shown.append(f"{flag} {value}")
+            else:  # --probabilities; --dicom-seg or --no-dicom-seg as given
+                shown.append(flag.split("/")[0 if value else -1])
+    return shown
+
+
 def command(model_dir: str, input_path: str, output_dir: str, dims: Sequence[int] | None, device_memory: int | None,
-            clips: bool, max_failed_fraction: float) -> None:
-    """`fullres predict` for a video model: `predict_videos` under the output's lock, failures as one sentence."""
+            clips: bool, max_failed_fraction: float, context=None) -> None:
+    """`fullres predict` for a video model: `predict_videos` under the output's lock, failures as one sentence.
+
+    Options for scans (`SCAN_OPTIONS`: a mask format, probability maps, the sliding window, ...) are refused before
+    anything is read or written: a video model writes PNG masks per frame and an overlay, and ignored they would
+    say nothing. `context`: the command's (`typer.Context`), whose given options are read."""
+    ignored = scan_options_given(context)
+    if ignored:
+        console.fail(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} to CT scans, but --model "
+                     f"{model_dir} is a video model, which writes a palette PNG mask per frame and an overlay MP4 "
+                     f"(docs/video.md); leave {'it' if len(ignored) == 1 else 'them'} out.")
     try:
         with output_guard.lock(output_dir):
             summary = predict_videos(model_dir, input_path, output_dir, input_partition_dims=dims,

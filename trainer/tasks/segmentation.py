@@ -60,10 +60,23 @@ class SegmentationTask:
             raise ValueError(f"{flag} {value} holds {data.kind} (fullres preprocess images), not CT volumes; train "
                              "them with --task detection, or pass the records of fullres preprocess ct.")
         channels = 3 if data.kind == tfrecord_schema.VIDEO_RECORDS else 1  # video clips: RGB frames
+        if channels != self.config.model.in_channels and not training:  # held-out data of another kind
+            trained = tfrecord_schema.VIDEO_RECORDS if self.config.model.in_channels == 3 else tfrecord_schema.CT_RECORDS
+            raise ValueError(f"{flag} {value} holds {data.kind} ({channels} channel(s)), another kind of data than "
+                             f"the model's training data ({trained}, {self.config.model.in_channels} channel(s)); "
+                             f"pass held-out {trained} converted as the training data were.")
         if channels != self.config.model.in_channels:
             raise ValueError(f"{flag} {value} holds {data.kind} of {channels} channel(s) but the model takes "
                              f"{self.config.model.in_channels}; pass --set model.in_channels={channels}"
                              f"{' (or --preset video)' if channels == 3 else ''}.")
+        if not training and not [v for v in data.label_values if v > 0]:  # as training refuses them, below
+            what = ("clips of videos without masks" if data.kind == tfrecord_schema.VIDEO_RECORDS
+                    else "an unlabelled conversion")
+            fix = ("convert the videos with their masks (a PNG folder named like each video, or Annotations/)"
+                   if data.kind == tfrecord_schema.VIDEO_RECORDS else "convert the scans again with --labels")
+            raise ValueError(f"{flag} {value} holds no labelled pixels ({data.summary_path} lists no label value "
+                             f"above 0: {what}), so its Dice would score the model against background alone; {fix} "
+                             "to score the model on them, or segment them with fullres predict.")
         if training:
             values, num_classes = data.label_values, self.config.model.num_classes
             if values and max(values) >= num_classes:

@@ -26,6 +26,7 @@ class Step:
     gradients: list
     gathered: list  # gathers.Gather, one per activation all-gather in the compiled step
     permutes: int  # collective-permutes (halo exchanges) in the compiled step
+    all_to_alls: int  # all-to-alls (a split moved to another axis) in the compiled step
     float32_values: int  # f32 values in the compiled step (0 in a float64 step)
 
 
@@ -46,7 +47,10 @@ def precision(dtype: str):
     `LayerNormalization` and `keras.ops.mean` (the loss) compute "in at least float32" as
     `result_type(x.dtype, "float32")`, so they cast float64 down to float32 and back: without this, the "float64"
     step's statistics and loss were float32. For "float64" the table maps float64 to itself for the block only
-    (float32 and mixed precision stay Keras's own).
+    (float32 and mixed precision stay Keras's own). JAX's `jax.nn.dot_product_attention` (Keras's
+    `dot_product_attention` and `MultiHeadAttention` on one device) casts its logits to float32 for the softmax
+    whatever the dtype (`jax/_src/nn/functions.py`, `_dot_product_attention_core`), so for "float64" it is the same
+    formula with the softmax in float64 (`_attention_in_float64`).
     """
     floatx, x64 = keras.config.floatx(), jax.config.jax_enable_x64
     # The global dtype policy too: Keras pins it to floatx's the first time any layer is built in the process
@@ -57,13 +61,30 @@ def precision(dtype: str):
     jax.config.update("jax_enable_x64", dtype == "float64")
     keras.config.set_floatx(dtype)
     keras.config.set_dtype_policy(dtype)
+    attention = _attention_in_float64 if dtype == "float64" else jax.nn.dot_product_attention
     try:
-        with mock.patch.dict(keras_dtypes.BIT64_TO_BIT32_DTYPE, promotion):
+        with mock.patch.dict(keras_dtypes.BIT64_TO_BIT32_DTYPE, promotion), \
+                mock.patch.object(jax.nn, "dot_product_attention", attention):
             yield
     finally:
         keras.config.set_floatx(floatx)
         global_state.set_global_attribute("dtype_policy", policy)
         jax.config.update("jax_enable_x64", x64)
+
+
+def _attention_in_float64(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+                          implementation=None, **unused):
+    """`jax.nn.dot_product_attention`'s XLA formula (B, T, N, H), its softmax in the inputs' dtype."""
+    import jax.numpy as jnp
+
+    logits = jnp.einsum("BTNH,BSNH->BNTS", query, key) * (scale if scale is not None else query.shape[-1] ** -0.5)
+    if bias is not None:
+        logits = logits + bias
+    keep = jnp.ones(logits.shape, bool) if mask is None else jnp.broadcast_to(mask, logits.shape)
+    if is_causal:
+        keep = keep & jnp.tril(jnp.ones(logits.shape[-2:], bool))
+    logits = jnp.where(keep, logits, -0.7 * jnp.finfo(logits.dtype).max)
+    return jnp.einsum("BNTS,BSNH->BTNH", jax.nn.softmax(logits, axis=-1), value)
 
 
 def run(function, dims, images, labels, dtype: str = "float32") -> Step:
@@ -97,7 +118,7 @@ def run(function, dims, images, labels, dtype: str = "float32") -> Step:
             keras.distribution.set_distribution(None)
     weights = {tuple(v.shape) for v in model.weights}
     return Step(float(loss), [np.asarray(g) for g in grads], gathers.activation_gathers(text, 1, weights),
-                text.count("collective-permute("), text.count("f32["))
+                text.count("collective-permute("), text.count("all-to-all("), text.count("f32["))
 
 
 def relative(a, b) -> float:

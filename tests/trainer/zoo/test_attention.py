@@ -1,8 +1,8 @@
 """Attention split in space (issue 42, item 4): Swin's window attention whose windows tile each device's block
 splits with no all-gather; shifted windows (`keras.ops.roll` on a split axis) cross the blocks with halo
-exchanges (collective-permutes), not gathers; global self-attention over all tokens (UNETR's ViT,
-`keras.layers.MultiHeadAttention`) is not split: its keys and values are all-gathered, and fullres names the
-layer and refuses to train it without --allow-gathers. Each split step equals the one-device step within 1e-5.
+exchanges (collective-permutes), not gathers. Global self-attention over all tokens (UNETR's ViT,
+`keras.layers.MultiHeadAttention`) splits as a ring (test_ring_attention.py); what still gathers (a `Flatten` into
+a dense layer over space, as here) is named and refused. Each split step equals the one-device step within 1e-5.
 """
 
 import keras
@@ -28,14 +28,12 @@ def window_network(shift: int):
     return build
 
 
-def global_network(num_classes=3, in_channels=1):
-    """UNETR's encoder in small: 4³ patches embedded, every token attending to every other."""
+def flattening_network(num_classes=3, in_channels=1):
+    """Tokens flattened into one dense layer over space: global by nature, gathered."""
     inputs = keras.Input(SIZE + (in_channels,))
-    tokens = layers.Conv3D(8, 4, strides=4)(inputs)  # (B, 4, 4, 2, 8)
-    flat = layers.Reshape((-1, 8))(tokens)  # (B, 32, 8)
-    attended = layers.MultiHeadAttention(2, 4, name="global_attention")(flat, flat)
-    x = layers.UpSampling3D(4)(layers.Reshape((4, 4, 2, 8))(attended))
-    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x))
+    tokens = layers.Flatten()(layers.Conv3D(2, 4, strides=4)(inputs))  # (B, 64)
+    x = layers.Reshape((4, 4, 2, 2))(layers.Dense(64, name="dense_over_space")(tokens))
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(layers.UpSampling3D(4)(x)))
 
 
 def _split_and_reference(function, split):
@@ -58,9 +56,9 @@ def test_windows_inside_each_devices_block_attend_there_and_shifted_ones_cross_b
     _assert_parity(shifted, shifted_reference)
 
 
-def test_global_attention_is_gathered_and_named():
-    result, reference = _split_and_reference(global_network, "2")
-    assert result.gathered and {g.layer.split("/")[0] for g in result.gathered} == {"global_attention"}
+def test_a_dense_layer_over_space_is_gathered_and_named():
+    result, reference = _split_and_reference(flattening_network, "2")
+    assert result.gathered and {g.layer.split("/")[0] for g in result.gathered} == {"dense_over_space"}
     _assert_parity(result, reference)  # a gather costs memory, not correctness
-    with pytest.raises(gathers.GathersRefused, match="layer global_attention"):
+    with pytest.raises(gathers.GathersRefused, match="layer dense_over_space"):
         gathers.refuse(result.gathered, step.SPLITS["2"])

@@ -1,0 +1,142 @@
+"""The zoo's networks compiled for a GPU without one, their convolutions classified (`hlo_kernels.py`), per precision.
+
+    uv run --group cuda python benchmarks/zoo_kernels.py --target h100x1 --size 32 \\
+        --json benchmarks/results/hlo_kernels_h100x1.json [--set kernels.norm=fused] [--published]
+
+compiles fullres's training step (batch 1) of each of the zoo's six networks (`tests/trainer/zoo/`, their `tiny`
+configuration unless `--published`) for the target, float32 and bfloat16, with JAX's CUDA plug-in (the `cuda`
+group; nothing runs), and prints one table per network and precision: each convolution's layer kind, direction and
+how the GPU runs it, with the layout changes and converts beside it (docs/speed.md). `--set` (repeatable) compiles
+with those training settings, e.g. issue 49's candidates; a setting this checkout does not know is a row's error.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import hlo_kernels  # noqa: E402
+
+
+ZOO = ("nnunet_plain", "nnunet_resenc", "monai_unet", "segresnet", "mednext", "swin_unetr")
+ENTRY_OVERHEAD = ("parameter", "get-tuple-element", "bitcast", "tuple", "constant")
+
+
+def kernels_per_kind(table: dict) -> dict:
+    """{layer kind: entry instructions that launch work (fusions, custom calls, copies, ...)}."""
+    return dict(collections.Counter(r["kind"] for r in table["instructions"].values() if r["op"] not in ENTRY_OVERHEAD))
+
+
+def compile_zoo(network: str, precision: str, size: int, published: bool, sets: list[str], target: str) -> dict:
+    """The zoo network's training step (`fullres train`'s, batch 1) compiled for `target`; its classification."""
+    from common import parsing
+    from trainer.plan import compiled_step, target_compile, targets
+
+    config = compiled_step.plan_config(f"tests/trainer/zoo/{network}.py:{'build' if published else 'tiny'}", "default",
+                                       {"precision": precision, "augmentation": "none", **parsing.parse_settings(sets)})
+    builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (size,) * 3))
+    devices = targets.devices(targets.parse(target))[:1]
+    started = time.perf_counter()
+    with target_compile.compile_only(target != "cpu"):
+        compiled, _ = builder.compile((1,) * 5, devices)
+    table = hlo_kernels.classify(compiled.as_text(), hlo_kernels.layer_classes(builder.model))
+    return {"network": network, "precision": precision, "size": size, "sets": sets, "target": target,
+            "compile_seconds": round(time.perf_counter() - started, 1), "convolutions": table["convolutions"],
+            "kernels_per_kind": kernels_per_kind(table)}
+
+
+def markdown(result: dict) -> str:
+    """One table per network and precision: convolutions by kind, direction and how the GPU runs them."""
+    lines = []
+    for entry in result["rows"]:
+        title = f"{entry['network']} {entry['precision']} {entry['size']}³ {' '.join(entry['sets'])}".rstrip()
+        if entry.get("error"):
+            lines += ["", f"{title}: not compiled: {entry['error']}"]
+            continue
+        lines += ["", title, "",
+                  "| layer kind | direction | runs as | count | layout changes: activations / weights | "
+                  "converts: activations / weights |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['kind']} | {r['direction']} | {r['implementation']} | {r['count']} | "
+                  f"{r['activation_layout_changes']} / {r['weight_layout_changes']} | {r['activation_converts']} / "
+                  f"{r['weight_converts']} |" for r in entry["convolutions"]]
+        lines.append("kernels per layer kind: " + ", ".join(f"{k} {n}" for k, n in
+                                                            sorted(entry["kernels_per_kind"].items(), key=lambda x: -x[1])))
+    return "\n".join(lines)
+
+
+def summary(result: dict) -> str:
+    """One line per network and precision: convolutions by direction and by how they run, what sits beside them."""
+    lines = ["| network | precision | convolutions: forward / input grad / weight grad | cuDNN calls | XLA-native "
+             "(convolution or fusion) | layout changes beside: activations / weights | converts beside: activations "
+             "/ weights | kernels: convolution layers / normalization / all |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for entry in result["rows"]:
+        if entry.get("error"):
+            lines.append(f"| {entry['network']} | {entry['precision']} | {entry['error'][:150]} | | | | | |")
+            continue
+        rows = entry["convolutions"]
+
+        def total(field, keep=lambda r: True, rows=rows):
+            return sum(r[field] for r in rows if keep(r))
+
+        directions = " / ".join(str(total("count", lambda r, d=d: r["direction"] == d))
+                                for d in ("forward", "input gradient", "weight gradient"))
+        kinds = entry["kernels_per_kind"]
+        convolution = sum(n for k, n in kinds.items() if k.startswith("Conv"))
+        norm = sum(n for k, n in kinds.items() if "Normalization" in k)
+        lines.append(f"| {entry['network']} | {entry['precision']} | {directions} | "
+                     f"{total('count', lambda r: r['implementation'].startswith('cuDNN'))} | "
+                     f"{total('count', lambda r: r['implementation'].startswith('XLA'))} | "
+                     f"{total('activation_layout_changes')} / {total('weight_layout_changes')} | "
+                     f"{total('activation_converts')} / {total('weight_converts')} | "
+                     f"{convolution} / {norm} / {sum(kinds.values())} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="h100x1", help="a GPU target of `fullres plan --target` (or cpu)")
+    parser.add_argument("--networks", default=",".join(ZOO), help="zoo networks (tests/trainer/zoo/)")
+    parser.add_argument("--precisions", default="float32,bfloat16")
+    parser.add_argument("--size", type=int, default=32, help="voxels a side (batch 1)")
+    parser.add_argument("--published", action="store_true", help="the published configurations, not `tiny`")
+    parser.add_argument("--set", action="append", default=[], dest="sets", help="a training setting, e.g. kernels.norm=fused")
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    if os.path.exists(args.json) and "hlo_kernels" not in open(args.json, encoding="utf-8").read(200):
+        parser.error(f"--json {args.json} exists and is not this tool's result; name a new file")
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, repository)
+    os.chdir(repository)  # the zoo's sources are given relative to the checkout
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")  # the target's devices come from its topology, not this machine
+    import trainer  # noqa: F401  (Keras on JAX)
+
+    rows = []
+    for network in args.networks.split(","):
+        for precision in args.precisions.split(","):
+            try:
+                rows.append(compile_zoo(network, precision, args.size, args.published, args.sets, args.target))
+            except Exception as error:  # noqa: BLE001  (an unknown setting, a size the network cannot take, the
+                # target compiler failing on the network: the row says which, and the next one compiles)
+                first = (str(error).strip().splitlines() or [""])[0][:400]
+                rows.append({"network": network, "precision": precision, "size": args.size, "sets": args.sets,
+                             "error": f"{type(error).__name__}: {first}", "convolutions": [], "kernels_per_kind": {}})
+            print(markdown({"rows": rows[-1:]}), flush=True)
+            with open(args.json, "w", encoding="utf-8") as file:  # after every row: a stopped run keeps its rows
+                json.dump({"about": "hlo_kernels: convolutions by how the GPU compiler runs them", "target": args.target,
+                           "rows": rows}, file, indent=1)
+    print(summary({"rows": rows}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

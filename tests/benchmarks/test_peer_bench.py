@@ -1,0 +1,164 @@
+"""benchmarks/peer_bench.py: the same networks under PyTorch and fullres, side by side (issue 49).
+
+Fast: the PyTorch side's loss is fullres's own (same logits, same labels: the same number), PlainConvUNet is the
+zoo's port weight for weight (every weight's shape, as a multiset), the JSON's ratios are the rows' own figures
+divided, and the image's lock holds no PyTorch. Slow: the same for MONAI's UNet (its import), a PyTorch row's
+process, and the whole command at tiny sizes on the CPU, every row in its own process, as the device runs it.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS = os.path.join(REPOSITORY, "benchmarks")
+
+
+def load(name: str):
+    sys.path.insert(0, BENCHMARKS)  # the scripts import one another as the command runs them
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_test_environment_has_pytorch_and_the_image_does_not():
+    uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in UV
+    assert uv, "uv is not on PATH; run the tests with `python3 -m uv run pytest`"
+
+    def locked(*groups):
+        exported = subprocess.run([uv, "export", "--locked", "--no-hashes", "--no-emit-project", "--quiet", *groups],
+                                  capture_output=True, text=True, cwd=REPOSITORY, timeout=120)
+        assert exported.returncode == 0, exported.stderr
+        return set(re.findall(r"^([a-z0-9][a-z0-9._-]*)==", exported.stdout, flags=re.M))
+
+    peer = {"torch", "monai", "dynamic-network-architectures"}
+    assert peer <= locked()  # the README's test command: the dev group, which includes peer
+    image = locked("--no-dev")  # the Dockerfile's `uv sync --locked --no-dev`
+    assert not peer & image and not any(name.startswith("nvidia-") for name in image)
+
+
+@pytest.mark.parametrize("balance", [0.0, 0.5])
+def test_the_pytorch_loss_is_fullres_loss_on_the_same_logits(balance):
+    import torch
+
+    from trainer.models import losses
+
+    peer_torch = load("peer_torch")
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 6, 5, 4, 3)).astype(np.float32) * 3  # (B, D, H, W, C)
+    labels = rng.integers(0, 3, size=(2, 6, 5, 4)).astype(np.int32)
+    labels[1] = np.minimum(labels[1], 1)  # a class absent from one example: its Dice and weight cases
+    expected = float(losses.dice_cross_entropy(jax.numpy.asarray(logits), labels, class_balance=balance))
+    got = float(peer_torch.dice_cross_entropy(torch.from_numpy(np.moveaxis(logits, -1, 1).copy()),
+                                              torch.from_numpy(labels), balance))
+    assert got == pytest.approx(expected, rel=1e-6)
+
+
+SHAPES = """
+import json, os, sys
+sys.path.insert(0, {repository!r}); sys.path.insert(0, {benchmarks!r})
+import numpy as np
+import trainer
+import torch
+import peer_torch
+from trainer.models import user_model
+net = peer_torch.network({network!r}, tiny=True)
+net(torch.zeros((1, 1, 16, 16, 16))).sum().backward()  # the weights a step trains (PlainConvUNet holds unused ones)
+function = user_model.load_function(os.path.join({repository!r}, peer_torch.ZOO[{network!r}]), "tiny")
+print("SHAPES " + json.dumps({{"torch": [list(p.shape) for p in net.parameters() if p.grad is not None],
+    "keras": [list(v.shape) for v in function(num_classes=3, in_channels=1).trainable_weights],
+    "used": peer_torch.used_parameters(net)}}))
+"""
+
+
+def in_own_process(code: str) -> str:
+    """Runs `code` in a fresh Python: torch.compile's machinery (triton, imported by torch.optim and monai) aborted
+    a test worker whose process held the fast tier's other libraries."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPOSITORY)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+# `import monai` takes 8-29 s here (it imports its whole package, TensorFlow's among its optional ones): slow.
+@pytest.mark.parametrize("network", ["nnunet_plain", pytest.param("monai_unet", marks=pytest.mark.slow)])
+def test_the_pytorch_network_and_the_zoo_port_hold_the_same_weights(network):
+    output = in_own_process(SHAPES.format(repository=REPOSITORY, benchmarks=BENCHMARKS, network=network))
+    found = json.loads(next(line for line in output.splitlines() if line.startswith("SHAPES "))[7:])
+
+    def dimensions(shape):  # torch (O, I, k, k, k) and Keras (k, k, k, I, O) kernels; a PReLU's (1,) and (1, 1, 1, 1)
+        return tuple(sorted(int(d) for d in shape if d != 1))
+
+    torch_shapes = sorted(dimensions(shape) for shape in found["torch"])
+    keras_shapes = sorted(dimensions(shape) for shape in found["keras"])
+    assert torch_shapes == keras_shapes and len(torch_shapes) > 10
+    assert found["used"] == sum(int(np.prod(shape)) for shape in keras_shapes)
+
+
+@pytest.mark.slow  # a process importing torch and fullres, and a step: 21 s on the loaded machine
+def test_a_pytorch_row_measures_a_step_and_names_what_cannot_run_here():
+    row = {"side": "torch", "network": "nnunet_plain", "name": "torch eager float32", "tiny": True, "size": 16,
+           "batch_size": 1, "steps": 2, "warmup": 1, "mode": "eager", "precision": "float32", "limit_seconds": 300}
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer_rows.py"), json.dumps(row)],
+                            capture_output=True, text=True, timeout=600, cwd=REPOSITORY)
+    found = [line for line in result.stdout.splitlines() if line.startswith("ROW_RESULT ")]
+    assert found, result.stdout[-2000:] + result.stderr[-3000:]
+    measured = json.loads(found[-1][len("ROW_RESULT "):])
+    assert measured["status"] == "ok" and measured["steps"] == 2 and measured["median_step_seconds"] > 0, measured
+    assert np.isfinite(measured["loss"]) and measured["peak_bytes"] > 0 and "RSS" in measured["peak_bytes_source"]
+    assert measured["class_balance"] == 0.5 and measured["versions"]["torch"]
+    skipped = load("peer_torch").run({**row, "mode": "nnunet", "precision": "float16"}, class_balance=0.5)
+    assert skipped["status"] == "not_run" and "CUDA only" in skipped["error"]
+
+
+def test_the_ratios_are_the_rows_own_figures_divided():
+    peer_bench = load("peer_bench")
+    rows = []
+    for name, seconds, peak in (("torch eager float32", 0.104, 10.2e9), ("fullres float32", 0.292, 10.8e9),
+                                ("torch eager bfloat16", 0.077, 5.6e9), ("fullres bfloat16", 0.586, 7.8e9),
+                                ("torch nnunet float16", 0.050, 5.0e9)):
+        side = name.split()[0]
+        rows.append({"network": "nnunet_plain", "side": side, "name": name, "sets": [], "status": "ok",
+                     "median_step_seconds": seconds, "peak_bytes": peak})
+    rows.append({**rows[1], "name": "fullres float32 [kernels.norm=fused]", "sets": ["kernels.norm=fused"],
+                 "median_step_seconds": 0.05})
+    found = {(tuple(r["candidate"]), r["goal"]): r for r in peer_bench.ratios(rows)}
+    assert found[((), "fullres float32 ÷ torch eager float32")]["step_time"] == round(0.292 / 0.104, 4)
+    assert found[((), "fullres bfloat16 ÷ fullres float32")]["memory"] == round(7.8 / 10.8, 4)
+    best = found[((), "fullres best ÷ torch.compile float16 (nnU-Net's default)")]
+    assert best["numerator"] == "fullres float32" and best["met"] is False  # 0.292 / 0.050, bfloat16 slower
+    fused = found[(("kernels.norm=fused",), "fullres best ÷ torch.compile float16 (nnU-Net's default)")]
+    assert fused["step_time"] == 1.0 and fused["met"] is True
+    assert ((("kernels.norm=fused",), "fullres bfloat16 ÷ fullres float32")) not in found  # no bfloat16 row of it
+
+
+@pytest.mark.slow
+def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_run(tmp_path):
+    output = tmp_path / "peer.json"
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer_bench.py"), "--tiny", "--json",
+                             str(output), "--networks", "nnunet_plain", "--candidate", "kernels.no_such_kernel=1",
+                             "--limit", "1800"],
+                            capture_output=True, text=True, timeout=1900, cwd=REPOSITORY)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    written = json.loads(output.read_text())
+    rows = {r["name"]: r for r in written["rows"]}
+    for name in ("torch eager float32", "fullres float32", "torch eager bfloat16", "fullres bfloat16"):
+        assert rows[name]["status"] == "ok", rows[name]
+        assert rows[name]["median_step_seconds"] > 0 and np.isfinite(rows[name]["loss"]) and rows[name]["peak_bytes"]
+    assert rows["fullres float32"]["compile_seconds"] > 0 and rows["fullres float32"]["device_compiler"]["total_bytes"]
+    assert rows["torch nnunet float16"]["status"] == "not_run" and "CUDA" in rows["torch nnunet float16"]["error"]
+    for precision in ("float32", "bfloat16"):
+        candidate = rows[f"fullres {precision} [kernels.no_such_kernel=1]"]
+        assert candidate["status"] == "not_run" and "kernels.no_such_kernel" in candidate["error"]
+    assert rows["torch eager float32"]["parameters"] == rows["fullres float32"]["parameters"]
+    ratio = {r["goal"]: r for r in written["ratios"]}["fullres float32 ÷ torch eager float32"]
+    assert ratio["step_time"] == round(rows["fullres float32"]["median_step_seconds"]
+                                       / rows["torch eager float32"]["median_step_seconds"], 4)
