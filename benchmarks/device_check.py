@@ -51,7 +51,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # the plan's terms (trainer/plan/device_bytes.py)
 
+from device_check_plan import autotune_choice, plan_versions, planned_for, version_drift, with_device_terms  # noqa: E402
 from device_check_report import HEADER, STATUSES, check, table_line, with_ratios  # noqa: E402,F401
 ROWS = os.path.join(HERE, "device_check_rows.py")
 LIMITS = {"train": 330, "predict": 60, "input": 60}  # seconds per part: 450 in all, inside the 8 minutes
@@ -87,20 +89,6 @@ def json_path_problem(path: str) -> str | None:
     return None
 
 
-def planned_for(plan: dict | None, row: dict, size: int) -> dict | None:
-    """The plan file's row for `row` at `size`³ (`device_plan.py`): bytes, roofline seconds, whether it fits."""
-    for entry in (plan or {}).get("rows", []):
-        if all(entry.get(k) == row[k] for k in ("part", "model", "precision", "augmentation")) and entry["size"] == size:
-            found = {"total_bytes": entry["total_bytes"], "step_seconds": entry["step_seconds"],
-                     "bound": entry.get("bound"), "fits": entry.get("fits"), "source": plan["source"]}
-            if entry["total_bytes"] is None and entry.get("target_total_bytes"):  # past fullres plan's CPU pre-filter
-                found.update(total_bytes=entry["target_total_bytes"], note=entry.get("note"))
-            if entry.get("step_source"):
-                found["step_source"] = entry["step_source"]
-            return found
-    return None
-
-
 def largest_candidates(plan: dict | None, row: dict, first: dict | None, settings: dict) -> tuple[list[int], str]:
     """Sizes to try for the largest cube, largest first, and how they were found (the plan first)."""
     step = settings["step"]
@@ -133,8 +121,11 @@ def fallback_plan(measured: dict) -> dict | None:
 def run_row(spec: dict, limit: float) -> dict:
     """Runs one row in its own process under `limit` seconds; its figures, or why there are none."""
     started = time.perf_counter()
+    environment = dict(os.environ)
+    if spec.get("xla_flags"):  # the row's own choice (autotuning off for a largest cube), recorded in the row
+        environment["XLA_FLAGS"] = f"{environment.get('XLA_FLAGS', '')} {spec['xla_flags']}".strip()
     process = subprocess.Popen([sys.executable, ROWS, json.dumps(spec)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True, env=environment)
     try:
         output, _ = process.communicate(timeout=max(limit, 1))
     except subprocess.TimeoutExpired:
@@ -162,7 +153,7 @@ def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
     here, status = result.pop("here", None), result.pop("status")
     error, wall = result.pop("error", None), result.pop("wall_seconds")
     size = result.get("size", spec["sizes"][0])
-    planned = planned_for(plan, row, size) or fallback_plan(result)
+    planned = with_device_terms(planned_for(plan, row, size) or fallback_plan(result), result, spec.get("hardware", "h100"))
     roofline = result.get("device_roofline") or {}
     if planned and planned["step_seconds"] is None and roofline.get("step_seconds"):
         planned.update(step_seconds=roofline["step_seconds"], bound=roofline.get("bound"),
@@ -208,6 +199,9 @@ def run_parts(args, settings: dict, plan: dict | None) -> list[dict]:
                     result = {**row, "size": None, "status": "not_run", "planned": None, "error": how, "ratios": {}}
                 else:
                     spec = {**base, **row, "sizes": sizes, "fit": fit}
+                    if fit and not args.tiny:  # the largest cube compiles within its row's limit, or not at all
+                        autotune, why = autotune_choice(planned_for(plan, row, sizes[0]), None, LARGEST_LIMIT)
+                        spec.update(autotune_why=why, xla_flags="" if autotune else "--xla_gpu_autotune_level=0")
                     result = measure_row(row, spec, min(left, LARGEST_LIMIT if fit else ROW_LIMIT), plan)
                     ran_out = []
                     while fit and result["status"] == "out_of_memory" and any(s < result["size"] for s in sizes):
@@ -323,8 +317,11 @@ def main(argv=None) -> int:
               "device": {"name": here.get("device_kind"), "platform": here.get("platform"),
                          "count": here.get("device_count"), "driver": nvidia_smi("driver_version")},
               "software": {"python": here.get("python"), **here.get("versions", {}),
-                           "xla_flags": os.environ.get("XLA_FLAGS")},
+                           "xla_flags": os.environ.get("XLA_FLAGS"),
+                           "allocator_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")},
               "target": args.target, "plan_file": os.path.relpath(args.plan) if plan else None,
+              "plan_compiler_versions": plan_versions(plan),
+              "version_drift": version_drift(plan_versions(plan), here.get("versions", {})),
               "settings": {k: v for k, v in settings.items()}, "limits_seconds": args.limits,
               "units": {"*_bytes": "bytes", "*_seconds": "seconds", "examples_per_second": "examples/s",
                         "ratios": "measured ÷ planned (memory: peak_bytes ÷ total_bytes; step_time: median step "
@@ -332,6 +329,9 @@ def main(argv=None) -> int:
               "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows}
     with open(args.json, "w", encoding="utf-8") as file:
         json.dump(result, file, indent=1)
+    if result["version_drift"]:
+        print(f"the plan modelled another compiler than the device runs: {'; '.join(result['version_drift'])}",
+              flush=True)
     problems = check(result)
     print(f"{len(rows)} rows in {result['wall_seconds']} s; {sum(r['status'] == 'ok' for r in rows)} ran; "
           f"JSON {args.json}" + (f"; problems: {problems}" if problems else ""), flush=True)

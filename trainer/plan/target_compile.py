@@ -4,7 +4,7 @@ The step is the one `fullres train` compiles (`compiled_step.StepBuilder`: the
 same `config.resolve`, `engine.program.build_model` and `jit_step`); only the
 devices differ (`targets.devices`). The TPU compiler checks the program
 against the chip's HBM while compiling and stops with RESOURCE_EXHAUSTED when
-it does not fit: `layout_search.measure` turns that layout into a `Refusal` with the
+it does not fit: `layout_measure.measure` turns that layout into a `Refusal` with the
 bytes it needs and the bytes there are, never a traceback.
 """
 
@@ -88,14 +88,28 @@ def default_cache_dir() -> str:
     return os.path.join(base, "fullres", "target-plans")
 
 
-def _compiler_versions() -> str:
-    versions = []
-    for name in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"):
+COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
+                     "jax-cuda13-pjrt")
+
+
+def compiler_versions() -> dict[str, str]:
+    """The compilers this process plans with, as installed: {"jax": "0.10.2", "jaxlib": ..., "jax-cuda12-plugin": ...}.
+
+    A device running another XLA lays memory out differently, so the plan says which it modelled and
+    `benchmarks/device_check.py` sets the device's versions beside them.
+    """
+    versions = {}
+    for name in COMPILER_PACKAGES:
         try:
-            versions.append(f"{name}={importlib.metadata.version(name)}")
+            versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    return ";".join(versions)
+    return versions
+
+
+def _compiler_versions() -> str:
+    return ";".join(f"{name}={version}" for name, version in compiler_versions().items()
+                    if name in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"))
 
 
 COMPILER_FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # what XLA and the TPU compiler read from the environment

@@ -17,7 +17,7 @@ from trainer.engine import placement, step
 from trainer.models import losses
 from trainer.parallel import device_mesh, partitioning
 from common import sizes
-from trainer.plan import compiled_step, gathers, layout_search, memory_plan
+from trainer.plan import compiled_step, gathers, layout_search, memory_plan, plan_row
 
 SMALL_RETINANET = {"model.stackwise_num_blocks": "1,1,1,1", "model.stackwise_num_filters": "64,32,32,32",
                    "model.head_filters": 32, "model.head_conv_layers": 2, "image_size": "256,256"}
@@ -199,7 +199,7 @@ def test_layouts_of_n_over_the_spatial_dimensions():
 
 
 def _row(dims, halo, total, fits=None):
-    return layout_search.PlanRow(int(np.prod(dims)), dims, total, 0, total, None, 0, halo, fits)
+    return plan_row.PlanRow(int(np.prod(dims)), dims, total, 0, total, None, 0, halo, fits)
 
 
 def test_ranking_fits_first_then_halo_then_memory_with_near_ties_marked():
@@ -270,7 +270,7 @@ def test_recorded_512_search_ranks_an_efficient_low_halo_layout_first():
     with open(os.path.join(REPOSITORY, "benchmarks", "results", "layout_search.json")) as file:
         cases = json.load(file)
     case = next(c for c in cases if c["model"] == "unet3d" and c["image_size"] == [512] * 3 and c["partitions"] == 64)
-    rows = layout_search.rank_rows([layout_search.PlanRow.from_json(r) for r in case["rows"]])
+    rows = layout_search.rank_rows([plan_row.PlanRow.from_json(r) for r in case["rows"]])
     assert [list(r.input_partition_dims) for r in rows] == [r["input_partition_dims"] for r in case["rows"]]
     one_d = next(r for r in rows if r.input_partition_dims == (1, 64, 1, 1, 1))
     assert len(rows) == 28 and rows[0].efficiency >= 0.95 and rows[0].halo_bytes <= one_d.halo_bytes / 3
