@@ -66,6 +66,29 @@ TINY = {"models": ("tiny",), "size": 16, "predict_size": 16, "step": 8, "steps":
         "precisions": ("float32",), "augmentations": ("none",), "memory_limit_bytes": 4 * 2**20, "largest": 32}
 
 
+def json_path_problem(path: str) -> str | None:
+    """Why the result cannot be written to `path`, in words, or None: asked before any row runs, so that a GPU
+    measurement is not lost at the end to a folder, a path under a file or a place that cannot be written."""
+    if os.path.isdir(path):
+        return f"--json {path} is a folder; name a file in it, e.g. {os.path.join(path, 'device_check.json')}"
+    parent = os.path.dirname(os.path.abspath(path))
+    above = parent
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        return f"--json {path} lies under {above}, which is a file, not a folder; name a file in a folder"
+    if above != parent:
+        return f"--json {path}: its folder {parent} does not exist; create it, or name a file in a folder that exists"
+    if os.path.exists(path) and "device_check" not in open(path, encoding="utf-8", errors="replace").read(200):
+        return f"--json {path} exists and is not a device_check result; name a new file"
+    try:  # written for real (root is let into a read-only folder's permissions, not into a read-only file system)
+        with (open(path, "r+", encoding="utf-8") if os.path.exists(path) else tempfile.TemporaryFile(dir=parent)):
+            pass
+    except OSError as error:
+        return f"--json {path} cannot be written ({error.strerror}); name a file in a folder you can write to"
+    return None
+
+
 def largest_candidates(plan: dict | None, row: dict, first: dict | None, settings: dict) -> tuple[list[int], str]:
     """Sizes to try for the largest cube, largest first, and how they were found (the plan first)."""
     step = settings["step"]
@@ -256,8 +279,8 @@ def main(argv=None) -> int:
     args.target = args.target or target_here()
     args.target_kind = args.target.split("x")[0]
     args.plan = args.plan or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
-    if os.path.exists(args.json) and "device_check" not in open(args.json, encoding="utf-8").read(200):
-        parser.error(f"--json {args.json} exists and is not a device_check result; name a new file")
+    if (problem := json_path_problem(args.json)) is not None:
+        parser.error(problem)
     settings = dict(TINY if args.tiny else GPU)
     for key in ("models", "precisions", "augmentations"):
         chosen = getattr(args, key)

@@ -149,7 +149,8 @@ class Step:
         self.distribution = device_mesh.make_distribution(self.config.partition, jax.devices()[:1])
         with self.distribution.scope():
             self.model, self.optimizer, _, self.state = program.build_model(self.config, self.task, self.config.steps)
-        self.jitted = program.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5)
+        self.jitted = program.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5,
+                                       self.config.kernels)
 
     def compile(self, size: int):
         """(compiled step, its arguments' shapes, image shape, seconds) for size³ examples."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from trainer.augment import recipe as augment_recipe
 from trainer.models import retinanet, unet, user_model
-from trainer.parallel import partitioning
+from trainer.parallel import kernels, partitioning
 
 PRECISIONS = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "constant", "poly")
@@ -105,6 +105,7 @@ class TrainConfig:
     image_size: tuple[int, int] = (256, 256)
     max_boxes: int = 100
     allow_gathers: bool = False
+    kernels: kernels.KernelsConfig = kernels.KernelsConfig()  # kernels fullres computes itself (kernels.py)
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -170,10 +171,10 @@ AUGMENTED_ON_DEVICE = ("segmentation",)  # tasks whose `augmentation` runs in th
 
 def setting_types(task: str, user_network: bool = False) -> dict[str, object]:
     """Every key `resolve` accepts for `task` (with a user's network: its model's keys), with its declared type."""
-    fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition", "augmentation"}
+    fixed = {"task", "train_data", "output_dir", "eval_data", "model", "partition", "augmentation", "kernels"}
     hints = {k: v for k, v in typing.get_type_hints(TrainConfig).items() if k not in fixed}
     model_type = user_model.UserModelConfig if user_network else MODEL_TYPES[task]
-    sections = [("model", model_type), ("partition", partitioning.PartitionConfig)]
+    sections = [("model", model_type), ("partition", partitioning.PartitionConfig), ("kernels", kernels.KernelsConfig)]
     if task in AUGMENTED_ON_DEVICE:
         hints["augmentation"] = str  # a preset's name (`augment_recipe.preset`); its fields as augmentation.FIELD
         sections.append(("augmentation", augment_recipe.AugmentationConfig))
@@ -202,6 +203,7 @@ def from_dict(values: dict) -> TrainConfig:
     if unknown:
         raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
     values.update({key: tuple(values[key]) for key in ("image_size", "patch_size") if values.get(key) is not None})
+    values["kernels"] = kernels.from_dict(values.get("kernels"))  # absent from runs before issue 49: XLA's own
     values.setdefault("class_balance", 0.0)  # absent from runs before issue 44: the plain cross-entropy they trained
     if "augmentation" in values:  # absent from runs before issue 31: the default (flips), what they trained with
         values["augmentation"] = augment_recipe.AugmentationConfig(

@@ -114,7 +114,8 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
                                                                   "class; more levels widen it)"))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
     train_step = distributed.RunTogether(
-        program.jit_step(task, model, optimizer, distribution, state, len(image_shape)), "train step", log)
+        program.jit_step(task, model, optimizer, distribution, state, len(image_shape), config.kernels), "train step",
+        log)
     found = compiled_step.step_gathers(train_step.jitted, task, state, distribution, image_shape,
                                        keep=train_step.prime)
     if found and not config.allow_gathers:

@@ -86,7 +86,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     # The network's own checks (a user's: its file, its function, its output; measured downsampling), before the
     # output is touched.
     partitioning.per_axis(config.model.downsampling_levels, config.model.spatial_dims)
-    run_files.check_resumable(config.output_dir)  # a damaged train_config.json is named, not called foreign
+    run_record.check_resumable(config.output_dir)  # a damaged train_config.json, or a model without checkpoints
     output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
                                                          "evaluation data": config.eval_data})
     chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()

@@ -200,6 +200,34 @@ def test_the_largest_cube_follows_the_target_compiler_past_the_plans_cpu_pre_fil
     assert planned["total_bytes"] == 70_000_000_000 and planned["fits"] is False and planned["note"]
 
 
+@pytest.mark.parametrize("where, said", [
+    ("folder", "--json {folder} is a folder; name a file in it, e.g. {folder}/device_check.json"),
+    ("under a file", "--json {notes}/device_check.json lies under {notes}, which is a file, not a folder; name a file "
+                     "in a folder"),
+    ("read-only", "--json /sys/device_check.json cannot be written (Permission denied); name a file in a folder you "
+                  "can write to"),
+    ("no folder", "--json {folder}/missing/device_check.json: its folder {folder}/missing does not exist; create it, "
+                  "or name a file in a folder that exists"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_row_runs(tmp_path, capsys, where, said):
+    """A read-only place or a path under a file failed only after every row had run (issue #51): a whole GPU
+    measurement lost. A folder was a traceback."""
+    device_check = load()
+    folder, notes = tmp_path / "results", tmp_path / "notes.txt"
+    folder.mkdir()
+    notes.write_text("mine")
+    path = {"folder": folder, "under a file": notes / "device_check.json", "read-only": "/sys/device_check.json",
+            "no folder": folder / "missing" / "device_check.json"}[where]
+    with pytest.raises(SystemExit) as refused:
+        device_check.main(["--tiny", "--json", str(path)])
+    shown = capsys.readouterr()
+    assert refused.value.code == 2 and "Traceback" not in shown.err
+    assert shown.err.strip().splitlines()[-1].partition(": error: ")[2] == said.format(folder=folder, notes=notes)
+    assert device_check.HEADER not in shown.out  # no row started
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "results"] and not os.listdir(folder)
+    assert notes.read_text() == "mine"
+
+
 def _plan_helpers():
     spec = importlib.util.spec_from_file_location("device_check_plan", os.path.join(REPOSITORY, "benchmarks",
                                                                                      "device_check_plan.py"))

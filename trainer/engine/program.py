@@ -47,9 +47,30 @@ class PolyDecay(keras.optimizers.schedules.LearningRateSchedule):
                 "power": self.power}
 
 
+def warmup_steps_used(config: config_lib.TrainConfig, total_steps: int) -> int:
+    """The warm-up a run of `total_steps` takes: `config.warmup_steps`, cut to end before the last step.
+
+    >>> from trainer import presets
+    >>> warmup_steps_used(presets.smoke(warmup_steps=50), 2), warmup_steps_used(presets.smoke(warmup_steps=5), 40)
+    (1, 5)
+    """
+    return max(min(config.warmup_steps, total_steps - 1), 0)
+
+
+def warmup_note(config: config_lib.TrainConfig, total_steps: int) -> str | None:
+    """The sentence saying that the run's warm-up is shorter than `config.warmup_steps` asks, or None."""
+    used = warmup_steps_used(config, total_steps)
+    if used == config.warmup_steps:
+        return None
+    return (f"warning: --warmup-steps {config.warmup_steps} is cut to {used}: this run has {total_steps} steps and its "
+            f"warm-up must end before the last; run_record.json records the {used} used (train_config.json keeps "
+            f"the {config.warmup_steps} asked, which a resume to more steps would use); pass --warmup-steps {used} "
+            "or fewer, or more --steps, to make them agree.")
+
+
 def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
     """Linear warm-up to the peak rate, then cosine decay to 0, poly decay to 0 (nnU-Net's), or constant."""
-    warmup = min(config.warmup_steps, total_steps - 1)
+    warmup = warmup_steps_used(config, total_steps)
     if config.schedule == "poly":
         return PolyDecay(config.learning_rate, total_steps, warmup_steps=warmup)
     return keras.optimizers.schedules.CosineDecay(
@@ -86,11 +107,13 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
     return model, optimizer, schedule, placement.initial_state(model, optimizer)
 
 
-def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int):
+def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int,
+             kernels=None):
     """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
-    `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it."""
+    `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it;
+    `kernels`: the run's `config.kernels` (`trainer.parallel.kernels`; None: XLA's own ops)."""
     prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
     train_step = step.make_train_step(model, optimizer, task.loss, prepare, task.batch_metrics)
     return step.jit_train_step(train_step, distribution, state,
                                image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
-                               input_sharding=task.input_sharding(distribution, image_ndim))
+                               input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # May differ between the runs of one folder: how long to train, how often to save and log, memory and input
 # tricks that do not change the arithmetic, and the held-out data (scored at the end, checked on its own).
 MAY_CHANGE = ("steps", "epochs", "checkpoint_every", "keep_checkpoints", "log_every", "input_cache", "allow_gathers",
-              "remat", "eval_data")
+              "remat", "eval_data", "kernels")  # kernels: the same values computed otherwise (kernels.py)
 _PATHS = ("train_data", "output_dir", "model.file")  # where things are; the data are judged by their fingerprint
 # Settings with an option of their own on `fullres train` (the others are `--set KEY=VALUE`).
 _FLAGS = {"steps", "epochs", "batch_size", "learning_rate", "warmup_steps", "schedule", "optimizer", "weight_decay",
@@ -100,7 +100,8 @@ def _settings(values: dict) -> dict:
     """The defining settings of a TrainConfig dict (`config.to_dict`, or train_config.json) as dotted keys, JSON
     values (tuples as lists)."""
     flat = parsing.flatten(json.loads(json.dumps(values)))
-    return {key: value for key, value in flat.items() if key not in MAY_CHANGE and key not in _PATHS}
+    return {key: value for key, value in flat.items()
+            if key not in MAY_CHANGE and key.partition(".")[0] not in MAY_CHANGE and key not in _PATHS}
 
 
 def _done_steps(run_dir: str) -> int:
@@ -108,6 +109,26 @@ def _done_steps(run_dir: str) -> int:
     directory = run_files.path(run_dir, run_files.CHECKPOINTS)
     steps = checkpoints.list_steps(directory) if os.path.isdir(directory) or "://" in run_dir else []
     return steps[-1] if steps else 0
+
+
+def check_resumable(run_dir: str) -> None:
+    """`run_files.check_resumable`, and a finished run whose checkpoints are gone is refused: a rerun would start at
+    step 1 and overwrite the model it holds.
+
+    Raises:
+        output_guard.OutputRefused: the sentence names the model, the missing checkpoints and the fix.
+    """
+    from common import output_guard
+
+    run_files.check_resumable(run_dir)
+    model = run_files.path(run_dir, run_files.MODEL)
+    if "://" in run_dir or not os.path.isfile(model) or not run_files.holds_run(run_dir) or _done_steps(run_dir):
+        return
+    kept = run_files.path(run_dir, run_files.CHECKPOINTS)
+    raise output_guard.OutputRefused(
+        f"--output {run_dir} holds a trained model ({model}) but no checkpoint ({kept} is "
+        f"{'empty' if os.path.isdir(kept) else 'missing'}), so a rerun would train from step 1 and overwrite that "
+        f"model; put the run's checkpoints back into {kept} to resume it, or train into a new --output.")
 
 
 def _shown(value) -> str:
@@ -129,8 +150,9 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
 
     Returns:
         The history line `record` writes once training starts: `{"event": "started" | "resumed" | "continued with
-        changes", "step", "steps", "devices", "data", "data_path", "eval_path", "fingerprint",
-        "model_source_sha256", "changed": {key: [before, now]}}` ("started" where the output holds no run yet;
+        changes", "step", "steps", "warmup_steps" (the warm-up used), "devices", "data", "data_path", "eval_path",
+        "fingerprint", "model_source_sha256", "changed": {key: [before, now]}}` ("started" where the output holds no
+        run yet;
         `data_path`, `eval_path`: the data's absolute paths, where a resume that leaves them out finds them).
 
     Raises:
@@ -138,10 +160,15 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     """
     from trainer.models import user_model
 
+    from trainer.engine import program  # Keras: the check above is asked before it is imported
+
     run_dir = config.output_dir
     fingerprint = data_fingerprint(config.train_data)
+    if (cut := program.warmup_note(config, total_steps)) is not None:
+        log(cut)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
-    line = {"event": "started", "step": 0, "steps": total_steps, "devices": devices, "data": config.train_data,
+    line = {"event": "started", "step": 0, "steps": total_steps, "warmup_steps": program.warmup_steps_used(
+                config, total_steps), "devices": devices, "data": config.train_data,
             "data_path": absolute(config.train_data), "eval_path": absolute(config.eval_data)}
     if recorded.train_config is None:  # no run here yet
         return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
@@ -279,7 +306,10 @@ def _log_changed_freely(recorded: dict, config: config_lib.TrainConfig, total_st
     for key in MAY_CHANGE:
         if key in ("steps", "epochs"):
             continue
-        if key in recorded and recorded[key] != now.get(key):
+        if key == "kernels" and key in recorded and recorded[key] != now[key]:
+            said += [f"--set kernels.{name}={value} (was {recorded[key].get(name)})"
+                     for name, value in now[key].items() if recorded[key].get(name) != value]
+        elif key in recorded and recorded[key] != now.get(key):
             said.append(f"{option(key)} {_shown(now.get(key))} (was {_shown(recorded[key])})")
     if previous.get("devices") is not None and previous["devices"] != devices:
         said.append(f"{devices} devices (was {previous['devices']}; the partition is the run's)")

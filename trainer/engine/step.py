@@ -17,6 +17,7 @@ import keras
 
 from trainer.engine import inference, placement
 from trainer.parallel import device_mesh, split_ops
+from trainer.parallel import kernels as kernels_lib
 
 
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -46,6 +47,11 @@ def _loss_grads_and_metrics(model: keras.Model, loss_fn: LossFn, batch_metrics):
     def forward(trainable, non_trainable, images, labels):
         logits, non_trainable = inference.apply(model, trainable, non_trainable, images, training=True)
         metrics = {} if batch_metrics is None else batch_metrics(jax.lax.stop_gradient(logits), labels)
+        if metrics:
+            # The metrics are computed before the loss reads the logits, so the logits die where they did without
+            # them: left to XLA's scheduler, the per-class Dice kept the full-resolution logits (C × 4 bytes a voxel)
+            # live through the step's peak, +1.5 % a device at 256³ on 64 (issue 53; docs/partitioning-and-planning.md).
+            logits, metrics = jax.lax.optimization_barrier((logits, metrics))
         return loss_fn(logits, labels), (non_trainable, metrics)
 
     def loss_grads_and_metrics(state: placement.TrainState, images, labels):
@@ -82,7 +88,8 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
 
 
 def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state: placement.TrainState, image_ndim: int,
-                   label_ndim: int | None = None, label_sharding=None, input_sharding=None):
+                   label_ndim: int | None = None, label_sharding=None, input_sharding=None,
+                   kernels: kernels_lib.KernelsConfig | None = None):
     """Jits `train_step(state, inputs, labels, step)` with the distribution's shardings; the state is donated.
 
     Inputs are one image batch of rank `image_ndim` laid out by the distribution,
@@ -92,6 +99,8 @@ def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state:
     masks split like the features; detection targets: one map per pyramid level).
     The step number is a replicated scalar. Under a split layout the step is traced with `split_ops.splitting`:
     transposed convolutions and interpolating upsampling are computed on each device's block, not gathered.
+    `kernels` (the run's `kernels` setting; None: XLA's own ops) swaps the ops fullres computes itself while the
+    step is traced, and gives the compiler its named XLA options (`kernels.compiler_options`).
     """
     if input_sharding is None:
         input_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
@@ -100,8 +109,11 @@ def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state:
     state_sharding = placement.state_shardings(state, distribution)
     scalar = distribution.replicated_layout(0).backend_layout
     return jax.jit(
-        split_ops.traced_split(train_step, distribution.config.input_partition_dims, distribution.device_mesh),
+        kernels_lib.traced(split_ops.traced_split(train_step, distribution.config.input_partition_dims,
+                                                  distribution.device_mesh),
+                           kernels, distribution.device_mesh.devices.flat[0].platform),
         in_shardings=(state_sharding, input_sharding, label_sharding, scalar),
         out_shardings=(state_sharding, scalar),  # every metric replicated
         donate_argnums=(0,),
+        compiler_options=kernels_lib.compiler_options(kernels),
     )

@@ -32,6 +32,7 @@ import contextvars
 _SPLITTING = contextvars.ContextVar("fullres_splitting", default=())  # input_partition_dims while `splitting`
 _MESH = contextvars.ContextVar("fullres_split_mesh", default=None)  # the jax Mesh of the split, where `splitting` has one
 _ORIGINAL = {}  # what `install` replaced: name -> the original function
+_SUBPIXEL_EVERYWHERE = contextvars.ContextVar("fullres_subpixel_everywhere", default=False)
 
 
 def partition_dims() -> tuple[int, ...]:
@@ -91,6 +92,17 @@ def splitting(input_partition_dims, device_mesh=None):
         _SPLITTING.reset(token)
 
 
+@contextlib.contextmanager
+def subpixel_everywhere(enabled: bool = True):
+    """Traces what runs inside with every transposed convolution sub-pixel, split or not (`kernels.conv_transpose`)."""
+    install()
+    token = _SUBPIXEL_EVERYWHERE.set(enabled)
+    try:
+        yield
+    finally:
+        _SUBPIXEL_EVERYWHERE.reset(token)
+
+
 def traced_split(function, input_partition_dims, device_mesh=None):
     """`function`, tracing its body under `splitting(input_partition_dims, device_mesh)`: what fullres jits for a
     layout (same name, so the compiled program's op names read as before)."""
@@ -106,9 +118,9 @@ def traced_split(function, input_partition_dims, device_mesh=None):
 
 def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
                     dilation_rate=1):
-    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split."""
+    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `subpixel_everywhere`."""
     original = _ORIGINAL["conv_transpose"]
-    if not active():
+    if not active() and not _SUBPIXEL_EVERYWHERE.get():
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend
     from keras.src.backend.common import backend_utils

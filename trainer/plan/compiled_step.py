@@ -124,7 +124,8 @@ class StepBuilder:
                               config.batch_size)
         self.check_thin_shards(dims)
         distribution = device_mesh.make_distribution(config.partition, devices)
-        train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape))
+        train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),
+                                      config.kernels)
         return train_step.lower(*step_arguments(self.task, self.state, distribution, self.image_shape)), distribution
 
     def check_thin_shards(self, dims: tuple[int, ...]) -> None:

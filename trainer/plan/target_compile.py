@@ -112,6 +112,9 @@ def _compiler_versions() -> str:
                     if name in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"))
 
 
+COMPILER_FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # what XLA and the TPU compiler read from the environment
+
+
 class PlanCache:
     """A target compiler's figures for a step, kept on disk: a TPU compile takes minutes, reading it back none.
 
@@ -119,8 +122,9 @@ class PlanCache:
     executable compiled for devices this process does not have cannot be loaded
     back (`compile_only`). The key is the lowered program itself (so any change
     to the model, the optimizer, the shapes or the layout is a new key), the
-    target's device kind and count, and the compilers' versions; the value is
-    the row's figures as JSON, one file per key.
+    target's device kind and count, the compilers' versions and the flags they
+    read from the environment (`COMPILER_FLAGS`: a flag can change the memory a
+    compile needs); the value is the row's figures as JSON, one file per key.
     """
 
     def __init__(self, directory: str | None = None):
@@ -128,7 +132,9 @@ class PlanCache:
 
     def key(self, lowered_text: str, devices) -> str:
         digest = hashlib.sha256()
-        for part in (lowered_text, getattr(devices[0], "device_kind", "?"), str(len(devices)), _compiler_versions()):
+        flags = ";".join(f"{name}={os.environ.get(name, '')}" for name in COMPILER_FLAGS)
+        for part in (lowered_text, getattr(devices[0], "device_kind", "?"), str(len(devices)), _compiler_versions(),
+                     flags):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()

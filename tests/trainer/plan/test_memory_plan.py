@@ -176,9 +176,10 @@ def test_plan_lowers_exactly_the_step_train_runs_and_keeps_remat():
     parameters = sum(int(np.prod(w.shape)) for w in state.trainable)
     planned_parameters = sum(int(np.prod(a.shape)) for a in planned.args_info[0][0].trainable)
     assert planned_parameters == parameters > 0
-    # remat is part of the compiled step: without it, the module has no rematerialization barriers
+    # remat is part of the compiled step: without it, the module has only the barrier that orders the batch metrics
+    # before the loss (`engine.step`, forward and backward), none of remat's
     plain, _ = compiled_step.lower_step(dataclasses.replace(config, remat=False), shape, devices)
-    assert "optimization_barrier" in planned.as_text() and "optimization_barrier" not in plain.as_text()
+    assert planned.as_text().count("optimization_barrier") > plain.as_text().count("optimization_barrier")
 
 
 def test_plan_refuses_remat_for_retinanet_as_training_does():

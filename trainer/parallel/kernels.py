@@ -1,0 +1,191 @@
+"""Kernels fullres computes itself: exact reformulations of the ops XLA computes slowly on GPUs, chosen per run.
+
+Issue #49 measured nnU-Net's PlainConvUNet 2.8× (float32) to 7.6× (bfloat16) slower per step under fullres than
+under PyTorch on one H200, where XLA's GPU compiler handles 3D weight gradients in bfloat16, transposed
+convolutions and instance norm badly (jax-ml/jax#31662, openxla/xla#34273, jax-ml/jax#8537). Each candidate
+here computes the same values as Keras's own op, behind the user's unchanged layers and weights, as the split ops
+do (`split_ops`): the ops are swapped while the training step is traced, nothing is stored in the model.
+
+    --set kernels.conv_weight_grad=taps     a convolution's weight gradient as one matrix product per kernel tap
+                                            (GPU and CPU programs; a TPU program keeps XLA's: `for_platform`)
+    --set kernels.conv_transpose=subpixel   transposed convolutions as a stride-1 convolution + depth-to-space
+    --set kernels.norm=fused                means and variances (GroupNorm, InstanceNorm, BatchNorm, LayerNorm)
+                                            from one pass of sums and sums of squares, with their own gradient
+    --set kernels.xla_flags=NAME            a named set of XLA GPU compiler options (`FLAG_SETS`)
+
+The defaults are today's ops ("xla", "none"): no GPU has measured another one better yet.
+
+Example:
+    >>> config = KernelsConfig(norm="fused")
+    >>> with using(config):
+    ...     current().norm
+    'fused'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+
+CONV_WEIGHT_GRADS = ("xla", "taps")
+CONV_TRANSPOSES = ("xla", "subpixel")
+NORMS = ("xla", "fused")
+# Compiler options per named set. Each name exists in the locked XLA (a compile with an unknown one is refused
+# before anything runs: `test_kernels_config.py`). What each aims at (none of it measured on a GPU yet):
+FLAG_SETS = {
+    "none": {},
+    # cuDNN's channels-last (NDHWC) layouts for every convolution, Keras's own: XLA's GPU layout heuristic kept all
+    # 83 convolutions of nnU-Net's 3D step channels first, in bfloat16 too (deviceless h100x1, docs/layers.md).
+    "conv_nhwc": {"xla_gpu_force_conv_nhwc": True},
+    # cuDNN's runtime-compiled fusions of a convolution with its elementwise neighbours (bias, activation), and
+    # cuDNN for fused matrix products.
+    "cudnn_fusion": {"xla_gpu_use_runtime_fusion": True, "xla_gpu_cudnn_gemm_fusion_level": 2},
+    # Every Triton tiling tried for the matrix products (the weight gradient's per-tap products with `taps`).
+    "exhaustive_gemm": {"xla_gpu_exhaustive_tiling_search": True},
+    # The per-tap products kept apart: XLA's dot merger otherwise joins the k^d products of a `taps` weight gradient
+    # (they share the output's gradient) into one product over an im2col concatenation of the input, k^d times
+    # its bytes (deviceless h100x1, 32³ bfloat16: one bf16[65536, 864] operand for a 3×3×3, 32-channel input).
+    "taps_unmerged": {"xla_gpu_dot_merger_threshold_mb": 0},
+    # cuBLAS, not Triton, for every matrix product.
+    "cublas_gemm": {"xla_gpu_enable_triton_gemm": False},
+    # The three that touch convolutions and products together.
+    "conv_nhwc_fusion": {"xla_gpu_force_conv_nhwc": True, "xla_gpu_use_runtime_fusion": True,
+                         "xla_gpu_cudnn_gemm_fusion_level": 2},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelsConfig:
+    """Which kernels a run's training step computes itself (`--set kernels.FIELD=VALUE`); recorded in the run.
+
+    Args:
+        conv_weight_grad: "xla" (XLA's convolution of the input with the output's gradient) or "taps": for each
+            kernel tap one (C_in, C_out) matrix product of the shifted input and the output's gradient, in the
+            compute dtype with float32 accumulation (`conv_taps.py`); the forward pass and the input's gradient
+            stay XLA's. Convolutions with groups (depthwise) and channels-first stay XLA's.
+        conv_transpose: "xla" (Keras's input-dilated convolution; already sub-pixel where the step is split) or
+            "subpixel": every transposed convolution as a stride-1 convolution and a depth-to-space
+            (`subpixel.py`), split or not.
+        norm: "xla" (`jnp.mean` then `jnp.var`: two passes, autodiff's gradient) or "fused": each mean and
+            variance `keras.ops.moments` computes (GroupNormalization, BatchNormalization) from one pass of sums
+            and sums of squares in at least float32, with a one-pass gradient of its own (`fused_norm.py`).
+        xla_flags: a name in `FLAG_SETS`: the XLA GPU options the step is compiled with ("none": XLA's defaults).
+    """
+
+    conv_weight_grad: str = "xla"
+    conv_transpose: str = "xla"
+    norm: str = "xla"
+    xla_flags: str = "none"
+
+    def __post_init__(self):
+        for name, choices in (("conv_weight_grad", CONV_WEIGHT_GRADS), ("conv_transpose", CONV_TRANSPOSES),
+                              ("norm", NORMS), ("xla_flags", tuple(FLAG_SETS))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"kernels.{name} {getattr(self, name)!r} is not known; use one of "
+                                 f"{', '.join(choices)} (--set kernels.{name}=...).")
+
+    def changed(self) -> dict:
+        """The fields that differ from today's ops, for a run's log ({} for the defaults)."""
+        default = KernelsConfig()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+
+def from_dict(values: dict | None) -> KernelsConfig:
+    """A recorded run's kernels (`train_config.json`); runs recorded before the setting existed used XLA's own."""
+    return KernelsConfig(**(values or {})) if not isinstance(values, KernelsConfig) else values
+
+
+def compiler_options(config: KernelsConfig | None) -> dict | None:
+    """The XLA options `config.xla_flags` names, for `jax.jit(compiler_options=...)`; None for XLA's defaults.
+
+    The options are DebugOptions fields of every XLA backend: the CPU and TPU compilers accept the GPU ones and
+    ignore them, so the same step compiles for `fullres plan` on any target.
+    """
+    options = FLAG_SETS[(config or KernelsConfig()).xla_flags]
+    return dict(options) if options else None
+
+
+_CURRENT = contextvars.ContextVar("fullres_kernels", default=None)  # the KernelsConfig a step is traced with
+_ORIGINAL = {}  # what `install` replaced: name -> the original function
+
+
+def current() -> KernelsConfig:
+    """The kernels the op being traced uses (`using`'s; today's ops outside it)."""
+    return _CURRENT.get() or KernelsConfig()
+
+
+@contextlib.contextmanager
+def using(config: KernelsConfig | None):
+    """Traces what runs inside with `config`'s kernels (Keras's own ops outside it)."""
+    from trainer.parallel import split_ops
+
+    config = config or KernelsConfig()
+    install()
+    token = _CURRENT.set(config)
+    try:
+        with split_ops.subpixel_everywhere(config.conv_transpose == "subpixel"):  # transposed convolutions' home
+            yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def for_platform(config: KernelsConfig | None, platform: str) -> KernelsConfig:
+    """`config` as a program for `platform` ("tpu", "gpu", "cuda", "cpu") computes it: a TPU program keeps XLA's
+    weight gradients. The TPU compiler computes them natively, and the per-tap products there pad each narrow
+    channel dimension to 128 lanes: measured on a v5e:2x2 slice (tests/trainer/plan/test_target_kernels.py, 16³,
+    4-6 channels, split 2×2), 8.29 MiB per device with `taps` against XLA's 0.77 MiB."""
+    config = config or KernelsConfig()
+    return dataclasses.replace(config, conv_weight_grad="xla") if platform == "tpu" else config
+
+
+def traced(function, config: KernelsConfig | None, platform: str = "gpu"):
+    """`function`, its body traced under `using(config)` for a program on `platform` (`for_platform`); same name,
+    so the compiled program's op names read as before."""
+    config = for_platform(config, platform)
+    if not config.changed():
+        return function
+
+    @functools.wraps(function)
+    def with_kernels(*args, **kwargs):
+        with using(config):
+            return function(*args, **kwargs)
+
+    return with_kernels
+
+
+def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+    """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"`."""
+    original = _ORIGINAL["conv"]
+    if current().conv_weight_grad != "taps":
+        return original(inputs, kernel, strides, padding, data_format, dilation_rate)
+    from keras.src import backend
+
+    from trainer.parallel import conv_taps
+
+    if (backend.standardize_data_format(data_format) != "channels_last" or inputs.shape[-1] != kernel.shape[-2]
+            or inputs.ndim not in (3, 4, 5)):
+        return original(inputs, kernel, strides, padding, data_format, dilation_rate)  # groups, channels first
+    return conv_taps.keras_conv(inputs, kernel, strides, padding, dilation_rate)
+
+
+def _moments(x, axes, keepdims=False, synchronized=False):
+    """Keras's JAX `moments`, in one pass under `norm="fused"`."""
+    original = _ORIGINAL["moments"]
+    if current().norm != "fused" or synchronized:
+        return original(x, axes, keepdims, synchronized)
+    from trainer.parallel import fused_norm
+
+    return fused_norm.keras_moments(x, axes, keepdims)
+
+
+def install() -> None:
+    """Routes Keras's JAX `conv` and `moments` through this module (once; they change only inside `using`)."""
+    if _ORIGINAL:
+        return
+    from keras.src.backend.jax import nn
+
+    _ORIGINAL["conv"], _ORIGINAL["moments"] = nn.conv, nn.moments
+    nn.conv, nn.moments = _conv, _moments
