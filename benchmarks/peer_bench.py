@@ -6,7 +6,9 @@ Same shapes (128³, batch 2 on a GPU), same loss (fullres's cross-entropy + soft
 optimizer (Adam), same precision. Rows per network, in the order they run:
   torch eager float32 · fullres float32 · torch eager bfloat16 (autocast) · fullres bfloat16 ·
   torch as nnU-Net runs it (torch.compile, float16 autocast, GradScaler) · then fullres once per `--candidate`
-  (a list of `--set` strings, e.g. "kernels.norm=fused kernels.conv_transpose=subpixel"), float32 and bfloat16.
+  (a list of `--set` strings, e.g. "kernels.norm=fused kernels.conv_transpose=subpixel") or per name of
+  `--candidates` (issue 49's, `zoo_kernels.CANDIDATES`, e.g. `taps,subpixel,fused,conv_nhwc,all`): every
+  candidate's bfloat16 row first (where the gap is widest), then their float32 rows.
 Per row: median step time, the allocator's peak (torch.cuda.max_memory_allocated; JAX's peak_bytes_in_use; on a CPU
 the process's peak RSS, marked so), compile seconds (fullres: lower + compile; torch.compile: its first step), the
 first step. Each row runs in its own process (`peer_rows.py`) under a time limit; what does not fit the command's
@@ -30,6 +32,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import zoo_kernels  # noqa: E402  (issue 49's candidates by name: the same names as its HLO counts)
+
 ROWS = os.path.join(HERE, "peer_rows.py")
 GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600}
 # A row's process on the loaded 2-core machine: 25-60 s for PyTorch's, 130-160 s for fullres's (imports, compile).
@@ -44,7 +49,8 @@ GOALS = (("fullres float32 ÷ torch eager float32", "fullres float32", "torch ea
 
 
 def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
-    """Every row in the order it runs: each network's five baseline rows, then its candidates."""
+    """Every row in the order it runs: each network's five baseline rows, then its candidates' bfloat16 rows, then
+    their float32 rows (what a `--limit` leaves out is the float32 half first)."""
     rows = []
     for network in networks:
         for side, mode, precision in (("torch", "eager", "float32"), ("fullres", None, "float32"),
@@ -53,8 +59,8 @@ def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
             name = f"fullres {precision}" if side == "fullres" else f"torch {mode} {precision}"
             rows.append({"network": network, "side": side, "mode": mode, "precision": precision, "sets": [],
                          "name": name})
-        for sets in candidates:
-            for precision in ("float32", "bfloat16"):
+        for precision in ("bfloat16", "float32"):
+            for sets in candidates:
                 rows.append({"network": network, "side": "fullres", "mode": None, "precision": precision,
                              "sets": sets, "name": f"fullres {precision} [{' '.join(sets)}]"})
     return rows
@@ -132,6 +138,9 @@ def main(argv=None) -> int:
     parser.add_argument("--networks", default=",".join(NETWORKS), help="which networks, in order")
     parser.add_argument("--candidate", action="append", default=[], metavar="SETS",
                         help="fullres rows with these --set strings, space-separated (repeatable: one row pair each)")
+    parser.add_argument("--candidates", metavar="NAMES",
+                        help="issue 49's candidates by name, comma-separated (after any --candidate): "
+                             + ", ".join(zoo_kernels.CANDIDATES))
     parser.add_argument("--limit", type=float, help="seconds for every row together (default 600; --tiny 1800)")
     parser.add_argument("--trace-dir", help="JAX profiler traces of fullres's baseline rows go here (a GPU's kernels)")
     args = parser.parse_args(argv)
@@ -140,6 +149,10 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--networks {unknown[0]!r} is not one of {', '.join(NETWORKS)}")
     candidates = [text.split() for text in args.candidate]
+    try:
+        candidates += [sets for _, sets in zoo_kernels.candidate_sets(args.candidates or "")]
+    except ValueError as error:
+        parser.error(str(error))
     bad = [s for sets in candidates for s in sets if "=" not in s]
     if bad:
         parser.error(f"--candidate: {bad[0]!r} is not a KEY=VALUE setting, e.g. kernels.norm=fused")
