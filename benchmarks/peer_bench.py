@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--trace-dir", help="JAX profiler traces of fullres's baseline rows go here (a GPU's kernels)")
     args = parser.parse_args(argv)
     networks = [n for n in args.networks.split(",") if n]
-    unknown = [n for n in networks if n not in NETWORKS]
+    unknown = [n for n in networks if n not in NETWORKS] or ([] if networks else [""])
     if unknown:
         parser.error(f"--networks {unknown[0]!r} is not one of {', '.join(NETWORKS)}")
     candidates = [text.split() for text in args.candidate]
@@ -164,8 +164,8 @@ def main(argv=None) -> int:
             "platform": "cpu" if args.tiny else "gpu"}
     started = time.perf_counter()
     deadline = started + args.limit
-    rows = []
-    for row in planned_rows(networks, candidates):
+    planned, rows = planned_rows(networks, candidates), []
+    for row in planned:
         left = deadline - time.perf_counter()
         if left < MIN_ROW_SECONDS:
             result = {"status": "not_run", "error": "the command's --limit ran out"}
@@ -175,15 +175,21 @@ def main(argv=None) -> int:
                              min(left, settings["row_limit"]))
         rows.append({**row, **result})
         print(table({"rows": rows[-1:], "ratios": []}).splitlines()[2], flush=True)
-    result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(["python benchmarks/peer_bench.py", *(argv if argv is not None else sys.argv[1:])]),
-              "settings": settings, "networks": networks, "candidates": candidates, "limit_seconds": args.limit,
-              "units": {"*_bytes": "bytes", "*_seconds": "seconds", "ratios": "fullres ÷ the other row (step_time: "
-                        "median step seconds; memory: peak bytes)"},
-              "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows, "ratios": ratios(rows)}
-    with open(args.json, "w", encoding="utf-8") as file:
-        json.dump(result, file, indent=1)
+        # After every row: a command stopped from outside (the device call's own limit) keeps what it measured,
+        # and the rows it did not reach are listed as not run.
+        unreached = [{**r, "status": "not_run", "error": "not reached: the command was stopped before this row"}
+                     for r in planned[len(rows):]]
+        result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "command": " ".join(["python benchmarks/peer_bench.py",
+                                       *(argv if argv is not None else sys.argv[1:])]),
+                  "settings": settings, "networks": networks, "candidates": candidates, "limit_seconds": args.limit,
+                  "units": {"*_bytes": "bytes", "*_seconds": "seconds", "ratios": "fullres ÷ the other row "
+                            "(step_time: median step seconds; memory: peak bytes)"},
+                  "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows + unreached,
+                  "ratios": ratios(rows)}
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(result, file, indent=1)
     print(table(result), flush=True)
     print(f"{len(rows)} rows in {result['wall_seconds']} s, {sum(r['status'] == 'ok' for r in rows)} ran; JSON {args.json}")
     return 0

@@ -199,3 +199,24 @@ def test_a_fullres_row_compiles_with_the_candidates_xla_flags(monkeypatch):
     step = device_check_rows.Step(row, peer_rows.fullres_config(row))
     with pytest.raises(Exception, match="xla_no_such_option_of_fullres"):
         step.compile(16)
+
+
+def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeypatch):
+    peer_bench = load("peer_bench")
+    ran = []
+
+    def run_row(spec, limit):
+        if len(ran) == 2:
+            raise KeyboardInterrupt  # the device call's own limit, from outside
+        ran.append(spec["name"])
+        return {"status": "ok", "median_step_seconds": 0.1 * len(ran), "peak_bytes": 1}
+
+    monkeypatch.setattr(peer_bench, "run_row", run_row)
+    output = tmp_path / "peer.json"
+    with pytest.raises(KeyboardInterrupt):
+        peer_bench.main(["--json", str(output), "--networks", "nnunet_plain", "--candidates", "fused"])
+    written = json.loads(output.read_text())
+    assert [r["status"] for r in written["rows"]] == ["ok", "ok"] + ["not_run"] * 5
+    assert "stopped before this row" in written["rows"][-1]["error"]
+    assert written["rows"][-1]["name"] == "fullres float32 [kernels.norm=fused]"
+    assert written["ratios"][0]["step_time"] == 2.0  # fullres float32 ÷ torch eager float32, the two that ran
