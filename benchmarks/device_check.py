@@ -51,7 +51,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # the plan's terms (trainer/plan/device_bytes.py)
 
+from device_check_plan import autotune_choice, plan_versions, planned_for, version_drift, with_device_terms  # noqa: E402
 from device_check_report import HEADER, STATUSES, check, table_line, with_ratios  # noqa: E402,F401
 ROWS = os.path.join(HERE, "device_check_rows.py")
 LIMITS = {"train": 330, "predict": 60, "input": 60}  # seconds per part: 450 in all, inside the 8 minutes
@@ -64,17 +66,26 @@ TINY = {"models": ("tiny",), "size": 16, "predict_size": 16, "step": 8, "steps":
         "precisions": ("float32",), "augmentations": ("none",), "memory_limit_bytes": 4 * 2**20, "largest": 32}
 
 
-def planned_for(plan: dict | None, row: dict, size: int) -> dict | None:
-    """The plan file's row for `row` at `size`³ (`device_plan.py`): bytes, roofline seconds, whether it fits."""
-    for entry in (plan or {}).get("rows", []):
-        if all(entry.get(k) == row[k] for k in ("part", "model", "precision", "augmentation")) and entry["size"] == size:
-            found = {"total_bytes": entry["total_bytes"], "step_seconds": entry["step_seconds"],
-                     "bound": entry.get("bound"), "fits": entry.get("fits"), "source": plan["source"]}
-            if entry["total_bytes"] is None and entry.get("target_total_bytes"):  # past fullres plan's CPU pre-filter
-                found.update(total_bytes=entry["target_total_bytes"], note=entry.get("note"))
-            if entry.get("step_source"):
-                found["step_source"] = entry["step_source"]
-            return found
+def json_path_problem(path: str) -> str | None:
+    """Why the result cannot be written to `path`, in words, or None: asked before any row runs, so that a GPU
+    measurement is not lost at the end to a folder, a path under a file or a place that cannot be written."""
+    if os.path.isdir(path):
+        return f"--json {path} is a folder; name a file in it, e.g. {os.path.join(path, 'device_check.json')}"
+    parent = os.path.dirname(os.path.abspath(path))
+    above = parent
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        return f"--json {path} lies under {above}, which is a file, not a folder; name a file in a folder"
+    if above != parent:
+        return f"--json {path}: its folder {parent} does not exist; create it, or name a file in a folder that exists"
+    if os.path.exists(path) and "device_check" not in open(path, encoding="utf-8", errors="replace").read(200):
+        return f"--json {path} exists and is not a device_check result; name a new file"
+    try:  # written for real (root is let into a read-only folder's permissions, not into a read-only file system)
+        with (open(path, "r+", encoding="utf-8") if os.path.exists(path) else tempfile.TemporaryFile(dir=parent)):
+            pass
+    except OSError as error:
+        return f"--json {path} cannot be written ({error.strerror}); name a file in a folder you can write to"
     return None
 
 
@@ -110,8 +121,11 @@ def fallback_plan(measured: dict) -> dict | None:
 def run_row(spec: dict, limit: float) -> dict:
     """Runs one row in its own process under `limit` seconds; its figures, or why there are none."""
     started = time.perf_counter()
+    environment = dict(os.environ)
+    if spec.get("xla_flags"):  # the row's own choice (autotuning off for a largest cube), recorded in the row
+        environment["XLA_FLAGS"] = f"{environment.get('XLA_FLAGS', '')} {spec['xla_flags']}".strip()
     process = subprocess.Popen([sys.executable, ROWS, json.dumps(spec)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True, env=environment)
     try:
         output, _ = process.communicate(timeout=max(limit, 1))
     except subprocess.TimeoutExpired:
@@ -139,7 +153,7 @@ def measure_row(row: dict, spec: dict, limit: float, plan: dict | None) -> dict:
     here, status = result.pop("here", None), result.pop("status")
     error, wall = result.pop("error", None), result.pop("wall_seconds")
     size = result.get("size", spec["sizes"][0])
-    planned = planned_for(plan, row, size) or fallback_plan(result)
+    planned = with_device_terms(planned_for(plan, row, size) or fallback_plan(result), result, spec.get("hardware", "h100"))
     roofline = result.get("device_roofline") or {}
     if planned and planned["step_seconds"] is None and roofline.get("step_seconds"):
         planned.update(step_seconds=roofline["step_seconds"], bound=roofline.get("bound"),
@@ -185,6 +199,9 @@ def run_parts(args, settings: dict, plan: dict | None) -> list[dict]:
                     result = {**row, "size": None, "status": "not_run", "planned": None, "error": how, "ratios": {}}
                 else:
                     spec = {**base, **row, "sizes": sizes, "fit": fit}
+                    if fit and not args.tiny:  # the largest cube compiles within its row's limit, or not at all
+                        autotune, why = autotune_choice(planned_for(plan, row, sizes[0]), None, LARGEST_LIMIT)
+                        spec.update(autotune_why=why, xla_flags="" if autotune else "--xla_gpu_autotune_level=0")
                     result = measure_row(row, spec, min(left, LARGEST_LIMIT if fit else ROW_LIMIT), plan)
                     ran_out = []
                     while fit and result["status"] == "out_of_memory" and any(s < result["size"] for s in sizes):
@@ -262,8 +279,8 @@ def main(argv=None) -> int:
     args.target = args.target or target_here()
     args.target_kind = args.target.split("x")[0]
     args.plan = args.plan or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
-    if os.path.exists(args.json) and "device_check" not in open(args.json, encoding="utf-8").read(200):
-        parser.error(f"--json {args.json} exists and is not a device_check result; name a new file")
+    if (problem := json_path_problem(args.json)) is not None:
+        parser.error(problem)
     settings = dict(TINY if args.tiny else GPU)
     for key in ("models", "precisions", "augmentations"):
         chosen = getattr(args, key)
@@ -300,8 +317,11 @@ def main(argv=None) -> int:
               "device": {"name": here.get("device_kind"), "platform": here.get("platform"),
                          "count": here.get("device_count"), "driver": nvidia_smi("driver_version")},
               "software": {"python": here.get("python"), **here.get("versions", {}),
-                           "xla_flags": os.environ.get("XLA_FLAGS")},
+                           "xla_flags": os.environ.get("XLA_FLAGS"),
+                           "allocator_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")},
               "target": args.target, "plan_file": os.path.relpath(args.plan) if plan else None,
+              "plan_compiler_versions": plan_versions(plan),
+              "version_drift": version_drift(plan_versions(plan), here.get("versions", {})),
               "settings": {k: v for k, v in settings.items()}, "limits_seconds": args.limits,
               "units": {"*_bytes": "bytes", "*_seconds": "seconds", "examples_per_second": "examples/s",
                         "ratios": "measured ÷ planned (memory: peak_bytes ÷ total_bytes; step_time: median step "
@@ -309,6 +329,9 @@ def main(argv=None) -> int:
               "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows}
     with open(args.json, "w", encoding="utf-8") as file:
         json.dump(result, file, indent=1)
+    if result["version_drift"]:
+        print(f"the plan modelled another compiler than the device runs: {'; '.join(result['version_drift'])}",
+              flush=True)
     problems = check(result)
     print(f"{len(rows)} rows in {result['wall_seconds']} s; {sum(r['status'] == 'ok' for r in rows)} ran; "
           f"JSON {args.json}" + (f"; problems: {problems}" if problems else ""), flush=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import statistics
 import sys
@@ -93,6 +94,33 @@ def compiler_figures(compiled) -> dict:
     flops, accessed = costs.get("flops"), costs.get("bytes accessed")
     return {"total_bytes": total, "flops": None if flops is None else float(flops),
             "bytes_accessed": None if accessed is None else float(accessed)}
+
+
+_SCRATCH = re.compile(r"u8\[(\d+)\]\{0\}\) custom-call\([^\n]*custom_call_target=\"__cudnn\$conv")
+
+
+def workspace_bytes(compiled) -> int | None:
+    """The largest cuDNN workspace the compiled program gives one convolution (each custom call's `u8[N]` scratch, as
+    the device's autotuner chose it; 0 where nothing was autotuned), None where the program has no cuDNN call."""
+    found = [int(n) for n in _SCRATCH.findall(compiled.as_text())]
+    return max(found) if found else None
+
+
+def term_figures(model, state, image_shape: tuple[int, ...], held, placed_before_compile: int = 0) -> dict:
+    """What `plan.device_bytes` counts beside the compiler's figure, for this row's own program: the state held on
+    the device beside the program's arguments, its convolutions' tensors, what was placed before compiling, and
+    whether the compiler autotunes (`XLA_FLAGS`)."""
+    import math
+
+    import jax
+
+    from trainer.parallel import halo
+    from trainer.plan import device_bytes
+
+    largest, tuning = device_bytes.convolution_bytes(halo.windows(model, state, image_shape))
+    held_bytes = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(held))
+    return {"state_bytes": held_bytes, "largest_convolution_bytes": largest, "autotuning_convolution_bytes": tuning,
+            "placed_before_compile_bytes": placed_before_compile, "autotune": device_bytes.autotunes()}
 
 
 def roofline_seconds(figures: dict, row: dict) -> dict | None:
@@ -174,7 +202,10 @@ def train_row(row: dict) -> dict:
     # Beside the row's peak, it tells a step's own peak from compilation's.
     result = {"size": size, "tried": tried, "fit_limit_bytes": limit if row.get("fit") else None,
               "compile_seconds": round(seconds, 3), "peak_bytes_after_compile": device_figures(device)["peak_bytes"],
-              "device_compiler": figures, "device_roofline": roofline_seconds(figures, row)}
+              "device_compiler": {**figures, "workspace_bytes": workspace_bytes(compiled)},
+              "device_roofline": roofline_seconds(figures, row), "autotune_why": row.get("autotune_why"),
+              # The Keras variables the step's state was read from stay on the device, as in `fullres train`.
+              **term_figures(step.model, step.state, image_shape, step.state)}
     try:
         state = placement.place_state(step.state, step.distribution)
         inputs, labels = step.synthetic_batch(arguments, image_shape)
@@ -208,16 +239,25 @@ def predict_row(row: dict) -> dict:
     import jax
     import numpy as np
 
-    from trainer.engine import inference, program
+    from trainer.engine import inference, placement
+    from trainer.parallel import device_mesh
     from trainer.tasks import registry
 
     config = make_config(row)
     task = registry.make_task(config)
-    model, _, _, state = program.build_model(config, task, 1)
     devices = jax.devices()[:1]
-    predictor = inference.VolumePredictor(model, state, config.partition, devices, config.model.downsampling_levels)
+    # As `fullres predict` holds it (`trained_run.load`): the model built on the devices, its weights alone placed.
+    with device_mesh.make_distribution(config.partition, devices).scope():
+        model = task.build_model()
+    weights = placement.weights_state(model)
+    predictor = inference.VolumePredictor(model, weights, config.partition, devices, config.model.downsampling_levels)
     size = row["sizes"][0]
     volume = np.random.default_rng(0).random((size, size, size, 1), dtype=np.float32)  # (D, H, W, 1)
+    batch_shape = (1, *predictor.padded_shape(volume.shape[:-1]), 1)
+    compiling = time.perf_counter()
+    compiled = predictor.compiled(batch_shape)
+    compile_seconds = time.perf_counter() - compiling
+    after_compile = device_figures(devices[0])["peak_bytes"]  # the weights twice, and what autotuning took
     started = time.perf_counter()
     probabilities = predictor.probabilities(volume)
     first = time.perf_counter() - started
@@ -226,11 +266,14 @@ def predict_row(row: dict) -> dict:
         started = time.perf_counter()
         predictor.probabilities(volume)
         times.append(time.perf_counter() - started)
-    compiled = predictor.compiled((1, *predictor.padded_shape(volume.shape[:-1]), 1))
     figures = compiler_figures(compiled)
     median = statistics.median(times)
-    return {"status": "ok", "size": size, "first_call_seconds": first, "median_seconds": median, "calls": len(times),
-            "output_shape": list(probabilities.shape), "device_compiler": figures,
+    held = term_figures(model, weights, batch_shape, weights)
+    return {"status": "ok", "size": size, "first_call_seconds": compile_seconds + first, "median_seconds": median,
+            "calls": len(times), "compile_seconds": compile_seconds, "peak_bytes_after_compile": after_compile,
+            **held, "placed_before_compile_bytes": held["state_bytes"],
+            "output_shape": list(probabilities.shape),
+            "device_compiler": {**figures, "workspace_bytes": workspace_bytes(compiled)},
             "device_roofline": roofline_seconds(figures, row), "examples_per_second": 1 / median,
             **device_figures(devices[0])}
 

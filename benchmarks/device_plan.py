@@ -1,4 +1,4 @@
-"""What `fullres plan --target h100x1` says for every row of `device_check.py`, written ahead, without a GPU.
+"""What `fullres plan --target h100x1` (or `h200x1`) says for every row of `device_check.py`, written ahead, without a GPU.
 
 For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then at
 growing cubes 32 voxels apart from the size its 128³ figure scales to, until the plan says one fits and the next
@@ -8,11 +8,16 @@ code (the CPU compile for the roofline's counts, then the target's compiler; `ta
 plan` leaves a size uncompiled for the target only where its CPU figure is over ten times the device's memory
 (`target_search.LEAST_SHARE_OF_CPU`: the GPU's compiler lays out as little as a fifth of the CPU's bytes, for
 bfloat16), far past any size walked here; such a row says so and does not fit. Then `fullres predict`'s pass of
-one 256³ volume, `inference.make_forward` lowered for the target's devices. A rerun keeps the rows it has (rows
+one 256³ volume, the program predict compiles (`plan.predict_plan`). Each row's `total_bytes` is the device's
+(`plan.device_bytes`: the compiler's figure, `compiler_total_bytes`, and what the device adds, `device_terms`;
+rows written before issue 50 hold the compiler's figure alone there), and the file names the compilers it
+modelled (`compiler_versions`). A rerun keeps the rows it has (rows
 written before the GPU pre-filter was loosened, 2026-11-27, carry the target's figures in `target_*` and a note).
 
     uv sync --group cuda
     nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1]  # results/device_plan_h100x1.json
+    nice -n 10 uv run --group cuda python benchmarks/device_plan.py --target h200x1 --models default \
+        --augmentations none  # the rows the H200 run checks first: results/device_plan_h200x1.json
 
 One target point takes 30-60 s on the 2-core machine; all of them, about half an hour.
 """
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import sys
@@ -57,6 +61,8 @@ def plan_point(row: dict, size: int, target: str) -> dict:
     top = found["rows"][0]
     estimate = top.get("estimate") or {}
     return {**row, "size": size, "total_bytes": top["total_bytes"], "cpu_total_bytes": top["cpu_total_bytes"],
+            "compiler_total_bytes": top["compiler_total_bytes"], "device_terms": top["device_terms"],
+            "expected_compile_seconds": top["expected_compile_seconds"],
             "temp_bytes": top["temp_bytes"], "argument_bytes": top["argument_bytes"], "fits": top["fits"],
             "target_total_bytes": top["total_bytes"], "target_fits": top["fits"], "step_seconds": estimate.get("seconds"),
             "bound": estimate.get("bound"), "flops": top["flops"], "bytes_accessed": top["bytes_accessed"],
@@ -64,32 +70,14 @@ def plan_point(row: dict, size: int, target: str) -> dict:
 
 
 def predict_point(size: int, target: str) -> dict:
-    """The bytes per device `fullres predict`'s whole-volume pass of one size³ volume needs on the target."""
-    import jax
-    import numpy as np
-
-    from trainer.engine import inference, placement, program
-    from trainer.parallel import device_mesh
-    from trainer.plan import target_compile, targets
-    from trainer.tasks import registry
+    """The bytes per device `fullres predict`'s whole-volume pass of one size³ volume needs on the target: the program
+    predict compiles (`predict_plan`: the weights alone, padded as predict pads) and what the device holds beside it."""
+    from trainer.plan import predict_plan, targets
 
     row = {"part": "predict", "model": "default", "precision": "float32", "augmentation": "none"}
-    config = device_check_rows.make_config(row)
-    task = registry.make_task(config)
-    model, _, _, state = program.build_model(config, task, 1)
-    devices = targets.devices(targets.parse(target))[:1]
-    with target_compile.compile_only():
-        distribution = device_mesh.make_distribution(config.partition, devices)
-        shardings = placement.state_shardings(state, distribution)
-        shapes = jax.tree_util.tree_map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state, shardings)
-        batch = (1, size, size, size, 1)
-        images = jax.ShapeDtypeStruct(batch, np.float32, sharding=distribution.get_data_layout(batch).backend_layout)
-        forward = inference.make_forward(model, distribution, state, len(batch), "probabilities")
-        compiled = forward.lower(shapes, images).compile()
-    figures = device_check_rows.compiler_figures(compiled)
-    hardware = targets.hardware(targets.parse(target).kind)
-    return {**row, "size": size, "total_bytes": figures["total_bytes"], "fits": figures["total_bytes"] <= hardware[
-        "memory_bytes"], "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
+    found = predict_plan.predict_bytes(device_check_rows.make_config(row), (size, size, size, 1), targets.parse(target))
+    return {**row, "size": size, **found, "target_total_bytes": found["total_bytes"], "target_fits": found["fits"],
+            "step_seconds": None, "note": "no roofline: the CUDA compiler gives no counts ahead of time"}
 
 
 def scaled_roofline(point: dict, first: dict, target: str) -> dict:
@@ -112,13 +100,14 @@ def fits(point: dict) -> bool:
     return bool(point.get("target_fits", point["fits"]))
 
 
-def largest(row: dict, first: dict, known: list[dict], target: str, save) -> None:
-    """The plan at cubes 32 apart, from where the 128³ figure scales to, until one fits and the next does not."""
+def largest(row: dict, first: dict, known: list[dict], target: str, save, start: int | None = None) -> None:
+    """The plan at cubes 32 apart, from where the 128³ figure scales to (or `start`), until one fits and the next
+    does not."""
     from trainer.plan import targets
 
     limit = targets.memory_per_device(targets.parse(target))
     scale = ((limit - first["argument_bytes"]) / first["temp_bytes"]) ** (1 / 3)
-    size = max(STEP, int(128 * scale) // STEP * STEP)
+    size = start or max(STEP, int(128 * scale) // STEP * STEP)
     seen = {p["size"]: p for p in known if "target_fits" in p}
     while STEP <= size <= 1024:
         if size not in seen or seen[size].get("step_seconds") is None:
@@ -137,15 +126,23 @@ def main() -> None:
     parser.add_argument("--target", default="h100x1")
     parser.add_argument("--json", default=None, help="default: benchmarks/results/device_plan_TARGET.json, which "
                         "device_check.py reads")
+    parser.add_argument("--start", action="append", default=[], metavar="PRECISION=SIZE",
+                        help="where the walk to the largest cube starts (default: the 128³ figure scaled)")
+    for key in ("models", "precisions", "augmentations"):
+        parser.add_argument(f"--{key}", default=",".join(device_check.GPU[key]), help=f"only these {key}")
     args = parser.parse_args()
     args.json = args.json or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
     import jax
 
     jax.config.update("jax_platforms", "cpu")
-    versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("jax", "jax-cuda12-plugin"))
+    from trainer.plan import device_bytes, target_compile
+
+    compilers = target_compile.compiler_versions()
+    versions = ", ".join(f"{name} {version}" for name, version in compilers.items())
     result = {"about": "device_plan: fullres plan --target for device_check.py's rows, ahead of time, no GPU",
-              "source": f"fullres plan --target {args.target} (its compiler's figures, without cuDNN workspace; "
-                        f"step: roofline estimate; {versions})", "target": args.target, "rows": []}
+              "source": f"fullres plan --target {args.target} (the device's bytes: its compiler's figure and what "
+                        f"the device adds, device_bytes; step: roofline estimate; {versions})", "target": args.target,
+              "compiler_versions": compilers, "device_bytes": device_bytes.plan_json("cuda", compilers), "rows": []}
     if os.path.exists(args.json):
         with open(args.json, encoding="utf-8") as file:
             result["rows"] = json.load(file)["rows"]
@@ -159,8 +156,10 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as file:
             json.dump(result, file, indent=1)
 
+    chosen = {**device_check.GPU, **{key: tuple(getattr(args, key).split(",")) for key in
+                                     ("models", "precisions", "augmentations")}}
     combinations = [{k: r[k] for k in ("part", "model", "precision", "augmentation")}
-                    for r in device_check.training_rows(device_check.GPU) if r["size_from"] == "fixed"]
+                    for r in device_check.training_rows(chosen) if r["size_from"] == "fixed"]
     firsts = []
     for row in combinations:  # every 128³ point first: the rows a device reaches first, and the walks' start
         first = next((r for r in result["rows"] if all(r.get(k) == row[k] for k in row) and r["size"] == 128
@@ -169,10 +168,12 @@ def main() -> None:
             first = plan_point(row, 128, args.target)
             save(first)
         firsts.append(first)
-    for row, first in zip(combinations, firsts):
-        largest(row, first, [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)], args.target, save)
-    if not any(r["part"] == "predict" for r in result["rows"]):
+    if not any(r["part"] == "predict" for r in result["rows"]):  # before the walks, the longest part
         save(predict_point(device_check.GPU["predict_size"], args.target))
+    for row, first in zip(combinations, firsts):
+        starts = dict(text.split("=") for text in args.start)
+        largest(row, first, [r for r in result["rows"] if all(r.get(k) == row[k] for k in row)], args.target, save,
+                int(starts[row["precision"]]) if row["precision"] in starts else None)
 
 
 if __name__ == "__main__":

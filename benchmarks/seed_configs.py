@@ -3,7 +3,7 @@
 The 3D UNet at 256³ split 16 ways along depth, and RetinaNet (ResNet-18 + FPN,
 float32, batch 1) at 2560² split 8×8 = 64 ways, each compiled by libtpu for TPU
 v5e and v4 slices of that many chips (`fullres plan --target`'s code path:
-`layout_search.compile_layout`). The UNet twice: the default model (TPU-shaped:
+`layout_measure.compile_layout`). The UNet twice: the default model (TPU-shaped:
 space-to-depth stem, 3 levels of 128-512 filters) and the plain UNet that was
 the default before it (4 levels of 16-128 filters, no stem; `unet.PLAIN_SETTINGS`),
 both with instance norm, float32, batch 1. One JSON line per compile (`unet`:
@@ -33,7 +33,7 @@ import jax  # noqa: E402
 jax.config.update("jax_platforms", "cpu")
 
 from trainer.models import unet  # noqa: E402
-from trainer.plan import compiled_step, layout_search, targets  # noqa: E402
+from trainer.plan import compiled_step, layout_measure, targets  # noqa: E402
 
 JOBS = [  # model, size, input_partition_dims, target, UNet ("default" or "plain")
     ("unet3d", (256, 256, 256), "1,16,1,1,1", "v5e:4x4", "plain"),
@@ -57,7 +57,7 @@ def main() -> None:
         shape = compiled_step.example_shape(config, size)
         started = time.time()
         try:
-            out = layout_search.compile_layout(config, shape, targets.parse(target)).to_json()
+            out = layout_measure.compile_layout(config, shape, targets.parse(target)).to_json()
         except Exception as error:  # noqa: BLE001  (recorded, and the next job still runs)
             out = {"error": str(error)[:2000]}
         out.update(model=model, size=list(size), dims=dims, target=target, wall_seconds=round(time.time() - started, 1),

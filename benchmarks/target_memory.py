@@ -35,7 +35,7 @@ import jax  # noqa: E402
 jax.config.update("jax_platforms", "cpu")
 
 from trainer.models import unet  # noqa: E402
-from trainer.plan import compiled_step, layout_search, target_compile, targets  # noqa: E402
+from trainer.plan import compiled_step, layout_measure, target_compile, targets  # noqa: E402
 
 TOPOLOGY = {"v5e": {4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8"}, "v4": {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4"}}
 CASES = [(128, 4), (128, 8), (128, 16), (256, 8), (256, 16), (256, 32)]
@@ -79,7 +79,7 @@ def main() -> None:
             builder = compiled_step.StepBuilder(config, shape)
             devices = jax.devices()[:partitions] if kind == "cpu" else targets.devices(target)[:partitions]
             begun = time.perf_counter()
-            row = layout_search.measure(builder, dims, devices, targets.memory_per_device(target),
+            row = layout_measure.measure(builder, dims, devices, targets.memory_per_device(target),
                                         compile_only=kind != "cpu", cache=None if kind == "cpu" else cache)
             record = {"size": size, "partitions": partitions, "kind": kind, "target": target.name,
                       "wall_seconds": round(time.perf_counter() - begun, 1), **row.to_json()}

@@ -37,3 +37,19 @@ def human_bytes(count: int, smallest: str = "KiB") -> str:
     if count >= 2**20 or smallest == "MiB":
         return f"{count / 2**20:.1f} MiB"
     return f"{count / 2**10:.1f} KiB"
+
+
+
+def cache_over_memory(needed: int, available: int | None) -> str:
+    """The warning `--input-cache on` adds where its `needed` bytes are more than the `available` memory, else ''.
+
+    >>> cache_over_memory(3 * 2**30, 2**30)
+    '; warning: that is more than the 1.00 GiB of memory available, so the host will swap or the process be killed as the cache fills; pass --input-cache auto, which reads the records every step where they do not fit'
+    >>> cache_over_memory(2**20, 2**30), cache_over_memory(2**20, None)
+    ('', '')
+    """
+    if available is None or needed <= available:
+        return ""
+    return (f"; warning: that is more than the {human_bytes(available)} of memory available, so the host will swap or "
+            "the process be killed as the cache fills; pass --input-cache auto, which reads the records every step "
+            "where they do not fit")

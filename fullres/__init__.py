@@ -104,7 +104,9 @@ def train(network: Callable | str, *, train: str, output: str, eval: str | None 
 
     dims = input_partition_dims if input_partition_dims is None or isinstance(input_partition_dims, str) else \
         ",".join(map(str, input_partition_dims))
+    # Each setting's sentence names the argument as given here (`fullres.train(learning_rate=nan)`).
+    given = {key: f"fullres.train({key}={value!r})" for key, value in settings.items()}
     config = config_resolution.resolve("segmentation", preset, train, output, eval,
-                                overrides={"partition.input_partition_dims": dims, "allow_gathers": allow_gathers,
-                                           **settings}, model_source=source_of(network))
+                                       overrides={"partition.input_partition_dims": dims, "allow_gathers": allow_gathers,
+                                                  **settings}, model_source=source_of(network), given=given)
     return train_lib.train(config, log=log)

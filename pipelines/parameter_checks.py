@@ -212,17 +212,29 @@ def user_network(values: dict, where: Where = Where()) -> str | None:
 
 
 def network_file(values: dict, file: str | None) -> None:
-    """The user's own network file (`fullres pipeline run --model FILE.py:FUNCTION`) imported and built as the
-    train step will build it, and held to the contract (`user_model.measure`: one channels-last input, logits of
-    the model's classes at its resolution, halvings by powers of two), before the first step; errors name `file`.
+    """The user's own network imported and built as the train step will build it, and held to the contract
+    (`user_model.measure`: one channels-last input, logits of the model's classes at its resolution, halvings by
+    powers of two), before the first step: from `file` (`fullres pipeline run --model FILE.py:FUNCTION`; errors
+    name it), or else from `model_code` itself, written to a folder of this check's own (errors name `--param
+    model_code`: a function that raises was otherwise found by the train step, after both preprocessing steps).
     Nothing to do without one (or where `check` refused it already)."""
     import dataclasses
+    import tempfile
 
     from trainer.models import user_model
 
-    if file is None or user_network(values) is None:
+    if user_network(values) is None:
         return
-    user_model.measure(dataclasses.replace(train_configuration(values).model, file=file))
+    model = train_configuration(values).model
+    if file is not None:
+        user_model.measure(dataclasses.replace(model, file=file))
+        return
+    # Named as the train step's copy is (`user_model.TEMPORARY_PREFIX`): its sentences say `--param model_code`.
+    with tempfile.TemporaryDirectory(prefix=user_model.TEMPORARY_PREFIX) as folder:
+        copy = os.path.join(folder, "network.py")
+        with open(copy, "w", encoding="utf-8") as written:
+            written.write(values["model_code"])
+        user_model.measure(dataclasses.replace(model, file=copy))
 
 
 def placement(values: dict, where: Where) -> None:

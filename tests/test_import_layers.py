@@ -41,6 +41,7 @@ LAYERS = (
     "trainer.train_loop",
     "trainer.train",
     "trainer.predict",
+    "trainer.option_conflicts",
     "trainer.cli_help",
     "trainer.cli_options",
     "trainer.cli_predict",

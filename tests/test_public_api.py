@@ -45,6 +45,21 @@ def test_train_reaches_fullres_training_with_the_network(tmp_path):
         fullres.train(user_networks.residual_groupnorm, train="/nowhere/data-*", output=str(tmp_path / "run"),
                       input_partition_dims=(1, 4, 1, 1, 1), steps=1)
     assert not os.path.exists(tmp_path / "run")
-    with pytest.raises(ValueError, match=r"unknown train override model.num_levels with --model .*user_networks.py"):
+    with pytest.raises(ValueError, match=r"unknown setting fullres.train\(model.num_levels=3\) with --model "
+                                         r".*user_networks.py"):
         fullres.train(user_networks.residual_groupnorm, train="/nowhere/data-*", output=str(tmp_path / "run"),
                       **{"model.num_levels": 3})
+
+
+@pytest.mark.parametrize("setting, sentence", [
+    ({"learning_rate": float("nan")}, "fullres.train(learning_rate=nan): learning_rate must be a finite number, got "
+                                      "nan; give a number such as 0.5."),
+    ({"steps": 2.5}, "fullres.train(steps=2.5): steps must be a whole number, got 2.5; write it like 2."),
+])
+def test_a_bad_setting_is_named_as_the_argument_given(tmp_path, setting, sentence):
+    """It was named as the internal override ("train override learning_rate must be ..."; issue #51's open items)."""
+    with pytest.raises(ValueError) as refused:
+        fullres.train(user_networks.residual_groupnorm, train="/nowhere/data-*", output=str(tmp_path / "run"),
+                      **setting)
+    assert str(refused.value) == sentence
+    assert not os.path.exists(tmp_path / "run")

@@ -133,7 +133,7 @@ def train(
             size = ()
         if len(size) != 2:
             console.fail(f"--image-size {image_size!r} is not valid; write it like 1024,1024 (height,width).")
-    from trainer import config as config_lib, train as train_lib
+    from trainer import config as config_lib, option_conflicts, train as train_lib
     from trainer import config_resolution
     from trainer import presets
     from trainer.engine import recorded_settings
@@ -156,9 +156,8 @@ def train(
         if given_unet:
             console.fail(f"{', '.join(given_unet)} configure the UNet; they do not apply to "
                          f"{f'--model {network}' if network else f'--task {task}'}.")
-        if augmentation is not None and "augmentation" not in config_lib.setting_types(task):
-            console.fail(f"--augmentation sets segmentation's augmentations on the accelerator; --task {task} "
-                         "augments its input instead (--augment/--no-augment).")
+        if (conflict := option_conflicts.augmentation(task, augment, augmentation, settings or [])) is not None:
+            console.fail(conflict)  # an option another switches off, or one that is not the task's
         flags = {
             "steps": steps, "epochs": epochs, "batch_size": batch_size, "learning_rate": learning_rate,
             "warmup_steps": warmup_steps, "schedule": schedule, "optimizer": optimizer, "weight_decay": weight_decay,

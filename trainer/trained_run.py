@@ -188,9 +188,7 @@ def load(run: TrainedRun | str, devices=None, input_partition_dims: Sequence[int
     distribution = device_mesh.make_distribution(config.partition, devices[: replicas * cores])
     with distribution.scope():
         model = load_model(run)
-    state = placement.TrainState([v.value for v in model.trainable_variables],
-                                 [v.value for v in model.non_trainable_variables], [])
-    return Loaded(run, config, model, placement.place_state(state, distribution), distribution)
+    return Loaded(run, config, model, placement.place_state(placement.weights_state(model), distribution), distribution)
 
 
 def load_split(run: TrainedRun, asked: Sequence[int] | None = None, *, one_replica: bool = False,

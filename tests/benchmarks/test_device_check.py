@@ -198,3 +198,108 @@ def test_the_largest_cube_follows_the_target_compiler_past_the_plans_cpu_pre_fil
     assert sizes == [480, 448, 416] and "480" in how
     planned = device_check.planned_for(plan, row, 480)
     assert planned["total_bytes"] == 70_000_000_000 and planned["fits"] is False and planned["note"]
+
+
+@pytest.mark.parametrize("where, said", [
+    ("folder", "--json {folder} is a folder; name a file in it, e.g. {folder}/device_check.json"),
+    ("under a file", "--json {notes}/device_check.json lies under {notes}, which is a file, not a folder; name a file "
+                     "in a folder"),
+    ("read-only", "--json /sys/device_check.json cannot be written (Permission denied); name a file in a folder you "
+                  "can write to"),
+    ("no folder", "--json {folder}/missing/device_check.json: its folder {folder}/missing does not exist; create it, "
+                  "or name a file in a folder that exists"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_row_runs(tmp_path, capsys, where, said):
+    """A read-only place or a path under a file failed only after every row had run (issue #51): a whole GPU
+    measurement lost. A folder was a traceback."""
+    device_check = load()
+    folder, notes = tmp_path / "results", tmp_path / "notes.txt"
+    folder.mkdir()
+    notes.write_text("mine")
+    path = {"folder": folder, "under a file": notes / "device_check.json", "read-only": "/sys/device_check.json",
+            "no folder": folder / "missing" / "device_check.json"}[where]
+    with pytest.raises(SystemExit) as refused:
+        device_check.main(["--tiny", "--json", str(path)])
+    shown = capsys.readouterr()
+    assert refused.value.code == 2 and "Traceback" not in shown.err
+    assert shown.err.strip().splitlines()[-1].partition(": error: ")[2] == said.format(folder=folder, notes=notes)
+    assert device_check.HEADER not in shown.out  # no row started
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "results"] and not os.listdir(folder)
+    assert notes.read_text() == "mine"
+
+
+def _plan_helpers():
+    spec = importlib.util.spec_from_file_location("device_check_plan", os.path.join(REPOSITORY, "benchmarks",
+                                                                                     "device_check_plan.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_device_check_sets_the_devices_compiler_beside_the_one_the_plan_modelled():
+    helpers = _plan_helpers()
+    old = {"source": "fullres plan --target h100x1 (its compiler's figures; jax 0.10.2, jax-cuda12-plugin 0.10.2)"}
+    assert helpers.plan_versions(old) == {"jax": "0.10.2", "jax-cuda12-plugin": "0.10.2"}
+    new = {"compiler_versions": {"jax": "0.10.2", "jaxlib": "0.10.2", "jax-cuda12-plugin": "0.10.2"}}
+    device = {"jax": "0.11.2", "jaxlib": "0.11.2", "jax-cuda13-plugin": "0.11.2", "keras": "3.15.1"}
+    assert helpers.version_drift(helpers.plan_versions(new), device) == [
+        "jax: plan 0.10.2, device 0.11.2", "jaxlib: plan 0.10.2, device 0.11.2",
+        "CUDA plug-in: plan jax-cuda12-plugin 0.10.2, device jax-cuda13-plugin 0.11.2"]
+    assert helpers.version_drift(new["compiler_versions"], dict(new["compiler_versions"])) == []
+
+
+def test_a_row_is_planned_with_the_devices_terms_for_the_program_it_ran():
+    """A plan file's row holds the compiler's figure (written before the terms: as its total); the check adds what
+    the device holds for the row's own program, and a row run without autotuning is planned without workspace."""
+    helpers = _plan_helpers()
+    row = {"part": "train", "model": "default", "precision": "float32", "augmentation": "none"}
+    plan = {"source": "test", "rows": [{**row, "size": 128, "total_bytes": 2138885880, "step_seconds": 0.0091,
+                                        "fits": True}]}
+    planned = helpers.planned_for(plan, row, 128)
+    measured = {"state_bytes": 260383012, "largest_convolution_bytes": 268435456,
+                "autotuning_convolution_bytes": 671088640, "placed_before_compile_bytes": 0, "autotune": True}
+    tuned = helpers.with_device_terms(planned, measured, "h200")
+    assert tuned["plan_file_total_bytes"] == 2138885880
+    assert 2.72e9 / tuned["total_bytes"] == pytest.approx(0.971, abs=0.001)  # the H200's peak for this row
+    untuned = helpers.with_device_terms(planned, {**measured, "autotune": False}, "h200")
+    assert untuned["device_terms"]["workspace_bytes"] == 0 < tuned["device_terms"]["workspace_bytes"]
+    assert helpers.with_device_terms(planned, {"peak_bytes": 1}, "h200") == planned  # a stand-in measured no terms
+
+
+def test_the_largest_cube_compiles_without_autotuning_where_autotuning_alone_would_pass_its_limit():
+    helpers = _plan_helpers()
+    autotune, why = helpers.autotune_choice({"step_seconds": 0.584}, None, 120)  # 512³ float32
+    assert autotune is False and "--xla_gpu_autotune_level=0" in why
+    assert helpers.autotune_choice({"step_seconds": 0.0091}, None, 120)[0] is True  # 128³
+    assert helpers.autotune_choice({"expected_compile_seconds": 60.0, "step_seconds": 0.584}, None, 120)[0] is True
+
+
+def test_the_rows_read_the_workspace_the_devices_autotuner_gave_each_convolution():
+    spec = importlib.util.spec_from_file_location("device_check_rows", os.path.join(REPOSITORY, "benchmarks",
+                                                                                     "device_check_rows.py"))
+    rows = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rows)
+
+    class Compiled:
+        def __init__(self, text):
+            self.text = text
+
+        def as_text(self):
+            return self.text
+
+    hlo = ('%a = (f32[1,4,32,32,32]{4,3,2,1,0}, u8[0]{0}) custom-call(f32[1,1,32,32,32]{4,3,2,1,0} %p), '
+           'window={size=3x3x3}, custom_call_target="__cudnn$convForward"\n'
+           '%b = (f32[4,4,3,3,3]{4,3,2,1,0}, u8[134217728]{0}) custom-call(f32[1,4,32,32,32]{4,3,2,1,0} %x), '
+           'custom_call_target="__cudnn$convBackwardFilter"\n')
+    assert rows.workspace_bytes(Compiled(hlo)) == 134217728
+    assert rows.workspace_bytes(Compiled("%c = f32[3]{0} add(%x, %y)")) is None
+
+
+def test_an_h200_is_checked_against_its_own_plan_file(monkeypatch):
+    device_check = load()
+    monkeypatch.setattr(device_check, "nvidia_smi", lambda field: "NVIDIA H200" if field == "name" else None)
+    assert device_check.target_here() == "h200x1"
+    plan = json.loads(open(os.path.join(REPOSITORY, "benchmarks", "results", "device_plan_h200x1.json")).read())
+    assert plan["target"] == "h200x1" and plan["compiler_versions"]["jax"]
+    rows = [r for r in plan["rows"] if r["part"] == "train"]
+    assert rows and all(r["device_terms"]["margin"] == 1.05 for r in rows if r.get("device_terms"))

@@ -263,3 +263,16 @@ def test_a_network_that_breaks_the_contract_is_refused_before_anything_starts_na
     assert _one_sentence(result) == (f"--model {network}:make: {network} defines no function make (it defines build); "
                                      f"name the function that returns the network, e.g. --model {network}:build.")
     assert not root.exists()
+
+
+def test_a_network_passed_as_model_code_that_raises_is_refused_before_anything_starts(scans, tmp_path):
+    """`--param model_code` (not `--model FILE`) was only parsed before the run: a function that raises was found
+    by the train step, after both preprocessing steps had run (issue #51). It is built first, as `--model` is."""
+    code = "def build(num_classes, in_channels):\n    raise RuntimeError('no network today')\n"
+    root = tmp_path / "root"
+    result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root), *_inputs(scans),
+                                          "--param", f"model_code={code}", "--param", "model_function=build"])
+    assert _one_sentence(result) == (
+        "--param model_code:build: build(num_classes=3, in_channels=1) raised RuntimeError: no network today; the "
+        "function must take num_classes and in_channels keyword arguments and return a keras.Model.")
+    assert not root.exists()  # no pipeline root, no step

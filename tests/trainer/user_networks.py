@@ -6,7 +6,7 @@ the run keeps a copy of this one file.
 """
 
 import keras
-from keras import layers
+from keras import layers, ops
 
 
 def _residual_block(x, filters: int, stride: int):
@@ -108,6 +108,35 @@ def wide_coarse(num_classes=3, in_channels=1):
     merged = layers.Concatenate()([x, layers.UpSampling3D(2)(coarse)])
     return keras.Model(inputs, layers.Conv3D(num_classes, 1)(merged), name="wide_coarse")
 
+
+class WindowAttention(layers.Layer):
+    """Self-attention within each 4×4×4 window of a (B, D, H, W, C) tensor: its reshape needs whole windows."""
+
+    window = 4
+
+    def build(self, input_shape):
+        self.qkv = layers.Dense(3 * input_shape[-1])
+        self.qkv.build(input_shape)
+
+    def call(self, x):
+        b, d, h, w, c = ops.shape(x)
+        n = self.window
+        blocks = ops.reshape(x, (b, d // n, n, h // n, n, w // n, n, c))  # (B, D/n, n, H/n, n, W/n, n, C)
+        windows = ops.reshape(ops.transpose(blocks, (0, 1, 3, 5, 2, 4, 6, 7)), (-1, n**3, c))  # (B·windows, n³, C)
+        q, k, v = ops.split(self.qkv(windows), 3, axis=-1)
+        attended = ops.matmul(ops.softmax(ops.matmul(q, ops.transpose(k, (0, 2, 1))) / c**0.5), v)
+        out = ops.reshape(attended, (b, d // n, h // n, w // n, n, n, n, c))  # (B, D/n, H/n, W/n, n, n, n, C)
+        return ops.reshape(ops.transpose(out, (0, 1, 4, 2, 5, 3, 6, 7)), (b, d, h, w, c))
+
+
+def windowed_attention(num_classes=3, in_channels=1):
+    """3D network with 4×4×4-window self-attention at a quarter of the resolution: an input it takes is a multiple
+    of 16 voxels along every axis (the strides measure only 4)."""
+    inputs = keras.Input((None, None, None, in_channels))
+    x = layers.Conv3D(4, 3, strides=2, padding="same", activation="relu")(inputs)
+    x = layers.Conv3D(8, 3, strides=2, padding="same", activation="relu")(x)  # (D/4, H/4, W/4, 8)
+    x = layers.UpSampling3D(4)(layers.Add()([x, WindowAttention()(x)]))
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="windowed_attention")
 
 
 def global_attention(num_classes=3, in_channels=1):

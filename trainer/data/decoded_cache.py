@@ -43,7 +43,7 @@ def choose_cache(mode: str, needed: int, available: int | None) -> tuple[bool, s
         raise ValueError(f"input cache {mode!r} is not known; use one of {', '.join(config_lib.INPUT_CACHE)}.")
     share = f"this process's share of the data set, {sizes.human_bytes(needed)},"
     if mode == "on":
-        return True, f"on (--input-cache on): {share} held in memory"
+        return True, f"on (--input-cache on): {share} held in memory" + sizes.cache_over_memory(needed, available)
     if mode == "off":
         return False, "off (--input-cache off): records are read every step"
     limit = f"{CACHE_SHARE_OF_MEMORY:.0%} of the {sizes.human_bytes(available)} of memory available" if available else ""

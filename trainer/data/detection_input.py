@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from preprocessing.records import dataset_files, detection_schema
+from preprocessing.records import detection_schema, tfrecord_files
 from trainer.data import ct_input
 
 
@@ -69,6 +69,27 @@ def _transform(example: dict, canvas: tuple[int, int], max_boxes: int, augment: 
             "source_id": example["source_id"], "boxes_dropped": dropped}
 
 
+def _in_image_id_order(files: list[str]) -> tf.data.Dataset:
+    """The serialized records of `files` in the order of their image ids (`image/source_id`), not of the shards: Beam
+    assigns records to shards differently in each preprocessing, and two runs of the same data would otherwise train
+    on different orders (CT records are read in case-id order likewise: `ct_input.CtRecords`). Finding the ids reads
+    every record once at the start; equal ids keep the shards' order."""
+    opened = [tfrecord_files.RecordFile(path) for path in files]
+    where = []
+    for file in opened:
+        for number in range(len(file)):
+            example = tf.train.Example.FromString(file.record(number))
+            ids = example.features.feature["image/source_id"].bytes_list.value
+            where.append((ids[0] if ids else b"", file, number))
+    where.sort(key=lambda item: item[0])  # stable
+
+    def records():
+        for _, file, number in where:
+            yield file.record(number)
+
+    return tf.data.Dataset.from_generator(records, output_signature=tf.TensorSpec((), tf.string))
+
+
 def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, seed: int = 0) -> tf.data.Dataset:
     """Serialized records of every file matching `pattern`, optionally shuffled (seeded) and repeated.
 
@@ -76,8 +97,7 @@ def record_stream(pattern: str, *, shuffle: bool = False, repeat: bool = False, 
     given `seed`, so a resumed run can skip back to exactly where it was.
     """
     ct_input.hide_accelerators_from_tensorflow()
-    files = ct_input.list_files(pattern)
-    dataset = tf.data.TFRecordDataset(files, compression_type=dataset_files.compression(files))
+    dataset = _in_image_id_order(ct_input.list_files(pattern))
     if shuffle:  # TensorFlow's global seed too (the trainer seeds Python, NumPy and Keras only): the order is (seed, seed)
         tf.random.set_seed(seed)
         dataset = dataset.shuffle(1024, seed=seed, reshuffle_each_iteration=True)

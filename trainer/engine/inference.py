@@ -95,6 +95,14 @@ def spatial_multiples(input_partition_dims: Sequence[int], downsampling_levels: 
     return tuple((2**level) * int(parts) for level, parts in zip(levels, spatial))
 
 
+def lower_predict(forward, state, distribution: device_mesh.SpatialParallel, batch_shape: tuple[int, ...]):
+    """Predict's pass, lowered: `forward` (`make_forward(..., "probabilities")`) on a float32 (1, [D,] H, W, C) batch
+    laid out as predict places it. `state` may be arrays or their shapes: `VolumePredictor` compiles what it runs
+    from here, and `fullres plan` sizes the same program for a target (`plan.predict_plan`)."""
+    sharding = distribution.get_data_layout(batch_shape).backend_layout
+    return forward.lower(state, jax.ShapeDtypeStruct(batch_shape, jnp.float32, sharding=sharding))
+
+
 class VolumeTooLarge(ValueError):
     """A volume's forward pass needs more memory per device than the devices have; the message says what to do."""
 
@@ -163,9 +171,7 @@ class VolumePredictor:
             return self._compiled[batch_shape]
         if self._forward is None:
             self._forward = make_forward(self.model, self.distribution, self.state, len(batch_shape), "probabilities")
-        sharding = self.distribution.get_data_layout(batch_shape).backend_layout
-        compiled, _ = xla_compile.compile(self._forward.lower(
-            self.state, jax.ShapeDtypeStruct(batch_shape, jnp.float32, sharding=sharding)))
+        compiled, _ = xla_compile.compile(lower_predict(self._forward, self.state, self.distribution, batch_shape))
         memory = compiled.memory_analysis()
         needed = None if memory is None else (memory.temp_size_in_bytes + memory.argument_size_in_bytes
                                               + memory.output_size_in_bytes - memory.alias_size_in_bytes)

@@ -39,6 +39,12 @@ def initial_state(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> 
     )
 
 
+def weights_state(model: keras.Model) -> TrainState:
+    """The model's weights and statistics, no optimizer slots: what predict and evaluation hold and place
+    (`trained_run.load`), and what `fullres plan` sizes predict's pass with (`plan.predict_plan`)."""
+    return TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables], [])
+
+
 def write_state_to_model(state: TrainState, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
     """Assigns a `TrainState` back into the Keras variables (for saving and export)."""
     for variable, value in zip(model.trainable_variables, state.trainable):

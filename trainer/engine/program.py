@@ -47,9 +47,30 @@ class PolyDecay(keras.optimizers.schedules.LearningRateSchedule):
                 "power": self.power}
 
 
+def warmup_steps_used(config: config_lib.TrainConfig, total_steps: int) -> int:
+    """The warm-up a run of `total_steps` takes: `config.warmup_steps`, cut to end before the last step.
+
+    >>> from trainer import presets
+    >>> warmup_steps_used(presets.smoke(warmup_steps=50), 2), warmup_steps_used(presets.smoke(warmup_steps=5), 40)
+    (1, 5)
+    """
+    return max(min(config.warmup_steps, total_steps - 1), 0)
+
+
+def warmup_note(config: config_lib.TrainConfig, total_steps: int) -> str | None:
+    """The sentence saying that the run's warm-up is shorter than `config.warmup_steps` asks, or None."""
+    used = warmup_steps_used(config, total_steps)
+    if used == config.warmup_steps:
+        return None
+    return (f"warning: --warmup-steps {config.warmup_steps} is cut to {used}: this run has {total_steps} steps and its "
+            f"warm-up must end before the last; run_record.json records the {used} used (train_config.json keeps "
+            f"the {config.warmup_steps} asked, which a resume to more steps would use); pass --warmup-steps {used} "
+            "or fewer, or more --steps, to make them agree.")
+
+
 def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
     """Linear warm-up to the peak rate, then cosine decay to 0, poly decay to 0 (nnU-Net's), or constant."""
-    warmup = min(config.warmup_steps, total_steps - 1)
+    warmup = warmup_steps_used(config, total_steps)
     if config.schedule == "poly":
         return PolyDecay(config.learning_rate, total_steps, warmup_steps=warmup)
     return keras.optimizers.schedules.CosineDecay(

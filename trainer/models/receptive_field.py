@@ -29,7 +29,10 @@ Cost: one gradient per axis, of a batch of `SAMPLES` inputs as long as the
 volume along that axis and as thin as the network accepts across it (the
 field along depth does not depend on the width), so the default UNet at 256³
 is measured on three batches of 256×16×16 inputs (2.3 s on 2 cores, 1.0 s
-with one input); small volumes are measured whole, all axes at once.
+with one input); small volumes are measured whole, all axes at once. A
+network that needs more across (a reshape into whole 4×4×4 attention windows
+at a quarter of the resolution: 16 voxels) is probed at the next thicker size
+that divides the volume (`thin_sizes`), up to the volume's own.
 """
 
 from __future__ import annotations
@@ -184,8 +187,35 @@ def measure(model, size: Sequence[int], multiples: Sequence[int], in_channels: i
         return ReceptiveField(tuple(min(high - low + 1, n) for (low, high), n in zip(extents, size)), size)
     seen = []
     for axis, length in enumerate(size):
-        # As long as the volume along `axis`, as thin as the model accepts across it (at least 8 voxels).
-        shape = [length if a == axis else max(m, math.ceil(8 / m) * m) for a, m in enumerate(multiples)]
-        low, high = support(apply, (*shape, in_channels))[axis]
+        low, high = _thin_support(apply, size, multiples, in_channels, axis)
         seen.append(min(high - low + 1, length))
     return ReceptiveField(tuple(seen), size)
+
+
+def thin_sizes(length: int, multiple: int) -> list[int]:
+    """The sizes an axis of `length` voxels is probed with across another, thinnest first: the divisors of `length`
+    that `multiple` divides, from 8 voxels on, then `length` itself. A network that takes `length` (it trains on it)
+    takes one of them whatever else its reshapes need (whole attention windows): their least common size divides
+    `length` too.
+
+    >>> thin_sizes(48, 4), thin_sizes(56, 1), thin_sizes(6, 2)
+    ([8, 12, 16, 24, 48], [8, 14, 28, 56], [6])
+    """
+    least = max(multiple, math.ceil(8 / multiple) * multiple)
+    return [s for s in range(multiple, length, multiple) if s >= least and length % s == 0] + [length]
+
+
+def _thin_support(apply: Callable, size: tuple[int, ...], multiples: Sequence[int], in_channels: int,
+                  axis: int) -> tuple[int, int]:
+    """`support` along `axis` on an input as long as the volume there and as thin across it as the network accepts:
+    each thinner size it refuses (a reshape into whole windows) is passed over for the next, up to the volume's."""
+    candidates = [thin_sizes(n, m) for n, m in zip(size, multiples)]
+    for attempt in range(max(len(c) for c in candidates)):
+        shape = [size[a] if a == axis else c[min(attempt, len(c) - 1)] for a, c in enumerate(candidates)]
+        last = all(attempt >= len(c) - 1 for a, c in enumerate(candidates) if a != axis)
+        try:
+            return support(apply, (*shape, in_channels))[axis]
+        except Exception:  # the user's network, on a size thinner than its windows (the volume's own: re-raised)
+            if last:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")

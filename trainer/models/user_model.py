@@ -31,6 +31,8 @@ import os
 import re
 import sys
 
+from trainer.models import network_contract
+
 SOURCE_FORM = "FILE.py:FUNCTION"
 # Tasks that train a user's network: segmentation's logits map one to one onto its labels, with the losses and Dice
 # fullres has; detection would need anchors, per-level box and class heads and their targets (docs/detection.md).
@@ -286,6 +288,8 @@ def check(model, config: UserModelConfig) -> None:
             f"{where}: the network takes inputs of shape {tuple(declared[0].shape)}, but a {config.spatial_dims}D "
             f"model takes channels-last {('(B, D, H, W, C)' if rank == 5 else '(B, H, W, C)')}; build it for "
             f"{config.spatial_dims}D inputs, or set model.spatial_dims to match (--set model.spatial_dims=...).")
+    if (wrong := network_contract.channels_problem(model, config.in_channels)) is not None:
+        raise UserModelError(f"{where}: {wrong}.")
     shape = probe_shape(model, config)
     try:  # a symbolic call: shapes only, and it builds a subclassed model's variables
         output = model(keras.KerasTensor(shape))
@@ -293,9 +297,8 @@ def check(model, config: UserModelConfig) -> None:
         raise UserModelError(f"{where}: the network cannot take a {shape} input ({type(error).__name__}: {error}); "
                              f"it must take channels-last inputs with in_channels={config.in_channels}.") from None
     if not isinstance(output, keras.KerasTensor):
-        count = len(output) if isinstance(output, (list, tuple, dict)) else "several"
-        raise UserModelError(f"{where}: the network returns {count} outputs; fullres trains one output, the logits "
-                             f"(B, ..., num_classes).")
+        raise UserModelError(f"{where}: the network returns {network_contract.outputs(output)}; fullres trains one "
+                             "output, the logits (B, ..., num_classes): return that tensor alone.")
     wanted = (*shape[:-1], config.num_classes)
     if tuple(output.shape) != wanted:
         raise UserModelError(

@@ -27,11 +27,13 @@ timeout"), a limit no setting changes.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import json
 import os
 import signal
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -75,8 +77,9 @@ class Preempted(Exception):
     """Raised by training after it checkpointed at a preemption notice; exit with `PREEMPTED_EXIT_CODE`."""
 
     def __init__(self, step_number: int):
-        super().__init__(f"preempted (SIGTERM): checkpoint written at step {step_number}; rerun the same command to "
-                         f"resume (exit status {PREEMPTED_EXIT_CODE})")
+        super().__init__(f"{'interrupted (Ctrl-C)' if _stop_signal == 'Ctrl-C' else 'preempted (SIGTERM)'}: "
+                         f"checkpoint written at step {step_number}; rerun the same command to resume (exit status "
+                         f"{PREEMPTED_EXIT_CODE})")
         self.step_number = step_number
 
 
@@ -179,19 +182,34 @@ def initialize_from_environment() -> None:
     initialize(None)
 
 
-_sigterm_received = False
+_stop_signal: str | None = None  # what asked this process to stop: "SIGTERM" or "Ctrl-C"
 
 
 def install_single_process_sigterm_handler() -> None:
-    """In a single process, SIGTERM sets a flag the loop reads (several processes use JAX's preemption notifier)."""
+    """In a single process, SIGTERM sets a flag the loop reads (several processes use JAX's preemption notifier),
+    and so does Ctrl-C (SIGINT): the step ends, its checkpoint is written, and the run exits with the resume status,
+    instead of a KeyboardInterrupt's traceback and no checkpoint. A Ctrl-C after the first is said and ignored, so
+    none lands in JAX's exit-time clean-up as a traceback."""
 
     def note(signum, frame):
-        global _sigterm_received
-        _sigterm_received = True
+        global _stop_signal
+        if _stop_signal is not None:
+            if signum == signal.SIGINT:
+                print(f"fullres: already stopping after this step's checkpoint; kill -KILL {os.getpid()} stops at "
+                      "once, without it", file=sys.stderr, flush=True)
+            return
+        _stop_signal = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        # Past the run, at exit: ignored. Python's finalization would otherwise hand SIGINT back to the system, and
+        # a Ctrl-C in JAX's clean-up would end the process by the signal (status 130), not with the resume status.
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)  # runs before JAX's own, registered earlier
+        if signum == signal.SIGINT:
+            print("fullres: Ctrl-C: finishing this step, then writing its checkpoint and exiting with status "
+                  f"{PREEMPTED_EXIT_CODE} (rerun the same command to resume)", file=sys.stderr, flush=True)
 
     try:
         signal.signal(signal.SIGTERM, note)
-    except ValueError:  # not the main thread (e.g. inside a test runner's worker); SIGTERM keeps its default
+        signal.signal(signal.SIGINT, note)
+    except ValueError:  # not the main thread (e.g. inside a test runner's worker); the signals keep their defaults
         pass
 
 
@@ -279,4 +297,4 @@ def preemption_reached(step_number: int) -> bool:
 
     if jax.process_count() > 1:
         return multihost_utils.reached_preemption_sync_point(step_number)
-    return _sigterm_received
+    return _stop_signal is not None

@@ -31,10 +31,29 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _forward(stream, prefix: str, log: Callable[[str], None]) -> None:
+REFUSAL = "fullres: error: "  # how a process's one-sentence refusal begins (`common.console.fail`)
+REFUSAL_GRACE_SECONDS = 10  # after one process refused, before the others still running are stopped
+
+
+def _forward(stream, prefix: str, log: Callable[[str], None], refusals: list[str], hold: bool) -> None:
+    """Each line of `stream` to `log` under `prefix`; its refusals kept in `refusals` too, and with `hold`, only
+    there (`_said_once` says them at the end)."""
     for line in iter(stream.readline, ""):
+        if line.startswith(REFUSAL):
+            refusals.append(line.rstrip())
+            if hold:
+                continue
         log(f"{prefix}{line.rstrip()}")
     stream.close()
+
+
+def _said_once(refusals: list[list[str]], log: Callable[[str], None]) -> None:
+    """The refusals of processes 1, 2, ... that process 0 did not say: one of the command line or the data is every
+    process's, and is printed once, by process 0, not once a process."""
+    for process_id, lines in enumerate(refusals[1:], start=1):
+        for line in lines:
+            if line not in refusals[0]:
+                log(f"[p{process_id}] {line}")
 
 
 def _describe(code: int) -> str:
@@ -58,13 +77,16 @@ def launch(train_arguments: Sequence[str], num_processes: int, log: Callable[[st
     """
     coordinator = f"localhost:{free_port()}"
     environment = dict(os.environ, PYTHONUNBUFFERED="1")
-    processes = []
+    processes, readers = [], []
+    refusals: list[list[str]] = [[] for _ in range(num_processes)]
     for process_id in range(num_processes):
         command = [sys.executable, "-m", "trainer", "train", *train_arguments, "--coordinator-address", coordinator,
                    "--num-processes", str(num_processes), "--process-id", str(process_id)]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env=environment)
-        threading.Thread(target=_forward, args=(process.stdout, f"[p{process_id}] ", log), daemon=True).start()
+        readers.append(threading.Thread(target=_forward, daemon=True, args=(
+            process.stdout, f"[p{process_id}] ", log, refusals[process_id], process_id > 0)))
+        readers[-1].start()
         processes.append(process)
     log(f"[launcher] {num_processes} processes, coordinator {coordinator}, pids "
         f"{' '.join(str(p.pid) for p in processes)}")
@@ -76,21 +98,29 @@ def launch(train_arguments: Sequence[str], num_processes: int, log: Callable[[st
                 process.send_signal(signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, pass_on)
-    failure = None
+    failure, stop_at = None, None
     try:
         while any(p.poll() is None for p in processes):
             for process_id, process in enumerate(processes):
                 code = process.poll()
                 if failure is None and code not in (None, 0, distributed.PREEMPTED_EXIT_CODE):
                     failure = code
-                    log(f"[launcher] process {process_id} {_describe(code)}; stopping the other processes, "
+                    log(f"[launcher] process {process_id} refused the run (status 2); stopping the other processes"
+                        if code == 2 else  # a sentence of the command line or the data: nothing to resume
+                        f"[launcher] process {process_id} {_describe(code)}; stopping the other processes, "
                         "since the run cannot go on without it (rerun the same command to resume from the last "
                         "checkpoint)")
-                    _stop(processes)
+                    # The others refuse the same command line or data a moment later, process 0 saying it: waited for.
+                    stop_at = time.monotonic() + (REFUSAL_GRACE_SECONDS if code == 2 else 0)
+            if stop_at is not None and time.monotonic() >= stop_at:
+                _stop(processes)
             time.sleep(0.1)
     finally:
         signal.signal(signal.SIGTERM, previous)
     codes = [p.wait() for p in processes]
+    for reader in readers:
+        reader.join(timeout=10)  # each process's last lines, read to its end
+    _said_once(refusals, log)
     if failure is not None:
         return failure if failure > 0 else 128 - failure
     if all(code == 0 for code in codes):

@@ -16,64 +16,14 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.models import user_model
-from trainer.parallel import device_mesh, halo, partitioning, thin_shards, xla_compile
-from trainer.plan import compiled_step, gathers, target_compile, targets
+from trainer.parallel import device_mesh, halo, partitioning, thin_shards
+from trainer.plan import compiled_step, layout_measure, target_compile
+from trainer.plan.plan_row import PlanRow
 
 
 LAYOUT_CHOICES = ("default", "all")
 
 NEAR_TIE = 0.02  # within 2 %: of the least halo, a tie (memory decides); of the least memory, the default budget
-
-@dataclasses.dataclass(frozen=True)
-class PlanRow:
-    """Per-device figures of one layout (bytes).
-
-    `halo_bound_bytes` is `halo_lower_bound` for the layout; `near_tie` marks a
-    row whose halo is within 2 % of the best-ranked row of its N (memory
-    ordered them); `rank` counts from 1 within its N (0: not ranked).
-    """
-
-    partitions: int
-    input_partition_dims: tuple[int, ...]
-    temp_bytes: int
-    argument_bytes: int
-    total_bytes: int
-    efficiency: float | None
-    activation_all_gathers: int
-    halo_bytes: int
-    fits: bool | None = None
-    halo_bound_bytes: int | None = None
-    rank: int = 0
-    near_tie: bool = False
-    compile_seconds: float = 0.0
-    flops: float | None = None  # per device per step, the compiler's cost analysis (None: it gives none)
-    bytes_accessed: float | None = None
-    compiler_seconds: float | None = None  # the TPU compiler's own estimate of a step ("optimal_seconds")
-    cpu_total_bytes: int | None = None  # on a target: the same layout's total on this machine's CPU
-    estimate: dict | None = None  # on a target: `roofline.Estimate.to_json()`, an estimated step time
-    cached: bool = False  # read from the plan cache (`target_compile.PlanCache`), not compiled now
-    gathered: tuple[tuple[str, int], ...] = ()  # (Keras layer, largest all-gathered activation, bytes per device)
-    all_to_all_bytes: int = 0  # per device per step: splits moved between axes (rotation and scaling)
-    compiler_options: str = ""  # what the compile needed beyond the default ("name=value, ..."; xla_compile.py)
-
-    @property
-    def halo_ratio(self) -> float | None:
-        """Measured halo ÷ its lower bound (None where the bound is 0)."""
-        return round(self.halo_bytes / self.halo_bound_bytes, 3) if self.halo_bound_bytes else None
-
-    def to_json(self) -> dict:
-        values = dataclasses.asdict(self)
-        values["input_partition_dims"] = list(self.input_partition_dims)
-        values["halo_ratio"] = self.halo_ratio
-        return values
-
-    @classmethod
-    def from_json(cls, values: dict) -> PlanRow:
-        """A row back from `to_json` (e.g. from a benchmark's results)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        row = {k: v for k, v in values.items() if k in fields}
-        return cls(**{**row, "input_partition_dims": tuple(row["input_partition_dims"]),
-                      "gathered": tuple((layer, size) for layer, size in row.get("gathered", ()))})
 
 @dataclasses.dataclass(frozen=True)
 class Search:
@@ -203,82 +153,6 @@ def say_refused_and_replaced(plans: Sequence[tuple[int, Candidates]], log: Calla
             if said:
                 log(f"N={count}: {said}")
 
-def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, device_memory: int | None,
-            compile_only: bool = False, cache: target_compile.PlanCache | None = None) -> PlanRow | target_compile.Refusal:
-    """Compiles `dims` on `devices` and reads the compiler's figures; a `Refusal` where it runs out of memory.
-
-    `compile_only`: the devices are a target's (`targets.devices`), not this process's.
-    `cache`: figures of a step compiled before (the same lowered program for the same compiler) are read back.
-    """
-    import jax
-
-    started = time.perf_counter()
-    with target_compile.compile_only(compile_only):
-        lowered, distribution = builder.lower(dims, devices)
-        key = None if cache is None else cache.key(lowered.as_text(), devices)
-        found = None if cache is None else cache.load(key)
-        if found is not None:
-            found = (target_compile.Refusal.from_json(found) if "needed_bytes" in found else PlanRow.from_json(found))
-            if isinstance(found, PlanRow):
-                found = dataclasses.replace(found, fits=None if device_memory is None else
-                                            found.total_bytes <= device_memory)
-            return dataclasses.replace(found, cached=True)
-        try:
-            compiled, options = xla_compile.compile(lowered)
-        except jax.errors.JaxRuntimeError as error:
-            refused = target_compile.refusal(error, dims, time.perf_counter() - started)
-            if refused is None:  # not out of memory: the compiler's own first line, not XLA's traceback
-                first = str(error).strip().splitlines()[0][:400]
-                raise ValueError(f"the {devices[0].platform} compiler failed on input_partition_dims "
-                                 f"{','.join(map(str, dims))}: {first} (fullres --verbose plan ... shows all it "
-                                 f"said).") from error
-            if cache is not None:
-                cache.store(key, refused.to_json())
-            return refused
-    memory = compiled.memory_analysis()
-    replica_batch = builder.config.batch_size // distribution.num_replicas
-    found, halo_bytes = compiled_step.communication(compiled.as_text(), replica_batch,
-                                                    gathers.weight_shapes(builder.state))
-    if found and not compile_only:
-        found = gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(builder.state))
-    total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
-        - memory.alias_size_in_bytes
-    bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
-    costs = compiled.cost_analysis()
-    costs = (costs[0] if isinstance(costs, (list, tuple)) and costs else costs) or {}
-    row = PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
-                  None, len(found), halo_bytes, None if device_memory is None else total <= device_memory, bound,
-                  compile_seconds=round(time.perf_counter() - started, 2), flops=costs.get("flops"),
-                  bytes_accessed=costs.get("bytes accessed"),
-                  compiler_seconds=costs.get("optimal_seconds") if compile_only else None,
-                  gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)),
-                  all_to_all_bytes=compiled_step.all_to_all_bytes(compiled.as_text()),
-                  compiler_options=", ".join(f"{k}={str(v).lower()}" for k, v in options.items()))
-    if cache is not None:
-        cache.store(key, row.to_json())
-    return row
-
-def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
-    """The row of `config`'s own layout on `target` (its first N devices): a `PlanRow` or a `target_compile.Refusal`.
-
-    Args:
-        config: the run (`compiled_step.plan_config`); `config.partition` is the layout, N its product.
-        shape: one example, channels last (`compiled_step.example_shape`).
-        target: where it is compiled (`targets.parse`).
-
-    Raises:
-        targets.MissingCompiler: the target's compiler is not installed (the message says how to install it).
-        ValueError: the target has fewer devices than the layout's N.
-    """
-    dims = tuple(config.partition.input_partition_dims)
-    devices = targets.devices(target)
-    if math.prod(dims) > len(devices):
-        raise ValueError(f"--target {target.name} has {len(devices)} devices; the layout {list(dims)} needs "
-                         f"{math.prod(dims)}.")
-    builder = compiled_step.StepBuilder(config, tuple(shape))
-    return measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
-                   compile_only=target.platform != "cpu")
-
 def rank_rows(rows: Sequence[PlanRow], device_memory: int | None = None) -> list[PlanRow]:
     """Best first: fits the memory budget, then least halo bytes, then least total memory.
 
@@ -351,7 +225,7 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
         label = ",".join(map(str, dims))
         started = time.perf_counter()
         log(f"[{number}/{len(todo)}] compiling {label} on {math.prod(dims)} device(s) ...")
-        measured[dims] = measure(builder, dims, devices[:math.prod(dims)], device_memory, compile_only)
+        measured[dims] = layout_measure.measure(builder, dims, devices[:math.prod(dims)], device_memory, compile_only)
         row = measured[dims]
         figures = (row.describe() if isinstance(row, target_compile.Refusal) else
                    f"{sizes.human_bytes(row.total_bytes)} per device, halo {sizes.human_bytes(row.halo_bytes)}")

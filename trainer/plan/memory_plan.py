@@ -19,7 +19,8 @@ from trainer.engine import recorded_settings
 from trainer.parallel import xla_compile
 from trainer.models import user_model
 from trainer.tasks import registry
-from trainer.plan import compiled_step, input_plan, launch, layout_search, target_compile, target_search, targets
+from trainer.plan import (compiled_step, device_bytes, input_plan, launch, layout_measure, layout_search, target_compile,
+                          target_search, targets)
 
 AXES = {2: ("height", "width"), 3: ("depth", "height", "width")}
 
@@ -83,6 +84,9 @@ def table(results: Sequence[layout_search.Search], header: str, device_memory: s
                          f"{efficiency:>6} {r.activation_all_gathers:>11} {sizes.human_bytes(r.halo_bytes):>10} {ratio:>8} "
                          f"{sizes.human_bytes(r.all_to_all_bytes):>10}  {fits}")
         for r in result.rows:
+            warning = device_bytes.compile_warning(r.expected_compile_seconds)
+            if warning:
+                lines.append(f"     N={result.partitions}: {','.join(map(str, r.input_partition_dims))}: {warning}")
             if r.compiler_options:
                 lines.append(f"     N={result.partitions}: {','.join(map(str, r.input_partition_dims))} "
                              f"{xla_compile.describe(r.compiler_options)}; fullres train does the same")
@@ -144,6 +148,7 @@ class Plan:
     target: str
     device_memory: int | None
     launch: dict | None  # `launch.launch` for the best layout of the smallest N that fits (None on `cpu`)
+    compiler: dict | None = None  # on a target: `device_bytes.plan_json` (versions modelled, terms, margin)
     input: dict | None = None  # with --data: this host's input rate beside the step's (`input_plan.plan_input`)
     receptive_field: object = None  # `models.receptive_field.ReceptiveField` of the network at the planned size
 
@@ -162,7 +167,7 @@ class Plan:
                                   for result in self.results if result.cannot_divide],
                 "replaced": [{"partitions": result.partitions, "why": result.replaced}
                              for result in self.results if result.replaced],
-                "launch": self.launch, "input": self.input,
+                "launch": self.launch, "input": self.input, "compiler": self.compiler,
                 "receptive_field": None if self.receptive_field is None else self.receptive_field.to_json()}
 
     def __str__(self) -> str:
@@ -172,8 +177,11 @@ class Plan:
 
 
 def launch_lines(plan: Plan) -> list[str]:
-    """What the table ends with on a target: the layout to launch and the `fullres pipeline submit` parameters."""
-    lines = [] if plan.receptive_field is None else [f"receptive field, measured: {plan.receptive_field}"]
+    """What the table ends with on a target: the compilers it modelled, what the device adds to their figures, the
+    layout to launch and the `fullres pipeline submit` parameters."""
+    lines = [] if plan.compiler is None else [device_bytes.versions_line(plan.compiler["compiler_versions"]),
+                                              plan.compiler["device_bytes"]]
+    lines += [] if plan.receptive_field is None else [f"receptive field, measured: {plan.receptive_field}"]
     lines += [] if plan.input is None else [plan.input["line"]]
     if plan.launch is None:
         return lines
@@ -283,7 +291,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
     if on.platform == "cpu":
         if isinstance(layouts_to_try, tuple):
             config = config_lib.with_dims(config, layouts_to_try)
-            row = layout_search.compile_layout(config, shape, on)
+            row = layout_measure.compile_layout(config, shape, on)
             results = [layout_search.Search(row.partitions, [dataclasses.replace(row, fits=None if limit is None
                                                                                  else row.total_bytes <= limit)],
                                             [], row.compile_seconds)]
@@ -302,8 +310,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         check_compiled(results, on, max_minutes, time.perf_counter() - started)
     where = "" if on.platform == "cpu" else (
         f" on {on.name} ({targets.hardware(on.kind)['device_kind']}, {sizes.human_bytes(limit)} per device), "
-        f"that compiler's figures{', without cuDNN workspace' if on.platform == 'cuda' else ''}; step times are "
-        f"roofline estimates;")
+        f"that compiler's figures and what the device adds (below); step times are roofline estimates;")
     network = (os.path.basename(config.model.source) if isinstance(config.model, user_model.UserModelConfig)
                else type(config.model).__name__)
     crops = f" patches of {list(volume[:-1])} volumes" if shape != volume else ""
@@ -329,7 +336,9 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
                                               volume=volume[:-1])
         if found is not None:
             found = {**found, "host": planned_input["host"]}
-    return Plan(results, header, on.name, limit, found, planned_input, _receptive_field(config, volume))
+    compiler = None if on.platform == "cpu" else device_bytes.plan_json(on.platform, target_compile.compiler_versions(),
+                                                                         device_bytes.autotunes())
+    return Plan(results, header, on.name, limit, found, compiler, planned_input, _receptive_field(config, volume))
 
 
 def _receptive_field(config: config_lib.TrainConfig, shape: tuple[int, ...]):

@@ -4,7 +4,7 @@ The step is the one `fullres train` compiles (`compiled_step.StepBuilder`: the
 same `config.resolve`, `engine.program.build_model` and `jit_step`); only the
 devices differ (`targets.devices`). The TPU compiler checks the program
 against the chip's HBM while compiling and stops with RESOURCE_EXHAUSTED when
-it does not fit: `layout_search.measure` turns that layout into a `Refusal` with the
+it does not fit: `layout_measure.measure` turns that layout into a `Refusal` with the
 bytes it needs and the bytes there are, never a traceback.
 """
 
@@ -88,14 +88,31 @@ def default_cache_dir() -> str:
     return os.path.join(base, "fullres", "target-plans")
 
 
-def _compiler_versions() -> str:
-    versions = []
-    for name in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"):
+COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
+                     "jax-cuda13-pjrt")
+
+
+def compiler_versions() -> dict[str, str]:
+    """The compilers this process plans with, as installed: {"jax": "0.10.2", "jaxlib": ..., "jax-cuda12-plugin": ...}.
+
+    A device running another XLA lays memory out differently, so the plan says which it modelled and
+    `benchmarks/device_check.py` sets the device's versions beside them.
+    """
+    versions = {}
+    for name in COMPILER_PACKAGES:
         try:
-            versions.append(f"{name}={importlib.metadata.version(name)}")
+            versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    return ";".join(versions)
+    return versions
+
+
+def _compiler_versions() -> str:
+    return ";".join(f"{name}={version}" for name, version in compiler_versions().items()
+                    if name in ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin"))
+
+
+COMPILER_FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")  # what XLA and the TPU compiler read from the environment
 
 
 class PlanCache:
@@ -105,8 +122,9 @@ class PlanCache:
     executable compiled for devices this process does not have cannot be loaded
     back (`compile_only`). The key is the lowered program itself (so any change
     to the model, the optimizer, the shapes or the layout is a new key), the
-    target's device kind and count, and the compilers' versions; the value is
-    the row's figures as JSON, one file per key.
+    target's device kind and count, the compilers' versions and the flags they
+    read from the environment (`COMPILER_FLAGS`: a flag can change the memory a
+    compile needs); the value is the row's figures as JSON, one file per key.
     """
 
     def __init__(self, directory: str | None = None):
@@ -114,7 +132,9 @@ class PlanCache:
 
     def key(self, lowered_text: str, devices) -> str:
         digest = hashlib.sha256()
-        for part in (lowered_text, getattr(devices[0], "device_kind", "?"), str(len(devices)), _compiler_versions()):
+        flags = ";".join(f"{name}={os.environ.get(name, '')}" for name in COMPILER_FLAGS)
+        for part in (lowered_text, getattr(devices[0], "device_kind", "?"), str(len(devices)), _compiler_versions(),
+                     flags):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.parallel import device_mesh, xla_compile
-from trainer.plan import layout_search, roofline, target_compile, targets
+from trainer.plan import device_bytes, layout_measure, layout_search, plan_row, roofline, target_compile, targets
 
 
 # The least share of a layout's CPU figure (XLA:CPU's bytes) that a target's compiler lays out, per platform: a layout
@@ -51,8 +51,8 @@ def _why_not_compiled(target: targets.Target, device_memory: int) -> str:
             f"times the CPU's bytes for any fullres model measured")
 
 
-def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, target: targets.Target,
-                   precision: str) -> layout_search.PlanRow:
+def _with_estimate(row: plan_row.PlanRow, cpu: plan_row.PlanRow, target: targets.Target,
+                   precision: str) -> plan_row.PlanRow:
     """`row` with its CPU figure and roofline estimate (GPUs: XLA:CPU's counts, the CUDA compiler gives none)."""
     flops = row.flops if row.flops is not None else cpu.flops
     accessed = row.bytes_accessed if row.bytes_accessed is not None else cpu.bytes_accessed
@@ -63,6 +63,31 @@ def _with_estimate(row: layout_search.PlanRow, cpu: layout_search.PlanRow, targe
         estimate = {**estimate.to_json(), "counts_from": "target compiler" if row.flops is not None else "XLA:CPU"}
     return dataclasses.replace(row, cpu_total_bytes=cpu.total_bytes, flops=flops, bytes_accessed=accessed,
                                estimate=estimate)
+
+
+def state_bytes(builder) -> int:
+    """Bytes of the run's whole `TrainState` (weights, statistics, optimizer slots): replicated, on every device."""
+    import jax
+
+    return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(builder.state))
+
+
+def with_device_terms(row: plan_row.PlanRow, builder, target: targets.Target, device_memory: int,
+                      autotune: bool | None = None) -> plan_row.PlanRow:
+    """`row` with what the device adds to its compiler's figure (`device_bytes.planned`: workspace, autotuning,
+    the state training holds beside the step, the next batch, the margin); `total_bytes` and `fits` are then the
+    device's, `compiler_total_bytes` the compiler's."""
+    autotune = device_bytes.autotunes() if autotune is None else autotune
+    largest, tuning = device_bytes.convolution_bytes(builder.windows())
+    held = state_bytes(builder)
+    terms = device_bytes.planned(row.total_bytes, target.platform, state_bytes=held,
+                                 largest_convolution_bytes=largest // row.partitions,
+                                 autotuning_convolution_bytes=tuning // row.partitions,
+                                 next_batch_bytes=max(0, row.argument_bytes - held), autotune=autotune)
+    seconds = device_bytes.expected_compile_seconds((row.estimate or {}).get("seconds"), target.platform, autotune)
+    return dataclasses.replace(row, compiler_total_bytes=row.total_bytes, total_bytes=terms.total_bytes,
+                               fits=terms.total_bytes <= device_memory, device_terms=terms.to_json(),
+                               expected_compile_seconds=None if seconds is None else round(seconds, 1))
 
 
 def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: Sequence[int], target: targets.Target,
@@ -102,10 +127,10 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     layout_search.say_refused_and_replaced(plans, log)
     started = time.perf_counter()
     everything = list(dict.fromkeys(d for _, found in plans for d in found.kept))
-    cpu: dict[tuple[int, ...], layout_search.PlanRow] = {}
+    cpu: dict[tuple[int, ...], plan_row.PlanRow] = {}
     for number, dims in enumerate(everything, 1):
         label = ",".join(map(str, dims))
-        row = layout_search.measure(builder, dims, cpu_devices[:math.prod(dims)], device_memory)
+        row = layout_measure.measure(builder, dims, cpu_devices[:math.prod(dims)], device_memory)
         cpu[dims] = row
         log(f"[CPU estimate {number}/{len(everything)}] {label}: {sizes.human_bytes(row.total_bytes)} per device "
             f"({row.compile_seconds:.1f} s)")
@@ -121,7 +146,7 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     why = _why_not_compiled(target, device_memory)
     if over:
         log(f"{len(over)} layout(s) not compiled for {target.name}: their CPU figure per device {why}")
-    measured: dict[tuple[int, ...], layout_search.PlanRow | target_compile.Refusal] = {}
+    measured: dict[tuple[int, ...], plan_row.PlanRow | target_compile.Refusal] = {}
     left: list[tuple[int, ...]] = []
     for number, dims in enumerate(order, 1):
         label = ",".join(map(str, dims))
@@ -130,11 +155,13 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
             continue
         log(f"[{target.name} {number}/{len(order)}] compiling {label} ...")
         begun = time.perf_counter()
-        row = layout_search.measure(builder, dims, target_devices[:math.prod(dims)], device_memory,
+        row = layout_measure.measure(builder, dims, target_devices[:math.prod(dims)], device_memory,
                                     compile_only=True, cache=cache)
-        if isinstance(row, layout_search.PlanRow):
-            row = _with_estimate(row, cpu[dims], target, config.precision)
-            figures = (f"{sizes.human_bytes(row.total_bytes)} per device (CPU {sizes.human_bytes(row.cpu_total_bytes)}), "
+        if isinstance(row, plan_row.PlanRow):
+            row = with_device_terms(_with_estimate(row, cpu[dims], target, config.precision), builder, target,
+                                    device_memory)
+            figures = (f"{sizes.human_bytes(row.total_bytes)} per device (its compiler "
+                       f"{sizes.human_bytes(row.compiler_total_bytes)}, CPU {sizes.human_bytes(row.cpu_total_bytes)}), "
                        f"halo {sizes.human_bytes(row.halo_bytes)}")
             figures += f"; {xla_compile.describe(row.compiler_options)}" if row.compiler_options else ""
         else:
@@ -150,8 +177,8 @@ def search(config: config_lib.TrainConfig, shape: tuple[int, ...], partitions: S
     results = []
     for count, found in plans:
         kept = found.kept
-        rows = [measured[d] for d in kept if isinstance(measured.get(d), layout_search.PlanRow)]
-        if isinstance(base, layout_search.PlanRow) and base.temp_bytes:
+        rows = [measured[d] for d in kept if isinstance(measured.get(d), plan_row.PlanRow)]
+        if isinstance(base, plan_row.PlanRow) and base.temp_bytes:
             rows = [dataclasses.replace(r, efficiency=round(base.temp_bytes / (r.partitions * r.temp_bytes), 4))
                     if r.temp_bytes else r for r in rows]
         refused = [measured[d] for d in kept if isinstance(measured.get(d), target_compile.Refusal)]

@@ -172,11 +172,14 @@ def hardware(kind: str) -> dict:
 
 
 def memory_per_device(target: Target) -> int | None:
-    """Bytes one device offers a program: the TPU compiler's own figure, the GPU's published memory; None for `cpu`."""
+    """Bytes one device offers a program: the TPU compiler's own figure; of a GPU's published memory, the share JAX's
+    allocator may use as fullres runs it (`device_bytes.usable_bytes`); None for `cpu`."""
+    from trainer.plan import device_bytes
+
     if target.platform == "cpu":
         return None
     figures = hardware(target.kind)
-    return figures["tpu_compiler_hbm_bytes"] or figures["memory_bytes"]
+    return figures["tpu_compiler_hbm_bytes"] or device_bytes.usable_bytes(figures["memory_bytes"], target.platform)
 
 
 # ---------------------------------------------------------------- the compilers

@@ -136,7 +136,7 @@ def _page(title: str, body: list[str]) -> str:
 
 def _notes(scores: dict) -> list[str]:
     """What a reader must know before the numbers, shown under the title: held-out data scored although they were
-    preprocessed otherwise than the training data (`--eval-across-preprocessings`, `run_record.check_eval`)."""
+    preprocessed otherwise than the training data (`--eval-across-preprocessings`, `run_data.check_eval`)."""
     note = scores.get("across_preprocessings")
     if not note:
         return []
@@ -170,7 +170,9 @@ def segmentation_report(scores: dict, samples: list[dict], loss_history: list, c
     for sample in samples:
         image = sample["image"]  # (D, H, W, C)
         video = bool(sample.get("video"))
-        volume = image if image.shape[-1] == 3 else image[..., 0]  # RGB frames in colour; otherwise the first channel
+        # A clip's RGB frames in colour; any other volume by its first channel, in grey (three channels of a CT or an
+        # MR are three modalities or windows, not red, green and blue).
+        volume = image if video and image.shape[-1] == 3 else image[..., 0]
         label, prediction = sample["label"], sample["prediction"]
         figures = []
         for view, (image_slice, index) in orthogonal_slices(volume, label, video).items():

@@ -61,3 +61,14 @@ def test_a_network_of_a_fixed_input_size_is_probed_at_that_size(monkeypatch):
     outputs = keras.layers.Conv3D(2, 3, padding="same")(x)
     field = receptive_field.measure(keras.Model(inputs, outputs), (12, 10, 14), (1, 1, 1))
     assert field.seen == (5, 5, 5) and field.size == (12, 10, 14)
+
+
+def test_a_network_of_attention_windows_is_probed_at_sizes_its_windows_tile(monkeypatch):
+    """Windows of 4 at a quarter of the resolution need 16 voxels across; the strides alone say 4, and the probe's
+    8-voxel-thin inputs failed in the windows' reshape (issue #51). It is probed at 16 (a divisor of 32) instead."""
+    from tests.trainer import user_networks
+
+    monkeypatch.setattr(receptive_field, "WHOLE_VOLUME_VOXELS", 0)  # axis by axis, as a larger volume is measured
+    keras.utils.set_random_seed(0)
+    field = receptive_field.measure(user_networks.windowed_attention(), (16, 16, 32), (4, 4, 4))
+    assert field.size == (16, 16, 32) and field.seen[:2] == (16, 16) and 16 <= field.seen[2] < 32

@@ -47,7 +47,7 @@ def _write(folder, name, text):
      "the network takes inputs of shape (None, None, None, 1), but a 3D model takes channels-last (B, D, H, W, C)"),
     ("import keras\ndef build(num_classes, in_channels):\n    i = keras.Input((None, None, None, in_channels))\n"
      "    return keras.Model(i, [keras.layers.Conv3D(num_classes, 1)(i), i])\n", "build",
-     "the network returns 2 outputs; fullres trains one output"),
+     "the network returns a list of 2 outputs; fullres trains one output"),
     ("import keras\ndef build(num_classes, in_channels):\n    i = keras.Input((None, None, None, in_channels))\n"
      "    return keras.Model(i, keras.layers.Conv3D(2, 1)(i))\n", "build",
      "turns a (1, 256, 256, 256, 1) input into (1, 256, 256, 256, 2); fullres segments with logits of num_classes=3 "

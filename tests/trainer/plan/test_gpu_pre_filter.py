@@ -6,6 +6,8 @@ The plan used to leave such a layout uncompiled (its CPU figure exceeded the mem
 The tiny UNet (2 levels, 4 filters) at 672³ keeps both compiles to seconds while its CPU figure passes 80 GiB.
 """
 
+import importlib.metadata
+
 import pytest
 
 from trainer.plan import memory_plan, target_search, targets
@@ -26,6 +28,10 @@ def test_a_bfloat16_step_over_the_memory_on_the_cpu_is_compiled_for_the_h100_and
     assert row.cpu_total_bytes > memory  # the old pre-filter (CPU figure over the memory) stopped here
     assert row.total_bytes * 2 < row.cpu_total_bytes  # the H100's compiler's own figure, well under the CPU's
     assert row.total_bytes <= memory and row.fits  # and it fits one H100
+    # The total is the device's: the compiler's figure and what the device adds (workspace, held state, margin).
+    assert row.device_terms["compiler_bytes"] == row.compiler_total_bytes < row.total_bytes
+    assert row.device_terms["workspace_bytes"] > 0 and row.device_terms["margin"] == 1.05
+    assert plan.to_json()["compiler"]["compiler_versions"]["jax"] == importlib.metadata.version("jax")
     assert plan.launch is not None and plan.launch["input_partition_dims"] == [1, 1, 1, 1, 1]
     # What the pre-filter still skips on a GPU: a CPU figure over ten times the memory (`LEAST_SHARE_OF_CPU`).
     assert row.cpu_total_bytes * target_search.LEAST_SHARE_OF_CPU["cuda"] <= memory

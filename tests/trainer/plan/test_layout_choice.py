@@ -17,7 +17,7 @@ from trainer import presets
 from trainer.engine import placement, step
 from trainer.models import losses, unet
 from trainer.parallel import device_mesh, partitioning
-from trainer.plan import layout_choice, layout_search
+from trainer.plan import layout_choice, plan_row
 
 
 def _auto(**changes):
@@ -120,7 +120,7 @@ def test_train_auto_picks_a_layout_records_it_and_reuses_it(demo_data, tmp_path)
 
 
 def test_plan_json_rows_name_their_layout():
-    row = layout_search.PlanRow(8, (1, 2, 4, 1), 1, 2, 3, None, 0, 40, None, 20, rank=1)
+    row = plan_row.PlanRow(8, (1, 2, 4, 1), 1, 2, 3, None, 0, 40, None, 20, rank=1)
     assert row.to_json()["input_partition_dims"] == [1, 2, 4, 1] and row.to_json()["halo_ratio"] == 2.0
 
 

@@ -17,7 +17,7 @@ from trainer.engine import placement, step
 from trainer.models import losses
 from trainer.parallel import device_mesh, partitioning
 from common import sizes
-from trainer.plan import compiled_step, gathers, layout_search, memory_plan
+from trainer.plan import compiled_step, gathers, layout_search, memory_plan, plan_row
 
 SMALL_RETINANET = {"model.stackwise_num_blocks": "1,1,1,1", "model.stackwise_num_filters": "64,32,32,32",
                    "model.head_filters": 32, "model.head_conv_layers": 2, "image_size": "256,256"}
@@ -174,9 +174,10 @@ def test_plan_lowers_exactly_the_step_train_runs_and_keeps_remat():
     parameters = sum(int(np.prod(w.shape)) for w in state.trainable)
     planned_parameters = sum(int(np.prod(a.shape)) for a in planned.args_info[0][0].trainable)
     assert planned_parameters == parameters > 0
-    # remat is part of the compiled step: without it, the module has no rematerialization barriers
+    # remat is part of the compiled step: without it, the module has only the barrier that orders the batch metrics
+    # before the loss (`engine.step`, forward and backward), none of remat's
     plain, _ = compiled_step.lower_step(dataclasses.replace(config, remat=False), shape, devices)
-    assert "optimization_barrier" in planned.as_text() and "optimization_barrier" not in plain.as_text()
+    assert planned.as_text().count("optimization_barrier") > plain.as_text().count("optimization_barrier")
 
 
 def test_plan_refuses_remat_for_retinanet_as_training_does():
@@ -198,7 +199,7 @@ def test_layouts_of_n_over_the_spatial_dimensions():
 
 
 def _row(dims, halo, total, fits=None):
-    return layout_search.PlanRow(int(np.prod(dims)), dims, total, 0, total, None, 0, halo, fits)
+    return plan_row.PlanRow(int(np.prod(dims)), dims, total, 0, total, None, 0, halo, fits)
 
 
 def test_ranking_fits_first_then_halo_then_memory_with_near_ties_marked():
@@ -269,7 +270,7 @@ def test_recorded_512_search_ranks_an_efficient_low_halo_layout_first():
     with open(os.path.join(REPOSITORY, "benchmarks", "results", "layout_search.json")) as file:
         cases = json.load(file)
     case = next(c for c in cases if c["model"] == "unet3d" and c["image_size"] == [512] * 3 and c["partitions"] == 64)
-    rows = layout_search.rank_rows([layout_search.PlanRow.from_json(r) for r in case["rows"]])
+    rows = layout_search.rank_rows([plan_row.PlanRow.from_json(r) for r in case["rows"]])
     assert [list(r.input_partition_dims) for r in rows] == [r["input_partition_dims"] for r in case["rows"]]
     one_d = next(r for r in rows if r.input_partition_dims == (1, 64, 1, 1, 1))
     assert len(rows) == 28 and rows[0].efficiency >= 0.95 and rows[0].halo_bytes <= one_d.halo_bytes / 3

@@ -7,14 +7,14 @@ import pytest
 
 from trainer import presets
 from trainer.parallel import partitioning
-from trainer.plan import compiled_step, layout_search
+from trainer.plan import compiled_step, layout_measure, layout_search
 
 
 def test_a_plan_whose_every_count_cannot_divide_is_refused_before_anything_compiles(monkeypatch):
     def no_compile(*arguments, **keywords):
         raise AssertionError("a layout was compiled before the refusal")
 
-    monkeypatch.setattr(layout_search, "measure", no_compile)
+    monkeypatch.setattr(layout_measure, "measure", no_compile)
     monkeypatch.setattr(compiled_step, "StepBuilder", no_compile)  # nor is the model built
     with pytest.raises(partitioning.PartitionError) as refused:
         layout_search.search(presets.smoke(), (16, 16, 16, 1), [3], layouts_to_try="default",
@@ -33,7 +33,7 @@ def test_a_count_that_cannot_divide_is_said_before_the_others_compile(monkeypatc
         said.append(f"compile {','.join(map(str, dims))}")
         raise RuntimeError("stop after the first compile")
 
-    monkeypatch.setattr(layout_search, "measure", no_compile)
+    monkeypatch.setattr(layout_measure, "measure", no_compile)
     with pytest.raises(RuntimeError, match="stop after the first compile"):
         layout_search.search(presets.smoke(), (16, 16, 16, 1), [1, 2, 3], layouts_to_try="default",
                              log=said.append)
@@ -47,7 +47,7 @@ def test_records_that_are_not_there_are_named_before_anything_compiles(monkeypat
     def no_compile(*arguments, **keywords):
         raise AssertionError("a layout was compiled before the refusal")
 
-    monkeypatch.setattr(layout_search, "measure", no_compile)
+    monkeypatch.setattr(layout_measure, "measure", no_compile)
     with pytest.raises(FileNotFoundError, match=r"^no TFRecord files match --data '.*/nowhere'; pass a data set "):
         memory_plan.run(preset="smoke", image_size=(16, 16, 16), partitions=(1, 2), data=str(tmp_path / "nowhere"),
                         log=lambda line: None)
@@ -60,7 +60,7 @@ def test_records_of_another_size_are_named_before_anything_compiles(monkeypatch,
     def no_compile(*arguments, **keywords):
         raise AssertionError("a layout was compiled before the refusal")
 
-    monkeypatch.setattr(layout_search, "measure", no_compile)
+    monkeypatch.setattr(layout_measure, "measure", no_compile)
     with pytest.raises(ValueError) as refused:
         memory_plan.run(preset="smoke", image_size=(8, 16, 64), partitions=(1, 2), data=demo_data["train"],
                         log=lambda line: None)

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainer.parallel import halo
-from trainer.plan import compiled_step, layout_search
+from trainer.plan import compiled_step, layout_measure, layout_search
 
 
 def test_the_issues_1080p_clip_at_16_devices_is_planned_split_along_width():
@@ -37,7 +37,7 @@ def test_a_plan_of_which_no_count_divides_is_one_sentence(monkeypatch):
     def no_compile(*arguments, **keywords):
         raise AssertionError("a layout was compiled before the refusal")
 
-    monkeypatch.setattr(layout_search, "measure", no_compile)
+    monkeypatch.setattr(layout_measure, "measure", no_compile)
     result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--image-size", "8,16,32", "--in-channels", "3",
                                           "--partitions", "3,5", "--layouts", "all"])
     assert result.exit_code == 2, result.output

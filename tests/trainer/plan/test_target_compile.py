@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from common import sizes
-from trainer.plan import compiled_step, layout_search, target_compile, targets
+from trainer.plan import compiled_step, layout_measure, target_compile, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.target]
 
@@ -32,7 +32,7 @@ def _tiny(size: int, dims: str = "1,4,1,1,1"):
 
 
 def test_a_layout_over_the_tpus_memory_is_a_needs_x_of_y_row():
-    refusal = layout_search.compile_layout(*_tiny(256), targets.parse("v5e:2x2"))
+    refusal = layout_measure.compile_layout(*_tiny(256), targets.parse("v5e:2x2"))
     assert isinstance(refusal, target_compile.Refusal)
     assert refusal.available_bytes == targets.memory_per_device(targets.parse("v5e:2x2"))  # 15.75 GiB
     assert refusal.needed_bytes > refusal.available_bytes

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.pipelines.test_vertex import vertex  # noqa: F401  (the local Vertex AI endpoint, a fixture)
-from trainer.plan import compiled_step, layout_search, targets
+from trainer.plan import compiled_step, layout_measure, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.target]
 
@@ -42,7 +42,7 @@ def test_a_tpu_plan_is_cached_estimated_and_submitted_as_planned(tmp_path, verte
     # TPUs tile the two minor dimensions of every array by (8, 128): the 4-channel weights and their optimizer
     # slots are padded toward 128 lanes, so the TPU holds many times the CPU's argument bytes.
     config = compiled_step.plan_config("unet3d", "smoke", {"partition.input_partition_dims": "1,4,1,1,1"})
-    cpu_row = layout_search.compile_layout(config, compiled_step.example_shape(config, (16,) * 3),
+    cpu_row = layout_measure.compile_layout(config, compiled_step.example_shape(config, (16,) * 3),
                                            targets.parse("cpu"))
     assert row["argument_bytes"] > 4 * cpu_row.argument_bytes
     assert row["activation_all_gathers"] == 0 and row["halo_bytes"] > 0  # halo exchange, and nothing gathered

@@ -9,7 +9,7 @@ no GPU present) for the search itself, the TPU compiler for the refusal the cach
 
 import pytest
 
-from trainer.plan import compiled_step, layout_search, memory_plan, target_compile, target_search, targets
+from trainer.plan import compiled_step, layout_measure, memory_plan, plan_row, target_compile, target_search, targets
 
 pytestmark = [pytest.mark.slow, pytest.mark.target]
 
@@ -21,9 +21,9 @@ def _tiny(size: int = 16):
 
 
 def test_a_gpu_target_reports_the_cuda_compilers_memory():
-    cpu = layout_search.compile_layout(*_tiny(), targets.parse("cpu"))
-    gpu = layout_search.compile_layout(*_tiny(), targets.parse("h100x8"))
-    assert isinstance(gpu, layout_search.PlanRow) and gpu.fits
+    cpu = layout_measure.compile_layout(*_tiny(), targets.parse("cpu"))
+    gpu = layout_measure.compile_layout(*_tiny(), targets.parse("h100x8"))
+    assert isinstance(gpu, plan_row.PlanRow) and gpu.fits
     assert gpu.total_bytes != cpu.total_bytes and gpu.temp_bytes != cpu.temp_bytes
     assert gpu.activation_all_gathers == 0 and gpu.halo_bytes > 0
 
@@ -73,7 +73,7 @@ def test_a_refusal_is_cached_as_a_refusal(tmp_path):
     builder = compiled_step.StepBuilder(config, shape)
     devices = targets.devices(targets.parse("v5e:2x2"))[:4]
     cache = target_compile.PlanCache(str(tmp_path))
-    first = layout_search.measure(builder, (1, 4, 1, 1, 1), devices, None, compile_only=True, cache=cache)
-    again = layout_search.measure(builder, (1, 4, 1, 1, 1), devices, None, compile_only=True, cache=cache)
+    first = layout_measure.measure(builder, (1, 4, 1, 1, 1), devices, None, compile_only=True, cache=cache)
+    again = layout_measure.measure(builder, (1, 4, 1, 1, 1), devices, None, compile_only=True, cache=cache)
     assert isinstance(first, target_compile.Refusal) and isinstance(again, target_compile.Refusal)
     assert not first.cached and again.cached and again.needed_bytes == first.needed_bytes

@@ -61,9 +61,10 @@ def test_every_target_has_figures_with_a_source_and_every_gpu_a_target_descripti
         assert f'device_description_str: "{targets.hardware(model)["device_kind"]}"' in text
 
 
-def test_memory_per_device_is_the_compilers_on_tpus_and_the_datasheets_on_gpus():
+def test_memory_per_device_is_the_compilers_on_tpus_and_the_allocators_share_of_the_datasheets_on_gpus():
     assert targets.memory_per_device(targets.parse("v5e:2x2")) == round(15.75 * 2**30)
-    assert targets.memory_per_device(targets.parse("h100x8")) == 80 * 2**30
+    # JAX's allocator may take 95 % of a GPU as fullres runs it (its own default, 75 %, is overridden at start).
+    assert targets.memory_per_device(targets.parse("h100x8")) == int(80 * 2**30 * 0.95)
     assert targets.memory_per_device(targets.parse("cpu")) is None
 
 

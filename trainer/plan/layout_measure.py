@@ -1,0 +1,94 @@
+"""Compiling one layout and reading what its compiler says: per-device bytes, halo, gathers, or a refusal.
+
+`measure` compiles a layout of a `compiled_step.StepBuilder` on some devices (this machine's, or a target's for
+compiling only) and turns the compiler's `memory_analysis()`, `cost_analysis()` and HLO into a
+`plan_row.PlanRow`, or, where a target's compiler runs out of memory, a `target_compile.Refusal`;
+`compile_layout` does it for a config's own layout. `layout_search` enumerates and ranks the layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from trainer.parallel import halo, xla_compile
+from trainer.plan import compiled_step, gathers, target_compile, targets
+from trainer.plan.plan_row import PlanRow
+
+
+def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, device_memory: int | None,
+            compile_only: bool = False, cache: target_compile.PlanCache | None = None) -> PlanRow | target_compile.Refusal:
+    """Compiles `dims` on `devices` and reads the compiler's figures; a `Refusal` where it runs out of memory.
+
+    `compile_only`: the devices are a target's (`targets.devices`), not this process's.
+    `cache`: figures of a step compiled before (the same lowered program for the same compiler) are read back.
+    """
+    import jax
+
+    started = time.perf_counter()
+    with target_compile.compile_only(compile_only):
+        lowered, distribution = builder.lower(dims, devices)
+        key = None if cache is None else cache.key(lowered.as_text(), devices)
+        found = None if cache is None else cache.load(key)
+        if found is not None:
+            found = (target_compile.Refusal.from_json(found) if "needed_bytes" in found else PlanRow.from_json(found))
+            if isinstance(found, PlanRow):
+                found = dataclasses.replace(found, fits=None if device_memory is None else
+                                            found.total_bytes <= device_memory)
+            return dataclasses.replace(found, cached=True)
+        try:
+            compiled, options = xla_compile.compile(lowered)
+        except jax.errors.JaxRuntimeError as error:
+            refused = target_compile.refusal(error, dims, time.perf_counter() - started)
+            if refused is None:  # not out of memory: the compiler's own first line, not XLA's traceback
+                first = str(error).strip().splitlines()[0][:400]
+                raise ValueError(f"the {devices[0].platform} compiler failed on input_partition_dims "
+                                 f"{','.join(map(str, dims))}: {first} (fullres --verbose plan ... shows all it "
+                                 f"said).") from error
+            if cache is not None:
+                cache.store(key, refused.to_json())
+            return refused
+    memory = compiled.memory_analysis()
+    replica_batch = builder.config.batch_size // distribution.num_replicas
+    found, halo_bytes = compiled_step.communication(compiled.as_text(), replica_batch,
+                                                    gathers.weight_shapes(builder.state))
+    if found and not compile_only:
+        found = gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(builder.state))
+    total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
+        - memory.alias_size_in_bytes
+    bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
+    costs = compiled.cost_analysis()
+    costs = (costs[0] if isinstance(costs, (list, tuple)) and costs else costs) or {}
+    row = PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
+                  None, len(found), halo_bytes, None if device_memory is None else total <= device_memory, bound,
+                  compile_seconds=round(time.perf_counter() - started, 2), flops=costs.get("flops"),
+                  bytes_accessed=costs.get("bytes accessed"),
+                  compiler_seconds=costs.get("optimal_seconds") if compile_only else None,
+                  gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)),
+                  all_to_all_bytes=compiled_step.all_to_all_bytes(compiled.as_text()),
+                  compiler_options=", ".join(f"{k}={str(v).lower()}" for k, v in options.items()))
+    if cache is not None:
+        cache.store(key, row.to_json())
+    return row
+
+def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
+    """The row of `config`'s own layout on `target` (its first N devices): a `PlanRow` or a `target_compile.Refusal`.
+
+    Args:
+        config: the run (`compiled_step.plan_config`); `config.partition` is the layout, N its product.
+        shape: one example, channels last (`compiled_step.example_shape`).
+        target: where it is compiled (`targets.parse`).
+
+    Raises:
+        targets.MissingCompiler: the target's compiler is not installed (the message says how to install it).
+        ValueError: the target has fewer devices than the layout's N.
+    """
+    dims = tuple(config.partition.input_partition_dims)
+    devices = targets.devices(target)
+    if math.prod(dims) > len(devices):
+        raise ValueError(f"--target {target.name} has {len(devices)} devices; the layout {list(dims)} needs "
+                         f"{math.prod(dims)}.")
+    builder = compiled_step.StepBuilder(config, tuple(shape))
+    return measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
+                   compile_only=target.platform != "cpu")
