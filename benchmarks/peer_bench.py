@@ -23,12 +23,15 @@ On a CPU, at tiny sizes, in seconds (the suite runs this): python benchmarks/pee
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +67,28 @@ def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
                 rows.append({"network": network, "side": "fullres", "mode": None, "precision": precision,
                              "sets": sets, "name": f"fullres {precision} [{' '.join(sets)}]"})
     return rows
+
+
+@contextlib.contextmanager
+def shared_autotuning(enabled: bool):
+    """fullres's rows share the GPU compiler's autotuning, as device_check's rows do (a folder made here and removed
+    after): a candidate's convolutions that its baseline row autotuned are not autotuned again, and each kernel is
+    still the autotuner's choice. Each baseline row is the first of its precision, so its compile seconds are whole;
+    a candidate row's are what it added."""
+    if not enabled:
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="peer_bench_autotune_")
+    before = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = f"{before or ''} --xla_gpu_per_fusion_autotune_cache_dir={folder}".strip()
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if before is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = before
 
 
 def run_row(spec: dict, limit: float) -> dict:
@@ -165,31 +190,33 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     deadline = started + args.limit
     planned, rows = planned_rows(networks, candidates), []
-    for row in planned:
-        left = deadline - time.perf_counter()
-        if left < MIN_ROW_SECONDS:
-            result = {"status": "not_run", "error": "the command's --limit ran out"}
-        else:
-            trace = args.trace_dir if row["side"] == "fullres" and not row["sets"] else None
-            result = run_row({**base, **row, "trace_dir": trace and os.path.abspath(trace)},
-                             min(left, settings["row_limit"]))
-        rows.append({**row, **result})
-        print(table({"rows": rows[-1:], "ratios": []}).splitlines()[2], flush=True)
-        # After every row: a command stopped from outside (the device call's own limit) keeps what it measured,
-        # and the rows it did not reach are listed as not run.
-        unreached = [{**r, "status": "not_run", "error": "not reached: the command was stopped before this row"}
-                     for r in planned[len(rows):]]
-        result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
-                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "command": " ".join(["python benchmarks/peer_bench.py",
-                                       *(argv if argv is not None else sys.argv[1:])]),
-                  "settings": settings, "networks": networks, "candidates": candidates, "limit_seconds": args.limit,
-                  "units": {"*_bytes": "bytes", "*_seconds": "seconds", "ratios": "fullres ÷ the other row "
-                            "(step_time: median step seconds; memory: peak bytes)"},
-                  "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows + unreached,
-                  "ratios": ratios(rows)}
-        with open(args.json, "w", encoding="utf-8") as file:
-            json.dump(result, file, indent=1)
+    with shared_autotuning(not args.tiny):
+        for row in planned:
+            left = deadline - time.perf_counter()
+            if left < MIN_ROW_SECONDS:
+                result = {"status": "not_run", "error": "the command's --limit ran out"}
+            else:
+                trace = args.trace_dir if row["side"] == "fullres" and not row["sets"] else None
+                result = run_row({**base, **row, "trace_dir": trace and os.path.abspath(trace)},
+                                 min(left, settings["row_limit"]))
+            rows.append({**row, **result})
+            print(table({"rows": rows[-1:], "ratios": []}).splitlines()[2], flush=True)
+            # After every row: a command stopped from outside (the device call's own limit) keeps what it measured,
+            # and the rows it did not reach are listed as not run.
+            unreached = [{**r, "status": "not_run", "error": "not reached: the command was stopped before this row"}
+                         for r in planned[len(rows):]]
+            result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
+                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "command": " ".join(["python benchmarks/peer_bench.py",
+                                           *(argv if argv is not None else sys.argv[1:])]),
+                      "settings": settings, "networks": networks, "candidates": candidates, "limit_seconds": args.limit,
+                      "xla_flags": os.environ.get("XLA_FLAGS"),
+                      "units": {"*_bytes": "bytes", "*_seconds": "seconds", "ratios": "fullres ÷ the other row "
+                                "(step_time: median step seconds; memory: peak bytes)"},
+                      "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows + unreached,
+                      "ratios": ratios(rows)}
+            with open(args.json, "w", encoding="utf-8") as file:
+                json.dump(result, file, indent=1)
     print(table(result), flush=True)
     print(f"{len(rows)} rows in {result['wall_seconds']} s, {sum(r['status'] == 'ok' for r in rows)} ran; JSON {args.json}")
     return 0

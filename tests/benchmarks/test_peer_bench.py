@@ -212,6 +212,7 @@ def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeyp
         return {"status": "ok", "median_step_seconds": 0.1 * len(ran), "peak_bytes": 1}
 
     monkeypatch.setattr(peer_bench, "run_row", run_row)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nowhere")
     output = tmp_path / "peer.json"
     with pytest.raises(KeyboardInterrupt):
         peer_bench.main(["--json", str(output), "--networks", "nnunet_plain", "--candidates", "fused"])
@@ -220,3 +221,7 @@ def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeyp
     assert "stopped before this row" in written["rows"][-1]["error"]
     assert written["rows"][-1]["name"] == "fullres float32 [kernels.norm=fused]"
     assert written["ratios"][0]["step_time"] == 2.0  # fullres float32 ÷ torch eager float32, the two that ran
+    # The GPU rows shared one autotuning folder, named in the JSON, removed after; the caller's XLA_FLAGS are back.
+    folder = written["xla_flags"].split("--xla_gpu_per_fusion_autotune_cache_dir=")[1]
+    assert written["xla_flags"].startswith("--xla_dump_to=/nowhere ") and not os.path.exists(folder)
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nowhere"
