@@ -16,7 +16,7 @@ first step. Each row runs in its own process (`peer_rows.py`) under a time limit
 for issue 49's goals. `--trace-dir` adds JAX's profiler to fullres's rows: the kernels' time per convolution kind.
 
 On a GPU (the device machine; docs/measurements.md, "On a device", gives the one call with device_check):
-    python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --limit 200
+    python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --candidates taps,subpixel,fused,conv_nhwc,all --limit 360
 On a CPU, at tiny sizes, in seconds (the suite runs this): python benchmarks/peer_bench.py --tiny --json F
 """
 

@@ -225,3 +225,21 @@ def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeyp
     folder = written["xla_flags"].split("--xla_gpu_per_fusion_autotune_cache_dir=")[1]
     assert written["xla_flags"].startswith("--xla_dump_to=/nowhere ") and not os.path.exists(folder)
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nowhere"
+
+
+def test_the_one_gpu_call_in_the_docs_runs_every_candidate_in_both_precisions(tmp_path, monkeypatch):
+    """docs/measurements.md's one call: its peer_bench arguments parse and plan PlainConvUNet's and MONAI's five
+    rows and five candidates (taps, subpixel, fused, conv_nhwc, all), each in bfloat16 and float32."""
+    import shlex
+
+    peer_bench = load("peer_bench")
+    with open(os.path.join(REPOSITORY, "docs", "measurements.md"), encoding="utf-8") as file:
+        line = next(text for text in file if "python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json" in text)
+    arguments = shlex.split(line.split("benchmarks/peer_bench.py", 1)[1].split("2>&1")[0].replace("$OUT", str(tmp_path)))
+    monkeypatch.setattr(peer_bench, "run_row", lambda spec, limit: {"status": "not_run", "error": "not here"})
+    assert peer_bench.main(arguments) == 0
+    written = json.loads((tmp_path / "peer_bench.json").read_text())
+    assert len(written["candidates"]) == 5 and written["candidates"][-1] == [
+        "kernels.conv_weight_grad=taps", "kernels.conv_transpose=subpixel", "kernels.norm=fused",
+        "kernels.xla_flags=conv_nhwc"]
+    assert len(written["rows"]) == 2 * (5 + 5 * 2) and written["limit_seconds"] <= 400
