@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import resource
 import statistics
 import sys
 import tempfile
 import time
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPOSITORY, "benchmarks"))  # its neighbours, however this file is loaded
+
+import device_readings  # noqa: E402
 MARK = "ROW_RESULT "
 # The two UNets the issue names: fullres's default, and `--stem none --num-levels 4 --base-filters 16`.
 MODELS = {"default": {}, "plain16": {"model.stem": "none", "model.num_levels": 4, "model.base_filters": 16},
@@ -64,74 +65,6 @@ def make_config(row: dict):
 
     settings = {"precision": row["precision"], "augmentation": row["augmentation"], **MODELS[row["model"]]}
     return compiled_step.plan_config("unet3d", "default", settings)
-
-
-def device_figures(device) -> dict:
-    """The allocator's statistics where the device keeps them (GPU, TPU); on a CPU the process's peak RSS, marked."""
-    stats = None
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001  (a runtime without statistics)
-        stats = None
-    if stats and "peak_bytes_in_use" in stats:
-        return {"peak_bytes": int(stats["peak_bytes_in_use"]), "peak_bytes_source": "allocator peak_bytes_in_use",
-                "bytes_limit": int(stats["bytes_limit"]) if stats.get("bytes_limit") else None}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return {"peak_bytes": int(rss), "bytes_limit": None,
-            "peak_bytes_source": f"process peak RSS: {device.platform} keeps no allocator statistics"}
-
-
-def compiler_figures(compiled) -> dict:
-    """The compiler's per-device bytes (`memory_analysis`, as `fullres plan` totals them) and its counts."""
-    memory = compiled.memory_analysis()
-    total = None if memory is None else int(memory.temp_size_in_bytes + memory.argument_size_in_bytes
-                                            + memory.output_size_in_bytes - memory.alias_size_in_bytes)
-    try:
-        costs = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001  (a compiler without cost analysis)
-        costs = None
-    costs = (costs[0] if isinstance(costs, (list, tuple)) and costs else costs) or {}
-    flops, accessed = costs.get("flops"), costs.get("bytes accessed")
-    return {"total_bytes": total, "flops": None if flops is None else float(flops),
-            "bytes_accessed": None if accessed is None else float(accessed)}
-
-
-_SCRATCH = re.compile(r"u8\[(\d+)\]\{0\}\) custom-call\([^\n]*custom_call_target=\"__cudnn\$conv")
-
-
-def workspace_bytes(compiled) -> int | None:
-    """The largest cuDNN workspace the compiled program gives one convolution (each custom call's `u8[N]` scratch, as
-    the device's autotuner chose it; 0 where nothing was autotuned), None where the program has no cuDNN call."""
-    found = [int(n) for n in _SCRATCH.findall(compiled.as_text())]
-    return max(found) if found else None
-
-
-def term_figures(model, state, image_shape: tuple[int, ...], held, placed_before_compile: int = 0) -> dict:
-    """What `plan.device_bytes` counts beside the compiler's figure, for this row's own program: the state held on
-    the device beside the program's arguments, its convolutions' tensors, what was placed before compiling, and
-    whether the compiler autotunes (`XLA_FLAGS`)."""
-    import math
-
-    import jax
-
-    from trainer.parallel import halo
-    from trainer.plan import device_bytes
-
-    largest, tuning = device_bytes.convolution_bytes(halo.windows(model, state, image_shape))
-    held_bytes = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(held))
-    return {"state_bytes": held_bytes, "largest_convolution_bytes": largest, "autotuning_convolution_bytes": tuning,
-            "placed_before_compile_bytes": placed_before_compile, "autotune": device_bytes.autotunes()}
-
-
-def roofline_seconds(figures: dict, row: dict) -> dict | None:
-    """The roofline (`plan.roofline.estimate`) of the device compiler's counts on the target's published peaks."""
-    from trainer.plan import roofline, targets
-
-    if figures.get("flops") is None or figures.get("bytes_accessed") is None:
-        return None
-    estimate = roofline.estimate(figures["flops"], figures["bytes_accessed"], 0,
-                                 targets.hardware(row["hardware"]), row["precision"])
-    return {"step_seconds": estimate.seconds, "bound": estimate.bound}
 
 
 class Step:
@@ -186,12 +119,12 @@ def train_row(row: dict) -> dict:
 
     device = jax.devices()[0]
     step = Step(row)
-    limit = device_figures(device)["bytes_limit"] or row.get("memory_limit_bytes")
+    limit = device_readings.device_figures(device)["bytes_limit"] or row.get("memory_limit_bytes")
     sizes = list(row["sizes"])  # one size, or (fit) the candidates from the largest down
     tried = []
     for size in sizes:
         compiled, arguments, image_shape, seconds = step.compile(size)
-        figures = compiler_figures(compiled)
+        figures = device_readings.compiler_figures(compiled)
         tried.append({"size": size, "compiler_bytes": figures["total_bytes"], "compile_seconds": round(seconds, 2)})
         if not row.get("fit") or limit is None or figures["total_bytes"] is None or figures["total_bytes"] <= limit:
             break
@@ -201,11 +134,11 @@ def train_row(row: dict) -> dict:
     # The allocator's peak so far: the weights, and whatever the compiler's autotuning took from the same allocator.
     # Beside the row's peak, it tells a step's own peak from compilation's.
     result = {"size": size, "tried": tried, "fit_limit_bytes": limit if row.get("fit") else None,
-              "compile_seconds": round(seconds, 3), "peak_bytes_after_compile": device_figures(device)["peak_bytes"],
-              "device_compiler": {**figures, "workspace_bytes": workspace_bytes(compiled)},
-              "device_roofline": roofline_seconds(figures, row), "autotune_why": row.get("autotune_why"),
+              "compile_seconds": round(seconds, 3), "peak_bytes_after_compile": device_readings.device_figures(device)["peak_bytes"],
+              "device_compiler": {**figures, "workspace_bytes": device_readings.workspace_bytes(compiled)},
+              "device_roofline": device_readings.roofline_seconds(figures, row), "autotune_why": row.get("autotune_why"),
               # The Keras variables the step's state was read from stay on the device, as in `fullres train`.
-              **term_figures(step.model, step.state, image_shape, step.state)}
+              **device_readings.term_figures(step.model, step.state, image_shape, step.state)}
     try:
         state = placement.place_state(step.state, step.distribution)
         inputs, labels = step.synthetic_batch(arguments, image_shape)
@@ -224,13 +157,13 @@ def train_row(row: dict) -> dict:
     except Exception as error:  # noqa: BLE001  (the size it ran out at, for device_check to step down from)
         if not out_of_memory(error):
             raise
-        return {**result, "status": "out_of_memory", "error": first_line(error), **device_figures(device)}
+        return {**result, "status": "out_of_memory", "error": first_line(error), **device_readings.device_figures(device)}
     loss = float(metrics["loss"])
     median = statistics.median(times)
     result.update(status="ok", median_step_seconds=median, steps=len(times), warmup_steps=row["warmup"],
                   steps_cut_by_time_limit=cut,
                   examples_per_second=image_shape[0] / median, batch_size=image_shape[0], loss=loss,
-                  **device_figures(device))
+                  **device_readings.device_figures(device))
     return result
 
 
@@ -257,7 +190,7 @@ def predict_row(row: dict) -> dict:
     compiling = time.perf_counter()
     compiled = predictor.compiled(batch_shape)
     compile_seconds = time.perf_counter() - compiling
-    after_compile = device_figures(devices[0])["peak_bytes"]  # the weights twice, and what autotuning took
+    after_compile = device_readings.device_figures(devices[0])["peak_bytes"]  # the weights twice, and what autotuning took
     started = time.perf_counter()
     probabilities = predictor.probabilities(volume)
     first = time.perf_counter() - started
@@ -266,16 +199,16 @@ def predict_row(row: dict) -> dict:
         started = time.perf_counter()
         predictor.probabilities(volume)
         times.append(time.perf_counter() - started)
-    figures = compiler_figures(compiled)
+    figures = device_readings.compiler_figures(compiled)
     median = statistics.median(times)
-    held = term_figures(model, weights, batch_shape, weights)
+    held = device_readings.term_figures(model, weights, batch_shape, weights)
     return {"status": "ok", "size": size, "first_call_seconds": compile_seconds + first, "median_seconds": median,
             "calls": len(times), "compile_seconds": compile_seconds, "peak_bytes_after_compile": after_compile,
             **held, "placed_before_compile_bytes": held["state_bytes"],
             "output_shape": list(probabilities.shape),
-            "device_compiler": {**figures, "workspace_bytes": workspace_bytes(compiled)},
-            "device_roofline": roofline_seconds(figures, row), "examples_per_second": 1 / median,
-            **device_figures(devices[0])}
+            "device_compiler": {**figures, "workspace_bytes": device_readings.workspace_bytes(compiled)},
+            "device_roofline": device_readings.roofline_seconds(figures, row), "examples_per_second": 1 / median,
+            **device_readings.device_figures(devices[0])}
 
 
 def write_records(folder: str, size: int, count: int) -> str:
@@ -340,7 +273,7 @@ def input_row(row: dict) -> dict:
             "input_wait_fraction": waited / wall, "median_wait_seconds": statistics.median(waits[row["warmup"]:]),
             "examples_per_second": row["steps"] * step.config.batch_size / wall, "cache": feed.cache_reason,
             "reading_threads": batches_lib.usable_cores(), "records_written_seconds": written,
-            **device_figures(jax.devices()[0])}
+            **device_readings.device_figures(jax.devices()[0])}
 
 
 def about_here() -> dict:
@@ -377,7 +310,7 @@ def main() -> None:
         result = run(row)
     except Exception as error:  # noqa: BLE001  (reported in the row; the next row still runs)
         result = {"status": "out_of_memory" if out_of_memory(error) else "failed", "error": first_line(error),
-                  **device_figures(jax.devices()[0])}
+                  **device_readings.device_figures(jax.devices()[0])}
     result["here"] = about_here()
     print(MARK + json.dumps(result), flush=True)
 

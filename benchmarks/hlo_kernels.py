@@ -183,6 +183,25 @@ def layer_classes(model) -> dict:
     return found
 
 
+_CUDNN_CALL = re.compile(r'custom_call_target="__cudnn\$(conv[A-Za-z]*)"')
+
+
+def op_counts(text: str) -> dict:
+    """Counts over the whole optimized HLO (fusions' insides included) of what says how a step computes its
+    convolutions and products: cuDNN calls by kind, XLA's own `convolution`s, cuBLAS calls, Triton GEMM fusions,
+    `dot`s, `concatenate`s (XLA's dot merger lays the per-tap products of `kernels.conv_weight_grad=taps` side by
+    side over an im2col), transposes, converts, fusions and all-gathers."""
+    def count(op):
+        return len(re.findall(rf"= \S+ {op}\(", text))
+
+    cudnn = collections.Counter(_CUDNN_CALL.findall(text))
+    return {"cudnn": dict(sorted(cudnn.items())), "xla_convolutions": count("convolution"),
+            "cublas_gemms": len(re.findall(r'custom_call_target="__cublas\$', text)),
+            "triton_gemm_fusions": len(re.findall(r'"kind":"__triton\w*gemm\w*"', text)),
+            "dots": count("dot"), "concatenates": count("concatenate"), "transposes": count("transpose"),
+            "converts": count("convert"), "fusions": count("fusion"), "all_gathers": count(r"all-gather(?:-start)?")}
+
+
 def kernel_times(trace_path: str, table: dict) -> dict:
     """Device time per (kind, direction, implementation) from JAX's perfetto trace of some steps.
 

@@ -6,7 +6,9 @@ Same shapes (128³, batch 2 on a GPU), same loss (fullres's cross-entropy + soft
 optimizer (Adam), same precision. Rows per network, in the order they run:
   torch eager float32 · fullres float32 · torch eager bfloat16 (autocast) · fullres bfloat16 ·
   torch as nnU-Net runs it (torch.compile, float16 autocast, GradScaler) · then fullres once per `--candidate`
-  (a list of `--set` strings, e.g. "kernels.norm=fused kernels.conv_transpose=subpixel"), float32 and bfloat16.
+  (a list of `--set` strings, e.g. "kernels.norm=fused kernels.conv_transpose=subpixel") or per name of
+  `--candidates` (issue 49's, `zoo_kernels.CANDIDATES`, e.g. `taps,subpixel,fused,conv_nhwc,all`): every
+  candidate's bfloat16 row first (where the gap is widest), then their float32 rows.
 Per row: median step time, the allocator's peak (torch.cuda.max_memory_allocated; JAX's peak_bytes_in_use; on a CPU
 the process's peak RSS, marked so), compile seconds (fullres: lower + compile; torch.compile: its first step), the
 first step. Each row runs in its own process (`peer_rows.py`) under a time limit; what does not fit the command's
@@ -14,22 +16,28 @@ first step. Each row runs in its own process (`peer_rows.py`) under a time limit
 for issue 49's goals. `--trace-dir` adds JAX's profiler to fullres's rows: the kernels' time per convolution kind.
 
 On a GPU (the device machine; docs/measurements.md, "On a device", gives the one call with device_check):
-    python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --limit 200
+    python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --candidates taps,subpixel,fused,conv_nhwc,all --limit 360
 On a CPU, at tiny sizes, in seconds (the suite runs this): python benchmarks/peer_bench.py --tiny --json F
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import zoo_kernels  # noqa: E402  (issue 49's candidates by name: the same names as its HLO counts)
+
 ROWS = os.path.join(HERE, "peer_rows.py")
 GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600}
 # A row's process on the loaded 2-core machine: 25-60 s for PyTorch's, 130-160 s for fullres's (imports, compile).
@@ -44,7 +52,8 @@ GOALS = (("fullres float32 ÷ torch eager float32", "fullres float32", "torch ea
 
 
 def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
-    """Every row in the order it runs: each network's five baseline rows, then its candidates."""
+    """Every row in the order it runs: each network's five baseline rows, then its candidates' bfloat16 rows, then
+    their float32 rows (what a `--limit` leaves out is the float32 half first)."""
     rows = []
     for network in networks:
         for side, mode, precision in (("torch", "eager", "float32"), ("fullres", None, "float32"),
@@ -53,11 +62,33 @@ def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
             name = f"fullres {precision}" if side == "fullres" else f"torch {mode} {precision}"
             rows.append({"network": network, "side": side, "mode": mode, "precision": precision, "sets": [],
                          "name": name})
-        for sets in candidates:
-            for precision in ("float32", "bfloat16"):
+        for precision in ("bfloat16", "float32"):
+            for sets in candidates:
                 rows.append({"network": network, "side": "fullres", "mode": None, "precision": precision,
                              "sets": sets, "name": f"fullres {precision} [{' '.join(sets)}]"})
     return rows
+
+
+@contextlib.contextmanager
+def shared_autotuning(enabled: bool):
+    """fullres's rows share the GPU compiler's autotuning, as device_check's rows do (a folder made here and removed
+    after): a candidate's convolutions that its baseline row autotuned are not autotuned again, and each kernel is
+    still the autotuner's choice. Each baseline row is the first of its precision, so its compile seconds are whole;
+    a candidate row's are what it added."""
+    if not enabled:
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="peer_bench_autotune_")
+    before = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = f"{before or ''} --xla_gpu_per_fusion_autotune_cache_dir={folder}".strip()
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if before is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = before
 
 
 def run_row(spec: dict, limit: float) -> dict:
@@ -132,14 +163,21 @@ def main(argv=None) -> int:
     parser.add_argument("--networks", default=",".join(NETWORKS), help="which networks, in order")
     parser.add_argument("--candidate", action="append", default=[], metavar="SETS",
                         help="fullres rows with these --set strings, space-separated (repeatable: one row pair each)")
+    parser.add_argument("--candidates", metavar="NAMES",
+                        help="issue 49's candidates by name, comma-separated (after any --candidate): "
+                             + ", ".join(zoo_kernels.CANDIDATES))
     parser.add_argument("--limit", type=float, help="seconds for every row together (default 600; --tiny 1800)")
     parser.add_argument("--trace-dir", help="JAX profiler traces of fullres's baseline rows go here (a GPU's kernels)")
     args = parser.parse_args(argv)
     networks = [n for n in args.networks.split(",") if n]
-    unknown = [n for n in networks if n not in NETWORKS]
+    unknown = [n for n in networks if n not in NETWORKS] or ([] if networks else [""])
     if unknown:
         parser.error(f"--networks {unknown[0]!r} is not one of {', '.join(NETWORKS)}")
     candidates = [text.split() for text in args.candidate]
+    try:
+        candidates += [sets for _, sets in zoo_kernels.candidate_sets(args.candidates or "")]
+    except ValueError as error:
+        parser.error(str(error))
     bad = [s for sets in candidates for s in sets if "=" not in s]
     if bad:
         parser.error(f"--candidate: {bad[0]!r} is not a KEY=VALUE setting, e.g. kernels.norm=fused")
@@ -151,26 +189,34 @@ def main(argv=None) -> int:
             "platform": "cpu" if args.tiny else "gpu"}
     started = time.perf_counter()
     deadline = started + args.limit
-    rows = []
-    for row in planned_rows(networks, candidates):
-        left = deadline - time.perf_counter()
-        if left < MIN_ROW_SECONDS:
-            result = {"status": "not_run", "error": "the command's --limit ran out"}
-        else:
-            trace = args.trace_dir if row["side"] == "fullres" and not row["sets"] else None
-            result = run_row({**base, **row, "trace_dir": trace and os.path.abspath(trace)},
-                             min(left, settings["row_limit"]))
-        rows.append({**row, **result})
-        print(table({"rows": rows[-1:], "ratios": []}).splitlines()[2], flush=True)
-    result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(["python benchmarks/peer_bench.py", *(argv if argv is not None else sys.argv[1:])]),
-              "settings": settings, "networks": networks, "candidates": candidates, "limit_seconds": args.limit,
-              "units": {"*_bytes": "bytes", "*_seconds": "seconds", "ratios": "fullres ÷ the other row (step_time: "
-                        "median step seconds; memory: peak bytes)"},
-              "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows, "ratios": ratios(rows)}
-    with open(args.json, "w", encoding="utf-8") as file:
-        json.dump(result, file, indent=1)
+    planned, rows = planned_rows(networks, candidates), []
+    with shared_autotuning(not args.tiny):
+        for row in planned:
+            left = deadline - time.perf_counter()
+            if left < MIN_ROW_SECONDS:
+                result = {"status": "not_run", "error": "the command's --limit ran out"}
+            else:
+                trace = args.trace_dir if row["side"] == "fullres" and not row["sets"] else None
+                result = run_row({**base, **row, "trace_dir": trace and os.path.abspath(trace)},
+                                 min(left, settings["row_limit"]))
+            rows.append({**row, **result})
+            print(table({"rows": rows[-1:], "ratios": []}).splitlines()[2], flush=True)
+            # After every row: a command stopped from outside (the device call's own limit) keeps what it measured,
+            # and the rows it did not reach are listed as not run.
+            unreached = [{**r, "status": "not_run", "error": "not reached: the command was stopped before this row"}
+                         for r in planned[len(rows):]]
+            result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
+                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "command": " ".join(["python benchmarks/peer_bench.py",
+                                           *(argv if argv is not None else sys.argv[1:])]),
+                      "settings": settings, "networks": networks, "candidates": candidates, "limit_seconds": args.limit,
+                      "xla_flags": os.environ.get("XLA_FLAGS"),
+                      "units": {"*_bytes": "bytes", "*_seconds": "seconds", "ratios": "fullres ÷ the other row "
+                                "(step_time: median step seconds; memory: peak bytes)"},
+                      "wall_seconds": round(time.perf_counter() - started, 1), "rows": rows + unreached,
+                      "ratios": ratios(rows)}
+            with open(args.json, "w", encoding="utf-8") as file:
+                json.dump(result, file, indent=1)
     print(table(result), flush=True)
     print(f"{len(rows)} rows in {result['wall_seconds']} s, {sum(r['status'] == 'ok' for r in rows)} ran; JSON {args.json}")
     return 0

@@ -47,6 +47,7 @@ def fullres_row(row: dict) -> dict:
     import numpy as np
 
     import device_check_rows
+    import device_readings
     from trainer.engine import placement
     from trainer.models import losses
 
@@ -57,7 +58,7 @@ def fullres_row(row: dict) -> dict:
     device = jax.devices()[0]
     step = device_check_rows.Step(row, config)
     compiled, arguments, image_shape, seconds = step.compile(row["size"])
-    figures = device_check_rows.compiler_figures(compiled)
+    figures = device_readings.compiler_figures(compiled)
     state = placement.place_state(step.state, step.distribution)
     inputs, labels = step.synthetic_batch(arguments, image_shape)
     step_sharding = arguments[3].sharding
@@ -77,7 +78,7 @@ def fullres_row(row: dict) -> dict:
               "loss": float(metrics["loss"]), "class_balance": losses.class_balance(config.class_balance, True),
               "parameters": int(sum(np.prod(v.shape) for v in step.model.trainable_variables)),
               "device_compiler": figures, "device": device.device_kind, "versions": versions(),
-              **device_check_rows.device_figures(device)}
+              **device_readings.device_figures(device)}
     if row.get("trace_dir"):
         result["kernels"] = traced_kernels(row, step.model, compiled, state, inputs, labels, step_sharding)
     return result

@@ -7,7 +7,13 @@ compiles fullres's training step (batch 1) of each of the zoo's six networks (`t
 configuration unless `--published`) for the target, float32 and bfloat16, with JAX's CUDA plug-in (the `cuda`
 group; nothing runs), and prints one table per network and precision: each convolution's layer kind, direction and
 how the GPU runs it, with the layout changes and converts beside it (docs/speed.md). `--set` (repeatable) compiles
-with those training settings, e.g. issue 49's candidates; a setting this checkout does not know is a row's error.
+with those training settings; a setting this checkout does not know is a row's error. `--candidates` compiles each
+network and precision once per named candidate of issue 49 (`CANDIDATES`, the `kernels.*` settings of
+`trainer/parallel/kernels.py`; `peer_bench.py --candidates` times the same names) and gives each row its per-device
+bytes against the `xla` row's (`bytes_vs_xla`) and its op counts (`hlo_kernels.op_counts`):
+
+    uv run --group cuda python benchmarks/zoo_kernels.py --networks nnunet_plain --published \\
+        --candidates xla,taps,subpixel,fused,conv_nhwc,all --json /tmp/candidates.json
 """
 
 from __future__ import annotations
@@ -24,6 +30,44 @@ import hlo_kernels  # noqa: E402
 
 
 ZOO = ("nnunet_plain", "nnunet_resenc", "monai_unet", "segresnet", "mednext", "swin_unetr")
+# Issue 49's candidates by name: the `--set` strings of each (XLA's own ops: `xla`).
+CANDIDATES = {
+    "xla": [],
+    "taps": ["kernels.conv_weight_grad=taps"],
+    "taps_unmerged": ["kernels.conv_weight_grad=taps", "kernels.xla_flags=taps_unmerged"],
+    "subpixel": ["kernels.conv_transpose=subpixel"],
+    "fused": ["kernels.norm=fused"],
+    "conv_nhwc": ["kernels.xla_flags=conv_nhwc"],
+    "cudnn_fusion": ["kernels.xla_flags=cudnn_fusion"],
+    "exhaustive_gemm": ["kernels.xla_flags=exhaustive_gemm"],
+    "cublas_gemm": ["kernels.xla_flags=cublas_gemm"],
+    "conv_nhwc_fusion": ["kernels.xla_flags=conv_nhwc_fusion"],
+    "all3": ["kernels.conv_weight_grad=taps", "kernels.conv_transpose=subpixel", "kernels.norm=fused"],
+    "all": ["kernels.conv_weight_grad=taps", "kernels.conv_transpose=subpixel", "kernels.norm=fused",
+            "kernels.xla_flags=conv_nhwc"],
+}
+
+
+def candidate_sets(names: str) -> list[tuple[str, list[str]]]:
+    """[(name, its --set strings)] of comma-separated `CANDIDATES` names; an unknown name is refused."""
+    found = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        if name not in CANDIDATES:
+            raise ValueError(f"--candidates: {name!r} is not a candidate; use names of {', '.join(CANDIDATES)}")
+        found.append((name, list(CANDIDATES[name])))
+    return found
+
+
+def with_deltas(rows: list[dict]) -> list[dict]:
+    """Each row's per-device bytes ÷ the `xla` candidate's row of the same network and precision (`bytes_vs_xla`)."""
+    base = {(r["network"], r["precision"]): r.get("bytes_per_device") for r in rows if r.get("candidate") == "xla"}
+    for row in rows:
+        reference = base.get((row["network"], row["precision"]))
+        if reference and row.get("bytes_per_device"):
+            row["bytes_vs_xla"] = round(row["bytes_per_device"] / reference, 4)
+    return rows
+
+
 ENTRY_OVERHEAD = ("parameter", "get-tuple-element", "bitcast", "tuple", "constant")
 
 
@@ -44,17 +88,22 @@ def compile_zoo(network: str, precision: str, size: int, published: bool, sets: 
     started = time.perf_counter()
     with target_compile.compile_only(target != "cpu"):
         compiled, _ = builder.compile((1,) * 5, devices)
-    table = hlo_kernels.classify(compiled.as_text(), hlo_kernels.layer_classes(builder.model))
+    seconds = round(time.perf_counter() - started, 1)
+    text = compiled.as_text()
+    memory = compiled.memory_analysis()
+    total = None if memory is None else int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                            + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+    table = hlo_kernels.classify(text, hlo_kernels.layer_classes(builder.model))
     return {"network": network, "precision": precision, "size": size, "sets": sets, "target": target,
-            "compile_seconds": round(time.perf_counter() - started, 1), "convolutions": table["convolutions"],
-            "kernels_per_kind": kernels_per_kind(table)}
+            "compile_seconds": seconds, "bytes_per_device": total, "ops": hlo_kernels.op_counts(text),
+            "convolutions": table["convolutions"], "kernels_per_kind": kernels_per_kind(table)}
 
 
 def markdown(result: dict) -> str:
     """One table per network and precision: convolutions by kind, direction and how the GPU runs them."""
     lines = []
     for entry in result["rows"]:
-        title = f"{entry['network']} {entry['precision']} {entry['size']}³ {' '.join(entry['sets'])}".rstrip()
+        title = f"{label(entry)} {entry['precision']} {entry['size']}³ {' '.join(entry['sets'])}".rstrip()
         if entry.get("error"):
             lines += ["", f"{title}: not compiled: {entry['error']}"]
             continue
@@ -69,14 +118,20 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def label(entry: dict) -> str:
+    """'nnunet_plain', or 'nnunet_plain taps' for a `--candidates` row."""
+    return f"{entry['network']} {entry['candidate']}" if entry.get("candidate") else entry["network"]
+
+
 def summary(result: dict) -> str:
     """One line per network and precision: convolutions by direction and by how they run, what sits beside them."""
     lines = ["| network | precision | convolutions: forward / input grad / weight grad | cuDNN calls | XLA-native "
              "(convolution or fusion) | layout changes beside: activations / weights | converts beside: activations "
-             "/ weights | kernels: convolution layers / normalization / all |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "/ weights | kernels: convolution layers / normalization / all | bytes per device (÷ xla) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for entry in result["rows"]:
         if entry.get("error"):
-            lines.append(f"| {entry['network']} | {entry['precision']} | {entry['error'][:150]} | | | | | |")
+            lines.append(f"| {label(entry)} | {entry['precision']} | {entry['error'][:150]} | | | | | | |")
             continue
         rows = entry["convolutions"]
 
@@ -88,12 +143,14 @@ def summary(result: dict) -> str:
         kinds = entry["kernels_per_kind"]
         convolution = sum(n for k, n in kinds.items() if k.startswith("Conv"))
         norm = sum(n for k, n in kinds.items() if "Normalization" in k)
-        lines.append(f"| {entry['network']} | {entry['precision']} | {directions} | "
+        ratio = f" ({entry['bytes_vs_xla']:.3f})" if entry.get("bytes_vs_xla") else ""
+        mib = f"{entry['bytes_per_device'] / 2**20:.1f} MiB{ratio}" if entry.get("bytes_per_device") else ""
+        lines.append(f"| {label(entry)} | {entry['precision']} | {directions} | "
                      f"{total('count', lambda r: r['implementation'].startswith('cuDNN'))} | "
                      f"{total('count', lambda r: r['implementation'].startswith('XLA'))} | "
                      f"{total('activation_layout_changes')} / {total('weight_layout_changes')} | "
                      f"{total('activation_converts')} / {total('weight_converts')} | "
-                     f"{convolution} / {norm} / {sum(kinds.values())} |")
+                     f"{convolution} / {norm} / {sum(kinds.values())} | {mib} |")
     return "\n".join(lines)
 
 
@@ -108,8 +165,13 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=32, help="voxels a side (batch 1)")
     parser.add_argument("--published", action="store_true", help="the published configurations, not `tiny`")
     parser.add_argument("--set", action="append", default=[], dest="sets", help="a training setting, e.g. kernels.norm=fused")
+    parser.add_argument("--candidates", help=f"names of issue 49's candidates, comma-separated: {', '.join(CANDIDATES)}")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
+    try:
+        candidates = candidate_sets(args.candidates) if args.candidates else [(None, [])]
+    except ValueError as error:
+        parser.error(str(error))
     if os.path.exists(args.json) and "hlo_kernels" not in open(args.json, encoding="utf-8").read(200):
         parser.error(f"--json {args.json} exists and is not this tool's result; name a new file")
     repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,17 +185,20 @@ def main(argv=None) -> int:
     rows = []
     for network in args.networks.split(","):
         for precision in args.precisions.split(","):
-            try:
-                rows.append(compile_zoo(network, precision, args.size, args.published, args.sets, args.target))
-            except Exception as error:  # noqa: BLE001  (an unknown setting, a size the network cannot take, the
-                # target compiler failing on the network: the row says which, and the next one compiles)
-                first = (str(error).strip().splitlines() or [""])[0][:400]
-                rows.append({"network": network, "precision": precision, "size": args.size, "sets": args.sets,
-                             "error": f"{type(error).__name__}: {first}", "convolutions": [], "kernels_per_kind": {}})
-            print(markdown({"rows": rows[-1:]}), flush=True)
-            with open(args.json, "w", encoding="utf-8") as file:  # after every row: a stopped run keeps its rows
-                json.dump({"about": "hlo_kernels: convolutions by how the GPU compiler runs them", "target": args.target,
-                           "rows": rows}, file, indent=1)
+            for candidate, extra in candidates:
+                sets = [*args.sets, *extra]
+                try:
+                    row = compile_zoo(network, precision, args.size, args.published, sets, args.target)
+                except Exception as error:  # noqa: BLE001  (an unknown setting, a size the network cannot take, the
+                    # target compiler failing on the network: the row says which, and the next one compiles)
+                    first = (str(error).strip().splitlines() or [""])[0][:400]
+                    row = {"network": network, "precision": precision, "size": args.size, "sets": sets,
+                           "error": f"{type(error).__name__}: {first}", "convolutions": [], "kernels_per_kind": {}}
+                rows.append({**row, **({"candidate": candidate} if candidate else {})})
+                print(markdown({"rows": rows[-1:]}), flush=True)
+                with open(args.json, "w", encoding="utf-8") as file:  # after every row: a stopped run keeps its rows
+                    json.dump({"about": "hlo_kernels: convolutions by how the GPU compiler runs them",
+                               "target": args.target, "rows": with_deltas(rows)}, file, indent=1)
     print(summary({"rows": rows}), flush=True)
     return 0
 

@@ -14,27 +14,20 @@ Before anything is read, a command checks its output location:
 
 A conversion replaces its output by deleting exactly the files the manifest
 lists; anything else found there makes it refuse, naming the file and the fix.
-`lock(output)` keeps two runs from writing one output at once: an exclusive
-`flock` on `OUTPUT.fullres-lock` beside it, which the kernel releases when the
-holder dies, so a crashed run never leaves a stale lock behind.
+`output_lock.lock(output)` keeps two runs from writing one output at once.
 
 Every refusal is one sentence: what, where, and the fix.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
 import os
 import re
-import socket
 
 from common import file_writes
 
 MARKER = ".fullres-output"
-LOCK_SUFFIX = ".fullres-lock"
 # What a conversion writes (preprocessing.beam.conversion): shards, dead letters, summary, label map.
 CONVERSION_NAMES = re.compile(r"^(data-\d+-of-\d+\.tfrecord(\.gz)?|dead_letter\.jsonl|notes\.json|summary\.json|label_map\.json)$")
 # kfp.local names each run directory `<pipeline>-YYYY-MM-DD-HH-MM-SS-micros`.
@@ -45,13 +38,13 @@ class OutputRefused(ValueError):
     """The output location is unsafe to write; the message says why and what to do."""
 
 
-def _is_local(path: str) -> bool:
+def is_local(path: str) -> bool:
     return "://" not in path
 
 
 def _resolve(path: str) -> str:
     """Absolute, symlinks resolved (local); normalized without a trailing slash (object stores)."""
-    return os.path.realpath(os.path.expanduser(path)) if _is_local(path) else path.rstrip("/")
+    return os.path.realpath(os.path.expanduser(path)) if is_local(path) else path.rstrip("/")
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -92,15 +85,15 @@ def check_outside_inputs(output: str, inputs: dict[str, str | None], option: str
 
 
 def _check_not_a_file(output: str, option: str) -> None:
-    if _is_local(output) and (os.path.isfile(output) or (os.path.lexists(output) and not os.path.isdir(output))):
+    if is_local(output) and (os.path.isfile(output) or (os.path.lexists(output) and not os.path.isdir(output))):
         raise OutputRefused(f"{option} {output} is an existing file, not a directory; fullres does not replace files "
                             f"it did not write, so pass a new directory path as {option}.")
-    _check_parents(output, option)
+    check_parents(output, option)
 
 
-def _check_parents(output: str, option: str) -> None:
+def check_parents(output: str, option: str) -> None:
     """Refuses a local `output` under a regular file: no folder can be made there (NotADirectoryError)."""
-    parent = os.path.dirname(os.path.abspath(output)) if _is_local(output) else ""
+    parent = os.path.dirname(os.path.abspath(output)) if is_local(output) else ""
     while parent and not os.path.lexists(parent) and parent != os.path.dirname(parent):
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
@@ -110,7 +103,7 @@ def _check_parents(output: str, option: str) -> None:
 
 def _entries(directory: str) -> list[str]:
     """The names in `directory` (a local directory, or a prefix on an object store); [] if there is none."""
-    if _is_local(directory):
+    if is_local(directory):
         return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
     from apache_beam.io.filesystems import FileSystems
 
@@ -124,7 +117,7 @@ def _entries(directory: str) -> list[str]:
 
 def _files_below(directory: str) -> list[str]:
     """Every file under `directory`, in every subfolder, as relative paths ([] if there is none); links not followed."""
-    if not _is_local(directory):
+    if not is_local(directory):
         return _entries(directory)  # an object store's listing is recursive already
     found = []
     for folder, subfolders, names in os.walk(directory):
@@ -141,9 +134,9 @@ def read_marker(directory: str) -> dict | None:
 
 def _read_json(directory: str, name: str):
     """The JSON content of `directory/name`, or None if it is missing or not JSON."""
-    path = os.path.join(directory, name) if _is_local(directory) else directory.rstrip("/") + "/" + name
+    path = os.path.join(directory, name) if is_local(directory) else directory.rstrip("/") + "/" + name
     try:
-        if _is_local(directory):
+        if is_local(directory):
             with open(path) as file:
                 return json.load(file)
         from apache_beam.io.filesystems import FileSystems
@@ -199,7 +192,7 @@ def check_conversion_output(output: str, inputs: dict[str, str | None], option: 
 def write_marker(directory: str, kind: str, files: list[str] | None = None) -> None:
     """Marks `directory` as written by fullres (`kind`: tfrecords, demo, pipeline-root), listing its files."""
     content = json.dumps({"written_by": "fullres", "kind": kind, "files": sorted(files or [])}, indent=2).encode()
-    if _is_local(directory):
+    if is_local(directory):
         file_writes.write_whole(os.path.join(directory, MARKER), content)
         return
     from apache_beam.io.filesystems import FileSystems
@@ -312,51 +305,3 @@ def check_listed_output(output: str, kind: str, inputs: dict[str, str | None], o
     if unknown:
         raise _foreign(output, unknown, option, f"pass a new or empty directory as {option}, or move those files away")
     return names
-
-
-@contextlib.contextmanager
-def lock(output: str, option: str = "--output"):
-    """Holds `OUTPUT.fullres-lock` (beside the output) while the body writes the output.
-
-    Object stores have no locks; there the body runs unguarded. A file system
-    without `flock` support (some network mounts) is used unguarded as well.
-
-    Raises:
-        OutputRefused: another live process holds the lock, or `output` lies under a regular file.
-    """
-    if not _is_local(output):
-        yield
-        return
-    _check_parents(output, option)  # the lock is taken before the command's own output checks
-    path = os.path.abspath(output).rstrip("/") + LOCK_SUFFIX
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(descriptor, 200).decode(errors="replace").strip() or "another process"
-            os.close(descriptor)
-            raise OutputRefused(f"{option} {output} is being written by another fullres run ({holder}); wait for "
-                                f"it to finish, or choose another {option}.") from None
-        except OSError as error:
-            if error.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                os.close(descriptor)
-                raise
-            break  # no locks on this file system
-        # The holder before us may have removed the file between our open and our lock: lock the file in place.
-        try:
-            same = os.stat(path).st_ino == os.fstat(descriptor).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(descriptor)
-    os.ftruncate(descriptor, 0)
-    os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()}".encode())
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-        os.close(descriptor)

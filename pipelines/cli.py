@@ -137,7 +137,7 @@ def pipeline_run(
     if image is not None and runner != "docker":
         console.fail("--image applies to --runner docker; add --runner docker, or leave --image out.")
     from pipelines import image as image_lib, local_run, parameter_checks, vertex
-    from common import output_guard
+    from common import output_guard, output_lock
 
     try:
         arguments = {**_network_parameters(name, model), **vertex.parse_parameters(name, param or [])}
@@ -148,7 +148,7 @@ def pipeline_run(
         output_guard.check_owned_directory(str(pipeline_root), "pipeline-root", inputs, option="--pipeline-root")
         pipeline_root.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(pipeline_root), "pipeline-root")
-        with output_guard.lock(str(pipeline_root), option="--pipeline-root"):
+        with output_lock.lock(str(pipeline_root), option="--pipeline-root"):
             run = local_run.run_local(name, arguments, str(pipeline_root), log=console.say, runner=runner, image=image,
                                       checked=True)
     except (ValueError, image_lib.ImageError) as error:  # OutputRefused too

@@ -41,7 +41,7 @@ def demo(
     (masks of the held-out scans in their own geometry, scored against their
     label maps), and writes summary.json.
     """
-    from common import output_guard
+    from common import output_guard, output_lock
 
     if virtual_devices < 0:
         console.fail(f"--virtual-devices must be 0 or more, got {virtual_devices}.")
@@ -53,7 +53,7 @@ def demo(
         cli_options.use_virtual_devices(virtual_devices, least=0)  # inherited by every step the local runner starts
         output.mkdir(parents=True, exist_ok=True)
         output_guard.write_marker(str(output), "demo")
-        with output_guard.lock(str(output)):
+        with output_lock.lock(str(output)):
             _run_demo(output, steps, cases, eval_cases, input_partition_dims)
     except output_guard.OutputRefused as error:
         console.fail(str(error))

@@ -258,11 +258,11 @@ def _write_demo_data(output: Path, kind: str, planned: list[str], write):
     the way. Files of an earlier run that this one does not rewrite are
     removed, so a smaller rerun does not leave old cases behind.
     """
-    from common import output_guard
+    from common import output_guard, output_lock
 
     try:
         output_guard.demo_data_files(str(output), kind, planned)  # before the lock: a refusal leaves nothing behind
-        with output_guard.lock(str(output)):
+        with output_lock.lock(str(output)):
             old = output_guard.demo_data_files(str(output), kind, planned)  # again: another run may have written
             output.mkdir(parents=True, exist_ok=True)
             # Claimed before writing: a run cut short leaves a folder the next run still recognises as its own.

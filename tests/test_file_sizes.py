@@ -1,13 +1,18 @@
-"""A file is a room you can read in one sitting (STYLE.md 2): no module of fullres's packages is over 400 lines."""
+"""A file is a room you can read in one sitting (STYLE.md 2): no module of fullres's packages is over 360 lines.
+
+The limit was 400 until issue 51: five rooms sat at 398-400 lines, trimmed to fit, so the next change to any of them
+had nowhere to go. They were split by meaning, and the limit came down to 360: a room that nears it is split by
+meaning before it grows, not trimmed.
+"""
 
 import os
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines", "fullres", "benchmarks")
-LIMIT = 400
+LIMIT = 360
 
 
-def test_no_module_is_over_400_lines():
+def test_no_module_is_over_360_lines():
     long = []
     for package in PACKAGES:
         for folder, _, files in os.walk(os.path.join(REPOSITORY, package)):

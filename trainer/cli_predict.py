@@ -73,14 +73,14 @@ def predict(
     refusal = run_files.not_a_run(str(model))  # before predict's own imports (SimpleITK, the preprocessing, ...)
     if refusal is not None:
         console.fail(refusal)
-    from common import output_guard
+    from common import output_guard, output_lock
     from trainer.predict import predict as predict_lib, video_predict
 
     if video_predict.is_video_run(str(model)):  # trained on video clips: whole videos, PNG masks and an overlay
         return video_predict.command(str(model), input_path, str(output), dims, budget, clips, max_failed_fraction,
                                      context)  # its options for scans are refused
     try:
-        with output_guard.lock(str(output)):
+        with output_lock.lock(str(output)):
             summary = predict_lib.predict(str(model), input_path, str(output), output_format_name=output_format,
                                           strict=strict, max_failed_fraction=max_failed_fraction,
                                           pseudonymize=pseudonymize, pseudonym_key_file=pseudonymize_key_file,

@@ -7,7 +7,7 @@ COCO AP), through the one forward pass (`engine.inference`).
 from __future__ import annotations
 
 from trainer import trained_run
-from trainer.engine import run_files, run_record
+from trainer.engine import run_data, run_files
 
 
 def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = None, class_names: list[str] | None = None,
@@ -23,7 +23,7 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     that is not a pseudonym (data preprocessed without `--pseudonymize`: ids are
     folder and file names) is shown as "held-out case N" instead.
 
-    Data preprocessed otherwise than the run's training data (`run_record.check_eval`) are refused unless
+    Data preprocessed otherwise than the run's training data (`run_data.check_eval`) are refused unless
     `across_preprocessings`; the scores then carry `across_preprocessings`, saying how they differ.
 
     Returns:
@@ -33,7 +33,7 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
 
     run = trained_run.open_run(model_dir)
     run.task.check_data(pattern, "--eval", training=False)  # before the model is placed: one sentence, no traceback
-    note = run_record.check_eval(run_record.trained_fingerprint(trained_run.read_record(model_dir)),
+    note = run_data.check_eval(run_data.trained_fingerprint(trained_run.read_record(model_dir)),
                                  f"{run_files.path(model_dir, run_files.RUN_RECORD)}", pattern, across_preprocessings)
     task = run.task
     names = task.report_class_names(class_names)  # checked before the (long) evaluation

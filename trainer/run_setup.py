@@ -44,7 +44,7 @@ class Run:
     input_wait_seconds: float = 0.0  # the loop's time waiting for its next batch, after the first step (the compile)
     input_wait_fraction: float = 0.0  # of the run's time after the first step
     input_cache: str | None = None  # the input cache's decision, in words
-    eval_note: str | None = None  # --eval scored across preprocessings (`run_record.check_eval`), in words
+    eval_note: str | None = None  # --eval scored across preprocessings (`run_data.check_eval`), in words
 
 
 def seed(seed: int) -> None:

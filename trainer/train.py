@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common import output_guard
+from common import output_guard, output_lock
 from trainer import config as config_lib, export, run_setup, train_loop, trained_run
 from trainer.data import ct_input
-from trainer.engine import placement, program, resume_devices, run_files, run_record, scalars
+from trainer.engine import placement, program, resume_devices, run_data, run_files, run_record, scalars
 from trainer.parallel import partitioning
 from trainer.tasks import registry
 
@@ -81,7 +81,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     eval_note = None
     if config.eval_data:
         task.check_data(config.eval_data, "--eval", training=False)
-        eval_note = run_record.check_eval(run_record.data_fingerprint(config.train_data), f"--train {config.train_data}",
+        eval_note = run_data.check_eval(run_data.data_fingerprint(config.train_data), f"--train {config.train_data}",
                                           config.eval_data, eval_across_preprocessings)
     # The network's own checks (a user's: its file, its function, its output; measured downsampling), before the
     # output is touched.
@@ -89,7 +89,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     run_record.check_resumable(config.output_dir)  # a damaged train_config.json, or a model without checkpoints
     output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
                                                          "evaluation data": config.eval_data})
-    chief_lock = output_guard.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+    chief_lock = output_lock.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
     with chief_lock:
         return _train(config, log, export_saved_model, continue_with_changes, eval_note)
 

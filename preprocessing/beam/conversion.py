@@ -43,7 +43,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from common import file_writes, output_guard
+from common import file_writes, output_guard, output_lock
 from preprocessing.beam import counting, local_workers, publishing
 
 
@@ -255,7 +255,7 @@ def run(
         output = os.path.abspath(output)
     staging = f"{output}.staging-{uuid.uuid4().hex[:8]}"
     try:
-        with output_guard.lock(output):
+        with output_lock.lock(output):
             output_guard.conversion_files(output)  # again, under the lock: another run may have written it meanwhile
             try:
                 if publishing.is_local(staging):

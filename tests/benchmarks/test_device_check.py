@@ -275,8 +275,8 @@ def test_the_largest_cube_compiles_without_autotuning_where_autotuning_alone_wou
 
 
 def test_the_rows_read_the_workspace_the_devices_autotuner_gave_each_convolution():
-    spec = importlib.util.spec_from_file_location("device_check_rows", os.path.join(REPOSITORY, "benchmarks",
-                                                                                     "device_check_rows.py"))
+    spec = importlib.util.spec_from_file_location("device_readings", os.path.join(REPOSITORY, "benchmarks",
+                                                                                   "device_readings.py"))
     rows = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rows)
 

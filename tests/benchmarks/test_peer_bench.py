@@ -1,8 +1,9 @@
 """benchmarks/peer_bench.py: the same networks under PyTorch and fullres, side by side (issue 49).
 
-Fast: the PyTorch side's loss is fullres's own (same logits, same labels: the same number), PlainConvUNet is the
-zoo's port weight for weight (every weight's shape, as a multiset), the JSON's ratios are the rows' own figures
-divided, and the image's lock holds no PyTorch. Slow: the same for MONAI's UNet (its import), a PyTorch row's
+Fast: the JSON's ratios are the rows' own figures divided, candidates by name run their bfloat16 rows first, and the
+image's lock holds no PyTorch. Slow (each imports torch, or traces a step): the PyTorch side's loss is fullres's own
+(same logits, same labels: the same number), PlainConvUNet and MONAI's UNet are the zoo's ports weight for weight
+(every weight's shape, as a multiset), a fullres row compiles with its candidate's XLA options, a PyTorch row's
 process, and the whole command at tiny sizes on the CPU, every row in its own process, as the device runs it.
 """
 
@@ -46,6 +47,7 @@ def test_the_test_environment_has_pytorch_and_the_image_does_not():
     assert not peer & image and not any(name.startswith("nvidia-") for name in image)
 
 
+@pytest.mark.slow  # `import torch` in the test's process: 9.8 s on the loaded machine (fast tier: 2026-11-28)
 @pytest.mark.parametrize("balance", [0.0, 0.5])
 def test_the_pytorch_loss_is_fullres_loss_on_the_same_logits(balance):
     import torch
@@ -88,8 +90,10 @@ def in_own_process(code: str) -> str:
     return result.stdout
 
 
-# `import monai` takes 8-29 s here (it imports its whole package, TensorFlow's among its optional ones): slow.
-@pytest.mark.parametrize("network", ["nnunet_plain", pytest.param("monai_unet", marks=pytest.mark.slow)])
+# A process importing torch (and monai: 8-29 s, its whole package, TensorFlow's among its optional ones) and fullres:
+# 14 s for nnunet_plain on the loaded machine: slow.
+@pytest.mark.slow
+@pytest.mark.parametrize("network", ["nnunet_plain", "monai_unet"])
 def test_the_pytorch_network_and_the_zoo_port_hold_the_same_weights(network):
     output = in_own_process(SHAPES.format(repository=REPOSITORY, benchmarks=BENCHMARKS, network=network))
     found = json.loads(next(line for line in output.splitlines() if line.startswith("SHAPES "))[7:])
@@ -162,3 +166,80 @@ def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_ru
     ratio = {r["goal"]: r for r in written["ratios"]}["fullres float32 ÷ torch eager float32"]
     assert ratio["step_time"] == round(rows["fullres float32"]["median_step_seconds"]
                                        / rows["torch eager float32"]["median_step_seconds"], 4)
+
+
+def test_candidates_by_name_run_every_bfloat16_row_before_the_float32_ones(tmp_path):
+    peer_bench = load("peer_bench")
+    zoo_kernels = load("zoo_kernels")
+    sets = [s for _, s in zoo_kernels.candidate_sets("taps,all")]
+    assert sets[1] == ["kernels.conv_weight_grad=taps", "kernels.conv_transpose=subpixel", "kernels.norm=fused",
+                       "kernels.xla_flags=conv_nhwc"]
+    rows = peer_bench.planned_rows(["nnunet_plain"], sets)
+    assert [r["name"] for r in rows[5:]] == [
+        "fullres bfloat16 [kernels.conv_weight_grad=taps]", f"fullres bfloat16 [{' '.join(sets[1])}]",
+        "fullres float32 [kernels.conv_weight_grad=taps]", f"fullres float32 [{' '.join(sets[1])}]"]
+    output = tmp_path / "peer.json"
+    with pytest.raises(SystemExit):  # an unknown name: refused before any row runs, nothing written
+        peer_bench.main(["--json", str(output), "--candidates", "taps,no_such"])
+    assert not output.exists()
+
+
+@pytest.mark.slow  # a tiny PlainConvUNet's step traced and lowered: 5.7 s on the loaded machine
+def test_a_fullres_row_compiles_with_the_candidates_xla_flags(monkeypatch):
+    """peer_rows' fullres step compiles through `jit_step`'s `compiler_options`: a flag set naming an option XLA does
+    not have is refused by the row's compile (the same set under its real options compiles)."""
+    from trainer.parallel import kernels
+
+    peer_rows = load("peer_rows")
+    device_check_rows = load("device_check_rows")
+    row = {"network": "nnunet_plain", "tiny": True, "precision": "float32", "batch_size": 1,
+           "sets": ["kernels.xla_flags=conv_nhwc"]}
+    monkeypatch.chdir(REPOSITORY)
+    monkeypatch.setitem(kernels.FLAG_SETS, "conv_nhwc", {"xla_no_such_option_of_fullres": True})
+    step = device_check_rows.Step(row, peer_rows.fullres_config(row))
+    with pytest.raises(Exception, match="xla_no_such_option_of_fullres"):
+        step.compile(16)
+
+
+def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeypatch):
+    peer_bench = load("peer_bench")
+    ran = []
+
+    def run_row(spec, limit):
+        if len(ran) == 2:
+            raise KeyboardInterrupt  # the device call's own limit, from outside
+        ran.append(spec["name"])
+        return {"status": "ok", "median_step_seconds": 0.1 * len(ran), "peak_bytes": 1}
+
+    monkeypatch.setattr(peer_bench, "run_row", run_row)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nowhere")
+    output = tmp_path / "peer.json"
+    with pytest.raises(KeyboardInterrupt):
+        peer_bench.main(["--json", str(output), "--networks", "nnunet_plain", "--candidates", "fused"])
+    written = json.loads(output.read_text())
+    assert [r["status"] for r in written["rows"]] == ["ok", "ok"] + ["not_run"] * 5
+    assert "stopped before this row" in written["rows"][-1]["error"]
+    assert written["rows"][-1]["name"] == "fullres float32 [kernels.norm=fused]"
+    assert written["ratios"][0]["step_time"] == 2.0  # fullres float32 ÷ torch eager float32, the two that ran
+    # The GPU rows shared one autotuning folder, named in the JSON, removed after; the caller's XLA_FLAGS are back.
+    folder = written["xla_flags"].split("--xla_gpu_per_fusion_autotune_cache_dir=")[1]
+    assert written["xla_flags"].startswith("--xla_dump_to=/nowhere ") and not os.path.exists(folder)
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nowhere"
+
+
+def test_the_one_gpu_call_in_the_docs_runs_every_candidate_in_both_precisions(tmp_path, monkeypatch):
+    """docs/measurements.md's one call: its peer_bench arguments parse and plan PlainConvUNet's and MONAI's five
+    rows and five candidates (taps, subpixel, fused, conv_nhwc, all), each in bfloat16 and float32."""
+    import shlex
+
+    peer_bench = load("peer_bench")
+    with open(os.path.join(REPOSITORY, "docs", "measurements.md"), encoding="utf-8") as file:
+        line = next(text for text in file if "python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json" in text)
+    arguments = shlex.split(line.split("benchmarks/peer_bench.py", 1)[1].split("2>&1")[0].replace("$OUT", str(tmp_path)))
+    monkeypatch.setattr(peer_bench, "run_row", lambda spec, limit: {"status": "not_run", "error": "not here"})
+    assert peer_bench.main(arguments) == 0
+    written = json.loads((tmp_path / "peer_bench.json").read_text())
+    assert len(written["candidates"]) == 5 and written["candidates"][-1] == [
+        "kernels.conv_weight_grad=taps", "kernels.conv_transpose=subpixel", "kernels.norm=fused",
+        "kernels.xla_flags=conv_nhwc"]
+    assert len(written["rows"]) == 2 * (5 + 5 * 2) and written["limit_seconds"] <= 400

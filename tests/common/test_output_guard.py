@@ -14,7 +14,7 @@ import pytest
 import SimpleITK as sitk
 from apache_beam.io import filesystem
 
-from common import file_writes, output_guard
+from common import file_writes, output_guard, output_lock
 from preprocessing.beam import conversion, counting, ct_pipeline, images_pipeline, local_workers
 from preprocessing.ct import ct_transforms
 from preprocessing.images import demo_images
@@ -148,8 +148,8 @@ def test_output_written_before_the_manifest_is_recognised_by_its_layout(tmp_path
 
 _HOLDER = """
 import sys, time
-from common import output_guard
-with output_guard.lock(sys.argv[1]):
+from common import output_guard, output_lock
+with output_lock.lock(sys.argv[1]):
     print("holding", flush=True)
     time.sleep(600)
 """
@@ -171,7 +171,7 @@ def test_second_run_into_a_locked_output_is_refused_and_a_dead_holder_does_not_b
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # Killed without cleaning up: its lock file is still there, but the kernel released its lock.
-    assert (tmp_path / f"out{output_guard.LOCK_SUFFIX}").exists()
+    assert (tmp_path / f"out{output_lock.LOCK_SUFFIX}").exists()
     summary = conversion.run([1], [], _Records(), str(output), pipeline_args=IN_PROCESS, log=_quiet)
     assert summary["ok"] == 1
     assert sorted(os.listdir(tmp_path)) == ["out"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from common import output_guard
+from common import output_guard, output_lock
 from trainer.models import user_model
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -86,6 +86,6 @@ def test_the_output_lock_refuses_a_path_under_a_file(tmp_path):
     a_file.write_text("mine")
     with pytest.raises(output_guard.OutputRefused, match=r"--output .*notes.txt/pred lies under .*notes.txt, which is "
                                                           r"a file, not a folder"):
-        with output_guard.lock(str(a_file / "pred")):
+        with output_lock.lock(str(a_file / "pred")):
             pass
     assert a_file.read_text() == "mine" and os.listdir(tmp_path) == ["notes.txt"]

@@ -52,12 +52,14 @@ class CtRecords:
         with concurrent.futures.ThreadPoolExecutor(min(len(paths), workers or batches.usable_cores())) as pool:
             self.files = list(pool.map(tfrecord_files.RecordFile, paths))
         where = [(file, number) for file in self.files for number in range(len(file))]
-        try:
-            cases = [ct_slabs.read_layout(file, number).case_id for file, number in where]
+        try:  # each layout is read once, here: its case id orders the records, and `layout` checks its shape
+            layouts = [ct_slabs.read_layout(file, number) for file, number in where]
         except tfrecord_files.RecordFileDamaged:  # not CT records: the first read of one says so, where it did
-            cases = [""] * len(where)  # (sorted is stable: the shards' order)
-        self._where = [where[i] for i in sorted(range(len(where)), key=lambda i: cases[i])]
-        self._layouts: list[ct_slabs.CtLayout | None] = [None] * len(self._where)
+            layouts = [None] * len(where)  # (sorted is stable: the shards' order)
+        order = sorted(range(len(where)), key=lambda i: layouts[i].case_id if layouts[i] else "")
+        self._where = [where[i] for i in order]
+        self._layouts: list[ct_slabs.CtLayout | None] = [layouts[i] for i in order]
+        self._checked = [False] * len(self._where)  # the shape check, made when a record's layout is first used
         self.compressed = any(file.compressed for file in self.files)
 
     def __len__(self) -> int:
@@ -70,10 +72,12 @@ class CtRecords:
             ValueError: a record of another shape (the message names its file and case).
         """
         layout = self._layouts[index]
-        if layout is None:
+        if not self._checked[index]:
             file, number = self._where[index]
-            layout = self._layouts[index] = ct_slabs.read_layout(file, number)
-            first = self._layouts[0] or self.layout(0)
+            if layout is None:
+                layout = self._layouts[index] = ct_slabs.read_layout(file, number)
+            self._checked[index] = True
+            first = self.layout(0)
             if layout.image_shape != first.image_shape:
                 raise ValueError(
                     f"{file.path}: case {layout.case_id} is {'x'.join(map(str, layout.shape))} voxels but the data set's "

@@ -25,7 +25,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from common import file_writes, output_guard
+from common import file_writes, output_guard, output_lock
 
 if TYPE_CHECKING:  # imported where used: config imports Keras, and `fullres predict` refuses a wrong --model first
     from trainer import config as config_lib
@@ -176,7 +176,7 @@ def not_a_run(run_dir: str) -> str | None:
     if all(os.path.isfile(path(run_dir, name)) for name in (MODEL_INFO, MODEL)):
         return None
     if holds_run(run_dir):  # a run, but not a finished one
-        lock = os.path.abspath(run_dir).rstrip("/") + output_guard.LOCK_SUFFIX
+        lock = os.path.abspath(run_dir).rstrip("/") + output_lock.LOCK_SUFFIX
         if os.path.isfile(lock):
             with open(lock, errors="replace") as file:
                 holder = file.read(200).strip() or "another process"

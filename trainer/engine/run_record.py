@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from common import parsing
-from preprocessing.records import data_set, dataset_files
-from trainer.engine import checkpoints, run_files
+from preprocessing.records import dataset_files
+from trainer.engine import checkpoints, run_data, run_files
 
 if TYPE_CHECKING:
     from trainer import config as config_lib
@@ -66,16 +66,6 @@ def option(key: str) -> str:
     if key in _FLAGS:
         return "--" + key.rpartition(".")[2].replace("_", "-")
     return f"--set {key}"
-
-
-def data_fingerprint(pattern: str) -> dict:
-    """What the preprocessing of the data set `pattern` names recorded: its record kind, `summary.json`'s
-    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none);
-    and which examples it holds (`data_set.examples`: other scans or videos with the same settings are other data)."""
-    data = data_set.resolve(pattern)
-    fingerprint = {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
-    found = data_set.examples(data)
-    return fingerprint if found is None else {**fingerprint, "examples": found}
 
 
 def absolute(pattern: str | None) -> str | None:
@@ -131,12 +121,6 @@ def check_resumable(run_dir: str) -> None:
         f"model; put the run's checkpoints back into {kept} to resume it, or train into a new --output.")
 
 
-def _shown(value) -> str:
-    if value is None:
-        return "none"
-    return json.dumps(value) if isinstance(value, (list, dict, str)) else str(value)
-
-
 def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devices: int,
                 continue_with_changes: bool = False, log: Callable[[str], None] = print) -> dict:
     """Refuses a rerun into `config.output_dir` that would change what the run there means; nothing is written.
@@ -163,7 +147,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     from trainer.engine import program  # Keras: the check above is asked before it is imported
 
     run_dir = config.output_dir
-    fingerprint = data_fingerprint(config.train_data)
+    fingerprint = run_data.data_fingerprint(config.train_data)
     if (cut := program.warmup_note(config, total_steps)) is not None:
         log(cut)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
@@ -185,7 +169,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
         key, (before, now, where) = next(iter(changes.items()))
         more = f" (and {', '.join(list(changes)[1:])} differ too)" if len(changes) > 1 else ""
         raise RunChanged(
-            f"--output {run_dir} was trained with {key} {_shown(before)} but this rerun has {_shown(now)}{where}"
+            f"--output {run_dir} was trained with {key} {run_data.shown(before)} but this rerun has {run_data.shown(now)}{where}"
             f"{more}; a rerun only resumes the run as it was, so leave out or pass the run's own {_fix(key)}, train into a new "
             f"--output, or pass {CONTINUE_OPTION} to go on from step {done} under the new setting (the run's "
             f"{run_files.RUN_RECORD} then records the change).")
@@ -195,7 +179,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     if changes:
         line["changed"] = {key: [before, now] for key, (before, now, _) in changes.items()}
         log(f"continuing the run from step {done} with changed settings ({CONTINUE_OPTION}): " + "; ".join(
-            f"{key} {_shown(before)} -> {_shown(now)}" for key, (before, now, _) in changes.items()))
+            f"{key} {run_data.shown(before)} -> {run_data.shown(now)}" for key, (before, now, _) in changes.items()))
     return line
 
 
@@ -209,41 +193,6 @@ def _fix(key: str) -> str:
     return f"setting ({option(key)})"
 
 
-def trained_fingerprint(recorded) -> dict:
-    """The fingerprint of the data a run (`trained_run.Record`) trained on last (`data_fingerprint`); for a run from
-    before run_record.json, what its model_info.json kept of them (summary.json's preprocessing), else {}."""
-    lines = [line for line in recorded.history if "fingerprint" in line]
-    if lines:
-        return lines[-1]["fingerprint"]
-    preprocessing = recorded.info.get("preprocessing")
-    return {"preprocessing": preprocessing} if preprocessing is not None else {}
-
-
-def differences(trained: dict, other: dict, ignore: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
-    """[(what, trained's value, other's)] where two data fingerprints differ: each preprocessing field
-    (`spacing`, `window`, ...), the record `kind`, the `label_map` as a whole (a class's name is only read beside
-    the others: {liver: 1, tumor: 2} against {kidney: 1, cyst: 2}). Only what `trained` records is compared; a
-    label map only where both data sets have one; `ignore` leaves fields out.
-
-    >>> differences({"label_map": {"background": 0, "liver": 1}}, {"label_map": {"background": 0, "kidney": 1}})
-    [('label_map', {'background': 0, 'liver': 1}, {'background': 0, 'kidney': 1})]
-    """
-    found = []
-    for section in trained:
-        was, now = trained.get(section), other.get(section)
-        if section == "label_map" and (was is None or now is None):
-            continue
-        if section == "label_map" or not isinstance(was, dict) or not isinstance(now, dict):
-            if was != now and section not in ignore:
-                found.append((section, was, now))
-            continue
-        for key in sorted(set(was) | set(now)):
-            name = key if section == "preprocessing" else f"{section}.{key}"
-            if was.get(key) != now.get(key) and key not in ignore:
-                found.append((name, was.get(key), now.get(key)))
-    return found
-
-
 def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
              source: str | None) -> dict[str, tuple[object, object, str]]:
     """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs."""
@@ -251,7 +200,7 @@ def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
 
     changes: dict[str, tuple[object, object, str]] = {}
     summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
-    for key, was, now in differences(trained_fingerprint(recorded), fingerprint):
+    for key, was, now in run_data.differences(run_data.trained_fingerprint(recorded), fingerprint):
         where = (f" (--train {config.train_data} holds other cases than the run trained on: its case ids differ)"
                  if key == "examples" else summary)
         changes[f"training data {key}"] = (was, now, where)
@@ -310,7 +259,7 @@ def _log_changed_freely(recorded: dict, config: config_lib.TrainConfig, total_st
             said += [f"--set kernels.{name}={value} (was {recorded[key].get(name)})"
                      for name, value in now[key].items() if recorded[key].get(name) != value]
         elif key in recorded and recorded[key] != now.get(key):
-            said.append(f"{option(key)} {_shown(now.get(key))} (was {_shown(recorded[key])})")
+            said.append(f"{option(key)} {run_data.shown(now.get(key))} (was {run_data.shown(recorded[key])})")
     if previous.get("devices") is not None and previous["devices"] != devices:
         said.append(f"{devices} devices (was {previous['devices']}; the partition is the run's)")
     if said:
@@ -322,52 +271,3 @@ def record(run_dir: str, line: dict) -> None:
     content = run_files.read_run_record(run_dir)
     stamped = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **line}
     run_files.write_run_record(run_dir, {**content, "history": [*content.get("history", []), stamped]})
-
-
-EVAL_OPTION = "--eval-across-preprocessings"
-
-
-def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = False) -> str | None:
-    """Refuses held-out data preprocessed otherwise than the training data (`differences`; the shape aside: a
-    volume's padding or crop does not change what a voxel is), whose scores would not be the model's.
-
-    Args:
-        trained: the training data's fingerprint; `trained_from`: where it comes from, for the sentence.
-        eval_data: the held-out data (`--eval`).
-        across: score them anyway (`--eval-across-preprocessings`).
-
-    Returns:
-        None where they agree; else, with `across`, the note the scores carry (`across_preprocessings`).
-
-    Raises:
-        ValueError: they differ and `across` is False.
-    """
-    found = differences(trained, data_fingerprint(eval_data), ignore=("shape", "examples"))  # held out: other cases
-    if not found:
-        return None
-    key, was, now = found[0]
-    more = f" (and {', '.join(k for k, _, _ in found[1:])} differ too)" if len(found) > 1 else ""
-    if not across:
-        raise ValueError(
-            f"--eval {eval_data} holds data preprocessed with {key} {_shown(now)} but the model trains on {key} "
-            f"{_shown(was)} ({trained_from}){more}, so its scores would not be the model's; convert the held-out "
-            f"{_converted_as(trained)}, or pass {EVAL_OPTION} to score them anyway (the scores then say so).")
-    return (f"scored across preprocessings: --eval {eval_data} has {key} {_shown(now)}, the training data "
-            f"{_shown(was)}{more}")
-
-
-def _converted_as(trained: dict) -> str:
-    """How to convert held-out data as the training data were, in words: video clips name the clip settings.
-
-    >>> _converted_as({"kind": "video clips", "preprocessing": {"clip_length": 8, "clip_stride": 8, "size": [16, 16],
-    ...                                                         "fit": "crop"}})
-    'videos as the training clips were (fullres preprocess video --clip-length 8 --clip-stride 8 --size 16,16 --fit crop)'
-    """
-    from preprocessing.records import tfrecord_schema
-
-    recorded = trained.get("preprocessing") or {}
-    if trained.get("kind") != tfrecord_schema.VIDEO_RECORDS or not recorded.get("size"):
-        return "scans as the training data were (fullres preprocess ct with the same settings)"
-    return (f"videos as the training clips were (fullres preprocess video --clip-length {recorded['clip_length']} "
-            f"--clip-stride {recorded['clip_stride']} --size {','.join(map(str, recorded['size']))} "
-            f"--fit {recorded['fit']})")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from common import console, dead_letters, output_guard
+from common import console, dead_letters, output_guard, output_lock
 from preprocessing.records import dataset_files
 from preprocessing.video import video_clips, video_discovery
 from trainer import trained_run
@@ -192,7 +192,7 @@ def command(model_dir: str, input_path: str, output_dir: str, dims: Sequence[int
                      f"{model_dir} is a video model, which writes a palette PNG mask per frame and an overlay MP4 "
                      f"(docs/video.md); leave {'it' if len(ignored) == 1 else 'them'} out.")
     try:
-        with output_guard.lock(output_dir):
+        with output_lock.lock(output_dir):
             summary = predict_videos(model_dir, input_path, output_dir, input_partition_dims=dims,
                                      device_memory=device_memory, clips=clips,
                                      max_failed_fraction=max_failed_fraction, log=console.say)

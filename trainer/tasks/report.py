@@ -136,7 +136,7 @@ def _page(title: str, body: list[str]) -> str:
 
 def _notes(scores: dict) -> list[str]:
     """What a reader must know before the numbers, shown under the title: held-out data scored although they were
-    preprocessed otherwise than the training data (`--eval-across-preprocessings`, `run_record.check_eval`)."""
+    preprocessed otherwise than the training data (`--eval-across-preprocessings`, `run_data.check_eval`)."""
     note = scores.get("across_preprocessings")
     if not note:
         return []

@@ -141,3 +141,33 @@ def test_reads_and_decodes_use_every_usable_core(records):
     assert stream._cuts == 2  # one example a step is read as 2 depth ranges, one per worker
     assert sorted(piece[1:] for piece in stream._pieces([(0, (0, 0, 0))])) == [(0, 8), (8, 16)]
     stream.close()
+
+
+def test_each_record_s_layout_is_read_once_for_the_order_and_every_use(records, monkeypatch):
+    """Opening reads each record's layout for its case id; using the records reads none again (they were read twice:
+    once at open, dropped, then again when first needed)."""
+    from preprocessing.records import ct_slabs
+
+    reads = []
+    read_layout = ct_slabs.read_layout
+    monkeypatch.setattr(ct_slabs, "read_layout", lambda file, number: reads.append(number) or read_layout(file, number))
+    opened = ct_input.CtRecords(records.pattern)
+    assert len(reads) == len(opened) == 5
+    assert [opened.layout(i).case_id for i in range(len(opened))] == [f"case{i}" for i in range(5)]
+    image, label = np.empty((2, 6, 4, 1), opened.stored), np.empty((2, 6, 4), np.uint8)
+    opened.read(4, 0, 2, image, label)
+    assert len(reads) == 5
+    opened.close()
+
+
+def test_a_record_of_another_shape_is_named_when_it_is_first_used(tmp_path):
+    rng = np.random.default_rng(1)
+    examples = [tfrecord_schema.encode_ct_example(tfrecord_schema.CtRecord(
+        name, "p", rng.normal(size=shape).astype(np.float32), np.zeros(shape, np.uint8)))
+        for name, shape in (("a", (4, 6, 4)), ("b", (4, 8, 4)))]
+    tfrecord_files.write_records(str(tmp_path / "data-00000-of-00001.tfrecord"), examples)
+    opened = ct_input.CtRecords(str(tmp_path / "data-*"))
+    assert opened.shape == (4, 6, 4)  # opening and the first record say nothing
+    with pytest.raises(ValueError, match=r"case b is 4x8x4 voxels but the data set's first is 4x6x4"):
+        opened.layout(1)
+    opened.close()

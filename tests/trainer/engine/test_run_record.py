@@ -10,7 +10,7 @@ import pytest
 from preprocessing.ct import demo_ct
 from trainer import config as config_lib, evaluate, train
 from trainer import presets
-from trainer.engine import run_record
+from trainer.engine import run_data, run_record
 from tests.files import snapshot
 
 
@@ -167,6 +167,6 @@ def test_another_label_map_is_named_as_a_whole():
     # rerun has 2 (and label_map.kidney, label_map.liver, label_map.tumor differ too)"): each map is read whole.
     trained = {"preprocessing": {"spacing": [2.0, 2.0, 2.0]}, "label_map": {"background": 0, "liver": 1, "tumor": 2}}
     other = {"preprocessing": {"spacing": [2.0, 2.0, 2.0]}, "label_map": {"background": 0, "kidney": 1, "cyst": 2}}
-    assert run_record.differences(trained, other) == [("label_map", trained["label_map"], other["label_map"])]
-    assert run_record.differences(trained, {**other, "label_map": dict(trained["label_map"])}) == []
-    assert run_record.differences(trained, {**other, "label_map": None}) == []  # records without a label map
+    assert run_data.differences(trained, other) == [("label_map", trained["label_map"], other["label_map"])]
+    assert run_data.differences(trained, {**other, "label_map": dict(trained["label_map"])}) == []
+    assert run_data.differences(trained, {**other, "label_map": None}) == []  # records without a label map

@@ -9,7 +9,7 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from common import output_guard
+from common import output_lock
 from pipelines import cli
 from tests.files import snapshot
 from trainer import presets
@@ -31,7 +31,7 @@ def test_predicting_from_an_unfinished_run_says_what_it_is_and_what_to_do(tmp_pa
     run = _unfinished_run(tmp_path)
     scan = tmp_path / "scan.nii.gz"
     scan.write_bytes(b"not read")
-    with output_guard.lock(run) if training else contextlib.nullcontext():  # a trainer holds it while it trains
+    with output_lock.lock(run) if training else contextlib.nullcontext():  # a trainer holds it while it trains
         before = snapshot(tmp_path)
         result = CliRunner().invoke(cli.app, ["predict", "--model", run, "--input", str(scan), "--output",
                                               str(tmp_path / "masks")])
