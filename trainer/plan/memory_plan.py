@@ -340,13 +340,20 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
             found = {**found, "host": planned_input["host"]}
     compiler = None if on.platform == "cpu" else device_bytes.plan_json(on.platform, target_compile.compiler_versions(),
                                                                          device_bytes.autotunes())
-    return Plan(results, header, on.name, limit, found, compiler, planned_input, _receptive_field(config, volume))
+    return Plan(results, header, on.name, limit, found, compiler, planned_input, _receptive_field(config, volume, log))
 
 
-def _receptive_field(config: config_lib.TrainConfig, shape: tuple[int, ...]):
-    """The network's measured receptive field at the planned size, on this host's CPU (`task.receptive_field`)."""
+def _receptive_field(config: config_lib.TrainConfig, shape: tuple[int, ...], log: Callable[[str], None]):
+    """The network's measured receptive field at the planned size, on this host's CPU (`task.receptive_field`); None,
+    said in the log, where the probe cannot run here (a network of a fixed input size larger than this host holds)."""
     import jax
 
     task = registry.make_task(config)
-    with jax.default_device(jax.devices("cpu")[0]):
-        return task.receptive_field(task.build_model(), tuple(shape[:-1]))
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            return task.receptive_field(task.build_model(), tuple(shape[:-1]))
+    except (jax.errors.JaxRuntimeError, MemoryError) as error:
+        if not isinstance(error, MemoryError) and "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        log(f"receptive field: not measured: probing it at {list(shape[:-1])} needs more memory than this host has")
+        return None
