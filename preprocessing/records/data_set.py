@@ -11,9 +11,11 @@ record's shape field). Paths may be local or `gs://`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Iterator
 
 from preprocessing.records import dataset_files, example_layout, file_system, tfrecord_files, tfrecord_schema
 
@@ -166,20 +168,26 @@ def ct_shapes(data: DataSet, enough: int = 2) -> list[tuple[int, ...]]:
     if recorded:
         return [tuple(int(s) for s in recorded)]
     shapes: list[tuple[int, ...]] = []
+    with contextlib.closing(_headers(data)) as headers:
+        for features in headers:
+            shape = tuple(int(s) for s in features[tfrecord_schema.IMAGE_SHAPE])
+            if shape not in shapes:
+                shapes.append(shape)
+                if len(shapes) >= enough:
+                    break
+    return shapes
+
+
+def _headers(data: DataSet) -> Iterator[dict]:
+    """Each record's header fields (`example_layout.layout`: the voxels are skipped, not read), file by file."""
     for path in data.files:
         records = tfrecord_files.RecordFile(path)
         try:
             for number, length in enumerate(records.lengths):
-                features = example_layout.layout(
+                yield example_layout.layout(
                     lambda offset, size, number=number, records=records: records.read(number, offset, size), int(length))
-                shape = tuple(int(s) for s in features[tfrecord_schema.IMAGE_SHAPE])
-                if shape not in shapes:
-                    shapes.append(shape)
-                    if len(shapes) >= enough:
-                        return shapes
         finally:
             records.close()
-    return shapes
 
 
 def examples(data: DataSet) -> str | None:
@@ -194,17 +202,7 @@ def examples(data: DataSet) -> str | None:
 
     if data.kind not in (tfrecord_schema.CT_RECORDS, tfrecord_schema.VIDEO_RECORDS):
         return None
-    ids = []
-    for path in data.files:
-        records = tfrecord_files.RecordFile(path)
-        try:
-            for number, length in enumerate(records.lengths):
-                features = example_layout.layout(
-                    lambda offset, size, number=number, records=records: records.read(number, offset, size), int(length))
-                ids.append(features[tfrecord_schema.CASE_ID][0].data.decode())
-        finally:
-            records.close()
-    ids.sort()
+    ids = sorted(features[tfrecord_schema.CASE_ID][0].data.decode() for features in _headers(data))
     digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
     return f"{len(ids)} ({ids[0]} ... {ids[-1]}, ids sha256 {digest})" if ids else "0"
 
