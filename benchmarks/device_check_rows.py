@@ -110,12 +110,39 @@ class Step:
                  "scale": jax.device_put(scale, inputs["scale"].sharding)}, jax.device_put(label, labels.sharding))
 
 
+    def timed(self, compiled, arguments, image_shape, warmup: int, steps: int, deadline: float) -> dict:
+        """`warmup` + `steps` runs of the compiled step on a synthetic batch held on the device: each measured step's
+        seconds (`times`), the first call's, the last `metrics`, and whether a long step near `deadline` (a
+        `time.perf_counter()` value) cut the steps short (`cut`). The placed state and batch come back for a trace."""
+        import jax
+        import numpy as np
+
+        from trainer.engine import placement
+
+        state = placement.place_state(self.state, self.distribution)
+        inputs, labels = self.synthetic_batch(arguments, image_shape)
+        step_sharding = arguments[3].sharding
+        times, first, cut, metrics = [], None, False, None
+        for number in range(warmup + steps):
+            started = time.perf_counter()
+            state, metrics = compiled(state, inputs, labels, jax.device_put(np.int32(number), step_sharding))
+            jax.block_until_ready((state, metrics))
+            elapsed = time.perf_counter() - started
+            first = elapsed if first is None else first
+            if number >= warmup:
+                times.append(elapsed)
+            # A long step near the row's limit: the steps so far, said so, rather than nothing at the kill.
+            if len(times) >= 3 and time.perf_counter() + max(times) > deadline:
+                cut = len(times) < steps
+                break
+        return {"times": times, "first": first, "cut": cut, "metrics": metrics, "state": state, "inputs": inputs,
+                "labels": labels, "step_sharding": step_sharding}
+
+
 def train_row(row: dict) -> dict:
     """Median step time over `steps` after `warmup`, the allocator's peak and the compiler's figures."""
     import jax
-    import numpy as np
 
-    from trainer.engine import placement
 
     device = jax.devices()[0]
     step = Step(row)
@@ -140,28 +167,15 @@ def train_row(row: dict) -> dict:
               # The Keras variables the step's state was read from stay on the device, as in `fullres train`.
               **device_readings.term_figures(step.model, step.state, image_shape, step.state)}
     try:
-        state = placement.place_state(step.state, step.distribution)
-        inputs, labels = step.synthetic_batch(arguments, image_shape)
-        step_sharding = arguments[3].sharding
-        times, cut = [], False
-        for number in range(row["warmup"] + row["steps"]):
-            started = time.perf_counter()
-            state, metrics = compiled(state, inputs, labels, jax.device_put(np.int32(number), step_sharding))
-            jax.block_until_ready((state, metrics))
-            if number >= row["warmup"]:
-                times.append(time.perf_counter() - started)
-            # A long step near the row's limit: the steps so far, said so, rather than nothing at the kill.
-            if len(times) >= 3 and time.perf_counter() + max(times) > deadline(row):
-                cut = len(times) < row["steps"]
-                break
+        ran = step.timed(compiled, arguments, image_shape, row["warmup"], row["steps"], deadline(row))
     except Exception as error:  # noqa: BLE001  (the size it ran out at, for device_check to step down from)
         if not out_of_memory(error):
             raise
         return {**result, "status": "out_of_memory", "error": first_line(error), **device_readings.device_figures(device)}
-    loss = float(metrics["loss"])
-    median = statistics.median(times)
-    result.update(status="ok", median_step_seconds=median, steps=len(times), warmup_steps=row["warmup"],
-                  steps_cut_by_time_limit=cut,
+    loss = float(ran["metrics"]["loss"])
+    median = statistics.median(ran["times"])
+    result.update(status="ok", median_step_seconds=median, steps=len(ran["times"]), warmup_steps=row["warmup"],
+                  steps_cut_by_time_limit=ran["cut"],
                   examples_per_second=image_shape[0] / median, batch_size=image_shape[0], loss=loss,
                   **device_readings.device_figures(device))
     return result

@@ -48,7 +48,6 @@ def fullres_row(row: dict) -> dict:
 
     import device_check_rows
     import device_readings
-    from trainer.engine import placement
     from trainer.models import losses
 
     try:
@@ -59,28 +58,17 @@ def fullres_row(row: dict) -> dict:
     step = device_check_rows.Step(row, config)
     compiled, arguments, image_shape, seconds = step.compile(row["size"])
     figures = device_readings.compiler_figures(compiled)
-    state = placement.place_state(step.state, step.distribution)
-    inputs, labels = step.synthetic_batch(arguments, image_shape)
-    step_sharding = arguments[3].sharding
-    times, first = [], None
-    for number in range(row["warmup"] + row["steps"]):
-        started = time.perf_counter()
-        state, metrics = compiled(state, inputs, labels, jax.device_put(np.int32(number), step_sharding))
-        jax.block_until_ready((state, metrics))
-        elapsed = time.perf_counter() - started
-        first = elapsed if first is None else first
-        if number >= row["warmup"]:
-            times.append(elapsed)
-        if len(times) >= 3 and time.perf_counter() + max(times) > STARTED + row["limit_seconds"] - 5:
-            break
+    ran = step.timed(compiled, arguments, image_shape, row["warmup"], row["steps"], STARTED + row["limit_seconds"] - 5)
+    times = ran["times"]
     result = {"status": "ok", "median_step_seconds": statistics.median(times), "steps": len(times),
-              "warmup_steps": row["warmup"], "compile_seconds": seconds, "first_step_seconds": first,
-              "loss": float(metrics["loss"]), "class_balance": losses.class_balance(config.class_balance, True),
+              "warmup_steps": row["warmup"], "compile_seconds": seconds, "first_step_seconds": ran["first"],
+              "loss": float(ran["metrics"]["loss"]), "class_balance": losses.class_balance(config.class_balance, True),
               "parameters": int(sum(np.prod(v.shape) for v in step.model.trainable_variables)),
               "device_compiler": figures, "device": device.device_kind, "versions": versions(),
               **device_readings.device_figures(device)}
     if row.get("trace_dir"):
-        result["kernels"] = traced_kernels(row, step.model, compiled, state, inputs, labels, step_sharding)
+        result["kernels"] = traced_kernels(row, step.model, compiled, ran["state"], ran["inputs"], ran["labels"],
+                                           ran["step_sharding"])
     return result
 
 
