@@ -22,15 +22,13 @@ class Entry:
         page: the docs page that explains it (a file name under docs/, with an anchor if one fits).
         headline: the file's figures in one cell, computed from its parsed contents.
         date: only for files that cannot hold a `date` field (a JSON list, JSON lines, a file keyed by network).
-        rows: for a file of several figures, each with its own date: (date, what, headline, command, page) rows.
     """
 
     what: str
     command: str
     page: str
-    headline: Optional[Callable[[Any], str]]
+    headline: Callable[[Any], str]
     date: Optional[str] = None
-    rows: Optional[Callable[[Any], list]] = None
 
 
 def _by(rows, **match):
@@ -170,19 +168,16 @@ def _zoo(data):
             f"{worst:.1e} of one device; memory at 4-way 128³ {min(ratios):.2f}–{max(ratios):.2f}× a quarter")
 
 
-def _by_hand_rows(data):
-    """One row per figure measured by hand: (date, what, headline, command, page)."""
-    rows = []
-    for entry in data["measurements"]:
-        figures = "; ".join(f"{key}: {value}" for key, value in entry["figures"].items())
-        page = entry["page"][len("docs/"):] if entry["page"].startswith("docs/") else f"../{entry['page']}"
-        rows.append((entry["date"], entry["what"], figures, f"`{entry['command']}`", page))
-    return rows
+def _by_hand(data):
+    pages = sorted({entry["page"].split("/")[-1] for entry in data["measurements"]})
+    return f"{len(data['measurements'])} figures no script writes, each with its date and command; cited by " + \
+        ", ".join(pages)
 
 
 CATALOGUE = {
     "by_hand.json": Entry(
-        "figures measured by hand", "each entry's `command`", "measurements.md", None, rows=_by_hand_rows),
+        "figures measured by hand (the demo, the suite's time, the H200 check, ...)", "each entry's `command`",
+        "testing.md#how-long-it-takes-measured", _by_hand),
     "context_matters.json": Entry(
         "whole volumes against patches, where context decides", "`benchmarks/learning/context_matters.py`",
         "context.md", _context),

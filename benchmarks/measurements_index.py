@@ -60,15 +60,11 @@ def render(results=RESULTS):
     if gone:
         raise SystemExit(f"benchmarks/measurements_catalogue.py lists {', '.join(gone)}, which benchmarks/results/ "
                          f"does not hold: remove its entry")
-    rows, by_hand = [], []
+    rows = []
     for name in names:
         entry, data = measurements_catalogue.CATALOGUE[name], _load(os.path.join(results, name))
-        if entry.rows:
-            by_hand += entry.rows(data)
-        else:
-            rows.append((_date(name, data, entry), name, entry.what, entry.headline(data), entry.command, entry.page))
+        rows.append((_date(name, data, entry), name, entry.what, entry.headline(data), entry.command, entry.page))
     rows.sort(key=lambda row: (row[0], row[1]), reverse=True)
-    by_hand.sort(key=lambda row: (row[0], row[1]), reverse=True)
     lines = [
         "# Measurements",
         "",
@@ -84,12 +80,6 @@ def render(results=RESULTS):
     for date, name, what, headline, command, page in rows:
         lines.append(f"| {date} | [{name}](../benchmarks/results/{name}) | {_cell(what)} | {_cell(headline)} "
                      f"| {_cell(command)} | {_link(page)} |")
-    lines += ["", "## Measured by hand", "",
-              "Figures no benchmark script writes, each with its own date and command, kept in",
-              "[by_hand.json](../benchmarks/results/by_hand.json).", "",
-              "| date | what | figures | command | page |", "| --- | --- | --- | --- | --- |"]
-    for date, what, headline, command, page in by_hand:
-        lines.append(f"| {date} | {_cell(what)} | {_cell(headline)} | {_cell(command)} | {_link(page)} |")
     return "\n".join(lines) + "\n"
 
 
