@@ -1,7 +1,7 @@
 """benchmarks/peer/peer_bench.py: the same networks under PyTorch and fullres, side by side (issue 49).
 
 Fast: the JSON's ratios are the rows' own figures divided, candidates by name run their bfloat16 rows first, and the
-image's lock holds no PyTorch. Slow (each imports torch, or traces a step): the PyTorch side's loss is fullres's own
+the demo's and the image's locks hold no PyTorch. Slow (each imports torch, or traces a step): the PyTorch side's loss is fullres's own
 (same logits, same labels: the same number), PlainConvUNet and MONAI's UNet are the zoo's ports weight for weight
 (every weight's shape, as a multiset), a fullres row compiles with its candidate's XLA options, a PyTorch row's
 process, and the whole command at tiny sizes on the CPU, every row in its own process, as the device runs it.
@@ -32,7 +32,7 @@ def load(name: str):
     return module
 
 
-def test_the_test_environment_has_pytorch_and_the_image_does_not():
+def test_the_test_environment_has_pytorch_and_neither_the_demo_nor_the_image_does():
     uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in UV
     assert uv, "uv is not on PATH; run the tests with `python3 -m uv run pytest`"
 
@@ -43,9 +43,10 @@ def test_the_test_environment_has_pytorch_and_the_image_does_not():
         return set(re.findall(r"^([a-z0-9][a-z0-9._-]*)==", exported.stdout, flags=re.M))
 
     peer = {"torch", "monai", "dynamic-network-architectures"}
-    assert peer <= locked()  # the README's test command: the dev group, which includes peer
-    image = locked("--no-dev")  # the Dockerfile's `uv sync --locked --no-dev`
-    assert not peer & image and not any(name.startswith("nvidia-") for name in image)
+    assert peer <= locked("--group", "peer")  # the README's test command adds the group
+    heavy = peer | {"triton"}  # with the nvidia-* wheels: PyTorch's CUDA build, 5.3 GB
+    for environment in (locked(), locked("--no-dev")):  # the demo's `uv run --locked` (default groups); the image's
+        assert not heavy & environment and not any(name.startswith("nvidia-") for name in environment)
 
 
 @pytest.mark.slow  # `import torch` in the test's process: 9.8 s on the loaded machine (fast tier: 2026-11-28)
