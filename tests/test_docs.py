@@ -15,7 +15,7 @@ DOCS = os.path.join(REPOSITORY, "docs")
 PAGE_LIMIT = 15 * 1024
 TOTAL_LIMIT = 200 * 1024
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-SCRIPT = re.compile(r"\bbenchmarks/[\w/]+\.py\b")
+SCRIPT = re.compile(r"(?<![\w/])benchmarks/[\w/]+\.py\b")
 # The project's process in user docs: "issue 49", "issues 28-32", "#50", "round 6", the team, its sessions.
 PROCESS_WORDS = re.compile(r"\bissues? \d|(?<![\w/&])#\d|\bround \d|\bthe lead\b|\bengineers?\b|\bsessions?\b"
                            r"|\bturn \d", re.IGNORECASE)

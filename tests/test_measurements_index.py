@@ -1,4 +1,4 @@
-"""benchmarks/measurements_index.py: docs/measurements.md is the results' index, written from the results themselves.
+"""docs/measurements_index.py: docs/measurements.md is the results' index, written from the results themselves.
 
 The committed page equals a fresh generation (so a figure in it cannot drift from its JSON); every result file has a
 row; a file without an entry, an entry without its file, or a result without a date stops the generator with one
@@ -13,14 +13,14 @@ import sys
 
 import pytest
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCHMARKS = os.path.join(REPOSITORY, "benchmarks")
-RESULTS = os.path.join(BENCHMARKS, "results")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(REPOSITORY, "docs")
+RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
 
 
 def load(name: str):
-    sys.path.insert(0, BENCHMARKS)  # the index imports its catalogue as the command runs it
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
+    sys.path.insert(0, DOCS)  # the index imports its catalogue as the command runs it
+    spec = importlib.util.spec_from_file_location(name, os.path.join(DOCS, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,7 +43,7 @@ def test_the_committed_page_is_a_fresh_generation(index):
         committed = file.read()
     assert committed == index.render(), (
         "docs/measurements.md differs from benchmarks/results/: run "
-        "`python3 -m uv run python benchmarks/measurements_index.py` and commit it")
+        "`python3 -m uv run python docs/measurements_index.py` and commit it")
 
 
 def test_every_result_file_has_a_row_with_its_date_command_and_page(index):

@@ -1,14 +1,14 @@
 """Write docs/measurements.md: one row for every result in benchmarks/results/, read from the result itself.
 
-    python3 -m uv run python benchmarks/measurements_index.py            # write docs/measurements.md
-    python3 -m uv run python benchmarks/measurements_index.py --check    # exit 1 if the page differs
+    python3 -m uv run python docs/measurements_index.py            # write docs/measurements.md
+    python3 -m uv run python docs/measurements_index.py --check    # exit 1 if the page differs
 
 Each row says what the file measures, its date, its headline figures (read from the file, so the page cannot
 drift from its data), the command that wrote it and the page that explains it. The date is the file's own
 `date` (or `when`) field; files shaped with no place for one carry it in their entry of
 `measurements_catalogue.CATALOGUE`. A result file without an entry, or an entry without its file, stops the script
 with the name of what to add.
-`tests/benchmarks/test_measurements_index.py` fails when the committed page differs from a fresh one.
+`tests/test_measurements_index.py` fails when the committed page differs from a fresh one.
 """
 
 import argparse
@@ -55,10 +55,10 @@ def render(results=RESULTS):
     missing = [name for name in names if name not in measurements_catalogue.CATALOGUE]
     if missing:
         raise SystemExit(f"benchmarks/results/ holds {', '.join(missing)} without an entry in "
-                         f"benchmarks/measurements_catalogue.py's CATALOGUE: add one (what, command, page, headline)")
+                         f"docs/measurements_catalogue.py's CATALOGUE: add one (what, command, page, headline)")
     gone = [name for name in measurements_catalogue.CATALOGUE if name not in names]
     if gone:
-        raise SystemExit(f"benchmarks/measurements_catalogue.py lists {', '.join(gone)}, which benchmarks/results/ "
+        raise SystemExit(f"docs/measurements_catalogue.py lists {', '.join(gone)}, which benchmarks/results/ "
                          f"does not hold: remove its entry")
     rows = []
     for name in names:
@@ -72,7 +72,7 @@ def render(results=RESULTS):
         "(read from the file), the command that wrote it and the page that explains it. \"Here\" is a 2-core CPU",
         "machine without an accelerator unless the page says otherwise. The benchmarks and how long each takes:",
         "[benchmarks/README.md](../benchmarks/README.md). This page is written from the files by",
-        "`python3 -m uv run python benchmarks/measurements_index.py`, and a test fails when it differs from them.",
+        "`python3 -m uv run python docs/measurements_index.py`, and a test fails when it differs from them.",
         "",
         "| date | file | what | headline | command | page |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -92,7 +92,7 @@ def main(argv=None):
         with open(PAGE, encoding="utf-8") as file:
             if file.read() != page:
                 print("docs/measurements.md differs from benchmarks/results/: run "
-                      "`python3 -m uv run python benchmarks/measurements_index.py` and commit it", file=sys.stderr)
+                      "`python3 -m uv run python docs/measurements_index.py` and commit it", file=sys.stderr)
                 return 1
         return 0
     with open(PAGE, "w", encoding="utf-8") as file:
