@@ -1,6 +1,6 @@
 """The README and docs/ speak to users: pages a reader finishes, links that lead somewhere, no words of the team.
 
-Every page of docs/ is at most 15 KiB and all of them together at most 200 KiB; every relative link in the README
+Every page of docs/ is at most 15 KB and all of them together at most 200 KB; every relative link in the README
 and docs/ points at a file that exists and, with `#anchor`, at a heading of that page; every `benchmarks/...py`
 script the docs name exists; and no page speaks of the project's own process (issue numbers, the team, sessions).
 """
@@ -12,8 +12,8 @@ import pytest
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPOSITORY, "docs")
-PAGE_LIMIT = 15 * 1024
-TOTAL_LIMIT = 200 * 1024
+PAGE_LIMIT = 15 * 1000  # the KB of the docs' own sizes (348 KB was 348,527 bytes)
+TOTAL_LIMIT = 200 * 1000
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 SCRIPT = re.compile(r"(?<![\w/])benchmarks/[\w/]+\.py\b")
 # The project's process in user docs: "issue 49", "issues 28-32", "#50", "round 6", the team, its sessions.
