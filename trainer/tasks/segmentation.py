@@ -69,11 +69,13 @@ class SegmentationTask:
             raise ValueError(f"{flag} {value} holds {data.kind} of {channels} channel(s) but the model takes "
                              f"{self.config.model.in_channels}; pass --set model.in_channels={channels}"
                              f"{' (or --preset video)' if channels == 3 else ''}.")
+        # What an unlabelled conversion is, and how to label it, in the words of its kind.
+        video = data.kind == tfrecord_schema.VIDEO_RECORDS
+        what = "clips of videos without masks" if video else "an unlabelled conversion"
+        fix = ("convert the videos with their masks (fullres preprocess video with a PNG folder named like each "
+               "video, Annotations/ or --labels)" if video else "convert the scans again with --labels naming their "
+               "label maps")
         if not training and not [v for v in data.label_values if v > 0]:  # as training refuses them, below
-            what = ("clips of videos without masks" if data.kind == tfrecord_schema.VIDEO_RECORDS
-                    else "an unlabelled conversion")
-            fix = ("convert the videos with their masks (a PNG folder named like each video, or Annotations/)"
-                   if data.kind == tfrecord_schema.VIDEO_RECORDS else "convert the scans again with --labels")
             raise ValueError(f"{flag} {value} holds no labelled pixels ({data.summary_path} lists no label value "
                              f"above 0: {what}), so its Dice would score the model against background alone; {fix} "
                              "to score the model on them, or segment them with fullres predict.")
@@ -92,9 +94,8 @@ class SegmentationTask:
             if not [v for v in values if v > 0]:
                 listed = f"label values {', '.join(map(str, values))} only" if values else "no label values"
                 raise ValueError(
-                    f"{flag} {value} holds no labelled voxels ({data.summary_path} lists {listed}: an unlabelled "
-                    "conversion), so the model would learn to predict background everywhere; convert the scans "
-                    "again with --labels naming their label maps.")
+                    f"{flag} {value} holds no labelled {'pixels' if video else 'voxels'} ({data.summary_path} lists "
+                    f"{listed}: {what}), so the model would learn to predict background everywhere; {fix}.")
         shapes = data_set.ct_shapes(data)
         if len(shapes) > 1:
             first, other = ("x".join(map(str, shape)) for shape in shapes[:2])
