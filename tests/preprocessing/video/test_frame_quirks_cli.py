@@ -73,22 +73,30 @@ def test_jpeg_frames_with_exif_orientation_are_read_upright_and_their_masks_line
     for t, picture in enumerate(pictures):
         Image.fromarray(picture).convert("RGB").save(upright / f"{t:05d}.jpg", quality=95)
     _phone_frames(tmp_path / "clips" / "phone", pictures)
+    _phone_frames(tmp_path / "clips" / "phone_masks", pictures)
     masks = (pictures == 240).astype(np.uint8)  # the square, drawn on the upright picture
     for video in ("upright", "phone"):
         video_makers.write_masks(tmp_path / "masks" / video, masks)
+    (tmp_path / "masks" / "phone_masks").mkdir()
+    for t, mask in enumerate(masks):  # masks stored turned too, with the tag that turns them upright
+        image, exif = Image.fromarray(np.ascontiguousarray(np.rot90(mask, 1))), Image.Exif()
+        image.putpalette([0, 0, 0, 255, 0, 0])
+        exif[0x0112] = 6
+        image.save(tmp_path / "masks" / "phone_masks" / f"{t:05d}.png", exif=exif)
     result = _preprocess(tmp_path, tmp_path / "clips", "--labels", str(tmp_path / "masks"), "--fit", "resize")
     assert result.exit_code == 0, result.output
     assert _letters(tmp_path / "out") == {}
     found = video_makers.clip_frames(tmp_path / "out")
-    assert sorted(found) == ["phone@00000", "upright@00000"]
+    assert sorted(found) == ["phone@00000", "phone_masks@00000", "upright@00000"]
     # The phone's frames are the upright frames (within JPEG's few levels), not the same picture turned.
     assert np.max(np.abs(np.subtract(found["phone@00000"][2], found["upright@00000"][2]))) <= 2
     from trainer.data import ct_input
 
     examples = {e["case_id"]: e for e in ct_input.read_examples(str(tmp_path / "out" / "data-*"))}
-    np.testing.assert_array_equal(examples["phone@00000"]["label"], examples["upright@00000"]["label"])
-    image, label = examples["phone@00000"]["image"][..., 0], examples["phone@00000"]["label"]
-    assert image[label == 1].mean() > image[label == 0].mean() + 0.2  # the mask lies on the square
+    for video in ("phone", "phone_masks"):
+        np.testing.assert_array_equal(examples[f"{video}@00000"]["label"], examples["upright@00000"]["label"])
+        image, label = examples[f"{video}@00000"]["image"][..., 0], examples[f"{video}@00000"]["label"]
+        assert image[label == 1].mean() > image[label == 0].mean() + 0.2  # the mask lies on the square
 
 
 def test_a_symlinked_video_folder_is_read_like_the_others(tmp_path):
