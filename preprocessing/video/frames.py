@@ -35,8 +35,9 @@ SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # how Pillow opens
 
 
 def upright(image: Image.Image) -> Image.Image:
-    """`image` turned as its EXIF Orientation says it is shown (itself, if it has none)."""
-    return ImageOps.exif_transpose(image) or image
+    """`image`, turned in place as its EXIF Orientation says it is shown (untouched, not copied, if it has none)."""
+    ImageOps.exif_transpose(image, in_place=True)
+    return image
 
 
 def read_frame(path: str) -> np.ndarray:

@@ -129,8 +129,8 @@ def _nearest_valid_sizes(size: int, multiple: int) -> str:
 
 
 def _use(name: str, sizes: str, smallest: int) -> str:
-    """"use depth 8 or more": what to make dimension `name` instead, `sizes` (the smallest of them `smallest`); a
-    clip's length in the words of the conversion that sets it.
+    """What to make dimension `name` instead (`sizes`, the smallest of them `smallest`), e.g. "use depth 8 or more";
+    a clip's length in the words of the conversion that sets it.
 
     >>> _use(CLIP_LENGTH, "8 or more", 8)
     'use clips of 8 or more frames (fullres preprocess video --clip-length 8)'
