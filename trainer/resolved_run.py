@@ -4,8 +4,8 @@
 for before it starts is asked in `resolve`, in this order, each refusal one sentence, every folder left as it was:
 
 1. the devices: a split the devices present cannot hold (a resume: by the device counts its run fits);
-2. the network: a user's file, function and output, and its measured downsampling;
-3. the data: records the task can use (`Task.check_data`), held-out data preprocessed as the training data;
+2. the data: records the task can use (`Task.check_data`), held-out data preprocessed as the training data;
+3. the network: a user's file, function and output, and its measured downsampling;
 4. the output: a damaged run, a model without its checkpoints, a folder fullres did not write or one that
    overlaps the data (`output_guard`), a folder another run is writing (its lock, held from here to the end);
 5. the partition: "auto" chosen for the devices present and the data's shape (`layout_choice`);
@@ -70,17 +70,17 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
         raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
     devices = tuple(jax.devices())
     resume_devices.check(config, len(devices))  # a split the devices cannot hold is named before the data are read
-    # The network's own checks (a user's: its file, its function, its output; measured downsampling).
-    partitioning.per_axis(config.model.downsampling_levels, config.model.spatial_dims)
     # The data are judged before the output: a run refused for its data leaves no run folder behind.
     task = registry.make_task(config)
     task.check_data(config.train_data, "--train", training=True)
-    trained_on = run_data.data_fingerprint(config.train_data)
-    eval_note = None
+    trained_on = eval_note = None  # the training data's fingerprint: read here for --eval, else by the resume check
     if config.eval_data:
         task.check_data(config.eval_data, "--eval", training=False)
+        trained_on = run_data.data_fingerprint(config.train_data)
         eval_note = run_data.check_eval(trained_on, f"--train {config.train_data}", config.eval_data,
                                         eval_across_preprocessings)
+    # The network's own checks (a user's: its file, its function, its output; measured downsampling).
+    partitioning.per_axis(config.model.downsampling_levels, config.model.spatial_dims)
     run_record.check_resumable(config.output_dir)  # a damaged train_config.json, or a model without checkpoints
     output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
                                                          "evaluation data": config.eval_data})
