@@ -118,9 +118,15 @@ def traced_split(function, input_partition_dims, device_mesh=None):
 
 def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
                     dilation_rate=1):
-    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `subpixel_everywhere`."""
+    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `subpixel_everywhere` (or where
+    the run's measured kernel choice names it: `kernel_layers.chosen`)."""
+    from trainer.parallel import kernel_layers
+
     original = _ORIGINAL["conv_transpose"]
-    if not active() and not _SUBPIXEL_EVERYWHERE.get():
+    value = kernel_layers.chosen("transposed convolution", inputs, kernel, {
+        "strides": strides, "padding": padding, "output_padding": output_padding, "data_format": data_format,
+        "dilation_rate": dilation_rate})
+    if not active() and (value or ("subpixel" if _SUBPIXEL_EVERYWHERE.get() else "xla")) != "subpixel":
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend
     from keras.src.backend.common import backend_utils
