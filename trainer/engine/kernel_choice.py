@@ -96,7 +96,8 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
     choice = Choice(measured if kept else config, table if kept else {})
     seconds = round(time.perf_counter() - started, 3)
     record = {"choose": "measure", "device": cache.key, "seconds": seconds, "measurements": budget.timings,
-              "served": "cache" if budget.timings == 0 else "measured",
+              "served": "cache" if rows and all(row.get("cached") for row in rows.values()) and (
+                  step.get("cached") is not False) else "measured",
               "measure_seconds": config.measure_seconds,
               "layers": [{"layer": layer, "kind": signatures[key].kind, "signature": key,
                           "per_device_shape": list(signatures[key].per_device_shape(replicas)), **rows[key],

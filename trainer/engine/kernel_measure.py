@@ -3,7 +3,7 @@
 For a `kernel_layers.Signature` and each candidate value of its kind (`kernels.candidates`), the op is traced as
 the step traces it (Keras's JAX backend, the candidate set by `kernels.using`, the split's formulation by
 `split_ops.splitting`) on one device's block of the input (`Signature.per_device_shape`), compiled, run `WARMUP`
-times and then timed `REPEATS` times; its time is the median. Candidates whose programs are the same text (a
+times and then timed `REPEATS` times (`seconds`); its time is the median. Candidates whose programs are the same text (a
 candidate that does not apply to this op, e.g. the per-tap weight gradient of a grouped convolution) share one
 timing. A candidate that does not compile is left out, with why. The clock is `Budget`'s: no candidate starts
 after its deadline.
@@ -28,6 +28,7 @@ import numpy as np
 
 WARMUP = 2
 REPEATS = 5
+SAMPLE_SECONDS = 0.01
 
 
 @dataclasses.dataclass
@@ -93,17 +94,22 @@ def lower(signature, field: str, value: str, replicas: int):
 
 
 def seconds(compiled, arguments, repeats: int = REPEATS) -> float:
-    """The median of `repeats` timed runs of `compiled` after `WARMUP` untimed ones."""
+    """The median of `repeats` timed samples of `compiled` after `WARMUP` untimed runs; a sample is the mean of as
+    many runs as fill `SAMPLE_SECONDS` (one, for a program that long), so that a program of microseconds is not
+    timed by the host's scheduler."""
     import jax
 
+    started = time.perf_counter()
     for _ in range(WARMUP):
         jax.block_until_ready(compiled(*arguments))
-    times = []
+    runs = max(1, min(1000, int(SAMPLE_SECONDS / max((time.perf_counter() - started) / WARMUP, 1e-9))))
+    samples = []
     for _ in range(repeats):
         started = time.perf_counter()
-        jax.block_until_ready(compiled(*arguments))
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for _ in range(runs):
+            jax.block_until_ready(compiled(*arguments))
+        samples.append((time.perf_counter() - started) / runs)
+    return statistics.median(samples)
 
 
 def measure(signature, values, replicas: int, budget: Budget, compiler_options: dict | None = None,
