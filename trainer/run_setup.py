@@ -112,7 +112,8 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
     if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
-    kernels = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log)
+    kernels = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log,
+                             run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
     train_step = distributed.RunTogether(
         program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels.kernels,
@@ -148,9 +149,9 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
 
 
 def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
-                   log: Callable[[str], None]) -> kernel_choice.Choice:
-    """The run's kernels (`engine.kernel_choice`): `config.kernels` as set, or measured on the run's device (a
-    resume: as its run_record.json recorded them)."""
+                   log: Callable[[str], None], recorded: dict | None = None) -> kernel_choice.Choice:
+    """The run's kernels (`engine.kernel_choice`): `config.kernels` as set, or measured on the run's device;
+    `recorded`: the choice the run being resumed recorded (run_record.json's), which it keeps."""
     import jax
 
     arguments = compiled_step.step_arguments(task, state, distribution, image_shape)
@@ -167,6 +168,5 @@ def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distr
         compiled, _ = xla_compile.compile(step_of(kernels, layers).lower(*arguments))
         return kernel_choice.step_seconds(compiled, arguments, placement.place_state(state, distribution))
 
-    recorded = run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY)
     return kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
                                 discover, time_step, recorded, log, jax.process_count())

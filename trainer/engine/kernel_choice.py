@@ -77,6 +77,7 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
         if layer not in layers[signature.key]:
             layers[signature.key].append(layer)
         signatures[signature.key] = signature
+    discovered = time.perf_counter()
     cache = kernel_cache.KernelCache.open(config.cache or kernel_cache.default_path(), kernel_cache.device_key(device),
                                           log)
     budget = kernel_measure.Budget(started + config.measure_seconds)
@@ -90,12 +91,16 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
     table = {key: row["choice"] for key, row in rows.items()
              if row["choice"] != getattr(config, kernels.KINDS[signatures[key].kind])}
     measured = dataclasses.replace(config, xla_flags=chosen_flags)
+    timed = time.perf_counter()
     step = _compare_steps(config, measured, table, layers, replicas, cache, budget, time_step)
     cache.save(log)
     kept = step["kept"] == "measured"
     choice = Choice(measured if kept else config, table if kept else {})
     seconds = round(time.perf_counter() - started, 3)
+    phases = {"trace": discovered - started, "candidates": timed - discovered, "step_comparison": time.perf_counter()
+              - timed}  # the bound (measure_seconds) counts from the start and stops candidates, not the comparison
     record = {"choose": "measure", "device": cache.key, "seconds": seconds, "measurements": budget.timings,
+              "phase_seconds": {name: round(value, 3) for name, value in phases.items()},
               "served": "cache" if rows and all(row.get("cached") for row in rows.values()) and (
                   step.get("cached") is not False) else "measured",
               "measure_seconds": config.measure_seconds,
