@@ -16,7 +16,8 @@ import numpy as np
 
 from trainer import config as config_lib, trained_run
 from trainer.engine import checkpoints, kernel_choice, placement, program, run_files, run_record
-from trainer.parallel import device_mesh, distributed, kernel_layers, partitioning, xla_compile
+from trainer.parallel import device_mesh, distributed, partitioning, xla_compile
+from trainer.parallel import kernels as kernels_lib
 from trainer.plan import compiled_step, gathers, layout_choice
 from trainer.tasks import registry
 
@@ -160,7 +161,7 @@ def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distr
         return program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels, layers)
 
     def discover():
-        with kernel_layers.recording() as found:
+        with kernels_lib.recording() as found:
             step_of(config.kernels, None).trace(*arguments)
         return found
 

@@ -9,7 +9,7 @@ field's value.
 Example:
     >>> import jax.numpy as jnp
     >>> with recording() as found:
-    ...     chosen("normalization", jnp.zeros((2, 4, 4, 3)), None, {"axes": (1, 2), "keepdims": True})
+    ...     chosen("normalization", jnp.zeros((2, 4, 4, 3)), None, {"axes": (1, 2), "keepdims": True}, (1, 1))
     >>> [signature.kind for _, signature in found], found[0][1].per_device_shape(replicas=2)
     (['normalization'], (1, 4, 4, 3))
 """
@@ -38,11 +38,7 @@ def choice(layers: dict | None):
 @contextlib.contextmanager
 def recording():
     """Collects `(layer, Signature)` for every op of `kernels.KINDS` traced inside (the layer: Keras's name scope
-    path)."""
-    from trainer.parallel import kernels, split_ops
-
-    kernels.install()  # the ops note their signatures whether or not a step swaps any of them
-    split_ops.install()
+    path); `kernels.recording` also routes the ops through fullres, which a step with the default kernels does not."""
     found = []
     token = _RECORDING.set(found)
     try:
@@ -98,19 +94,17 @@ def _frozen(value):
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
-def chosen(kind: str, x, kernel, options: dict) -> str | None:
-    """The value the op being traced (of `kind`, on `x` with `kernel` and `options`) has in the run's measured
-    choice; None where no choice names it (the field's value applies). While `recording`, its signature is noted."""
-    from trainer.parallel import split_ops
-
+def chosen(kind: str, x, kernel, options: dict, split: tuple[int, ...]) -> str | None:
+    """The value the op being traced (of `kind`, on `x` with `kernel` and `options`, each spatial axis split as
+    `split`) has in the run's measured choice; None where no choice names it (the field's value applies). While
+    `recording`, its signature is noted."""
     layers, found = _CHOICE.get(), _RECORDING.get()
     if not layers and found is None:
         return None
-    spatial = len(x.shape) - 2
     signature = Signature(kind, tuple(int(n) for n in x.shape), tuple(int(n) for n in getattr(kernel, "shape", ())),
                           str(x.dtype), str(getattr(kernel, "dtype", "")),
                           tuple((name, _frozen(json.loads(json.dumps(value)))) for name, value in options.items()),
-                          split_ops.spatial_parts(spatial) if split_ops.active() else (1,) * spatial)
+                          tuple(split))
     if found is not None:
         from keras.src.backend.common import name_scope
 

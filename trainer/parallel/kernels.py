@@ -173,6 +173,17 @@ def using(config: KernelsConfig | None, layers: dict | None = None):
         _CURRENT.reset(token)
 
 
+@contextlib.contextmanager
+def recording():
+    """`kernel_layers.recording`, with the ops it notes routed through fullres (`install`) whatever the step's kernels."""
+    from trainer.parallel import split_ops
+
+    install()
+    split_ops.install()
+    with kernel_layers.recording() as found:
+        yield found
+
+
 def for_platform(config: KernelsConfig | None, platform: str) -> KernelsConfig:
     """`config` as a program for `platform` ("tpu", "gpu", "cuda", "cpu") computes it: a TPU program keeps XLA's
     weight gradients. The TPU compiler computes them natively, and the per-tap products there pad each narrow
@@ -201,8 +212,11 @@ def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation
     """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"` (the layer's own value in a
     measured choice)."""
     original = _ORIGINAL["conv"]
-    value = kernel_layers.chosen("convolution", inputs, kernel, {"strides": strides, "padding": padding, "data_format": data_format,
-                                                   "dilation_rate": dilation_rate}) or current().conv_weight_grad
+    from trainer.parallel import split_ops
+
+    options = {"strides": strides, "padding": padding, "data_format": data_format, "dilation_rate": dilation_rate}
+    value = kernel_layers.chosen("convolution", inputs, kernel, options,
+                                 split_ops.split_of(len(inputs.shape) - 2)) or current().conv_weight_grad
     if value != "taps":
         return original(inputs, kernel, strides, padding, data_format, dilation_rate)
     from keras.src import backend
@@ -219,7 +233,10 @@ def _moments(x, axes, keepdims=False, synchronized=False):
     """Keras's JAX `moments`, in one pass under `norm="fused"` (the layer's own value in a measured choice)."""
     original = _ORIGINAL["moments"]
     axes = tuple(sorted(a % len(x.shape) for a in ((axes,) if isinstance(axes, int) else axes)))
-    value = kernel_layers.chosen("normalization", x, None, {"axes": axes, "keepdims": keepdims}) or current().norm
+    from trainer.parallel import split_ops
+
+    value = kernel_layers.chosen("normalization", x, None, {"axes": axes, "keepdims": keepdims},
+                                 split_ops.split_of(len(x.shape) - 2)) or current().norm
     if value != "fused" or synchronized:
         return original(x, axes, keepdims, synchronized)
     from trainer.parallel import fused_norm

@@ -62,6 +62,12 @@ def spatial_parts(spatial_dims: int) -> tuple[int, ...]:
     return tuple(parts) if len(parts) == spatial_dims else (math.lcm(*parts),) * spatial_dims
 
 
+def split_of(spatial_dims: int) -> tuple[int, ...]:
+    """How many ways each spatial axis of an activation traced now is split: `spatial_parts` under a split, 1s
+    otherwise."""
+    return spatial_parts(spatial_dims) if active() else (1,) * spatial_dims
+
+
 def mesh():
     """The `jax.sharding.Mesh` the traced model is split over (`splitting`'s, else a splitting `SpatialParallel`'s);
     None where none is known (a shape-only trace), and the ops that need one (ring attention) are then Keras's."""
@@ -125,7 +131,7 @@ def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=N
     original = _ORIGINAL["conv_transpose"]
     value = kernel_layers.chosen("transposed convolution", inputs, kernel, {
         "strides": strides, "padding": padding, "output_padding": output_padding, "data_format": data_format,
-        "dilation_rate": dilation_rate})
+        "dilation_rate": dilation_rate}, split_of(len(inputs.shape) - 2))
     if not active() and (value or ("subpixel" if _SUBPIXEL_EVERYWHERE.get() else "xla")) != "subpixel":
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend

@@ -17,7 +17,7 @@ import keras
 import pytest
 
 from trainer.engine import kernel_cache, kernel_choice, kernel_measure
-from trainer.parallel import conv_taps, kernel_layers, kernels
+from trainer.parallel import conv_taps, kernels
 
 CPU = jax.devices()[0]
 
@@ -51,7 +51,7 @@ def _gradient(model):
 
 def _discover(names=ALL, channels=4):
     model, state, x = _network(names, channels)
-    with kernel_layers.recording() as found:
+    with kernels.recording() as found:
         jax.make_jaxpr(_gradient(model))(*state, x)
     return found
 

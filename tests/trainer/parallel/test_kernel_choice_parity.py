@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer import kernel_network
 from tests.trainer.zoo import step
-from trainer.parallel import conv_taps, fused_norm, kernel_layers, kernels
+from trainer.parallel import conv_taps, fused_norm, kernels
 
 SPLITS = {"one device": (1, 1, 1, 1), "split 2x2": (1, 2, 2, 1)}
 
@@ -24,7 +24,7 @@ def _run(dims, layers=None):
 @pytest.mark.slow  # 4 float64 compiles of a 9-layer network
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_a_per_layer_choice_equals_the_fixed_kernels_in_float64(split):
-    with kernel_layers.recording() as found:
+    with kernels.recording() as found:
         reference = _run(SPLITS[split])
     assert reference.gathered == [] and reference.float32_values == 0
     signatures = {}
