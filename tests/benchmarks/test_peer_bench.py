@@ -125,12 +125,16 @@ def test_a_pytorch_row_measures_a_step_and_names_what_cannot_run_here():
     assert skipped["status"] == "not_run" and "CUDA only" in skipped["error"]
 
 
-@pytest.mark.slow  # a process importing fullres, measuring a tiny PlainConvUNet's kernels and stepping it
+@pytest.mark.slow  # a process importing fullres, tracing a tiny PlainConvUNet's step and stepping it
 def test_a_measure_row_says_what_it_chose_per_layer_kind_and_how_long_it_measured(tmp_path):
+    """The row goes through the choice `fullres train` makes (here with no time to time candidates: every layer
+    keeps the fixed kernels, and no second compile of the step; tests/trainer/parallel/test_kernel_choice.py and
+    test_kernel_choice_run.py time them)."""
     peer_bench = load("peer_bench")
+    sets = [peer_bench.MEASURE[0], "kernels.measure_seconds=0"]
     row = {"side": "fullres", "network": "nnunet_plain", "name": "fullres float32 measure", "tiny": True, "size": 16,
            "batch_size": 1, "steps": 2, "warmup": 1, "mode": None, "precision": "float32", "limit_seconds": 600,
-           "sets": peer_bench.MEASURE, "platform": "cpu", "kernel_cache": str(tmp_path / "choices.json")}
+           "sets": sets, "platform": "cpu", "kernel_cache": str(tmp_path / "choices.json")}
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer", "peer_rows.py"), json.dumps(row)],
                             capture_output=True, text=True, timeout=900, cwd=REPOSITORY)
     found = [line for line in result.stdout.splitlines() if line.startswith("ROW_RESULT ")]
@@ -138,9 +142,11 @@ def test_a_measure_row_says_what_it_chose_per_layer_kind_and_how_long_it_measure
     measured = json.loads(found[-1][len("ROW_RESULT "):])
     assert measured["status"] == "ok" and measured["median_step_seconds"] > 0, measured
     chosen = measured["kernel_choice"]
-    assert chosen["served"] == "measured" and chosen["seconds"] > 0 and chosen["measurements"] > 0
+    assert chosen["seconds"] > 0 and chosen["measurements"] == 0 and chosen["step"]["kept"] == "fixed"
     assert set(chosen["by_kind"]) == {"convolution", "transposed convolution", "normalization"}
-    assert chosen["log"] and chosen["log"][-1].startswith("kernels: ")
+    assert all(set(counts) == {"fixed"} for counts in chosen["by_kind"].values())
+    assert chosen["not_reached"] == sum(sum(counts.values()) for counts in chosen["by_kind"].values())
+    assert len(chosen["log"]) == 1 and chosen["log"][0].startswith("kernels: ") and "not reached" in chosen["log"][0]
     assert (tmp_path / "choices.json").is_file()  # the command's own cache, not the user's
     status = peer_bench.table({"rows": [{**row, **measured}], "ratios": []}).splitlines()[2]
     assert f"measured in {chosen['seconds']:.0f} s: convolution " in status

@@ -231,11 +231,11 @@ def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation
 
 def _moments(x, axes, keepdims=False, synchronized=False):
     """Keras's JAX `moments`, in one pass under `norm="fused"` (the layer's own value in a measured choice)."""
-    original = _ORIGINAL["moments"]
-    axes = tuple(sorted(a % len(x.shape) for a in ((axes,) if isinstance(axes, int) else axes)))
     from trainer.parallel import split_ops
 
-    value = kernel_layers.chosen("normalization", x, None, {"axes": axes, "keepdims": keepdims},
+    original = _ORIGINAL["moments"]
+    sorted_axes = tuple(sorted(a % len(x.shape) for a in ((axes,) if isinstance(axes, int) else axes)))
+    value = kernel_layers.chosen("normalization", x, None, {"axes": sorted_axes, "keepdims": keepdims},
                                  split_ops.split_of(len(x.shape) - 2)) or current().norm
     if value != "fused" or synchronized:
         return original(x, axes, keepdims, synchronized)
