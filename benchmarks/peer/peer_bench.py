@@ -41,12 +41,22 @@ sys.path.insert(0, HERE)
 import zoo_kernels  # noqa: E402  (issue 49's candidates by name: the same names as its HLO counts)
 
 ROWS = os.path.join(HERE, "peer_rows.py")
-GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600}
+GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600,
+       "measure_seconds": 45}
 # A row's process on the loaded 2-core machine: 25-60 s for PyTorch's, 130-160 s for fullres's (imports, compile).
-TINY = {"tiny": True, "size": 16, "batch_size": 1, "steps": 3, "warmup": 1, "row_limit": 300, "limit": 1800}
+# --tiny's measure rows time no candidate (the CPU form shows that the rows run; the tests time candidates).
+TINY = {"tiny": True, "size": 16, "batch_size": 1, "steps": 3, "warmup": 1, "row_limit": 300, "limit": 1800,
+        "measure_seconds": 0}
 NETWORKS = ("nnunet_plain", "monai_unet")
-MEASURE_SECONDS = 45  # a measure row's bound on timing candidates (its compile and steps come on top)
-MEASURE = ["kernels.choose=measure", f"kernels.measure_seconds={MEASURE_SECONDS}"]
+MEASURE_SECONDS = GPU["measure_seconds"]  # a measure row's bound on timing candidates (its compiles and steps on top)
+
+
+def measure_sets(seconds: float = MEASURE_SECONDS) -> list[str]:
+    """The `--set` strings of a measure row."""
+    return ["kernels.choose=measure", f"kernels.measure_seconds={seconds:g}"]
+
+
+MEASURE = measure_sets()
 MIN_ROW_SECONDS = 10  # a row is not started with less of the command's time left
 # Issue 49's goals: (name, numerator row, denominator row, at most).
 GOALS = (("fullres float32 ÷ torch eager float32", "fullres float32", "torch eager float32", 1.0),
@@ -55,7 +65,7 @@ GOALS = (("fullres float32 ÷ torch eager float32", "fullres float32", "torch ea
          ("fullres best ÷ torch.compile float16 (nnU-Net's default)", "fullres best", "torch nnunet float16", 1.25))
 
 
-def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
+def planned_rows(networks, candidates: list[list[str]], measure: list[str] = MEASURE) -> list[dict]:
     """Every row in the order it runs: each network's five baseline rows, its two measured rows (bfloat16, float32),
     then its candidates' bfloat16 rows, then their float32 rows (what a `--limit` leaves out is the float32 half
     first)."""
@@ -69,7 +79,7 @@ def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
                          "name": name})
         for precision in ("bfloat16", "float32"):
             rows.append({"network": network, "side": "fullres", "mode": None, "precision": precision,
-                         "sets": list(MEASURE), "name": f"fullres {precision} [{' '.join(MEASURE)}]"})
+                         "sets": list(measure), "name": f"fullres {precision} [{' '.join(measure)}]"})
         for precision in ("bfloat16", "float32"):
             for sets in candidates:
                 rows.append({"network": network, "side": "fullres", "mode": None, "precision": precision,
@@ -202,7 +212,8 @@ def main(argv=None) -> int:
             "platform": "cpu" if args.tiny else "gpu"}
     started = time.perf_counter()
     deadline = started + args.limit
-    planned, rows = planned_rows(networks, candidates), []
+    measure = measure_sets(settings["measure_seconds"])
+    planned, rows = planned_rows(networks, candidates, measure), []
     with shared_autotuning(not args.tiny), tempfile.TemporaryDirectory(prefix="peer_bench_kernels_") as choices:
         for row in planned:
             left = deadline - time.perf_counter()
@@ -212,7 +223,7 @@ def main(argv=None) -> int:
                 trace = args.trace_dir if row["side"] == "fullres" and not row["sets"] else None
                 result = run_row({**base, **row, "trace_dir": trace and os.path.abspath(trace),
                                   "kernel_cache": os.path.join(choices, "choices.json")},
-                                 min(left, settings["row_limit"] + (MEASURE_SECONDS if row["sets"] == MEASURE else 0)))
+                                 min(left, settings["row_limit"] + (settings["measure_seconds"] if row["sets"] == measure else 0)))
             rows.append({**row, **result})
             print(table({"rows": rows[-1:], "ratios": []}).splitlines()[2], flush=True)
             # After every row: a command stopped from outside (the device call's own limit) keeps what it measured,

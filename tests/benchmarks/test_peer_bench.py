@@ -131,7 +131,7 @@ def test_a_measure_row_says_what_it_chose_per_layer_kind_and_how_long_it_measure
     keeps the fixed kernels, and no second compile of the step; tests/trainer/parallel/test_kernel_choice.py and
     test_kernel_choice_run.py time them)."""
     peer_bench = load("peer_bench")
-    sets = [peer_bench.MEASURE[0], "kernels.measure_seconds=0"]
+    sets = peer_bench.measure_sets(peer_bench.TINY["measure_seconds"])  # --tiny's: no candidate timed
     row = {"side": "fullres", "network": "nnunet_plain", "name": "fullres float32 measure", "tiny": True, "size": 16,
            "batch_size": 1, "steps": 2, "warmup": 1, "mode": None, "precision": "float32", "limit_seconds": 600,
            "sets": sets, "platform": "cpu", "kernel_cache": str(tmp_path / "choices.json")}
@@ -189,12 +189,19 @@ def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_ru
     assert rows["fullres float32"]["compile_seconds"] > 0 and rows["fullres float32"]["device_compiler"]["total_bytes"]
     assert rows["torch nnunet float16"]["status"] == "not_run" and "CUDA" in rows["torch nnunet float16"]["error"]
     for precision in ("float32", "bfloat16"):
+        measured = rows[f"fullres {precision} [{' '.join(peer_bench_sets())}]"]
+        assert measured["status"] == "ok" and measured["kernel_choice"]["by_kind"], measured
         candidate = rows[f"fullres {precision} [kernels.no_such_kernel=1]"]
         assert candidate["status"] == "not_run" and "kernels.no_such_kernel" in candidate["error"]
     assert rows["torch eager float32"]["parameters"] == rows["fullres float32"]["parameters"]
     ratio = {r["goal"]: r for r in written["ratios"]}["fullres float32 ÷ torch eager float32"]
     assert ratio["step_time"] == round(rows["fullres float32"]["median_step_seconds"]
                                        / rows["torch eager float32"]["median_step_seconds"], 4)
+
+
+def peer_bench_sets():
+    peer_bench = load("peer_bench")
+    return peer_bench.measure_sets(peer_bench.TINY["measure_seconds"])
 
 
 def test_candidates_by_name_run_every_bfloat16_row_before_the_float32_ones(tmp_path):
