@@ -21,8 +21,9 @@ def _run(dims, layers=None):
         return step.run(functools.partial(kernel_network.network, 2), dims, images, labels, dtype="float64")
 
 
-@pytest.mark.slow  # 4 float64 compiles of a 9-layer network
-@pytest.mark.parametrize("split", list(SPLITS))
+# Two float64 compiles of a 9-layer network, 4-5 s each on the loaded machine: split 2×2 (signatures with a split) in
+# the fast tier, one device in the slow one.
+@pytest.mark.parametrize("split", [pytest.param("one device", marks=pytest.mark.slow), "split 2x2"])
 def test_a_per_layer_choice_equals_the_fixed_kernels_in_float64(split):
     with kernels.recording() as found:
         reference = _run(SPLITS[split])
