@@ -202,3 +202,15 @@ def test_the_cache_file_is_keyed_by_device_kind_and_versions():
     key = kernel_cache.device_key(CPU)
     assert key["device_kind"] == CPU.device_kind and key["jax"] == jax.__version__
     assert key["jaxlib"] and key["platform"] == "cpu"
+
+
+def test_a_bad_choice_setting_is_one_sentence():
+    from trainer import config_resolution
+
+    with pytest.raises(ValueError, match=r"^kernels.choose 'sometimes' is not known; use one of auto, measure, fixed "
+                                         r"\(--set kernels.choose=...\).$"):
+        config_resolution.resolve(preset="smoke", overrides={"kernels.choose": "sometimes"})
+    with pytest.raises(ValueError, match=r"kernels.measure_seconds must be a number >= 0, got -1 "):
+        kernels.KernelsConfig(measure_seconds=-1)
+    assert config_resolution.resolve(preset="smoke", overrides={"kernels.choose": "measure"}).kernels.choose == \
+        "measure"
