@@ -5,11 +5,14 @@ folder, no permission), one over the pixel budget (`max_pixels`, checked from
 the header before anything is decoded: a decompression bomb), or one whose size
 differs from its annotation, is a dead letter; a bad box (entirely outside the
 image, or of non-positive size) is a dead letter of its own and the image is
-kept with its good boxes. An image is read as it is shown, turned upright by its EXIF Orientation
-(`frames.upright`, the video frames' rule: phones store the sensor's picture turned, with a tag that says how to
-show it, and annotation tools draw the boxes on the picture shown); a turned image is stored upright as PNG
-(lossless: TensorFlow's decoders ignore the tag), and one whose annotated width and height are those of the picture
-as stored, not as shown, is a dead letter, as it is not known which of the two its boxes were drawn on. Boxes that cross the border are clipped to it; no
+kept with its good boxes. An image is read as it is shown, turned upright by
+its EXIF Orientation (`frames.upright`, the video frames' rule: phones store
+the sensor's picture turned, with a tag that says how to show it, and
+annotation tools draw the boxes on the picture shown); a turned image is
+stored upright as PNG (lossless; TensorFlow's decoders ignore the tag). One
+whose annotated width and height are those of the picture as stored, not as
+shown, is a dead letter: which of the two its boxes were drawn on is not
+known. Boxes that cross the border are clipped to it; no
 box is dropped for being one too many (the trainer counts those it drops).
 Output layout, dead letters and atomic replacement: `preprocessing.beam.conversion`;
 `label_map.json` ({name: id}, see `preprocessing.images.annotations`) is written
@@ -36,6 +39,7 @@ from preprocessing.records import dataset_files, detection_schema
 from preprocessing.video import frames as frames_lib
 
 ORIENTATION = 0x0112  # the EXIF tag that says how the stored picture is turned to be shown (1: as stored)
+TURNED = range(2, 9)  # the Orientation values that mirror or turn it (`ImageOps.exif_transpose` applies them)
 KEPT_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
 # 100 megapixels (10000 × 10000): 300 MB decoded as RGB, far above any detection canvas.
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -171,7 +175,7 @@ class ConvertImageFn(beam.DoFn):
                 image_format = decoded.format
                 decoded = frames_lib.upright(decoded)
                 width, height = decoded.width, decoded.height
-                if image_format not in KEPT_FORMATS or turn not in (1, None):  # store what TensorFlow decodes as shown
+                if image_format not in KEPT_FORMATS or turn in TURNED:  # store what TensorFlow decodes as shown
                     buffer = io.BytesIO()
                     decoded.convert("RGB").save(buffer, format="PNG")
                     encoded, image_format = buffer.getvalue(), "PNG"
@@ -189,7 +193,8 @@ class ConvertImageFn(beam.DoFn):
         if image.width not in (None, width) or image.height not in (None, height):
             yield counting.reject(dead_letters.dead_letter(
                 image.path, "validate", "size_mismatch",
-                f"annotations say {image.width or '?'}×{image.height or '?'}, the file is {width}×{height}"))
+                f"annotations say {image.width or '?'}×{image.height or '?'}, the file is {width}×{height}"
+                + (" as shown (its EXIF Orientation turns it)" if turn in TURNED else "")))
             return
         boxes, labels, texts, dead, flags = valid_boxes(image, width, height)
         for letter in dead:
