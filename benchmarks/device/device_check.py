@@ -25,8 +25,8 @@ compiler figure, scaled by volume, gives the first size tried. The "planned" col
 target's published peaks, marked so in `planned.source`.
 
 On the device machine (Python 3.12, JAX with its CUDA 13 plug-in; no Keras, no TensorFlow and no network):
-the few wheels fullres's training step needs beyond that image travel in `.whl` (docs/measurements.md, "On a
-device", says how to fetch them here); the lead's one call of the `run` tool, kind nvidia-h100-x1, carry
+the few wheels fullres's training step needs beyond that image travel in `.whl` (docs/device-check.md, "Running
+it on a lent GPU", says how to fetch them here); the lead's one call of the `run` tool, kind nvidia-h100-x1, carry
 [".whl"], timeout_s 540:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\

@@ -12,7 +12,7 @@ against is the one the suite held before it moved here: mAP@0.5 >= 0.2 after
 
     uv run python benchmarks/learning/detection_learning.py [--steps 300] [--output DIR]
 
-Figures: docs/measurements.md ("Detection learns").
+Figures: docs/detection.md ("Measured").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ first step. Each row runs in its own process (`peer_rows.py`) under a time limit
 `--limit` is listed as not run, and so is what cannot run here, with why. The JSON's `ratios` are fullres ÷ PyTorch
 for issue 49's goals. `--trace-dir` adds JAX's profiler to fullres's rows: the kernels' time per convolution kind.
 
-On a GPU (the device machine; docs/measurements.md, "On a device", gives the one call with device_check):
+On a GPU (the device machine; docs/device-check.md, "Running it on a lent GPU", gives the one call with device_check):
     python3 benchmarks/peer/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --candidates taps,subpixel,fused,conv_nhwc,all --limit 360
 On a CPU, at tiny sizes, in seconds (the suite runs this): python benchmarks/peer/peer_bench.py --tiny --json F
 """
@@ -155,7 +155,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 
 def table(result: dict) -> str:
-    """The rows as a markdown table (docs/measurements.md)."""
+    """The rows as a markdown table (docs/speed.md)."""
     lines = ["| network | row | status | median step | peak bytes | compile s | first step s |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:

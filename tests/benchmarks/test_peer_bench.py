@@ -268,13 +268,13 @@ def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeyp
 
 def test_the_one_gpu_call_in_the_docs_runs_the_measured_choice_and_the_candidates_in_both_precisions(tmp_path,
                                                                                                    monkeypatch):
-    """docs/measurements.md's one call: its peer_bench arguments parse and plan PlainConvUNet's and MONAI's five
+    """docs/device-check.md's one call: its peer_bench arguments parse and plan PlainConvUNet's and MONAI's five
     rows, the two measured ones right after them, and the candidate `all` (taps, subpixel, fused, conv_nhwc
     together), each in bfloat16 and float32."""
     import shlex
 
     peer_bench = load("peer_bench")
-    with open(os.path.join(REPOSITORY, "docs", "measurements.md"), encoding="utf-8") as file:
+    with open(os.path.join(REPOSITORY, "docs", "device-check.md"), encoding="utf-8") as file:
         line = next(text for text in file if "python3 benchmarks/peer/peer_bench.py --json $OUT/peer_bench.json" in text)
     arguments = shlex.split(line.split("benchmarks/peer/peer_bench.py", 1)[1].split("2>&1")[0].replace("$OUT", str(tmp_path)))
     monkeypatch.setattr(peer_bench, "run_row", lambda spec, limit: {"status": "not_run", "error": "not here"})

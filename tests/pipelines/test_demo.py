@@ -5,7 +5,7 @@ summary points at real outputs. The run is the session's `demo_run` fixture
 (tests/conftest.py), made once: the container test runs the same pipeline on
 the same scans in Docker and compares its outputs with this run's. The Dice the
 full demo reaches is measured by running the README's main command (figures in
-docs/measurements.md).
+benchmarks/results/by_hand.json, docs/pipelines-and-vertex.md).
 """
 
 import json

@@ -15,7 +15,7 @@ Two runs on the synthetic shapes:
 
 Whether the detector learns (mAP@0.5 ≥ 0.2 after 300 steps; longer runs reach
 0.6) is measured by `benchmarks/learning/detection_learning.py`, not asserted here
-(docs/measurements.md).
+(docs/detection.md, "Measured").
 """
 
 import json

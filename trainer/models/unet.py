@@ -33,7 +33,7 @@ class UNetConfig:
     runs 3 levels of 128, 256 and 512 filters at 1/2, 1/4 and 1/8 of the
     input's resolution: the same bottleneck resolution as a 4-level UNet
     without the stem, and every activation at least 128 channels wide, so a
-    TPU's 128-lane tiles are full (docs/partitioning-and-planning.md: 1.76 GiB
+    TPU's 128-lane tiles are full (docs/plan-targets.md: 1.76 GiB
     per v5e core at 256³ split 16 ways, against 8.52 GiB for 4 levels of
     16-128 filters without the stem). It has 21.7 M parameters and costs about
     8× the flops of that plain UNet, which TPUs spend anyway on padded lanes; on

@@ -35,7 +35,7 @@ from trainer.plan import device_bytes, layout_measure, layout_search, plan_row, 
 # The least share of a layout's CPU figure (XLA:CPU's bytes) that a target's compiler lays out, per platform: a layout
 # is left uncompiled for the target only where its CPU figure times this share exceeds the device's memory. TPU: 1.1
 # to 9 times the CPU's bytes for every fullres model measured, never less. GPU (XLA's CUDA compiler, on h100):
-# 0.20 to 1.05 times (docs/measurements.md, "The GPU's bytes against the CPU's"), the least for bfloat16 at large
+# 0.20 to 1.05 times (docs/plan-targets.md, "The GPU's bytes against the CPU's"), the least for bfloat16 at large
 # cubes (XLA:CPU lays out more bytes for a bfloat16 step than for the float32 one, XLA's GPU compiler far fewer); a
 # tenth, half the least measured, for a margin: it skips only layouts far past the memory.
 LEAST_SHARE_OF_CPU = {"tpu": 1.0, "cuda": 0.1}

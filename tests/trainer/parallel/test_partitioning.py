@@ -39,7 +39,7 @@ from trainer.parallel.partitioning import PartitionConfig, PartitionError
         # 2D: width split
         ((1, 1, 4, 1), (1, 64, 50, 3), 8, 1, None, r"width 50 .* use width 48 or 56 \(multiples of 8\)"),
         # a 2-voxel axis cut in 2 at the coarsest level (XLA gathers there, and with a second split axis the
-        # gradients came out 4x: docs/partitioning-and-planning.md, "One split that divides is refused too")
+        # gradients came out 4x: docs/partitioning.md, "What is refused, and why")
         ((1, 2, 2, 1, 1), (1, 32, 16, 16, 1), 4, 3, None,
          r"height 16 \(input_partition_dims\[2\] = 2\) is 2 voxels at resolution level 4, 1 on each of its 2 "
          r"devices, where XLA gathers whole activations and can compute wrong gradients; use height 32 or more, or do "

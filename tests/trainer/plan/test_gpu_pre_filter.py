@@ -1,6 +1,6 @@
 """`fullres plan --target h100x1` compiles for the GPU a bfloat16 step whose CPU figure alone is over the H100's
 memory: XLA:CPU lays out more bytes for a bfloat16 step than for the float32 one, 1.6 to 4.9 times what the H100's
-compiler does (docs/measurements.md, "The GPU's bytes against the CPU's"), so the CPU figure is no lower bound there.
+compiler does (docs/plan-targets.md, "The GPU's bytes against the CPU's"), so the CPU figure is no lower bound there.
 The plan used to leave such a layout uncompiled (its CPU figure exceeded the memory) and call it too big.
 
 The tiny UNet (2 levels, 4 filters) at 672³ keeps both compiles to seconds while its CPU figure passes 80 GiB.

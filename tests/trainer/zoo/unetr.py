@@ -115,5 +115,5 @@ def tiny(num_classes=3, in_channels=1, img_size=(64, 32, 32)):
 
 def published_256(num_classes=14, in_channels=1):
     """The published UNETR on 256³ volumes (16³ patches: 4,096 tokens), as `fullres plan --image-size 256,256,256`
-    sizes it (docs/partitioning-and-planning.md)."""
+    sizes it (docs/planning.md)."""
     return published(num_classes, in_channels, (256, 256, 256))
