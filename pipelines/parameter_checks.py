@@ -183,7 +183,7 @@ def train_configuration(values: dict, where: Where = Where()):
                                 steps=values["steps"], batch_size=values["batch_size"],
                                 learning_rate=values["learning_rate"], input_partition_dims=values["input_partition_dims"],
                                 precision=values["precision"], overrides=values["train_overrides"],
-                                augmentation=values.get("augmentation", ""), model_source=network)
+                                augmentation=values.get("augmentation", ""), model_source=network, parameter=parameter)
 
 
 def user_network(values: dict, where: Where = Where()) -> str | None:
