@@ -198,7 +198,7 @@ def launch_lines(plan: Plan) -> list[str]:
                  if count else "")
         lines.append(f"each host: {cores}{sizes.human_bytes(host['cache_bytes_per_process'])} of memory for the "
                      "decoded cache")
-    lines += ([] if found["vertex"] else [found["not_on_vertex"]]) + found.get("left_out", [])
+    lines += ([found["not_on_vertex"]] if found["vertex"] is None else []) + found.get("left_out", [])
     model = [f"--model {found['model']}"] if found.get("model") else []
     lines.append("fullres pipeline submit ... " + " ".join([*model, *launch.param_lines(found["parameters"])]))
     return lines
