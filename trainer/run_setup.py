@@ -85,8 +85,10 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
     # before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8").
     rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
                                    continue_with_changes, log)
+    video = (task.preprocessing() or {}).get("kind") == "video"  # a clip's first axis is its length in frames
     partitioning.validate(
-        config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
+        config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size,
+        partitioning.VIDEO_DIMENSION_NAMES if video else None,
     )
     distribution = device_mesh.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
