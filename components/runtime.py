@@ -49,7 +49,8 @@ def describe_dataset(artifact, summary: dict, output: str) -> None:
 
 def train_config(*, task: str, preset: str, train_data: str, output_dir: str, steps: int, batch_size: int,
                  learning_rate: float, input_partition_dims: str, precision: str, overrides: dict,
-                 model_source: str | None = None, augmentation: str = "", parameter: Callable[[str], str] | None = None):
+                 model_source: str | None = None, augmentation: str = "",
+                 parameter: Callable[[str], str] | None = None):
     """A `TrainConfig` from the train component's parameters, through `config_resolution.resolve` as the CLI's.
 
     0 and "" are the component's "keep the preset's value" (KFP parameters have no None). `parameter`: how a

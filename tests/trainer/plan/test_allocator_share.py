@@ -21,7 +21,7 @@ def test_the_users_share_is_the_one_fitted_against(monkeypatch):
     assert device_bytes.plan_json("cuda", {})["allocator_fraction"] == 0.5
     assert targets.memory_words(h100) == ("80.00 GiB per device, of which JAX's allocator may take 50% (40.00 GiB), "
                                           f"as {VARIABLE} sets it")
-    monkeypatch.delenv(VARIABLE, raising=False)  # unset: fullres's share (trainer/__init__.py sets it so in every process)
+    monkeypatch.delenv(VARIABLE, raising=False)  # unset: fullres's share (trainer/__init__.py sets it in every process)
     assert targets.memory_per_device(h100) == int(H100_BYTES * 0.95)
     assert targets.memory_words(h100) == ("80.00 GiB per device, of which JAX's allocator may take 95% (76.00 GiB), "
                                           "as fullres sets it")
