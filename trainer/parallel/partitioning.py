@@ -140,6 +140,15 @@ def _use(name: str, sizes: str, smallest: int) -> str:
     return f"use {name} {sizes}"
 
 
+def fitting_counts(batch_size: int, cores_per_replica: int) -> list[int]:
+    """The device counts, most first, that run a global batch of `batch_size` with `cores_per_replica` cores each.
+
+    >>> fitting_counts(4, 1), fitting_counts(2, 4)
+    ([4, 2, 1], [8, 4])
+    """
+    return [cores_per_replica * replicas for replicas in range(batch_size, 0, -1) if batch_size % replicas == 0]
+
+
 def validate_devices(config: PartitionConfig, num_devices: int) -> None:
     """The part of `validate` that needs neither data nor batch: one replica's cores divide the devices.
 

@@ -124,7 +124,7 @@ class StepBuilder:
         """Lowers the train step for `dims` on `devices`; returns (lowered, distribution)."""
         config = config_lib.with_dims(self.config, dims)
         partitioning.validate(config.partition, self.image_shape, len(devices), config.model.downsampling_levels,
-                              config.batch_size)
+                              config.batch_size, registry.dimension_names(self.task))
         self.check_thin_shards(dims)
         distribution = device_mesh.make_distribution(config.partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),
