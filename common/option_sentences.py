@@ -26,7 +26,14 @@ _FIELD = re.compile(r"[A-Z]\w*Config\.(\w+) (.*)", re.S)  # `TrainConfig.patch_s
 
 
 def built(build: Callable[[dict], object], values: dict, given: Mapping[str, str]):
-    """`build(values)`; its `ValueError` about a field the user gave (`given`: key -> as typed) names the option.
+    """`build(values)`; its `ValueError` about a field the user gave (`given`: key, dotted or not -> as typed) names
+    the option.
+
+    >>> def check(values):
+    ...     raise ValueError(f"UNetConfig.in_channels must be >= 1, got {values['model']['in_channels']}.")
+    >>> built(check, {"model": {"in_channels": 0}}, {"model.in_channels": "--in-channels 0"})
+    Traceback (most recent call last):
+    ValueError: --in-channels 0: in_channels must be >= 1, got 0.
 
     Raises:
         ValueError: `build`'s, reworded where `given` says how the field was typed.
@@ -35,9 +42,11 @@ def built(build: Callable[[dict], object], values: dict, given: Mapping[str, str
         return build(values)
     except ValueError as error:
         match = _FIELD.fullmatch(str(error))
-        if match is None or match.group(1) not in given:
+        field, rest = match.groups() if match else (None, "")
+        # The setting by its dotted key (`model.in_channels` for `UNetConfig.in_channels`), where one given ends so.
+        keys = [key for key in given if key.rpartition(".")[2] == field]
+        if len(keys) != 1:
             raise
-        key, rest = match.groups()
-        example = parsing.SETTING_EXAMPLES.get(key)
+        example = parsing.SETTING_EXAMPLES.get(keys[0])
         tail = f"; write it like {example}" if example and "write it like" not in rest else ""
-        raise ValueError(f"{given[key]}: {key} {rest.rstrip('.')}{tail}.") from None
+        raise ValueError(f"{given[keys[0]]}: {field} {rest.rstrip('.')}{tail}.") from None

@@ -4,25 +4,38 @@ from __future__ import annotations
 
 import re
 
-_SCALE = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# Units as people write them, case aside: decimal (kB, MB, GB, TB), binary (KiB, Ki, MiB, Mi, GiB, Gi, ...) and
+# the bare letter, which memory sizes mean as binary (`16G` of a GPU is 16 GiB), as `ulimit` and Java's `-Xmx` read it.
+_SCALE = {"": 1, "b": 1, "byte": 1, "bytes": 1,
+          **{f"{letter}b": 1000**power for power, letter in enumerate("kmgtp", 1)},
+          **{f"{letter}{tail}": 1024**power for power, letter in enumerate("kmgtp", 1) for tail in ("", "i", "ib")}}
+_SIZE = re.compile(r"\s*(?P<number>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*(?P<unit>[a-z]*)\s*",
+                   re.IGNORECASE)
+LARGEST = 2**63 - 1  # bytes: what a signed 64-bit count (NumPy's, XLA's) holds
 
 
 def parse_bytes(text: str, name: str = "--device-memory") -> int:
-    """'16GiB', '16 GB', '512MiB', '1e9' -> bytes.
+    """'16GiB', '16Gi', '16 GB', '16G', '512MiB', '64kB', '1e9' -> bytes (units in any case; GB is 10^9, GiB, Gi
+    and G are 2^30).
 
     Example:
-        >>> parse_bytes("512MiB")
-        536870912
+        >>> parse_bytes("512MiB"), parse_bytes("3Gi"), parse_bytes("2 gb"), parse_bytes("1.5e3")
+        (536870912, 3221225472, 2000000000, 1500)
+        >>> parse_bytes("1.2.3", "--max-decoded-bytes")
+        Traceback (most recent call last):
+        ValueError: --max-decoded-bytes '1.2.3' is not a size; write e.g. 16GiB or 32GB.
 
     Raises:
-        ValueError: `text` is not a size; the sentence names `name`.
+        ValueError: `text` is not a size, or more bytes than can be counted; the sentence names `name`.
     """
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?i?B?)?\s*", text)
-    if not match:
+    match = _SIZE.fullmatch(text)
+    scale = _SCALE.get(match["unit"].lower()) if match else None
+    if scale is None:
         raise ValueError(f"{name} {text!r} is not a size; write e.g. 16GiB or 32GB.")
-    number, unit = float(match.group(1)), (match.group(2) or "").upper()
-    return int(number * _SCALE[unit])
+    count = float(match["number"]) * scale  # inf where the number is beyond a float (1e999)
+    if not count <= LARGEST:
+        raise ValueError(f"{name} {text!r} is more bytes than any machine has; write e.g. 16GiB or 32GB.")
+    return int(count)
 
 
 def human_bytes(count: int, smallest: str = "KiB") -> str:

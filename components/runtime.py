@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 
 
 def log(message: str) -> None:
@@ -48,18 +49,23 @@ def describe_dataset(artifact, summary: dict, output: str) -> None:
 
 def train_config(*, task: str, preset: str, train_data: str, output_dir: str, steps: int, batch_size: int,
                  learning_rate: float, input_partition_dims: str, precision: str, overrides: dict,
-                 model_source: str | None = None, augmentation: str = ""):
+                 model_source: str | None = None, augmentation: str = "",
+                 parameter: Callable[[str], str] | None = None):
     """A `TrainConfig` from the train component's parameters, through `config_resolution.resolve` as the CLI's.
 
-    0 and "" are the component's "keep the preset's value" (KFP parameters have no None).
+    0 and "" are the component's "keep the preset's value" (KFP parameters have no None). `parameter`: how a
+    sentence names a parameter (the pipelines' `--param steps`), so that a refused value is named as it was passed
+    (`--param steps=-5`), not as the config's field.
     """
     from trainer import config_resolution
 
     named = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "precision": precision,
              "partition.input_partition_dims": input_partition_dims, "augmentation": augmentation}
+    given = None if parameter is None else {
+        key: f"{parameter(key.rpartition('.')[2])}={value}" for key, value in named.items() if value}
     return config_resolution.resolve(task, preset, train_data, output_dir,
                               overrides={**{k: v for k, v in named.items() if v}, **(overrides or {})},
-                              model_source=model_source)
+                              model_source=model_source, given=given)
 
 
 def user_network_given(model_code: str, model_function: str) -> bool:

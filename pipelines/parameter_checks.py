@@ -180,10 +180,10 @@ def train_configuration(values: dict, where: Where = Where()):
 
     network = user_network(values, where)
     return runtime.train_config(task=values["task"], preset=values["preset"], train_data="", output_dir="",
-                                steps=values["steps"], batch_size=values["batch_size"],
+                                steps=values["steps"], batch_size=values["batch_size"], precision=values["precision"],
                                 learning_rate=values["learning_rate"], input_partition_dims=values["input_partition_dims"],
-                                precision=values["precision"], overrides=values["train_overrides"],
-                                augmentation=values.get("augmentation", ""), model_source=network)
+                                overrides=values["train_overrides"], augmentation=values.get("augmentation", ""),
+                                model_source=network, parameter=parameter)
 
 
 def user_network(values: dict, where: Where = Where()) -> str | None:

@@ -223,7 +223,13 @@ def plan(
 
     try:
         on = targets.parse(target)  # an unknown target or slice is named before anything is built
+        targets.memory_per_device(on)  # as is a GPU's share that XLA_PYTHON_CLIENT_MEM_FRACTION cannot give
         asked = (parsing.parse_list(partitions, int, "--partitions", "1,2,4,8") or ()) if partitions is not None else None
+        repeated = sorted({n for n in asked or () if asked.count(n) > 1})
+        if repeated:  # a count given twice is planned, and shown, once
+            typer.echo(f"--partitions {partitions} names {', '.join(map(str, repeated))} more than once; each count "
+                       "is planned once", err=True)
+            asked = tuple(dict.fromkeys(asked))
         counts = asked if asked is not None else targets.default_partitions(on)
         size = parsing.parse_list(image_size, int, "--image-size", "64,128,128") if image_size else None
         given = parsing.parse_settings(settings or [])
@@ -249,16 +255,21 @@ def plan(
             import jax  # (JAX reads JAX_PLATFORMS when it is imported, which `trainer` may have done)
 
             jax.config.update("jax_platforms", "cpu")
+    from trainer.engine import recorded_settings
     from trainer.plan import memory_plan
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters, "model.in_channels": in_channels, "model.stem": stem, "model.encoder": encoder,
              "model.deep_supervision": deep_supervision, "augmentation": augmentation, "patch_size": patch_size}
+    # The sentences name the options as typed (`--batch-size 0`), and `--in-channels`, which fullres train lacks.
+    typed = recorded_settings.typed_as({k: v for k, v in flags.items() if k != "model.in_channels"}, given)
+    if in_channels is not None:
+        typed.setdefault("model.in_channels", f"--in-channels {in_channels}")
     try:
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
             image_size=size, partitions=asked, layouts_to_try=dims or layouts, device_memory=device_memory,
-            target=target, max_minutes=max_minutes, use_cache=cache, data=data, set_pairs=given,
+            target=target, max_minutes=max_minutes, use_cache=cache, data=data, set_pairs=given, typed=typed,
             log=lambda line: typer.echo(line, err=True))
         memory = targets.memory_per_device(on)  # a target's own, unless --device-memory says
         budget = device_memory or (sizes.human_bytes(memory) if memory else None)

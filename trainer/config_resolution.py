@@ -69,7 +69,8 @@ def resolve(task: str = "segmentation", preset: str = "default", train_data: str
     unknown = sorted(set(settings) - set(hints))
     if unknown:
         where = f" with --model {model_source}" if model_source is not None else ""
-        raise ValueError(f"unknown {'setting' if given else 'train override'}{'s' if len(unknown) > 1 else ''} "
+        raise ValueError(f"unknown {'setting' if set(unknown) & set(given) else 'train override'}"
+                         f"{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(given.get(key, key) for key in unknown)}{where}; valid ones: {', '.join(sorted(hints))}.")
     values = config.to_dict(base) if recorded is None else json.loads(json.dumps(recorded))
     if recorded is not None and "steps" in settings and "epochs" not in settings:

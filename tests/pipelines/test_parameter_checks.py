@@ -42,7 +42,7 @@ LOCAL = [  # (parameters beyond the good inputs, the sentence)
     (["--param", "max_failed_fraction=-3"],
      "--param max_failed_fraction -3 must be a fraction from 0 to 1 (the share of inputs that may fail before the "
      "run counts as failed), e.g. 0.1."),
-    (["--param", "steps=-5"], "TrainConfig.steps must be >= 1, got -5."),
+    (["--param", "steps=-5"], "--param steps=-5: steps must be >= 1, got -5."),
     (["--param", "spacing=1.5,1.5"], "--param spacing '1.5,1.5' is not valid; write it like 1.0,1.0,2.5."),
     (["--param", "spacing=1,0,1"], "--param spacing needs three positive values X,Y,Z in mm, got (1.0, 0.0, 1.0)."),
     (["--param", "window=300,100"], "--param window needs LOW,HIGH with LOW < HIGH, got (300.0, 100.0)."),
@@ -150,7 +150,7 @@ CREDENTIALS = ("no Google Cloud credentials to submit with (Your default credent
      "--param train_input_uri 'gs://B/scans' is not a well-formed Cloud Storage location; write it like "
      "gs://BUCKET/PATH (a bucket name has 3 to 63 lowercase letters, digits, dots, dashes or underscores)."),
     ([*GOOD, "--param", "max_failed_fraction=-3"], "--param max_failed_fraction -3 must be a fraction from 0 to 1"),
-    ([*GOOD, "--param", "steps=-5"], "TrainConfig.steps must be >= 1, got -5."),
+    ([*GOOD, "--param", "steps=-5"], "--param steps=-5: steps must be >= 1, got -5."),
     ([*GOOD, "--param", "shape=64,x,64"], "--param shape '64,x,64' is not valid; write it like 128,256,256."),
     ([*GOOD, "--param", "spacing=1.5;1.5;2"], "--param spacing '1.5;1.5;2' is not valid; write it like 1.0,1.0,2.5."),
     ([*GOOD, "--param", "accelerator_type=TPU_V9_QUANTUM"],

@@ -33,6 +33,7 @@ import dataclasses
 import math
 import os
 import re
+from collections.abc import Mapping
 
 import trainer
 
@@ -42,6 +43,7 @@ GPU_MARGIN = 1.05
 # The fraction of a GPU's memory JAX's allocator may use: fullres sets XLA_PYTHON_CLIENT_MEM_FRACTION to this unless
 # the user did (trainer/__init__.py); JAX's own default, 0.75, would stop a step the plan says fits at 76-95 %.
 GPU_MEMORY_FRACTION = float(trainer.GPU_MEMORY_FRACTION)
+MEMORY_FRACTION_VARIABLE = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 # Seconds of autotuning per second of the roofline step: the 512³ float32 step (roofline 0.584 s) had not compiled
 # after 450 s on an H200 (issue 50), so at least 771 (450 ÷ 0.584, up); a compile on the device takes at least this.
 AUTOTUNE_SECONDS_PER_ROOFLINE_SECOND = 771
@@ -137,10 +139,46 @@ def planned(compiler_bytes: int, platform: str, *, state_bytes: int, largest_con
                  GPU_MARGIN if gpu else 1.0, tuned)
 
 
+def allocator_fraction(environment: Mapping[str, str] | None = None) -> float:
+    """The share of a GPU's memory JAX's allocator may take in a process with `environment` (default: this one's):
+    XLA_PYTHON_CLIENT_MEM_FRACTION where the user set it, else `GPU_MEMORY_FRACTION`, which fullres sets.
+
+    Example:
+        >>> allocator_fraction({}), allocator_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
+        (0.95, 0.5)
+        >>> allocator_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": "abc"})
+        Traceback (most recent call last):
+        ValueError: XLA_PYTHON_CLIENT_MEM_FRACTION='abc' is not a share of the GPU's memory: JAX reads it as a number above 0 and at most 1; set it like XLA_PYTHON_CLIENT_MEM_FRACTION=0.9, or unset it (fullres then lets JAX take 0.95).
+
+    Raises:
+        ValueError: the variable is not a number in (0, 1] (JAX itself would stop in its CUDA client with an error
+            that never names it).
+    """
+    text = (os.environ if environment is None else environment).get(MEMORY_FRACTION_VARIABLE, trainer.GPU_MEMORY_FRACTION)
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = math.nan
+    if not 0 < fraction <= 1:  # nan too
+        raise ValueError(f"{MEMORY_FRACTION_VARIABLE}={text!r} is not a share of the GPU's memory: JAX reads it as a "
+                         f"number above 0 and at most 1; set it like {MEMORY_FRACTION_VARIABLE}=0.9, or unset it "
+                         f"(fullres then lets JAX take {GPU_MEMORY_FRACTION:g}).")
+    return fraction
+
+
+def fraction_source(fraction: float) -> str:
+    """Who set the allocator's share, in the plan's words."""
+    return "as fullres sets it" if fraction == GPU_MEMORY_FRACTION else f"as {MEMORY_FRACTION_VARIABLE} sets it"
+
+
 def usable_bytes(memory_bytes: int, platform: str) -> int:
-    """Of a device's memory, what a fullres program may use: on a GPU the allocator's share (`GPU_MEMORY_FRACTION`);
-    on a TPU the compiler's own figure is that already."""
-    return int(memory_bytes * GPU_MEMORY_FRACTION) if platform == "cuda" else int(memory_bytes)
+    """Of a device's memory, what a fullres program may use: on a GPU the allocator's share (`allocator_fraction`);
+    on a TPU the compiler's own figure is that already.
+
+    Raises:
+        ValueError: on a GPU, `allocator_fraction`'s.
+    """
+    return int(memory_bytes * allocator_fraction()) if platform == "cuda" else int(memory_bytes)
 
 
 def expected_compile_seconds(roofline_seconds: float | None, platform: str, autotune: bool = True) -> float | None:
@@ -168,9 +206,10 @@ def describe(platform: str, autotune: bool = True) -> str:
     tuned = (f"cuDNN workspace ({WORKSPACE_PER_CONVOLUTION_TENSOR:g}× the largest convolution tensor, at most the "
              f"autotuner's {AUTOTUNE_SCRATCH_LIMIT_BYTES / 2**30:g} GiB; or the autotuning's own peak where larger)"
              if autotune else "no workspace (--xla_gpu_autotune_level=0: nothing autotuned)")
+    fraction = allocator_fraction()
     return (f"the device's bytes: the compiler's figure + {tuned} + the state training holds beside the step + the "
-            f"next batch, × {GPU_MARGIN:g} margin ({MARGIN_WHY}); fits: within {GPU_MEMORY_FRACTION:.0%} of the "
-            "GPU's memory, the share of JAX's allocator as fullres sets it")
+            f"next batch, × {GPU_MARGIN:g} margin ({MARGIN_WHY}); fits: within {fraction:.0%} of the GPU's memory, "
+            f"the share of JAX's allocator {fraction_source(fraction)}")
 
 
 def plan_json(platform: str, versions: dict, autotune: bool = True) -> dict:
@@ -182,7 +221,7 @@ def plan_json(platform: str, versions: dict, autotune: bool = True) -> dict:
                        "set_from": [{k: m[k] for k in ("row", "peak_bytes", "compiler_bytes")} for m in MEASURED]
                        if gpu else []},
             "autotune": autotune if gpu else None,
-            "allocator_fraction": GPU_MEMORY_FRACTION if gpu else None,
+            "allocator_fraction": allocator_fraction() if gpu else None,
             "workspace_per_convolution_tensor": WORKSPACE_PER_CONVOLUTION_TENSOR if gpu else None,
             "autotune_scratch_limit_bytes": AUTOTUNE_SCRATCH_LIMIT_BYTES if gpu else None}
 

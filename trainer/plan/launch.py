@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from trainer.parallel import kernels
 from trainer.plan import targets
 
 TPU_ACCELERATOR = {"v4": "TPU_V4_POD", "v5e": "TPU_V5_LITEPOD", "v5p": "TPU_V5P", "v6e": "TPU_V6E",
@@ -46,6 +47,19 @@ def _gpu(target: targets.Target, vertex: dict | None) -> tuple[dict | None, int,
              "replica_count": hosts}, hosts, None)
 
 
+def _as_it_runs(target: targets.Target, overrides: dict) -> tuple[dict, list[str]]:
+    """`overrides` without the kernel settings a program on `target` does not compute (`kernels.for_platform`: a
+    TPU program keeps XLA's weight gradients), and a sentence for each one left out."""
+    given = {key.removeprefix("kernels."): value for key, value in overrides.items() if key.startswith("kernels.")}
+    asked = kernels.KernelsConfig(**{name: str(value).strip() for name, value in given.items()})
+    runs = kernels.for_platform(asked, target.platform)
+    left = [name for name in given if getattr(runs, name) != getattr(asked, name)]
+    said = [f"--set kernels.{name}={getattr(asked, name)} is left out of the launch: a TPU program computes {name} as "
+            f"{getattr(runs, name)} whatever it says (the TPU compiler pads each narrow channel of the per-tap products "
+            f"to 128 lanes), which is what this plan sized on {target.name}" for name in left]
+    return {key: value for key, value in overrides.items() if key not in {f"kernels.{n}" for n in left}}, said
+
+
 def launch(target: targets.Target, input_partition_dims, batch_per_replica: int, precision: str,
            preset: str | None = None, overrides: dict | None = None) -> dict:
     """What to launch for `input_partition_dims` on all of `target`'s devices (a `cpu` target: None).
@@ -61,7 +75,7 @@ def launch(target: targets.Target, input_partition_dims, batch_per_replica: int,
     Returns:
         {"input_partition_dims", "cores_per_replica", "replicas", "devices", "hosts", "processes",
         "vertex" (the placement, or None with "not_on_vertex" saying why), "parameters" (the pipeline's,
-        by name)}.
+        by name: what runs on `target`), "left_out" (a sentence for each override a program there does not take)}.
 
     Raises:
         ValueError: the layout's cores do not divide the target's devices.
@@ -81,13 +95,14 @@ def launch(target: targets.Target, input_partition_dims, batch_per_replica: int,
                   "precision": precision}
     if preset and preset != "default":
         parameters["preset"] = preset
+    overrides, left_out = _as_it_runs(target, overrides or {})
     if overrides:
         parameters["train_overrides"] = dict(overrides)
     if placement is not None:
         parameters.update(placement)
     return {"target": target.name, "input_partition_dims": dims, "cores_per_replica": cores, "replicas": replicas,
             "devices": devices, "hosts": hosts, "processes": hosts, "vertex": placement, "not_on_vertex": why,
-            "parameters": parameters}
+            "parameters": parameters, "left_out": left_out}
 
 
 def param_lines(parameters: dict) -> list[str]:

@@ -198,8 +198,7 @@ def launch_lines(plan: Plan) -> list[str]:
                  if count else "")
         lines.append(f"each host: {cores}{sizes.human_bytes(host['cache_bytes_per_process'])} of memory for the "
                      "decoded cache")
-    if found["vertex"] is None:
-        lines.append(found["not_on_vertex"])
+    lines += ([found["not_on_vertex"]] if found["vertex"] is None else []) + found.get("left_out", [])
     model = [f"--model {found['model']}"] if found.get("model") else []
     lines.append("fullres pipeline submit ... " + " ".join([*model, *launch.param_lines(found["parameters"])]))
     return lines
@@ -229,13 +228,15 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         image_size: Sequence[int] | None = None, partitions: Sequence[int] | None = None,
         layouts_to_try="default", device_memory: str | None = None, target: str = "cpu",
         max_minutes: float | None = None, cache_dir: str | None = None, use_cache: bool = True,
-        data: str | None = None, set_pairs: dict | None = None, log: Callable[[str], None] = lambda line: None) -> Plan:
+        data: str | None = None, set_pairs: dict | None = None, typed: dict | None = None,
+        log: Callable[[str], None] = lambda line: None) -> Plan:
     """`fullres plan`: resolves the config as `fullres train` would, compiles, ranks; returns the `Plan`.
 
     Args:
         model: shorthand for the task and the UNet's dimensionality (`plan_config`).
         preset, settings: as `fullres train --preset ... --set key=value` (dotted keys); `set_pairs`: those
-            that came from `--set`, as typed, for the sentences (`recorded_settings.typed_as`).
+            that came from `--set`, as typed, for the sentences (`recorded_settings.typed_as`); `typed`: how the
+            command line gave each setting, its options too (default: `set_pairs` as `--set KEY=VALUE`).
         image_size: the spatial size of one example (segmentation: D,H,W or H,W;
             detection: the canvas, `image_size`, which it sets). With a `patch_size` setting, the volumes' size:
             the step is then sized on the patch, as `fullres train --patch-size` compiles it.
@@ -270,8 +271,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         settings.setdefault("image_size", ",".join(map(str, image_size)))  # the detection canvas (2D UNets ignore it)
     if image_size is not None and user_model.is_source(model):
         settings.setdefault("model.spatial_dims", len(image_size))  # a user's network: 2D or 3D as the size says
-    config = compiled_step.plan_config(model, preset, settings, given=recorded_settings.typed_as({}, set_pairs or {}),
-                                       train_data=data or "")  # --data: read as fullres train reads its --train
+    config = compiled_step.plan_config(model, preset, settings, given=typed or recorded_settings.typed_as(
+        {}, set_pairs or {}), train_data=data or "")  # --data: read as fullres train reads its --train
     if config.partition.is_auto:  # the layouts are what is being compared
         config = config_lib.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
     volume = shape = compiled_step.example_shape(config, image_size)
@@ -303,23 +304,21 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
                                            device_memory=limit, efficiency=layouts_to_try == "all" or 1 in partitions,
                                            log=log)
     else:
-        too_many = [n for n in partitions if n > on.device_count]
-        if too_many:
-            raise ValueError(f"--target {on.name} has {on.device_count} devices; --partitions {max(too_many)} needs "
-                             f"a larger slice or more GPUs.")
+        targets.check_devices(on, partitions, layouts_to_try if isinstance(layouts_to_try, tuple) else None)
         cache = target_compile.PlanCache(cache_dir) if use_cache else None
         results = target_search.search(config, shape, list(partitions), on, layouts_to_try=layouts_to_try,
                                        device_memory=limit, max_minutes=max_minutes, cache=cache, log=log)
         check_compiled(results, on, max_minutes, time.perf_counter() - started)
     where = "" if on.platform == "cpu" else (
-        f" on {on.name} ({targets.hardware(on.kind)['device_kind']}, {sizes.human_bytes(limit)} per device), "
+        f" on {on.name} ({targets.hardware(on.kind)['device_kind']}, "
+        f"{targets.memory_words(on, limit if device_memory else None)}), "
         f"that compiler's figures and what the device adds (below); step times are roofline estimates;")
     network = (os.path.basename(config.model.source) if isinstance(config.model, user_model.UserModelConfig)
                else type(config.model).__name__)
     crops = f" patches of {list(volume[:-1])} volumes" if shape != volume else ""
-    header = (f"{config.task} {network} {list(shape[:-1])}{crops}, batch {config.batch_size} per "
-              f"replica, {config.precision}{', remat' if config.remat else ''};{where} per device "
-              f"({time.perf_counter() - started:.0f} s):")
+    header = (f"{config.task} {network} {list(shape[:-1])}{crops}, {shape[-1]} channel{'s' * (shape[-1] > 1)}, "
+              f"batch {config.batch_size} per replica, {config.precision}{', remat' if config.remat else ''};{where} "
+              f"per device ({time.perf_counter() - started:.0f} s):")
     chosen = _chosen(results, limit) if on.platform != "cpu" else None
     found = None
     if chosen is not None and on.device_count % chosen.partitions == 0:

@@ -29,6 +29,8 @@ import os
 import re
 from pathlib import Path
 
+from common import sizes
+
 HERE = Path(__file__).parent
 GPU_SPECS = HERE / "gpu_specs"
 
@@ -152,6 +154,27 @@ def check_slice(generation: str, shape: tuple[int, ...], what: str) -> None:
     raise ValueError(f"{what}: {generation} has no {'x'.join(map(str, shape))} slice; its slices are {listed}.")
 
 
+def check_devices(target: Target, partitions, input_partition_dims: tuple[int, ...] | None = None) -> None:
+    """Refuses core counts beyond the target's devices, naming the option the user typed: the one layout
+    (`--input-partition-dims`) where given, else `--partitions`.
+
+    Example:
+        >>> check_devices(parse("h100x1"), [2], (1, 2, 1, 1, 1))
+        Traceback (most recent call last):
+        ValueError: --target h100x1 has 1 device; --input-partition-dims 1,2,1,1,1 splits each example over 2 devices: choose a larger slice or more GPUs, or dims whose product is at most 1.
+    """
+    too_many = max((n for n in partitions if n > target.device_count), default=None)
+    if too_many is None:
+        return
+    count = target.device_count
+    if input_partition_dims:
+        asked = (f"--input-partition-dims {','.join(map(str, input_partition_dims))} splits each example over "
+                 f"{too_many} devices: choose a larger slice or more GPUs, or dims whose product is at most {count}")
+    else:
+        asked = f"--partitions {too_many} needs more: choose a larger slice or more GPUs, or counts of at most {count}"
+    raise ValueError(f"--target {target.name} has {count} device{'s' if count > 1 else ''}; {asked}.")
+
+
 def default_partitions(target: Target) -> tuple[int, ...]:
     """The core counts `fullres plan` compares when --partitions is not given: `DEFAULT_PARTITIONS`, on a TPU slice
     or GPUs those that divide its devices (a plan for 16 cores of a 4-device slice has nothing to launch)."""
@@ -173,13 +196,31 @@ def hardware(kind: str) -> dict:
 
 def memory_per_device(target: Target) -> int | None:
     """Bytes one device offers a program: the TPU compiler's own figure; of a GPU's published memory, the share JAX's
-    allocator may use as fullres runs it (`device_bytes.usable_bytes`); None for `cpu`."""
+    allocator may use as fullres runs it (`device_bytes.usable_bytes`); None for `cpu`.
+
+    Raises:
+        ValueError: on a GPU, a XLA_PYTHON_CLIENT_MEM_FRACTION that is no share (`device_bytes.allocator_fraction`).
+    """
     from trainer.plan import device_bytes
 
     if target.platform == "cpu":
         return None
     figures = hardware(target.kind)
     return figures["tpu_compiler_hbm_bytes"] or device_bytes.usable_bytes(figures["memory_bytes"], target.platform)
+
+
+def memory_words(target: Target, given_bytes: int | None = None) -> str:
+    """A TPU or GPU's memory for the plan's header, and on a GPU apart from it the share a program may use: '80.00 GiB
+    per device, of which JAX's allocator may take 95 % (76.00 GiB), as fullres sets it'; `given_bytes` (the user's
+    --device-memory) as they are."""
+    from trainer.plan import device_bytes
+
+    usable = sizes.human_bytes(given_bytes or memory_per_device(target))
+    if target.platform != "cuda" or given_bytes:
+        return f"{usable} per device"
+    fraction = device_bytes.allocator_fraction()
+    return (f"{sizes.human_bytes(hardware(target.kind)['memory_bytes'])} per device, of which JAX's allocator may take "
+            f"{fraction:.0%} ({usable}), {device_bytes.fraction_source(fraction)}")
 
 
 # ---------------------------------------------------------------- the compilers

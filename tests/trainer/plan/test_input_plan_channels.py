@@ -39,3 +39,28 @@ def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path):
         expected = rate["examples_per_second"] * share["bytes_per_example"] / 2**20
         assert abs(rate["mib_per_second"] - expected) <= 0.05 + 0.01 * expected, rate
     assert f"{share['bytes_per_example'] // 1024}.0 KiB an example" in planned["line"]
+
+
+@pytest.mark.slow  # two compiles of the smoke UNet and their input measurements: about 40 s here
+def test_a_plan_of_clip_records_sizes_the_three_channel_network_train_builds(tmp_path):
+    """`fullres train --train CLIPS` takes its input channels from the records (`config_resolution.resolve`); the
+    plan of the same records sized a 1-channel network unless told --in-channels 3. It resolves them the same way."""
+    from pipelines import cli
+
+    video_makers.write_motion_clip_records(str(tmp_path / "data-00000-of-00001.tfrecord"), CLIP)
+    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
+    dataset_files.write_summary(str(tmp_path), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
+                                                "label_values": {"0": 2, "1": 2, "2": 2},
+                                                "preprocessing": video_clips.preprocessing_record(settings)})
+
+    def plan(*arguments):
+        result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--image-size", ",".join(map(str, CLIP)),
+                                              "--input-partition-dims", "1,1,1,1,1", "--json", *arguments])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    from_records, told = plan("--data", str(tmp_path)), plan("--data", str(tmp_path), "--in-channels", "3")
+    [row], [told_row] = from_records["rows"], told["rows"]
+    for bytes_of in ("argument_bytes", "temp_bytes", "total_bytes"):  # the 3-channel input and first kernel
+        assert row[bytes_of] == told_row[bytes_of], bytes_of
+    assert ", 3 channels, " in from_records["header"] and ", 3 channels, " in told["header"]

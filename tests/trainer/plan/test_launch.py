@@ -61,3 +61,17 @@ def test_roofline_takes_the_slowest_limit_and_the_precisions_peak():
     assert roofline.estimate(1e9, 819e9, 0, v5e, "float32").bound == "memory"
     assert roofline.estimate(1e9, 1e6, 4e9, v5e, "float32").bound == "interconnect"
     assert roofline.estimate(1e9, 1e6, 4e9, targets.hardware("v4"), "float32").interconnect_seconds is None
+
+
+def test_a_kernel_setting_a_tpu_program_does_not_take_is_left_out_of_the_launch_and_said():
+    """A TPU program keeps XLA's weight gradients (`kernels.for_platform`); the launch passed `taps` on anyway, and the
+    plan said nothing. A GPU program takes it: passed on there."""
+    overrides = {"kernels.conv_weight_grad": "taps", "kernels.norm": "fused", "remat": True}
+    tpu = launch.launch(targets.parse("v5e:2x2"), (1, 2, 2, 1, 1), 1, "float32", "smoke", overrides)
+    assert tpu["parameters"]["train_overrides"] == {"kernels.norm": "fused", "remat": True}
+    assert tpu["left_out"] == [
+        "--set kernels.conv_weight_grad=taps is left out of the launch: a TPU program computes conv_weight_grad as "
+        "xla whatever it says (the TPU compiler pads each narrow channel of the per-tap products to 128 lanes), which "
+        "is what this plan sized on v5e:2x2"]
+    gpu = launch.launch(targets.parse("h100x8"), (1, 2, 2, 1, 1), 1, "float32", "smoke", overrides)
+    assert gpu["parameters"]["train_overrides"] == overrides and gpu["left_out"] == []

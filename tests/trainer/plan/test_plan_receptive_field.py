@@ -28,3 +28,22 @@ def test_any_other_failure_of_the_probe_still_raises(monkeypatch):
     monkeypatch.setattr(receptive_field, "measure", broken)
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
         memory_plan._receptive_field(presets.smoke(), (16, 16, 16, 1), lambda line: None)
+
+
+@pytest.mark.slow  # two plans of a tiny network on the CPU: about 15 s here
+@pytest.mark.parametrize("image_size", ["16,16,16", "16,16,160"], ids=["whole", "thin-per-axis"])
+def test_the_field_is_the_architectures_not_what_one_draw_of_weights_switches_on(image_size):
+    """Before, the plan measured the gradient through the ReLUs a random initialization left active: a draw that
+    switched every path off along an axis read "1 of 64 of width" (about one plan in 17 of the smoke UNet at
+    32,64,64). The network here switches its one ReLU off for every input: its field is still two convolutions'."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipelines import cli
+
+    result = CliRunner().invoke(cli.app, ["plan", "--model", "tests/trainer/plan/dead_relu_network.py:build",
+                                          "--image-size", image_size, "--partitions", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    field = json.loads(result.stdout)["receptive_field"]
+    assert field == {"seen": [5, 5, 5], "size": [int(n) for n in image_size.split(",")]}
