@@ -8,9 +8,11 @@ do (`split_ops`): the ops are swapped while the training step is traced, nothing
 
     --set kernels.conv_weight_grad=taps     a convolution's weight gradient as one matrix product per kernel tap
                                             (GPU and CPU programs; a TPU program keeps XLA's: `for_platform`)
+    --set kernels.conv_weight_grad=float32  XLA's weight gradient with its operands in float32 (mixed precision)
     --set kernels.conv_transpose=subpixel   transposed convolutions as a stride-1 convolution + depth-to-space
+    --set kernels.conv_transpose=padded     transposed convolutions as interior padding + a stride-1 convolution
     --set kernels.norm=fused                means and variances (GroupNorm, InstanceNorm, BatchNorm, LayerNorm)
-                                            from one pass of sums and sums of squares, with their own gradient
+                                            from one pass of shifted sums, with their own gradient
     --set kernels.xla_flags=NAME            a named set of XLA GPU compiler options (`FLAG_SETS`)
 
 The defaults are today's ops ("xla", "none"): no GPU has measured another one better yet.
@@ -29,8 +31,8 @@ import contextvars
 import dataclasses
 import functools
 
-CONV_WEIGHT_GRADS = ("xla", "taps")
-CONV_TRANSPOSES = ("xla", "subpixel")
+CONV_WEIGHT_GRADS = ("xla", "taps", "float32")
+CONV_TRANSPOSES = ("xla", "subpixel", "padded")
 NORMS = ("xla", "fused")
 # Compiler options per named set. Each name exists in the locked XLA (a compile with an unknown one is refused
 # before anything runs: `test_kernels_config.py`). What each aims at (none of it measured on a GPU yet):
@@ -64,13 +66,17 @@ class KernelsConfig:
         conv_weight_grad: "xla" (XLA's convolution of the input with the output's gradient) or "taps": for each
             kernel tap one (C_in, C_out) matrix product of the shifted input and the output's gradient, in the
             compute dtype with float32 accumulation (`conv_taps.py`); the forward pass and the input's gradient
-            stay XLA's. Convolutions with groups (depthwise) and channels-first stay XLA's.
-        conv_transpose: "xla" (Keras's input-dilated convolution; already sub-pixel where the step is split) or
+            stay XLA's. "float32": XLA's weight gradient with the input and the output's gradient cast up to
+            float32 and the result cast back (`conv_taps.wide_weight_gradient`; a bfloat16 step's only).
+            Convolutions with groups (depthwise) and channels-first stay XLA's.
+        conv_transpose: "xla" (Keras's input-dilated convolution; already sub-pixel where the step is split),
             "subpixel": every transposed convolution as a stride-1 convolution and a depth-to-space
-            (`subpixel.py`), split or not.
+            (`subpixel.py`), split or not, or "padded": as interior padding and a stride-1 convolution
+            (`padded_transpose.py`), split or not.
         norm: "xla" (`jnp.mean` then `jnp.var`: two passes, autodiff's gradient) or "fused": each mean and
             variance `keras.ops.moments` computes (GroupNormalization, BatchNormalization) from one pass of sums
-            and sums of squares in at least float32, with a one-pass gradient of its own (`fused_norm.py`).
+            and sums of squares shifted by one of each block's values, in at least float32, with a one-pass
+            gradient of its own (`fused_norm.py`).
         xla_flags: a name in `FLAG_SETS`: the XLA GPU options the step is compiled with ("none": XLA's defaults).
     """
 
@@ -126,7 +132,7 @@ def using(config: KernelsConfig | None):
     install()
     token = _CURRENT.set(config)
     try:
-        with split_ops.subpixel_everywhere(config.conv_transpose == "subpixel"):  # transposed convolutions' home
+        with split_ops.conv_transpose_form(config.conv_transpose):  # transposed convolutions' home
             yield
     finally:
         _CURRENT.reset(token)
@@ -134,7 +140,8 @@ def using(config: KernelsConfig | None):
 
 def for_platform(config: KernelsConfig | None, platform: str) -> KernelsConfig:
     """`config` as a program for `platform` ("tpu", "gpu", "cuda", "cpu") computes it: a TPU program keeps XLA's
-    weight gradients. The TPU compiler computes them natively, and the per-tap products there pad each narrow
+    weight gradients ("taps" and "float32" alike). The TPU compiler computes them natively (bfloat16 is its own
+    type, with float32 accumulation in the matrix unit), and the per-tap products there pad each narrow
     channel dimension to 128 lanes: measured on a v5e:2x2 slice (tests/trainer/plan/test_target_kernels.py, 16³,
     4-6 channels, split 2×2), 8.29 MiB per device with `taps` against XLA's 0.77 MiB."""
     config = config or KernelsConfig()
@@ -157,9 +164,10 @@ def traced(function, config: KernelsConfig | None, platform: str = "gpu"):
 
 
 def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
-    """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"`."""
+    """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"`, in float32 under "float32"."""
     original = _ORIGINAL["conv"]
-    if current().conv_weight_grad != "taps":
+    method = current().conv_weight_grad
+    if method == "xla":
         return original(inputs, kernel, strides, padding, data_format, dilation_rate)
     from keras.src import backend
 
@@ -168,7 +176,7 @@ def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation
     if (backend.standardize_data_format(data_format) != "channels_last" or inputs.shape[-1] != kernel.shape[-2]
             or inputs.ndim not in (3, 4, 5)):
         return original(inputs, kernel, strides, padding, data_format, dilation_rate)  # groups, channels first
-    return conv_taps.keras_conv(inputs, kernel, strides, padding, dilation_rate)
+    return conv_taps.keras_conv(inputs, kernel, strides, padding, dilation_rate, method)
 
 
 def _moments(x, axes, keepdims=False, synchronized=False):
