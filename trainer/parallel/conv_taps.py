@@ -101,9 +101,10 @@ def wide_weight_gradient(x, gradient, w, strides, padding, dilation):
     """XLA's gradient of `conv(x, w)` with respect to `w`, its operands cast up to at least float32: (k..., C_in,
     C_out) in that dtype (the caller casts it to the kernel's)."""
     wide = jnp.promote_types(x.dtype, jnp.float32)
-    _, kernel_vjp = jax.vjp(lambda kernel: _forward(x.astype(wide), kernel, strides, padding, dilation),
-                            w.astype(wide))
-    (kernel_gradient,) = kernel_vjp(gradient.astype(wide))
+    x = x.astype(wide)
+    transpose = jax.linear_transpose(lambda kernel: _forward(x, kernel, strides, padding, dilation),
+                                     jax.ShapeDtypeStruct(w.shape, wide))  # the convolution's, as a map of w
+    (kernel_gradient,) = transpose(gradient.astype(wide))
     return kernel_gradient
 
 
