@@ -69,7 +69,8 @@ def _statistics(x, axes):
             across.append(len(blocked_shape))
             blocked_shape.append(parts)
         if parts < size or axis not in axes:
-            (within if axis in axes else []).append(len(blocked_shape))
+            if axis in axes:
+                within.append(len(blocked_shape))
             blocked_shape.append(size // parts)
     wide = jnp.reshape(x.astype(accumulate), blocked_shape)  # each reduced axis (n,) as (blocks, n / blocks)
     shift = wide

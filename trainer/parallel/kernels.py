@@ -75,8 +75,8 @@ class KernelsConfig:
             (`padded_transpose.py`), split or not.
         norm: "xla" (`jnp.mean` then `jnp.var`: two passes, autodiff's gradient) or "fused": each mean and
             variance `keras.ops.moments` computes (GroupNormalization, BatchNormalization) from one pass of sums
-            and sums of squares shifted by one of each block's values, in at least float32, with a one-pass
-            gradient of its own (`fused_norm.py`).
+            and sums of squares shifted close to the mean (by the mean of each device's first value), in at least
+            float32, with a one-pass gradient of its own (`fused_norm.py`).
         xla_flags: a name in `FLAG_SETS`: the XLA GPU options the step is compiled with ("none": XLA's defaults).
     """
 

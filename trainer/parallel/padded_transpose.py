@@ -27,12 +27,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-SPECS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
-
-
-def _per_axis(value, spatial_dims: int) -> tuple[int, ...]:
-    """An int or a sequence as one int per spatial axis."""
-    return (int(value),) * spatial_dims if isinstance(value, int) else tuple(int(v) for v in value)
+from trainer.parallel import conv_taps
 
 
 def conv_transpose(inputs, kernel, strides, padding: Sequence[tuple[int, int]], dilation_rate=1,
@@ -61,8 +56,8 @@ def conv_transpose(inputs, kernel, strides, padding: Sequence[tuple[int, int]], 
     if not channels_last:
         inputs = jnp.moveaxis(inputs, 1, -1)
     d = inputs.ndim - 2
-    strides, dilation = _per_axis(strides, d), _per_axis(dilation_rate, d)
-    multiples = _per_axis(output_multiples, d)
+    strides, dilation = conv_taps._per_axis(strides, d), conv_taps._per_axis(dilation_rate, d)
+    multiples = conv_taps._per_axis(output_multiples, d)
     window = [(k - 1) * r + 1 for k, r in zip(kernel.shape[:d], dilation)]
     lengths = [(n - 1) * s + 1 + low + high - (w - 1)
                for n, s, (low, high), w in zip(inputs.shape[1:1 + d], strides, padding, window)]
@@ -73,7 +68,7 @@ def conv_transpose(inputs, kernel, strides, padding: Sequence[tuple[int, int]], 
                                          (0, 0, 0)])  # (B, (n − 1)·s + 1 + low + high + extra..., C)
     flipped = jnp.swapaxes(jnp.flip(kernel, tuple(range(d))), -1, -2)  # (k..., C, filters)
     outputs = jax.lax.conv_general_dilated(dilated, flipped, (1,) * d, [(0, 0)] * d, rhs_dilation=dilation,
-                                           dimension_numbers=SPECS[d])  # (B, length + extra..., filters)
+                                           dimension_numbers=conv_taps.SPECS[d])  # (B, length + extra..., filters)
     if any(extra):
         outputs = outputs[(slice(None), *(slice(0, length) for length in lengths))]
     return outputs if channels_last else jnp.moveaxis(outputs, -1, 1)

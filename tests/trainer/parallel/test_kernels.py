@@ -53,6 +53,8 @@ def test_every_candidate_equals_kerass_ops_in_float64(spatial_dims, split):
             name
         assert padded.call_count == (2 if config.conv_transpose == "padded" else 0), name
         assert (statistics.call_count > 0) == (config.norm == "fused"), name
+        print(spatial_dims, split, name, abs(ours.loss - reference.loss) / abs(reference.loss),
+              step.worst_gradient(ours, reference))  # the figures a report quotes
         assert ours.float32_values == 0, name
         assert ours.gathered == [], f"{name}: {ours.gathered}"
         assert abs(ours.loss - reference.loss) <= 1e-12 * abs(reference.loss), name
