@@ -5,16 +5,11 @@ nnU-Net's; kernel 3 stride 2 "same", MONAI's). `build3d` is it as a user's netwo
 import keras
 
 
-def network(spatial_dims: int, num_classes=3, in_channels=1, input_norm=False):
-    """`input_norm`: the first convolution also sees the input InstanceNormed (beside the input as it is), so that a
-    normalization meets the input's own statistics (a convolution's "same" padding widens a large mean's spread)."""
+def network(spatial_dims: int, num_classes=3, in_channels=1):
     conv = {2: keras.layers.Conv2D, 3: keras.layers.Conv3D}[spatial_dims]
     transpose = {2: keras.layers.Conv2DTranspose, 3: keras.layers.Conv3DTranspose}[spatial_dims]
     inputs = keras.Input((None,) * spatial_dims + (in_channels,))
-    x = inputs
-    if input_norm:
-        x = keras.layers.Concatenate()([inputs, keras.layers.GroupNormalization(groups=in_channels)(inputs)])
-    x = conv(4, 3, padding="same")(x)
+    x = conv(4, 3, padding="same")(inputs)
     x = keras.layers.GroupNormalization(groups=4, epsilon=1e-5)(x)  # InstanceNorm
     skip = keras.layers.LeakyReLU(0.01)(x)
     x = conv(6, 3, strides=2, padding="same")(skip)
