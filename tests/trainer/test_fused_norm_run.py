@@ -1,7 +1,7 @@
 """`fullres train --set kernels.norm=fused` on a network whose first normalization sees a mean near 1000 against a
 spread below 0.1 (tests/trainer/user_networks.py:large_mean): its step-1 loss equals `kernels.norm=xla`'s, on one
 device and split 2×2. One-pass sums of squares (Σx²/n − mean²) cancelled there in float32: the loss was 7.41 against
-1.74 on such a network, and 1.9752 against 1.9491 on this one (1.3%, a hundred times this test's tolerance).
+1.74 on such a network, and 1.9752 against 1.9491 on this one (1.3%).
 """
 
 import json
@@ -35,7 +35,8 @@ def test_fused_norm_equals_xlas_on_channels_with_a_large_mean(demo_data, tmp_pat
     fused = _first_loss(demo_data, network, tmp_path / "fused", "fused", "1,1,1,1,1")
     split = _first_loss(demo_data, network, tmp_path / "split", "fused", "1,2,2,1,1")
     print({"xla": xla, "fused": fused, "fused split 2x2": split})
-    # Float32 throughout: the shifted sums' variance is within ~1e-6 of float64's, Keras's two-pass one within
-    # ~1e-5 at this spread; the loss moves by about that.
-    assert abs(fused - xla) <= 1e-4 * abs(xla), (fused, xla)
-    assert abs(split - xla) <= 1e-4 * abs(xla), (split, xla)
+    # Float32 throughout, at a spread far below the mean, where float32's rounding of either form's statistics
+    # moves the loss: measured 7.3e-5 apart (1.948963 against 1.949106), one device and split alike; the one-pass
+    # sums were 1.3e-2 apart (65 times this bound).
+    assert abs(fused - xla) <= 2e-4 * abs(xla), (fused, xla)
+    assert abs(split - xla) <= 2e-4 * abs(xla), (split, xla)
