@@ -8,9 +8,11 @@ do (`split_ops`): the ops are swapped while the training step is traced, nothing
 
     --set kernels.conv_weight_grad=taps     a convolution's weight gradient as one matrix product per kernel tap
                                             (GPU and CPU programs; a TPU program keeps XLA's: `for_platform`)
-    --set kernels.conv_weight_grad=float32  XLA's weight gradient with its operands in float32 (mixed precision)
+    --set kernels.conv_weight_grad=float32  XLA's weight gradient with its operands in float32 (mixed precision;
+                                            GPU and CPU programs)
     --set kernels.conv_transpose=subpixel   transposed convolutions as a stride-1 convolution + depth-to-space
     --set kernels.conv_transpose=padded     transposed convolutions as interior padding + a stride-1 convolution
+                                            (GPU and CPU programs)
     --set kernels.norm=fused                means and variances (GroupNorm, InstanceNorm, BatchNorm, LayerNorm)
                                             from one pass of shifted sums, with their own gradient
     --set kernels.xla_flags=NAME            a named set of XLA GPU compiler options (`FLAG_SETS`)
@@ -140,12 +142,16 @@ def using(config: KernelsConfig | None):
 
 def for_platform(config: KernelsConfig | None, platform: str) -> KernelsConfig:
     """`config` as a program for `platform` ("tpu", "gpu", "cuda", "cpu") computes it: a TPU program keeps XLA's
-    weight gradients ("taps" and "float32" alike). The TPU compiler computes them natively (bfloat16 is its own
-    type, with float32 accumulation in the matrix unit), and the per-tap products there pad each narrow
-    channel dimension to 128 lanes: measured on a v5e:2x2 slice (tests/trainer/plan/test_target_kernels.py, 16³,
-    4-6 channels, split 2×2), 8.29 MiB per device with `taps` against XLA's 0.77 MiB."""
+    weight gradients ("taps" and "float32" alike) and XLA's transposed convolutions for "padded". The TPU compiler
+    computes them natively (bfloat16 is its own type, with float32 accumulation in the matrix unit), and it pads each
+    narrow channel dimension to 128 lanes: measured on a v5e:2x2 slice (tests/trainer/plan/test_target_kernels.py,
+    16³, 4-6 channels, split 2×2), 8.29 MiB per device with `taps`, 7.77 MiB with `padded` (the interior-padded
+    activation), against XLA's 0.77 MiB."""
     config = config or KernelsConfig()
-    return dataclasses.replace(config, conv_weight_grad="xla") if platform == "tpu" else config
+    if platform != "tpu":
+        return config
+    return dataclasses.replace(config, conv_weight_grad="xla",
+                               conv_transpose="xla" if config.conv_transpose == "padded" else config.conv_transpose)
 
 
 def traced(function, config: KernelsConfig | None, platform: str = "gpu"):

@@ -74,7 +74,9 @@ def test_only_the_weight_gradient_is_computed_in_float32():
     assert [v.dtype for v in jaxpr.out_avals] == [jnp.bfloat16, jnp.bfloat16]
 
 
-def test_a_tpu_program_keeps_xlas_weight_gradient():
-    config = kernels.KernelsConfig(conv_weight_grad="float32", conv_transpose="padded")
-    assert kernels.for_platform(config, "tpu") == kernels.KernelsConfig(conv_transpose="padded")
+def test_a_tpu_program_keeps_xlas_weight_gradient_and_transposed_convolutions():
+    config = kernels.KernelsConfig(conv_weight_grad="float32", conv_transpose="padded", norm="fused")
+    assert kernels.for_platform(config, "tpu") == kernels.KernelsConfig(norm="fused")
     assert kernels.for_platform(config, "gpu") == config and kernels.for_platform(config, "cpu") == config
+    subpixel = kernels.KernelsConfig(conv_transpose="subpixel")
+    assert kernels.for_platform(subpixel, "tpu") == subpixel
