@@ -64,6 +64,12 @@ def spatial_parts(spatial_dims: int) -> tuple[int, ...]:
     return tuple(parts) if len(parts) == spatial_dims else (math.lcm(*parts),) * spatial_dims
 
 
+def split_of(spatial_dims: int) -> tuple[int, ...]:
+    """How many ways each spatial axis of an activation traced now is split: `spatial_parts` under a split, 1s
+    otherwise."""
+    return spatial_parts(spatial_dims) if active() else (1,) * spatial_dims
+
+
 def mesh():
     """The `jax.sharding.Mesh` the traced model is split over (`splitting`'s, else a splitting `SpatialParallel`'s);
     None where none is known (a shape-only trace), and the ops that need one (ring attention) are then Keras's."""
@@ -122,9 +128,14 @@ def traced_split(function, input_partition_dims, device_mesh=None):
 def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
                     dilation_rate=1):
     """Keras's JAX `conv_transpose`, as `padded_transpose.conv_transpose` under `conv_transpose_form("padded")`, else
-    as `subpixel.conv_transpose` under a split or `conv_transpose_form("subpixel")`."""
+    as `subpixel.conv_transpose` under a split or `conv_transpose_form("subpixel")` (or where the run's measured
+    kernel choice names either: `kernel_layers.chosen`)."""
+    from trainer.parallel import kernel_layers
+
     original = _ORIGINAL["conv_transpose"]
-    form = _CONV_TRANSPOSE.get()
+    form = kernel_layers.chosen("transposed convolution", inputs, kernel, {
+        "strides": strides, "padding": padding, "output_padding": output_padding, "data_format": data_format,
+        "dilation_rate": dilation_rate}, split_of(len(inputs.shape) - 2)) or _CONV_TRANSPOSE.get()
     if not active() and form == "xla":
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend
