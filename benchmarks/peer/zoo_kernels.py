@@ -35,7 +35,9 @@ CANDIDATES = {
     "xla": [],
     "taps": ["kernels.conv_weight_grad=taps"],
     "taps_unmerged": ["kernels.conv_weight_grad=taps", "kernels.xla_flags=taps_unmerged"],
+    "float32_grad": ["kernels.conv_weight_grad=float32"],
     "subpixel": ["kernels.conv_transpose=subpixel"],
+    "padded": ["kernels.conv_transpose=padded"],
     "fused": ["kernels.norm=fused"],
     "conv_nhwc": ["kernels.xla_flags=conv_nhwc"],
     "cudnn_fusion": ["kernels.xla_flags=cudnn_fusion"],
@@ -95,7 +97,8 @@ def compile_zoo(network: str, precision: str, size: int, published: bool, sets: 
                                             + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
     table = hlo_kernels.classify(text, hlo_kernels.layer_classes(builder.model))
     return {"network": network, "precision": precision, "size": size, "sets": sets, "target": target,
-            "compile_seconds": seconds, "bytes_per_device": total, "ops": hlo_kernels.op_counts(text),
+            "compile_seconds": seconds, "bytes_per_device": total,
+            "temp_bytes": None if memory is None else int(memory.temp_size_in_bytes), "ops": hlo_kernels.op_counts(text),
             "convolutions": table["convolutions"], "kernels_per_kind": kernels_per_kind(table)}
 
 

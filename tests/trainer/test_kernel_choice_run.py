@@ -33,7 +33,7 @@ def test_measure_chooses_records_caches_and_resumes(demo_data, tmp_path):
     assert kinds == {"convolution", "normalization"}  # the smoke UNet upsamples by a 1×1 convolution
     for row in record["layers"]:
         assert row["layer"] and row["reached"] and row["choice"] in row["times"]
-        assert set(row["times"]) == {"convolution": {"xla", "taps"}, "normalization": {"xla", "fused"}}[row["kind"]]
+        assert set(row["times"]) == {"convolution": {"xla", "taps", "float32"}, "normalization": {"xla", "fused"}}[row["kind"]]
     assert f"{len(record['layers'])} layers of {len({row['signature'] for row in record['layers']})} signatures" \
         in first[0]
     step = record["step"]

@@ -18,6 +18,16 @@ def _residual_block(x, filters: int, stride: int):
     return layers.Activation("relu")(layers.Add()([shortcut, y]))
 
 
+def large_mean(num_classes=3, in_channels=1):
+    """A first normalization that sees a mean near 1000 against a spread below 0.1 (raw detector counts on an
+    offset, say): an InstanceNorm of the offset input, a convolution with GroupNorm, a 1×1×1 head."""
+    inputs = keras.Input((None, None, None, in_channels))
+    x = layers.GroupNormalization(groups=in_channels)(layers.Rescaling(0.1, offset=1000.0)(inputs))
+    x = layers.Conv3D(8, 3, padding="same")(x)
+    x = layers.Activation("relu")(layers.GroupNormalization(groups=4)(x))
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x), name="large_mean")
+
+
 def residual_groupnorm(num_classes=3, in_channels=1):
     """3D residual network: GroupNorm, strided-convolution downsampling (/4), nearest upsampling, a skip."""
     inputs = keras.Input((None, None, None, in_channels))

@@ -8,9 +8,13 @@ do (`split_ops`): the ops are swapped while the training step is traced, nothing
 
     --set kernels.conv_weight_grad=taps     a convolution's weight gradient as one matrix product per kernel tap
                                             (GPU and CPU programs; a TPU program keeps XLA's: `for_platform`)
+    --set kernels.conv_weight_grad=float32  XLA's weight gradient with its operands in float32 (mixed precision;
+                                            GPU and CPU programs)
     --set kernels.conv_transpose=subpixel   transposed convolutions as a stride-1 convolution + depth-to-space
+    --set kernels.conv_transpose=padded     transposed convolutions as interior padding + a stride-1 convolution
+                                            (GPU and CPU programs)
     --set kernels.norm=fused                means and variances (GroupNorm, InstanceNorm, BatchNorm, LayerNorm)
-                                            from one pass of sums and sums of squares, with their own gradient
+                                            from one pass of shifted sums, with their own gradient
     --set kernels.xla_flags=NAME            a named set of XLA GPU compiler options (`FLAG_SETS`)
     --set kernels.choose=measure|fixed      time every candidate per layer on the run's device and keep the
                                             fastest (`trainer/engine/kernel_choice.py`; the default on a GPU), or
@@ -35,8 +39,8 @@ import functools
 
 from trainer.parallel import kernel_layers
 
-CONV_WEIGHT_GRADS = ("xla", "taps")
-CONV_TRANSPOSES = ("xla", "subpixel")
+CONV_WEIGHT_GRADS = ("xla", "taps", "float32")
+CONV_TRANSPOSES = ("xla", "subpixel", "padded")
 NORMS = ("xla", "fused")
 # Compiler options per named set. Each name exists in the locked XLA (a compile with an unknown one is refused
 # before anything runs: `test_kernels_config.py`). What each aims at (none of it measured on a GPU yet):
@@ -80,13 +84,17 @@ class KernelsConfig:
         conv_weight_grad: "xla" (XLA's convolution of the input with the output's gradient) or "taps": for each
             kernel tap one (C_in, C_out) matrix product of the shifted input and the output's gradient, in the
             compute dtype with float32 accumulation (`conv_taps.py`); the forward pass and the input's gradient
-            stay XLA's. Convolutions with groups (depthwise) and channels-first stay XLA's.
-        conv_transpose: "xla" (Keras's input-dilated convolution; already sub-pixel where the step is split) or
+            stay XLA's. "float32": XLA's weight gradient with the input and the output's gradient cast up to
+            float32 and the result cast back (`conv_taps.wide_weight_gradient`; a bfloat16 step's only).
+            Convolutions with groups (depthwise) and channels-first stay XLA's.
+        conv_transpose: "xla" (Keras's input-dilated convolution; already sub-pixel where the step is split),
             "subpixel": every transposed convolution as a stride-1 convolution and a depth-to-space
-            (`subpixel.py`), split or not.
+            (`subpixel.py`), split or not, or "padded": as interior padding and a stride-1 convolution
+            (`padded_transpose.py`), split or not.
         norm: "xla" (`jnp.mean` then `jnp.var`: two passes, autodiff's gradient) or "fused": each mean and
             variance `keras.ops.moments` computes (GroupNormalization, BatchNormalization) from one pass of sums
-            and sums of squares in at least float32, with a one-pass gradient of its own (`fused_norm.py`).
+            and sums of squares shifted close to the mean (by the mean of each device's first value), in at least
+            float32, with a one-pass gradient of its own (`fused_norm.py`).
         xla_flags: a name in `FLAG_SETS`: the XLA GPU options the step is compiled with ("none": XLA's defaults).
         choose: "measure": time each candidate of every layer on the run's device and keep the fastest (the fields
             above are then what it is compared with, and what layers it does not reach keep); "fixed": the fields
@@ -167,7 +175,7 @@ def using(config: KernelsConfig | None, layers: dict | None = None):
     install()
     token = _CURRENT.set(config)
     try:
-        with split_ops.subpixel_everywhere(config.conv_transpose == "subpixel"), kernel_layers.choice(layers):
+        with split_ops.conv_transpose_form(config.conv_transpose), kernel_layers.choice(layers):
             yield
     finally:
         _CURRENT.reset(token)
@@ -186,11 +194,16 @@ def recording():
 
 def for_platform(config: KernelsConfig | None, platform: str) -> KernelsConfig:
     """`config` as a program for `platform` ("tpu", "gpu", "cuda", "cpu") computes it: a TPU program keeps XLA's
-    weight gradients. The TPU compiler computes them natively, and the per-tap products there pad each narrow
-    channel dimension to 128 lanes: measured on a v5e:2x2 slice (tests/trainer/plan/test_target_kernels.py, 16³,
-    4-6 channels, split 2×2), 8.29 MiB per device with `taps` against XLA's 0.77 MiB."""
+    weight gradients ("taps" and "float32" alike) and XLA's transposed convolutions for "padded". The TPU compiler
+    computes them natively (bfloat16 is its own type, with float32 accumulation in the matrix unit), and it pads each
+    narrow channel dimension to 128 lanes: measured on a v5e:2x2 slice (tests/trainer/plan/test_target_kernels.py,
+    16³, 4-6 channels, split 2×2), 8.29 MiB per device with `taps`, 7.77 MiB with `padded` (the interior-padded
+    activation), against XLA's 0.77 MiB."""
     config = config or KernelsConfig()
-    return dataclasses.replace(config, conv_weight_grad="xla") if platform == "tpu" else config
+    if platform != "tpu":
+        return config
+    return dataclasses.replace(config, conv_weight_grad="xla",
+                               conv_transpose="xla" if config.conv_transpose == "padded" else config.conv_transpose)
 
 
 def traced(function, config: KernelsConfig | None, platform: str = "gpu", layers: dict | None = None):
@@ -209,15 +222,15 @@ def traced(function, config: KernelsConfig | None, platform: str = "gpu", layers
 
 
 def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
-    """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"` (the layer's own value in a
-    measured choice)."""
+    """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"`, in float32 under "float32"
+    (the layer's own value in a measured choice)."""
     original = _ORIGINAL["conv"]
     from trainer.parallel import split_ops
 
     options = {"strides": strides, "padding": padding, "data_format": data_format, "dilation_rate": dilation_rate}
     value = kernel_layers.chosen("convolution", inputs, kernel, options,
                                  split_ops.split_of(len(inputs.shape) - 2)) or current().conv_weight_grad
-    if value != "taps":
+    if value == "xla":
         return original(inputs, kernel, strides, padding, data_format, dilation_rate)
     from keras.src import backend
 
@@ -226,7 +239,7 @@ def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation
     if (backend.standardize_data_format(data_format) != "channels_last" or inputs.shape[-1] != kernel.shape[-2]
             or inputs.ndim not in (3, 4, 5)):
         return original(inputs, kernel, strides, padding, data_format, dilation_rate)  # groups, channels first
-    return conv_taps.keras_conv(inputs, kernel, strides, padding, dilation_rate)
+    return conv_taps.keras_conv(inputs, kernel, strides, padding, dilation_rate, value)
 
 
 def _moments(x, axes, keepdims=False, synchronized=False):

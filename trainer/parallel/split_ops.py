@@ -32,7 +32,9 @@ import contextvars
 _SPLITTING = contextvars.ContextVar("fullres_splitting", default=())  # input_partition_dims while `splitting`
 _MESH = contextvars.ContextVar("fullres_split_mesh", default=None)  # the jax Mesh of the split, where `splitting` has one
 _ORIGINAL = {}  # what `install` replaced: name -> the original function
-_SUBPIXEL_EVERYWHERE = contextvars.ContextVar("fullres_subpixel_everywhere", default=False)
+# How transposed convolutions are computed (`kernels.conv_transpose`): "xla" (Keras's own, sub-pixel under a split),
+# "subpixel" (sub-pixel everywhere) or "padded" (interior padding and a stride-1 convolution, split or not).
+_CONV_TRANSPOSE = contextvars.ContextVar("fullres_conv_transpose", default="xla")
 
 
 def partition_dims() -> tuple[int, ...]:
@@ -99,14 +101,15 @@ def splitting(input_partition_dims, device_mesh=None):
 
 
 @contextlib.contextmanager
-def subpixel_everywhere(enabled: bool = True):
-    """Traces what runs inside with every transposed convolution sub-pixel, split or not (`kernels.conv_transpose`)."""
+def conv_transpose_form(form: str = "xla"):
+    """Traces what runs inside with every transposed convolution in `form` (`kernels.conv_transpose`): "subpixel" or
+    "padded" split or not, "xla" Keras's own op (sub-pixel under a split)."""
     install()
-    token = _SUBPIXEL_EVERYWHERE.set(enabled)
+    token = _CONV_TRANSPOSE.set(form)
     try:
         yield
     finally:
-        _SUBPIXEL_EVERYWHERE.reset(token)
+        _CONV_TRANSPOSE.reset(token)
 
 
 def traced_split(function, input_partition_dims, device_mesh=None):
@@ -124,21 +127,22 @@ def traced_split(function, input_partition_dims, device_mesh=None):
 
 def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
                     dilation_rate=1):
-    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `subpixel_everywhere` (or where
-    the run's measured kernel choice names it: `kernel_layers.chosen`)."""
+    """Keras's JAX `conv_transpose`, as `padded_transpose.conv_transpose` under `conv_transpose_form("padded")`, else
+    as `subpixel.conv_transpose` under a split or `conv_transpose_form("subpixel")` (or where the run's measured
+    kernel choice names either: `kernel_layers.chosen`)."""
     from trainer.parallel import kernel_layers
 
     original = _ORIGINAL["conv_transpose"]
-    value = kernel_layers.chosen("transposed convolution", inputs, kernel, {
+    form = kernel_layers.chosen("transposed convolution", inputs, kernel, {
         "strides": strides, "padding": padding, "output_padding": output_padding, "data_format": data_format,
-        "dilation_rate": dilation_rate}, split_of(len(inputs.shape) - 2))
-    if not active() and (value or ("subpixel" if _SUBPIXEL_EVERYWHERE.get() else "xla")) != "subpixel":
+        "dilation_rate": dilation_rate}, split_of(len(inputs.shape) - 2)) or _CONV_TRANSPOSE.get()
+    if not active() and form == "xla":
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend
     from keras.src.backend.common import backend_utils
     from keras.src.backend.jax import core
 
-    from trainer.parallel import subpixel
+    from trainer.parallel import padded_transpose, subpixel
 
     data_format = backend.standardize_data_format(data_format)
     inputs, kernel = core.convert_to_tensor(inputs), core.convert_to_tensor(kernel)
@@ -147,12 +151,17 @@ def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=N
     padding_values = backend_utils.compute_conv_transpose_padding_args_for_jax(
         input_shape=shape, kernel_shape=kernel.shape, strides=strides, padding=padding,
         output_padding=output_padding, dilation_rate=dilation_rate)
-    # Phases in a multiple of each axis's split: the phase tensor then splits evenly, and its depth-to-space is each
-    # device's own (an output that is not stride × the input, e.g. "valid" with kernel 3, stride 2, otherwise
-    # all-gathered it split 2×2).
+    # Phases (or the padded form's output) in a multiple of each axis's split: the phase tensor then splits evenly,
+    # and its depth-to-space is each device's own (an output that is not stride × the input, e.g. "valid" with
+    # kernel 3, stride 2, otherwise all-gathered it split 2×2).
+    multiples = spatial_parts(len(shape) - 2)
+    if form == "padded":
+        return padded_transpose.conv_transpose(inputs, kernel, strides, padding_values, dilation_rate,
+                                               channels_last=data_format == "channels_last",
+                                               output_multiples=multiples)
     return subpixel.conv_transpose(inputs, kernel, strides, padding_values, dilation_rate,
                                    channels_last=data_format == "channels_last",
-                                   phase_multiples=spatial_parts(len(shape) - 2))
+                                   phase_multiples=multiples)
 
 
 def _resize(image, shape, method, antialias=True, precision=None):

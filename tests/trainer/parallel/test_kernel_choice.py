@@ -93,7 +93,7 @@ def test_a_slowed_candidate_is_never_chosen(tmp_path, monkeypatch, slowed):
     record = _choose(tmp_path, names=("conv",), channels=16).record  # 16 channels: work beyond the host's noise
     assert [row["layer"] for row in record["layers"]] == ["conv"]
     for row in record["layers"]:
-        assert set(row["times"]) == {"xla", "taps"}
+        assert set(row["times"]) == {"xla", "taps", "float32"}
         assert row["times"][slowed] > row["times"][{"xla": "taps", "taps": "xla"}[slowed]], row
         assert row["choice"] != slowed, row
 

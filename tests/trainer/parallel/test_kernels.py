@@ -1,6 +1,7 @@
 """The kernels fullres computes itself (`trainer/parallel/kernels.py`) equal Keras's own ops in float64: a network
 of every layer kind they replace (`tests/trainer/kernel_network.py`), its loss and every gradient within 1e-12
-relative, 2D and 3D, on one device and split 2×2 (0 activation all-gathers split), each candidate alone; and the setting is a run's."""
+relative, 2D and 3D, on one device and split 2×2 (0 activation all-gathers split), each candidate alone; and the
+setting is a run's. Hostile values (large means, tiny spreads, float32's extremes): `test_kernels_hostile.py`."""
 
 import functools
 from unittest import mock
@@ -12,10 +13,12 @@ from tests.trainer import kernel_network
 from tests.trainer.zoo import step
 from trainer import config as config_lib
 from trainer import config_resolution, presets
-from trainer.parallel import conv_taps, fused_norm, kernels, subpixel
+from trainer.parallel import conv_taps, fused_norm, kernels, padded_transpose, subpixel
 
 CANDIDATES = {"taps": kernels.KernelsConfig(conv_weight_grad="taps"),
+              "float32": kernels.KernelsConfig(conv_weight_grad="float32"),
               "subpixel": kernels.KernelsConfig(conv_transpose="subpixel"),
+              "padded": kernels.KernelsConfig(conv_transpose="padded"),
               "fused": kernels.KernelsConfig(norm="fused")}
 
 
@@ -38,13 +41,20 @@ def test_every_candidate_equals_kerass_ops_in_float64(spatial_dims, split):
     for name, config in CANDIDATES.items():
         with mock.patch.object(conv_taps, "weight_gradient", wraps=conv_taps.weight_gradient) as taps, \
                 mock.patch.object(fused_norm, "_statistics", wraps=fused_norm._statistics) as statistics, \
-                mock.patch.object(subpixel, "conv_transpose", wraps=subpixel.conv_transpose) as phases:
+                mock.patch.object(conv_taps, "wide_weight_gradient", wraps=conv_taps.wide_weight_gradient) as wide, \
+                mock.patch.object(subpixel, "conv_transpose", wraps=subpixel.conv_transpose) as phases, \
+                mock.patch.object(padded_transpose, "conv_transpose", wraps=padded_transpose.conv_transpose) as padded:
             ours = _step(spatial_dims, split, config)
-        # The candidate ran: per-tap products for every convolution, one-pass statistics for every norm, sub-pixel
-        # transposed convolutions (split: always).
+        # The candidate ran: per-tap (or widened) weight gradients for every convolution, one-pass statistics for
+        # every norm, sub-pixel transposed convolutions (split: unless padded), padded ones.
         assert taps.call_count == (4 if config.conv_weight_grad == "taps" else 0), name
-        assert phases.call_count == (2 if config.conv_transpose == "subpixel" or split else 0), name
+        assert wide.call_count == (4 if config.conv_weight_grad == "float32" else 0), name
+        assert phases.call_count == (2 if config.conv_transpose == "subpixel" or split and name != "padded" else 0), \
+            name
+        assert padded.call_count == (2 if config.conv_transpose == "padded" else 0), name
         assert (statistics.call_count > 0) == (config.norm == "fused"), name
+        print(spatial_dims, split, name, abs(ours.loss - reference.loss) / abs(reference.loss),
+              step.worst_gradient(ours, reference))  # the figures a report quotes
         assert ours.float32_values == 0, name
         assert ours.gathered == [], f"{name}: {ours.gathered}"
         assert abs(ours.loss - reference.loss) <= 1e-12 * abs(reference.loss), name

@@ -6,8 +6,9 @@ candidates replace (`tests/trainer/kernel_network.py:build3d`: convolutions, Ins
 `Conv3DTranspose` k2 s2 and k3 s2) at 16³ (split 2×2, XLA differentiates its dilated convolution right from
 16 voxels: `thin_shards`), batch 1: small, so that four TPU compiles stay cheap. Split, a transposed convolution
 is already sub-pixel (`split_ops`), so `conv_transpose=subpixel` lowers to the very same program, and a TPU program
-keeps XLA's weight gradients (`kernels.for_platform`: the per-tap products took 8.29 MiB per device here against
-0.77 MiB, narrow channels padded to 128 lanes); `norm=fused` changes it.
+keeps XLA's weight gradients, `taps` and `float32` alike, and XLA's transposed convolutions for `padded`
+(`kernels.for_platform`: the per-tap products took 8.29 MiB per device here, the interior-padded activations 7.77 MiB,
+against 0.77 MiB, narrow channels padded to 128 lanes); `norm=fused` changes it.
 """
 
 import re
@@ -21,7 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.target]
 NETWORK = "tests/trainer/kernel_network.py:build3d"
 DIMS = (1, 2, 2, 1, 1)
 CANDIDATES = {"xla": {}, "taps": {"kernels.conv_weight_grad": "taps"},
-              "subpixel": {"kernels.conv_transpose": "subpixel"}, "fused": {"kernels.norm": "fused"}}
+              "float32": {"kernels.conv_weight_grad": "float32"}, "subpixel": {"kernels.conv_transpose": "subpixel"},
+              "padded": {"kernels.conv_transpose": "padded"}, "fused": {"kernels.norm": "fused"}}
 
 
 def _compiled(overrides: dict, devices) -> dict:
@@ -51,3 +53,5 @@ def test_each_candidate_keeps_the_tpus_bytes_and_adds_no_gather():
     assert steps["fused"]["lowered"] != xla["lowered"]
     assert steps["subpixel"]["lowered"] == xla["lowered"]  # split: sub-pixel already
     assert steps["taps"]["lowered"] == xla["lowered"]  # a TPU program keeps XLA's weight gradients
+    assert steps["float32"]["lowered"] == xla["lowered"]
+    assert steps["padded"]["lowered"] == xla["lowered"]  # and its transposed convolutions (7.77 MiB per device)

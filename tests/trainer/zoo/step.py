@@ -95,8 +95,12 @@ def run(function, dims, images, labels, dtype: str = "float32") -> Step:
     one device and +6e-8 split), so what differs is the split's doing alone. Every value of that step is float64
     (`precision`; tests/trainer/zoo/test_zoo.py checks its jaxpr).
     """
+    return run_each(function, dims, [images], labels, dtype)[0]
+
+
+def run_each(function, dims, batches, labels, dtype: str = "float32") -> list[Step]:
+    """`run`'s step, compiled once and run on each of `batches` (images of one shape, the same labels)."""
     keras.utils.set_random_seed(0)
-    images = images.astype(dtype)
     distribution = fullres.SpatialParallel(dims, label_partition_dims=dims, devices=jax.devices()[:math.prod(dims)])
     with precision(dtype):
         keras.distribution.set_distribution(distribution)
@@ -109,16 +113,19 @@ def run(function, dims, images, labels, dtype: str = "float32") -> Step:
                 logits, _ = model.stateless_call(trainable, non_trainable, x, training=True)
                 return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
-            x = jax.device_put(images, distribution.get_data_layout(images.shape).backend_layout)
+            layout = distribution.get_data_layout(batches[0].shape).backend_layout
             y = jax.device_put(labels, distribution.get_label_layout(labels.shape).backend_layout)
+            x = jax.device_put(batches[0].astype(dtype), layout)
             compiled = jax.jit(jax.value_and_grad(loss_of)).lower(trainable, non_trainable, x, y).compile()
             text = compiled.as_text()
-            loss, grads = compiled(trainable, non_trainable, x, y)
+            results = [compiled(trainable, non_trainable, jax.device_put(images.astype(dtype), layout), y)
+                       for images in batches]
         finally:
             keras.distribution.set_distribution(None)
     weights = {tuple(v.shape) for v in model.weights}
-    return Step(float(loss), [np.asarray(g) for g in grads], gathers.activation_gathers(text, 1, weights),
-                text.count("collective-permute("), text.count("all-to-all("), text.count("f32["))
+    gathered = gathers.activation_gathers(text, 1, weights)
+    return [Step(float(loss), [np.asarray(g) for g in grads], gathered, text.count("collective-permute("),
+                 text.count("all-to-all("), text.count("f32[")) for loss, grads in results]
 
 
 def relative(a, b) -> float:
