@@ -85,6 +85,15 @@ def _kernel_hlo(data):
     return f"bfloat16 bytes a device against XLA's ops ({base / MIB:.1f} MiB): " + ", ".join(cells)
 
 
+def _kernel_candidates(data):
+    cells = []
+    for row in data["rows"]:
+        if row["target"] == "h100x1" and row["sets"]:
+            base = _by(data["rows"], target="h100x1", precision=row["precision"], sets=[])["temp_bytes"]
+            cells.append(f"{row['precision']} {'+'.join(row['sets'])} {row['temp_bytes'] / base - 1:+.1%}")
+    return "h100x1 temp bytes against XLA's ops: " + ", ".join(cells)
+
+
 def _layout_search(data):
     cells = []
     for search in data:
@@ -200,6 +209,9 @@ CATALOGUE = {
     "kernel_hlo.json": Entry(
         "the kernel candidates in the GPU compiler's program (PlainConvUNet 32³)",
         "`benchmarks/peer/zoo_kernels.py --candidates ...` (written by its predecessor)", "kernels.md", _kernel_hlo),
+    "kernel_candidates.json": Entry(
+        "the newer kernel candidates (float32 weight gradient, padded transpose) in the GPU compiler's program",
+        "`benchmarks/peer/zoo_kernels.py --candidates xla,float32_grad,padded`", "kernels.md", _kernel_candidates),
     "layout_search.json": Entry(
         "the best-ranked split of each N against the 1-D split",
         "`benchmarks/partitioning/memory_scaling.py --layout-search ...`", "planning.md#how-to-split-measured",
