@@ -39,7 +39,7 @@ def test_the_readme_python_example_runs_as_a_program(tmp_path):
     result = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, cwd=str(tmp_path),
                             env=environment, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "segmentation example.py:network [64, 64, 64], batch 1 per replica" in result.stdout
+    assert "segmentation example.py:network [64, 64, 64], 1 channel, batch 1 per replica" in result.stdout
     # The 4-way row: activations split (a quarter and a bit), halo exchanged, nothing all-gathered (then the halo's
     # ratio to its bound and the all-to-all bytes, issue 31's column).
     row = re.search(r"^ +4 1,4,1,1,1 .* (\d+) +([\d.]+) (B|KiB|MiB) +[\d.]+ +[\d.]+ (B|KiB|MiB) *$", result.stdout,

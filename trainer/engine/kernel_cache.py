@@ -46,10 +46,9 @@ def device_key(device) -> dict:
     """What a measured time depends on besides the op: the device kind and the versions of the software that builds
     and runs its program (plug-ins and cuDNN where installed)."""
     import jax
-    import jaxlib
 
     key = {"device_kind": str(device.device_kind), "platform": device.platform, "jax": jax.__version__,
-           "jaxlib": jaxlib.__version__}
+           "jaxlib": importlib.metadata.version("jaxlib")}  # read, not imported: jax brings it, fullres uses jax
     for name in PLUGINS:
         try:
             key[name] = importlib.metadata.version(name)
