@@ -37,11 +37,11 @@ def _rows() -> list[dict]:
         {"name": "goal: 1024³ bfloat16 on v5p:4x4x4", "kind": "plan", "target": "v5p:4x4x4", "size": [1024] * 3,
          "precision": "bfloat16", "dims": [1, 4, 4, 4, 1]},
         {"name": "goal: 512x512x1024 bfloat16 on h100x8", "kind": "plan", "target": "h100x8",
-         "size": [512, 512, 1024], "precision": "bfloat16", "dims": [1, 2, 2, 2, 1]},
+         "size": [1024, 512, 512], "precision": "bfloat16", "dims": [1, 2, 2, 2, 1]},
     ]
-    for size in ([512, 512, 1024], [1024] * 3):
+    for size in ([1024, 512, 512], [1024] * 3):  # D, H, W: 512×512 slices, 1024 of them
         for generation in ("v5e", "v5p", "h100"):
-            rows.append({"name": f"smallest {generation} for {'x'.join(map(str, size))} bfloat16", "kind": "smallest",
+            rows.append({"name": f"smallest {generation} for {'x'.join(map(str, size[::-1]))} bfloat16", "kind": "smallest",
                          "generation": generation, "size": size, "precision": "bfloat16"})
     for model in ("default", "nnunet_plain"):
         for precision in ("bfloat16", "float32"):
@@ -64,6 +64,14 @@ def _model(row: dict) -> dict:
 
 def compute(row: dict, max_seconds: float) -> dict:
     """One row's figures (in this process: the child's)."""
+    from trainer import cli_options
+    from trainer.plan import smallest_slice, targets
+
+    if row["kind"] == "smallest":
+        devices = max(t.device_count for t in smallest_slice.slices(row["generation"]))
+    else:
+        devices = targets.parse(row["target"]).device_count
+    cli_options.set_host_device_count(devices)  # the CPU pre-filter poses as the target's devices
     import jax
 
     jax.config.update("jax_platforms", "cpu")
@@ -112,6 +120,53 @@ def predict_largest(row: dict, max_seconds: float) -> dict:
             "points": list(edge.points.values())}
 
 
+def _gib(count) -> str:
+    return "" if count is None else f"{count / 2**30:.1f} GiB"
+
+
+def _figures(row: dict) -> tuple[str, str, str, str]:
+    """(answer, layout, per-device bytes of the device's memory, step time) of one computed row, for the table."""
+    found = row["result"]
+    if "not_finished" in found or "error" in found:
+        return found.get("not_finished") or f"failed: {found['error']}", "", "", ""
+    if row["kind"] == "plan":
+        top = found["row"] or {}
+        step = found.get("step_time") or {}
+        answer = "fits" if found["fits"] else "does not fit"
+        return (answer, ",".join(map(str, top.get("input_partition_dims", []))), _gib(top.get("total_bytes")),
+                f"{step['seconds']:.3g} s ({step['source']})" if step else "")
+    if row["kind"] == "predict":
+        best = found["largest"] or {}
+        return (f"{best['side']}³" if best else "none searched fits", "1 device", _gib(best.get("total_bytes")), "")
+    key = "smallest" if row["kind"] == "smallest" else "largest"
+    best = found[key]
+    step = found.get("step_time") or {}
+    if best is None:
+        return ("none searched fits" + (", some not searched" if found.get("not_searched") else ""), "", "", "")
+    answer = best["target"] if key == "smallest" else "x".join(map(str, best["size"]))
+    if key == "largest" and found.get("not_searched"):
+        answer += " (larger: not searched)"
+    layout = ",".join(map(str, best["row"]["input_partition_dims"]))
+    return (answer, layout, _gib(best["row"]["total_bytes"]),
+            f"{step['seconds']:.3g} s ({step['source']})" if step else "")
+
+
+def table(result: dict) -> list[str]:
+    """The grid as Markdown rows: every row of `ROWS`, computed or said not computed."""
+    done = {r["name"]: r for r in result["rows"]}
+    lines = ["| row | answer | layout | per device | step (compiler's estimate) | computed in | date |",
+             "|---|---|---|---|---|---|---|"]
+    for row in ROWS:
+        entry = done.get(row["name"])
+        if entry is None:
+            lines.append(f"| {row['name']} | not computed | | | | | |")
+            continue
+        answer, layout, per_device, step = _figures(entry)
+        lines.append(f"| {row['name']} | {answer} | {layout} | {per_device} | {step} | {entry['seconds'] / 60:.1f} min "
+                     f"| {entry['date'][:10]} |")
+    return lines
+
+
 def _versions() -> dict:
     from trainer.plan import target_compile
 
@@ -123,6 +178,7 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="compute only the rows of this name")
     parser.add_argument("--redo", action="append", default=[], help="compute this row again")
     parser.add_argument("--until", default=None, help="start no row after this UTC time (HH:MM)")
+    parser.add_argument("--table", action="store_true", help="print the grid as Markdown from the JSON and stop")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
@@ -135,6 +191,9 @@ def main() -> None:
     if os.path.exists(RESULTS):
         with open(RESULTS, encoding="utf-8") as file:
             result = json.load(file)
+    if args.table:
+        print("\n".join(table(result)))
+        return
     done = {r["name"] for r in result["rows"] if r["name"] not in args.redo}
     for row in ROWS:
         if row["name"] in done or (args.only and row["name"] not in args.only):

@@ -199,7 +199,7 @@ def lines(result: dict) -> list[str]:
         if result["not_searched"]:
             first, last = ("x".join(map(str, s)) for s in result["not_searched"])
             said.append(f"not searched (the time ran out): {first}" + ("" if first == last else f" to {last}")
-                        + f"; give more --max-seconds to reach them")
+                        + "; give more --max-seconds to reach them")
         return said
     said.insert(0, f"smallest {result['generation']} slice that trains {'x'.join(map(str, result['size']))} whole "
                    f"(one replica over all its devices; slices {', '.join(result['slices_considered'])}):")
