@@ -78,7 +78,7 @@ def compute(row: dict, max_seconds: float) -> dict:
     from trainer.plan import memory_plan, rent
 
     if row["kind"] == "plan":
-        plan = memory_plan.run(model="unet3d", settings={"precision": row["precision"]}, image_size=row["size"],
+        plan = memory_plan.run(settings={"precision": row["precision"]}, image_size=row["size"],
                                partitions=(math.prod(row["dims"]),),
                                layouts_to_try=tuple(row["dims"]), target=row["target"])
         found = plan.to_json()

@@ -102,7 +102,7 @@ def largest(*, model=None, preset="default", settings=None, set_pairs=None, imag
     log(f"searching {len(found)} sizes ({step} to {found[-1][axes[0]]} voxels along "
         f"{', '.join(largest_volume.AXES[len(shape) - 1][a] for a in axes)}) "
         f"for the largest that fits, within {max_seconds:g} s")
-    result = largest_volume.search(probe, found, axes, tuple(image_size) if image_size else None, memory,
+    result = largest_volume.search(probe, found, axes, tuple(shape[:-1]), memory,
                                    max_seconds, started)
     compiler, terms = _terms(on)
     return {"mode": "largest", "target": on.name, "devices": count, "network": _network(config),
@@ -136,8 +136,8 @@ def smallest(*, kind: str, model=None, preset="default", settings=None, set_pair
                                         cache, deadline, log, shape[-1])(shape[:-1])
 
     count = len(candidates)
-    start = count - 1 - next((i for i, t in enumerate(candidates) if t.device_count >= 8), 0)
-    edge = edge_search.find_edge(count, probe, lambda p: p.fits, start)
+    # From the smallest slice up: a slice far too small costs CPU estimates only (its CPU figure exceeds the memory)
+    edge = edge_search.find_edge(count, probe, lambda p: p.fits, count - 1)
     by_slice = {candidates[-1 - i].name: p for i, p in edge.points.items()}
     chosen = None if edge.last_fit is None else candidates[-1 - edge.last_fit]
     following = None

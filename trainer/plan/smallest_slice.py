@@ -4,7 +4,8 @@ of that generation that trains `--image-size` whole, with its layout, and the ne
 The slices are those the generation is rented in (`targets.TpuGeneration.slices`, the 3-D generations' cubes from
 4x4x4 up; GPUs 1, 2, 4 and 8 per host, then hosts of 8), up to `MAX_DEVICES` devices, in order of their devices.
 One replica spans each slice's devices; whether the volume fits there is `largest_volume.SizeProbe`'s answer, and
-`edge_search.find_edge` walks the slices (more devices never need more bytes per device for the same volume).
+`edge_search.find_edge` walks the slices from the smallest up (more devices never need more bytes per device for the
+same volume).
 """
 
 from __future__ import annotations
