@@ -37,6 +37,7 @@ LAYERS = (
     "trainer.trained_run",
     "trainer.export",
     "trainer.evaluate",
+    "trainer.resolved_run",
     "trainer.run_setup",
     "trainer.train_loop",
     "trainer.train",
