@@ -141,6 +141,10 @@ def _figures(row: dict) -> tuple[str, str, str, str]:
     key = "smallest" if row["kind"] == "smallest" else "largest"
     best = found[key]
     step = found.get("step_time") or {}
+    if best is None and key == "smallest" and found.get("not_searched"):
+        missed = [p["target"] for p in found["points"] if p["fits"] is False]
+        return (f"not {missed[-1] if missed else 'any searched'} or smaller; {found['not_searched'][0]} to "
+                f"{found['not_searched'][-1]}: not searched", "", "", "")
     if best is None:
         return ("none searched fits" + (", some not searched" if found.get("not_searched") else ""), "", "", "")
     answer = best["target"] if key == "smallest" else "x".join(map(str, best["size"]))
