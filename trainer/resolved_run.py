@@ -101,9 +101,8 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     # Before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8".
     rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps,
                                    len(devices), continue_with_changes, log, trained_on=trained_on)
-    video = (task.preprocessing() or {}).get("kind") == "video"  # a clip's first axis is its length in frames
     partitioning.validate(config.partition, image_shape, len(devices), config.model.downsampling_levels,
-                          config.batch_size, partitioning.VIDEO_DIMENSION_NAMES if video else None)
+                          config.batch_size, registry.dimension_names(task))  # a clip's axis: its length
     warmup = program.warmup_note(config, total_steps)
     return ResolvedRun(config, task, num_examples, total_steps, image_shape, devices, choice, rerun, eval_note,
                        () if warmup is None else (warmup,))
