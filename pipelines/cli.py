@@ -30,7 +30,7 @@ app = typer.Typer(rich_markup_mode=None,
 )
 app.callback()(trainer_cli.global_options)
 app.command()(trainer_cli.train)
-app.command()(trainer_cli.plan)
+app.command(cls=trainer_cli.cli_rent.PlanCommand)(trainer_cli.plan)
 app.command()(cli_predict.predict)
 app.command()(demo.demo)
 

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from common import console, parsing
-from trainer import cli_help, cli_options
+from trainer import cli_help, cli_rent, cli_options
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -185,13 +185,13 @@ def train(
         console.fail_if_write_error(error, output)
 
 
-@app.command()
+@app.command(cls=cli_rent.PlanCommand)
 def plan(
     model: Annotated[str | None, typer.Option(help="Shorthand: unet3d, unet2d (segmentation) or retinanet (detection), or your own network as FILE.py:FUNCTION (as for fullres train; 2D or 3D from --image-size); default: the preset's task.")] = None,
     preset: Annotated[str, typer.Option(help="The training preset to size, as for fullres train (default: the task's default).")] = "default",
     image_size: Annotated[str | None, typer.Option(help="Spatial size of one input, e.g. 256,256,256 (D,H,W; the default) or 2560,2560 (the detection canvas).")] = None,
     partitions: Annotated[str | None, typer.Option(help="Core counts N to compare, e.g. 1,2,4,8,16 or 64 (default 1,2,4,8,16; on a --target, those that divide its devices).")] = None,
-    layouts: Annotated[str, typer.Option(help="default: N-way along the first spatial dimension (where that cannot divide, the dividing split of least halo, said in its row); all: every split of N over the spatial dimensions that divides, ranked.")] = "default",
+    layouts: Annotated[str | None, typer.Option(help="default: N-way along the first spatial dimension (where that cannot divide, the dividing split of least halo, said in its row); all: every split of N over the spatial dimensions that divides, ranked (the default of --largest and of a --target generation).")] = None,
     precision: Annotated[str | None, typer.Option(help="float32 or bfloat16.")] = None,
     remat: Annotated[bool | None, typer.Option("--remat/--no-remat", help="Recompute activations in the backward pass.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Examples per replica.")] = None,
@@ -205,11 +205,13 @@ def plan(
     patch_size: Annotated[str | None, typer.Option(help="Segmentation: size the step for D,H,W crops, as fullres train --patch-size compiles it (--image-size is then the volumes' size, and --data is read as crops).")] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Any training setting as a dotted key, as for fullres train (repeatable).")] = None,
     device_memory: Annotated[str | None, typer.Option(help="Memory of one device, e.g. 16GiB: layouts that fit rank first, and the smallest N that fits is named.")] = None,
-    target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`.")] = "cpu",
+    target: Annotated[str, typer.Option(help="Compile for this hardware with its own compiler, without it: cpu (this machine), a TPU slice (v5e:2x2, v4:2x2x1, v5p:2x2x4, v6e:4x4, tpu7x:2x2x1) or GPUs (h100x8, h100x8x2; a100, h200, b200); TPUs need `uv sync --group tpu`, GPUs `uv sync --group cuda`. A generation alone (v5e, v5p, h100) finds its smallest slice that trains --image-size whole.")] = "cpu",
     input_partition_dims: Annotated[str | None, typer.Option(help="Plan this one layout instead of comparing, e.g. 1,8,8,1 (N is its product; --partitions is then ignored).")] = None,
     max_minutes: Annotated[float | None, typer.Option(help="On a TPU or GPU target: start no compile for it after this many minutes (the layouts left are listed).")] = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="On a target: reuse figures the same compiler gave for the same step before ($FULLRES_PLAN_CACHE, default ~/.cache/fullres/target-plans).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print the plan as JSON: rows (input_partition_dims, rank, halo bound, estimated step time), refusals, and on a target what to launch (`launch.parameters`, which `fullres pipeline submit --plan` reads).")] = False,
+    largest: Annotated[str | None, typer.Option(help=cli_help.LARGEST_HELP)] = None,
+    max_seconds: Annotated[float | None, typer.Option(help=cli_help.MAX_SECONDS_HELP)] = None,
     data: Annotated[str | None, typer.Option("--data", help="Your training records (a data set folder or a pattern of its records): measure how fast this host reads one process's share of them for the chosen layout, beside the step's estimate on a --target, and say whether the input keeps up.")] = None,
 ) -> None:
     """Size a run before renting accelerators: per-device memory and halo traffic of the step fullres train compiles.
@@ -217,9 +219,21 @@ def plan(
     With --target, the step is compiled by that hardware's own compiler (a TPU slice's libtpu, or JAX's CUDA
     plug-in) on this machine: each layout is first sized on the CPU, layouts whose CPU figure already exceeds
     the target's memory are not compiled for it, and the plan ends with what to launch.
+
+    --largest finds the largest volume a target trains whole; --target with a generation alone (v5e, v5p, h100)
+    the smallest slice of it that trains --image-size whole (compiler figures, not device measurements).
     """
     from common import sizes
     from trainer.plan import targets
+
+    if largest is not None or max_seconds is not None or cli_rent.is_generation(target):
+        flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
+                 "model.base_filters": base_filters, "model.in_channels": in_channels, "model.stem": stem,
+                 "model.encoder": encoder, "model.deep_supervision": deep_supervision}
+        cli_rent.rent(largest=largest, target=target, model=model, preset=preset, flags=flags, settings=settings,
+                      image_size=image_size, partitions=partitions, layouts=layouts, device_memory=device_memory,
+                      max_seconds=max_seconds, cache=cache, json_output=json_output)
+        return
 
     try:
         on = targets.parse(target)  # an unknown target or slice is named before anything is built
@@ -268,7 +282,7 @@ def plan(
     try:
         plan = memory_plan.run(
             model=model, preset=preset, settings={**{k: v for k, v in flags.items() if v is not None}, **given},
-            image_size=size, partitions=asked, layouts_to_try=dims or layouts, device_memory=device_memory,
+            image_size=size, partitions=asked, layouts_to_try=dims or layouts or "default", device_memory=device_memory,
             target=target, max_minutes=max_minutes, use_cache=cache, data=data, set_pairs=given, typed=typed,
             log=lambda line: typer.echo(line, err=True))
         memory = targets.memory_per_device(on)  # a target's own, unless --device-memory says

@@ -1,8 +1,8 @@
 """What `fullres plan --target h100x1` (or `h200x1`) says for every row of `device_check.py`, written ahead, without a GPU.
 
-For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then at
-growing cubes 32 voxels apart from the size its 128³ figure scales to, until the plan says one fits and the next
-does not (that is the largest cube the plan says fits). Each point is `memory_plan.run`, `fullres plan`'s own
+For each model, precision and augmentation of `device_check.py`'s training part: the plan at 128³, then the
+largest cube 32 voxels apart that the plan says fits, found by `fullres plan --largest`'s search
+(`edge_search.find_edge`) from the size its 128³ figure scales to. Each point is `memory_plan.run`, `fullres plan`'s own
 code (the CPU compile for the roofline's counts, then the target's compiler; `target_total_bytes` and
 `target_fits` repeat the target compiler's figures, the fields `device_check.py` reads first). On a GPU `fullres
 plan` leaves a size uncompiled for the target only where its CPU figure is over ten times the device's memory
@@ -101,24 +101,25 @@ def fits(point: dict) -> bool:
 
 
 def largest(row: dict, first: dict, known: list[dict], target: str, save, start: int | None = None) -> None:
-    """The plan at cubes 32 apart, from where the 128³ figure scales to (or `start`), until one fits and the next
-    does not."""
-    from trainer.plan import targets
+    """The largest cube the plan says fits, among cubes 32 apart up to 1024: `fullres plan --largest`'s search
+    (`edge_search.find_edge`) from where the 128³ figure scales to (or `start`); points already in `known` are read,
+    not planned again."""
+    from trainer.plan import edge_search, targets
 
     limit = targets.memory_per_device(targets.parse(target))
     scale = ((limit - first["argument_bytes"]) / first["temp_bytes"]) ** (1 / 3)
-    size = start or max(STEP, int(128 * scale) // STEP * STEP)
+    sides = list(range(STEP, 1024 + 1, STEP))
+    size = min(max(start or int(128 * scale) // STEP * STEP, STEP), sides[-1])
     seen = {p["size"]: p for p in known if "target_fits" in p}
-    while STEP <= size <= 1024:
-        if size not in seen or seen[size].get("step_seconds") is None:
-            seen[size] = scaled_roofline(seen.get(size) or plan_point(row, size, target), first, target)
-            save(seen[size])
-        point = seen[size]
-        if fits(point) and (size + STEP) in seen and not fits(seen[size + STEP]):
-            return
-        if not fits(point) and (size - STEP) in seen and fits(seen[size - STEP]):
-            return
-        size = size + STEP if fits(point) else size - STEP
+
+    def probe(index: int) -> dict:
+        side = sides[index]
+        if side not in seen or seen[side].get("step_seconds") is None:
+            seen[side] = scaled_roofline(seen.get(side) or plan_point(row, side, target), first, target)
+            save(seen[side])
+        return seen[side]
+
+    edge_search.find_edge(len(sides), probe, fits, sides.index(size))
 
 
 def main() -> None:
