@@ -94,6 +94,20 @@ def _kernel_candidates(data):
     return "h100x1 temp bytes against XLA's ops: " + ", ".join(cells)
 
 
+def _rent_grid(data):
+    cells = []
+    for row in data["rows"]:
+        found = row["result"]
+        if row["kind"] == "plan" and found.get("row"):
+            cells.append(f"{'×'.join(map(str, row['size']))} {row['precision']} on {row['target']}: "
+                         f"{'fits' if found['fits'] else 'does not fit'}, {found['row']['total_bytes'] / GIB:.1f} GiB")
+        elif row["kind"] == "smallest":
+            chosen = found.get("smallest")
+            cells.append(f"smallest {row['generation']} for {'×'.join(map(str, row['size']))}: "
+                         + (chosen["target"] if chosen else "none of the slices searched"))
+    return "; ".join(cells) + " (compiler figures)"
+
+
 def _layout_search(data):
     cells = []
     for search in data:
@@ -212,6 +226,9 @@ CATALOGUE = {
     "kernel_candidates.json": Entry(
         "the newer kernel candidates (float32 weight gradient, padded transpose) in the GPU compiler's program",
         "`benchmarks/peer/zoo_kernels.py --candidates xla,float32_grad,padded`", "kernels.md", _kernel_candidates),
+    "rent_grid.json": Entry(
+        "what to rent: the largest volume a slice trains whole, the smallest slice for a volume",
+        "`benchmarks/partitioning/rent_grid.py`", "what-to-rent.md", _rent_grid),
     "layout_search.json": Entry(
         "the best-ranked split of each N against the 1-D split",
         "`benchmarks/partitioning/memory_scaling.py --layout-search ...`", "planning.md#how-to-split-measured",

@@ -217,6 +217,7 @@ def main() -> None:
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                  "compiler_versions": _versions()}
         result["rows"] = [r for r in result["rows"] if r["name"] != row["name"]] + [entry]
+        result["date"] = entry["date"][:10]  # the newest row's day: the measurements index dates the file by it
         os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
         with open(RESULTS + ".tmp", "w", encoding="utf-8") as file:
             json.dump(result, file, indent=1)
