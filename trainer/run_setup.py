@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -63,11 +63,15 @@ def seed(seed: int) -> None:
     np.random.seed(seed)
 
 
-def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_with_changes: bool = False) -> Run:
-    """Task, layout, mesh, model and the state to start from; the run's config files written (process 0)."""
+def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_with_changes: bool = False,
+           class_names: Sequence[str] | None = None) -> Run:
+    """Task, layout, mesh, model and the state to start from; the run's config files written (process 0).
+    `class_names`: `registry.make_task`'s; a resume without them keeps those the run recorded."""
     import jax
 
-    task = registry.make_task(config)
+    recorded = trained_run.read_record(config.output_dir)
+    class_names = class_names or recorded.info.get("class_names")
+    task = registry.make_task(config, class_names)
     num_examples = task.num_examples()
     total_steps = config.steps
     if config.epochs is not None:
@@ -80,10 +84,10 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
         log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
         config = config_lib.with_dims(config, choice.input_partition_dims)
-        task = registry.make_task(config)
+        task = registry.make_task(config, class_names)
     # A rerun into a run's folder keeps to what the run means, checked before anything is built or written (and
     # before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8").
-    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps, len(devices),
+    rerun = run_record.check_rerun(config, recorded, total_steps, len(devices),
                                    continue_with_changes, log)
     partitioning.validate(
         config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -35,7 +35,8 @@ from trainer.tasks import registry
 
 
 def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True,
-          continue_with_changes: bool = False, eval_across_preprocessings: bool = False) -> dict:
+          continue_with_changes: bool = False, eval_across_preprocessings: bool = False,
+          class_names: Sequence[str] | None = None) -> dict:
     """Trains (or resumes) the model `config` describes; returns the metrics dict.
 
     A rerun into a run's folder resumes it only as it was (`engine.run_record`) unless `continue_with_changes`;
@@ -43,6 +44,9 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
+    `class_names` (one per class, background first: the pipeline's) name the
+    classes where the training data's label_map.json names none; the run keeps
+    them in model_info.json, for evaluate's report and predict.
     The output directory must be new, empty, or an earlier run (resumed), and
     outside the data's directories; the first process holds its lock while it
     trains. A rerun refused for its configuration leaves the run untouched.
@@ -76,7 +80,7 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
     if not config.partition.is_auto:  # a split the devices cannot hold is named before the data are read (a resume:
         resume_devices.check(config, jax.device_count())  # by the device counts its run fits)
     # The data are judged before the output: a run refused for its data leaves no run folder behind.
-    task = registry.make_task(config)
+    task = registry.make_task(config, class_names)
     task.check_data(config.train_data, "--train", training=True)
     eval_note = None
     if config.eval_data:
@@ -91,13 +95,14 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
                                                          "evaluation data": config.eval_data})
     chief_lock = output_lock.lock(config.output_dir) if jax.process_index() == 0 else contextlib.nullcontext()
     with chief_lock:
-        return _train(config, log, export_saved_model, continue_with_changes, eval_note)
+        return _train(config, log, export_saved_model, continue_with_changes, eval_note, class_names)
 
 
 def _train(config: config_lib.TrainConfig, log: Callable[[str], None], export_saved_model: bool,
-           continue_with_changes: bool, eval_note: str | None = None) -> dict:
+           continue_with_changes: bool, eval_note: str | None = None,
+           class_names: Sequence[str] | None = None) -> dict:
     """`train`, once the output directory is known to be safe and this process holds it."""
-    run = run_setup.set_up(config, log, continue_with_changes)
+    run = run_setup.set_up(config, log, continue_with_changes, class_names)
     run.eval_note = eval_note
     writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief else None
     try:
