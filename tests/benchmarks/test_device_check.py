@@ -1,4 +1,4 @@
-"""benchmarks/device_check.py: the GPU check stays runnable, its JSON checks, and a part that fails does not stop the rest.
+"""benchmarks/device/device_check.py: the GPU check stays runnable, its JSON checks, and a part that fails does not stop the rest.
 
 The CPU run at tiny sizes (the script as the device runs it, every part in its own process) is in the fast tier
 (issue 46): 9 s on the 2-core machine when it is quiet (2026-11-27), 32-78 s while six other jobs shared it. The
@@ -17,7 +17,7 @@ import time
 import pytest
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPOSITORY, "benchmarks", "device_check.py")
+SCRIPT = os.path.join(REPOSITORY, "benchmarks", "device", "device_check.py")
 
 
 def load():
@@ -230,7 +230,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_row_runs(tmp_pat
 
 def _plan_helpers():
     spec = importlib.util.spec_from_file_location("device_check_plan", os.path.join(REPOSITORY, "benchmarks",
-                                                                                     "device_check_plan.py"))
+                                                                                     "device", "device_check_plan.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -276,7 +276,7 @@ def test_the_largest_cube_compiles_without_autotuning_where_autotuning_alone_wou
 
 def test_the_rows_read_the_workspace_the_devices_autotuner_gave_each_convolution():
     spec = importlib.util.spec_from_file_location("device_readings", os.path.join(REPOSITORY, "benchmarks",
-                                                                                   "device_readings.py"))
+                                                                                   "device", "device_readings.py"))
     rows = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rows)
 

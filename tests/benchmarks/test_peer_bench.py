@@ -1,7 +1,7 @@
-"""benchmarks/peer_bench.py: the same networks under PyTorch and fullres, side by side (issue 49).
+"""benchmarks/peer/peer_bench.py: the same networks under PyTorch and fullres, side by side (issue 49).
 
 Fast: the JSON's ratios are the rows' own figures divided, candidates by name run their bfloat16 rows first, and the
-image's lock holds no PyTorch. Slow (each imports torch, or traces a step): the PyTorch side's loss is fullres's own
+the demo's and the image's locks hold no PyTorch. Slow (each imports torch, or traces a step): the PyTorch side's loss is fullres's own
 (same logits, same labels: the same number), PlainConvUNet and MONAI's UNet are the zoo's ports weight for weight
 (every weight's shape, as a multiset), a fullres row compiles with its candidate's XLA options, a PyTorch row's
 process, and the whole command at tiny sizes on the CPU, every row in its own process, as the device runs it.
@@ -20,18 +20,19 @@ import numpy as np
 import pytest
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCHMARKS = os.path.join(REPOSITORY, "benchmarks")
+BENCHMARKS = os.path.join(REPOSITORY, "benchmarks")  # peer/ and device/ below it
 
 
 def load(name: str):
-    sys.path.insert(0, BENCHMARKS)  # the scripts import one another as the command runs them
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
+    folder = "device" if name.startswith("device_") else "peer"
+    sys.path.insert(0, os.path.join(BENCHMARKS, folder))  # the scripts import one another as the command runs them
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, folder, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_test_environment_has_pytorch_and_the_image_does_not():
+def test_the_test_environment_has_pytorch_and_neither_the_demo_nor_the_image_does():
     uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in UV
     assert uv, "uv is not on PATH; run the tests with `python3 -m uv run pytest`"
 
@@ -42,9 +43,10 @@ def test_the_test_environment_has_pytorch_and_the_image_does_not():
         return set(re.findall(r"^([a-z0-9][a-z0-9._-]*)==", exported.stdout, flags=re.M))
 
     peer = {"torch", "monai", "dynamic-network-architectures"}
-    assert peer <= locked()  # the README's test command: the dev group, which includes peer
-    image = locked("--no-dev")  # the Dockerfile's `uv sync --locked --no-dev`
-    assert not peer & image and not any(name.startswith("nvidia-") for name in image)
+    assert peer <= locked("--group", "peer")  # the README's test command adds the group
+    heavy = peer | {"triton"}  # with the nvidia-* wheels: PyTorch's CUDA build, 5.3 GB
+    for environment in (locked(), locked("--no-dev")):  # the demo's `uv run --locked` (default groups); the image's
+        assert not heavy & environment and not any(name.startswith("nvidia-") for name in environment)
 
 
 @pytest.mark.slow  # `import torch` in the test's process: 9.8 s on the loaded machine (fast tier: 2026-11-28)
@@ -67,7 +69,7 @@ def test_the_pytorch_loss_is_fullres_loss_on_the_same_logits(balance):
 
 SHAPES = """
 import json, os, sys
-sys.path.insert(0, {repository!r}); sys.path.insert(0, {benchmarks!r})
+sys.path.insert(0, {repository!r}); sys.path.insert(0, {benchmarks!r} + "/peer")
 import numpy as np
 import trainer
 import torch
@@ -111,7 +113,7 @@ def test_the_pytorch_network_and_the_zoo_port_hold_the_same_weights(network):
 def test_a_pytorch_row_measures_a_step_and_names_what_cannot_run_here():
     row = {"side": "torch", "network": "nnunet_plain", "name": "torch eager float32", "tiny": True, "size": 16,
            "batch_size": 1, "steps": 2, "warmup": 1, "mode": "eager", "precision": "float32", "limit_seconds": 300}
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer_rows.py"), json.dumps(row)],
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer", "peer_rows.py"), json.dumps(row)],
                             capture_output=True, text=True, timeout=600, cwd=REPOSITORY)
     found = [line for line in result.stdout.splitlines() if line.startswith("ROW_RESULT ")]
     assert found, result.stdout[-2000:] + result.stderr[-3000:]
@@ -147,7 +149,7 @@ def test_the_ratios_are_the_rows_own_figures_divided():
 @pytest.mark.slow
 def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_run(tmp_path):
     output = tmp_path / "peer.json"
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer_bench.py"), "--tiny", "--json",
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer", "peer_bench.py"), "--tiny", "--json",
                              str(output), "--networks", "nnunet_plain", "--candidate", "kernels.no_such_kernel=1",
                              "--limit", "1800"],
                             capture_output=True, text=True, timeout=1900, cwd=REPOSITORY)
@@ -234,8 +236,8 @@ def test_the_one_gpu_call_in_the_docs_runs_every_candidate_in_both_precisions(tm
 
     peer_bench = load("peer_bench")
     with open(os.path.join(REPOSITORY, "docs", "measurements.md"), encoding="utf-8") as file:
-        line = next(text for text in file if "python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json" in text)
-    arguments = shlex.split(line.split("benchmarks/peer_bench.py", 1)[1].split("2>&1")[0].replace("$OUT", str(tmp_path)))
+        line = next(text for text in file if "python3 benchmarks/peer/peer_bench.py --json $OUT/peer_bench.json" in text)
+    arguments = shlex.split(line.split("benchmarks/peer/peer_bench.py", 1)[1].split("2>&1")[0].replace("$OUT", str(tmp_path)))
     monkeypatch.setattr(peer_bench, "run_row", lambda spec, limit: {"status": "not_run", "error": "not here"})
     assert peer_bench.main(arguments) == 0
     written = json.loads((tmp_path / "peer_bench.json").read_text())

@@ -3,7 +3,7 @@
 MONAI's `integration_answers.py` idea: a real training run, a few steps long,
 whose losses are written down once (`golden/detection_losses.json`) and checked
 on every test run at a stated tolerance. Whether the detector *learns* (mAP@0.5
-after 300 steps) is a measurement, not a test: `benchmarks/detection_learning.py`.
+after 300 steps) is a measurement, not a test: `benchmarks/learning/detection_learning.py`.
 
 To take the golden numbers again (prints them as JSON; `--devices 1` for the
 unpartitioned spread):

@@ -14,7 +14,7 @@ Two runs on the synthetic shapes:
   it when today's detection demo model differs from the one it was trained as.
 
 Whether the detector learns (mAP@0.5 ≥ 0.2 after 300 steps; longer runs reach
-0.6) is measured by `benchmarks/detection_learning.py`, not asserted here
+0.6) is measured by `benchmarks/learning/detection_learning.py`, not asserted here
 (docs/measurements.md).
 """
 

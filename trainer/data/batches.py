@@ -6,7 +6,7 @@ rows and, when a partitioned dimension crosses processes, a depth range of each
 one step's share on the host; its arrays are views of a buffer that goes back
 to the pool when the loop calls `release` (once the step that read them is
 done), so a long run allocates its batch memory once: on small hosts fresh
-memory costs several times the copy into it (measured in `benchmarks/input_rate.py`).
+memory costs several times the copy into it (measured in `benchmarks/input/input_rate.py`).
 
 `Prefetcher` fills the buffers of the next steps on a thread pool while the
 loop trains on this one; each step's work is split into pieces (rows, and

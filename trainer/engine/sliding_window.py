@@ -2,7 +2,7 @@
 
 `fullres predict` and evaluation use it for a patch-trained model, and on
 request (`fullres predict --sliding-window`) for a whole-volume one;
-`benchmarks/predict_whole_vs_sliding.py` and `benchmarks/context_matters.py`
+`benchmarks/learning/predict_whole_vs_sliding.py` and `benchmarks/learning/context_matters.py`
 compare it with one whole-volume pass.
 
 nnU-Net (and MONAI's `sliding_window_inference` with `mode="gaussian"`) cuts

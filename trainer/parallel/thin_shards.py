@@ -1,6 +1,6 @@
 """Splits where XLA computes a wrong gradient, silently: a window that reaches across a whole shard, two axes split.
 
-Measured (jax 0.10.2, XLA's SPMD partitioner, CPU; pure JAX, `benchmarks/gspmd_min_voxels.py`, docs/zoo.md):
+Measured (jax 0.10.2, XLA's SPMD partitioner, CPU; pure JAX, `benchmarks/partitioning/gspmd_min_voxels.py`, docs/zoo.md):
 when two or more spatial axes are split and a convolution's (or pooling
 window's) input holds, along a split axis, no more voxels per device than its
 window reaches past them (its padding: 1 for a 3-wide 'same' window, 2 for a

@@ -52,7 +52,7 @@ MARGIN_WHY = ("covers what the terms do not: the spread of the workspace (0.52-1
               "rows measured on an H200 (`device_bytes.MEASURED`)")
 
 # The rows the terms and the margin were set from: one H200, JAX 0.11.2 with its CUDA 13 plug-in, 2026-11-28
-# (issue 50; benchmarks/device_check.py as shipped then). The compiler's figure is the deviceless plan's (jax 0.10.2,
+# (issue 50; benchmarks/device/device_check.py as shipped then). The compiler's figure is the deviceless plan's (jax 0.10.2,
 # benchmarks/results/device_plan_h100x1.json); state, weights and convolution tensors are those of the program run.
 MEASURED = (
     {"row": "train, default UNet 128³ float32", "program": "train", "compiler_bytes": 2138885880,
@@ -191,4 +191,4 @@ def versions_line(versions: dict) -> str:
     """'modelled with jax 0.10.2, jaxlib 0.10.2, jax-cuda12-plugin 0.10.2 (...)' for the plan's table."""
     named = ", ".join(f"{name} {version}" for name, version in versions.items())
     return (f"modelled with {named}: the locked compiler (JAX cannot move past 0.10.2 on Python 3.11); a device "
-            "running another lays memory out differently, and benchmarks/device_check.py records both")
+            "running another lays memory out differently, and benchmarks/device/device_check.py records both")

@@ -96,7 +96,7 @@ def compiler_versions() -> dict[str, str]:
     """The compilers this process plans with, as installed: {"jax": "0.10.2", "jaxlib": ..., "jax-cuda12-plugin": ...}.
 
     A device running another XLA lays memory out differently, so the plan says which it modelled and
-    `benchmarks/device_check.py` sets the device's versions beside them.
+    `benchmarks/device/device_check.py` sets the device's versions beside them.
     """
     versions = {}
     for name in COMPILER_PACKAGES:

@@ -103,7 +103,7 @@ def test_remat_checkpoints_every_conv_block():
 def test_the_default_model_is_tpu_shaped():
     """Every activation of the default model is at least 128 channels wide (a TPU's lane count), at half resolution.
 
-    What that buys on a TPU is a compiler's figure, measured by benchmarks/seed_configs.py (libtpu, 2-3 minutes a
+    What that buys on a TPU is a compiler's figure, measured by benchmarks/partitioning/seed_configs.py (libtpu, 2-3 minutes a
     compile here): at 256³ split 16 ways the default takes 1.26× the CPU plan's memory per v5e core, the plain UNet
     7.96×. The target tier compiled the default at 64³ on every run until 2026-11-26 (181-320 s, the longest test in
     the suite); this layout check guards the cause, the benchmark the figure."""

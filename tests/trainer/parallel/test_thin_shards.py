@@ -1,6 +1,6 @@
 """XLA's wrong gradient where a window reaches across a whole shard with two axes split: still there, and refused.
 
-The first test proves the bug in the JAX fullres runs on (pure JAX, `benchmarks/gspmd_min_voxels.py`): when a
+The first test proves the bug in the JAX fullres runs on (pure JAX, `benchmarks/partitioning/gspmd_min_voxels.py`): when a
 JAX release fixes it, that test fails, and `trainer/parallel/thin_shards.py` (and these tests) can go. The others
 check the refusal as a user meets it: `fullres plan` (the CLI and `fullres.plan`) refuses the split in one sentence
 naming the layer, the axis, its voxels per device and the fix, and compiles the safe neighbour.
@@ -21,7 +21,7 @@ WIDE = f"{NETWORKS}:wide_kernels"
 
 def _mapper():
     spec = importlib.util.spec_from_file_location(
-        "gspmd_min_voxels", os.path.join(REPOSITORY, "benchmarks", "gspmd_min_voxels.py"))
+        "gspmd_min_voxels", os.path.join(REPOSITORY, "benchmarks", "partitioning", "gspmd_min_voxels.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""benchmarks/hlo_kernels.py reads the GPU compiler's program: every convolution found, by layer kind and direction.
+"""benchmarks/peer/hlo_kernels.py reads the GPU compiler's program: every convolution found, by layer kind and direction.
 
 A three-convolution network (a Conv3D, a strided Conv3D, a Conv3DTranspose, a 1×1×1 head) at 8³ is compiled for an
 H100 without one (JAX's CUDA plug-in, the `cuda` group), in fullres's training step, float32 and bfloat16. Each of
@@ -31,7 +31,7 @@ def build(num_classes=3, in_channels=1):
 '''
 SCRIPT = '''
 import json, sys
-sys.path.insert(0, {repository!r}); sys.path.insert(0, {repository!r} + "/benchmarks")
+sys.path.insert(0, {repository!r}); sys.path.insert(0, {repository!r} + "/benchmarks/peer")
 import jax
 jax.config.update("jax_platforms", "cpu")
 import trainer

@@ -268,7 +268,7 @@ def test_no_layout_that_divides_is_refused_with_the_reason():
 
 
 def test_recorded_512_search_ranks_an_efficient_low_halo_layout_first():
-    """The 3D UNet at 512³ on 64 devices, as benchmarks/memory_scaling.py --layout-search measured it."""
+    """The 3D UNet at 512³ on 64 devices, as benchmarks/partitioning/memory_scaling.py --layout-search measured it."""
     with open(os.path.join(REPOSITORY, "benchmarks", "results", "layout_search.json")) as file:
         cases = json.load(file)
     case = next(c for c in cases if c["model"] == "unet3d" and c["image_size"] == [512] * 3 and c["partitions"] == 64)

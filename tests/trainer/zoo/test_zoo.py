@@ -2,9 +2,9 @@
 beside this one), split in space through the public API (`fullres.SpatialParallel`): one training step equals the
 one-device step (loss and every weight's gradient within the 1e-5 of test_parity.py) and its compiled program
 all-gathers no activation. In float64 here, every value of the step (step.run's docstring: float32's rounding at
-a ReLU's kink can flip one voxel's derivative, by chance of the weights and the compile; benchmarks/zoo.py
+a ReLU's kink can flip one voxel's derivative, by chance of the weights and the compile; benchmarks/partitioning/zoo.py
 measures both). Split 2×2 here, at a test size of each network's own structure; 2-way, 4-way and 2×2 at the
-networks' `tiny` sizes, and memory at 128³, are `benchmarks/zoo.py`'s (docs/zoo.md).
+networks' `tiny` sizes, and memory at 128³, are `benchmarks/partitioning/zoo.py`'s (docs/zoo.md).
 """
 
 import keras
@@ -71,7 +71,7 @@ def test_each_zoo_file_keeps_fullres_model_contract(module):
 # The suite trains three of the six split 2×2 (14-31 s each without the compilation cache, 2026-11-27): nnU-Net's
 # PlainConvUNet (Conv3DTranspose k2 s2, InstanceNorm), MedNeXt (depthwise k3, LayerNorm-like GroupNorm, transposed
 # upsampling) and MONAI's UNet (Conv3DTranspose k3 s2 "same", PReLU); the windows of SwinUNETR are
-# test_attention.py's. All six, split 2, 4 and 2×2, in float64 and float32, are benchmarks/zoo.py's table
+# test_attention.py's. All six, split 2, 4 and 2×2, in float64 and float32, are benchmarks/partitioning/zoo.py's table
 # (docs/zoo.md): float64 within 1e-13 everywhere; float32's two figures over 1e-5 (ResEnc-M's 2-way, one voxel's
 # LeakyReLU kink; MONAI's UNet 4-way, its PReLU slope's near-cancelling sum) are said there, not hidden by a
 # looser tolerance.

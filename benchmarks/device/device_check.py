@@ -16,7 +16,7 @@ limit or fails is reported as such, with what the plan said, and the next row ru
 left for are listed as not run. One JSON (`--json`: device name, driver, JAX version, date, every row) and
 a table.
 
-The largest cube that fits: the plan first, then the device. `benchmarks/device_plan.py` (run ahead, on a
+The largest cube that fits: the plan first, then the device. `benchmarks/device/device_plan.py` (run ahead, on a
 machine without a GPU) records `fullres plan --target h100x1` at growing cubes, 32 voxels apart; the largest
 the plan says fits is compiled on the device, and, where the device's own compiler needs more than the
 allocator holds, the next size down, until one fits; then it runs. Without a plan row the 128³ row's
@@ -31,9 +31,9 @@ device", says how to fetch them here); the lead's one call of the `run` tool, ki
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
       .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 \\
-      benchmarks/device_check.py --json $OUT/device_check.json 2>&1 | tee $OUT/device_check.log
+      benchmarks/device/device_check.py --json $OUT/device_check.json 2>&1 | tee $OUT/device_check.log
 
-On a CPU, at tiny sizes, in seconds (the suite runs this): `python benchmarks/device_check.py --tiny --json F`.
+On a CPU, at tiny sizes, in seconds (the suite runs this): `python benchmarks/device/device_check.py --tiny --json F`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(1, os.path.dirname(HERE))  # the plan's terms (trainer/plan/device_bytes.py)
+sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))  # the plan's terms (trainer/plan/device_bytes.py)
 
 from device_check_plan import autotune_choice, plan_versions, planned_for, version_drift, with_device_terms  # noqa: E402
 from device_check_report import HEADER, STATUSES, check, table_line, with_ratios  # noqa: E402,F401
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
         row.pop("here", None)
     result = {"about": "device_check: measured ÷ planned for fullres's training step, predict and input path",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(["python benchmarks/device_check.py", *(argv if argv is not None else sys.argv[1:])]),
+              "command": " ".join(["python benchmarks/device/device_check.py", *(argv if argv is not None else sys.argv[1:])]),
               "device": {"name": here.get("device_kind"), "platform": here.get("platform"),
                          "count": here.get("device_count"), "driver": nvidia_smi("driver_version")},
               "software": {"python": here.get("python"), **here.get("versions", {}),

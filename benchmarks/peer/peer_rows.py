@@ -1,6 +1,6 @@
-"""One row of `benchmarks/peer_bench.py`, in a process of its own: a PyTorch step or fullres's training step.
+"""One row of `benchmarks/peer/peer_bench.py`, in a process of its own: a PyTorch step or fullres's training step.
 
-`peer_bench.py` starts `python benchmarks/peer_rows.py ROW_JSON` per row, so that each row's allocator peak is its
+`peer_bench.py` starts `python benchmarks/peer/peer_rows.py ROW_JSON` per row, so that each row's allocator peak is its
 own (neither JAX's `peak_bytes_in_use` nor a process's RSS can be reset), a row that runs out of memory or hangs
 takes only itself down, and torch and JAX never share a process. The figures come back as one line on stdout,
 `ROW_RESULT {...}`, in plain units (bytes, seconds).
@@ -23,7 +23,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPOSITORY = os.path.dirname(HERE)
+REPOSITORY = os.path.dirname(os.path.dirname(HERE))
 MARK = "ROW_RESULT "
 STARTED = time.perf_counter()
 
@@ -111,6 +111,7 @@ def main() -> None:
     row = json.loads(sys.argv[1])
     sys.path.insert(0, REPOSITORY)
     sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "device"))  # device_readings: both sides read alike
     if row["side"] == "torch":
         import importlib.util
 

@@ -13,8 +13,8 @@ every layout of each N over the spatial dimensions (`fullres plan --layouts
 all`) and records the ranked rows, the pruned layouts, the best layout next to
 the 1-D one (N-way along the first dimension), and the search time.
 
-    uv run python benchmarks/memory_scaling.py [--image-size 256,256,256] [--json results.json]
-    uv run python benchmarks/memory_scaling.py --layout-search unet3d:512,512,512:64 \
+    uv run python benchmarks/partitioning/memory_scaling.py [--image-size 256,256,256] [--json results.json]
+    uv run python benchmarks/partitioning/memory_scaling.py --layout-search unet3d:512,512,512:64 \
         --json benchmarks/results/layout_search.json
 """
 

@@ -1,4 +1,4 @@
-"""The per-frame network of the motion benchmark (`benchmarks/video_motion.py`), as a user's `--model` would be.
+"""The per-frame network of the motion benchmark (`benchmarks/learning/video_motion.py`), as a user's `--model` would be.
 
 `frame_unet` is a 2D UNet applied to every frame on its own: its convolutions
 are 1×3×3 and its pooling 1×2×2 over (T, H, W), so no output pixel sees another

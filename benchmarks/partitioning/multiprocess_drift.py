@@ -7,7 +7,7 @@ optimizer: 1 process × 8 devices twice (is it reproducible bit for bit?) and
 per-tensor relative difference of the gradients and of the weights between the
 runs, and at the end how many gradient elements of step 1 changed sign.
 
-    uv run python benchmarks/multiprocess_drift.py [--steps 20]
+    uv run python benchmarks/partitioning/multiprocess_drift.py [--steps 20]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPOSITORY)
 
 DIMS = (1, 8, 1, 1, 1)

@@ -10,7 +10,7 @@ rounds. "share" is one process's part of the seed layout: 1,16,1,1,1 on 4 proces
 quarter of the depth. The records are synthetic CT (`demo_ct.synthetic_case`: smooth organs, noise), written by
 the project's own encoder, so GZIP compresses them as it would real scans.
 
-    uv run python benchmarks/input_rate.py [--sizes 128,256] [--examples 8] [--rounds 3] [--json FILE]
+    uv run python benchmarks/input/input_rate.py [--sizes 128,256] [--examples 8] [--rounds 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEED_LAYOUT, SEED_PROCESSES = (1, 16, 1, 1, 1), 4  # "share": what process 0 of this layout reads, depths [0, D/4)
 
 
@@ -143,7 +143,7 @@ def machine() -> dict:
 
 def measure(pattern: str, cores: int, cached: bool, share: bool, reader: str = "fullres") -> dict:
     """One cell in a fresh process pinned to `cores` cores (`taskset`)."""
-    code = ("import json, sys; sys.path.insert(0, %r); from benchmarks import input_rate; "
+    code = ("import json, sys; sys.path.insert(0, %r); from benchmarks.input import input_rate; "
             "print(json.dumps(input_rate._measure_here(%r, %r, %r, %r)))" % (REPOSITORY, pattern, cached, share, reader))
     environment = {**os.environ, "PYTHONPATH": REPOSITORY, "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(["taskset", "-c", ",".join(map(str, range(cores))), sys.executable, "-c", code],

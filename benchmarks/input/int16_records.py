@@ -7,7 +7,7 @@ MR; and, given a trained run (`--model`, e.g. the model folder `fullres demo` na
 of voxels whose predicted class changes and the foreground Dice, fed float32 against int16 (each case's own grid,
 as the model was trained at).
 
-    uv run python benchmarks/int16_records.py [--cases 8] [--shape 32,32,32] [--model RUN] [--json FILE]
+    uv run python benchmarks/input/int16_records.py [--cases 8] [--shape 32,32,32] [--model RUN] [--json FILE]
 """
 
 from __future__ import annotations

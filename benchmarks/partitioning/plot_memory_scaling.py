@@ -3,7 +3,7 @@
 Left: activation memory per device against N (log-log), with the ideal 1/N
 line from each series' N = 1. Right: efficiency E(N).
 
-    uv run python benchmarks/plot_memory_scaling.py benchmarks/results/memory_scaling.json benchmarks/results/memory_scaling.png
+    uv run python benchmarks/partitioning/plot_memory_scaling.py benchmarks/results/memory_scaling.json benchmarks/results/memory_scaling.png
 """
 
 from __future__ import annotations

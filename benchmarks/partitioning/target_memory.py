@@ -2,7 +2,7 @@
 
 The plain UNet (4 levels of 16-128 filters, no stem: `unet.PLAIN_SETTINGS`) was the default model when these
 were measured; the TPU's several-fold figures here are why the default is now TPU-shaped (space-to-depth stem,
-128+ filters), whose figures are in benchmarks/seed_configs.py's results.
+128+ filters), whose figures are in benchmarks/partitioning/seed_configs.py's results.
 
 For each volume and core count N (split N-way along depth, `1,N,1,1,1`) the
 step `fullres train` compiles is compiled for each target with that target's
@@ -10,7 +10,7 @@ own compiler (`fullres plan --target`'s code, its plan cache included, so a
 rerun only compiles what it has not seen) and its `memory_analysis()` total
 per device is recorded side by side; then the plot.
 
-    uv run --group tpu --group cuda python benchmarks/target_memory.py --json benchmarks/results/target_memory.json \\
+    uv run --group tpu --group cuda python benchmarks/partitioning/target_memory.py --json benchmarks/results/target_memory.json \\
         --plot benchmarks/results/target_memory.png [--max-minutes 120]
 
 TPU compiles of the default UNet take 5-20 minutes each on a 2-core machine;
@@ -28,7 +28,7 @@ import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=32")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax  # noqa: E402
 
@@ -102,7 +102,7 @@ def main() -> None:
 
 def _add_seed_rows(results: dict) -> None:
     """Cells `seed_configs.py` measured on the same code path (the default UNet, 1,N,1,1,1, on v5e/v4), marked so."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "seed_configs.jsonl")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "seed_configs.jsonl")
     if not os.path.exists(path):
         return
     have = {(r["size"], r["partitions"], r["kind"]) for r in results["rows"]}
@@ -113,7 +113,7 @@ def _add_seed_rows(results: dict) -> None:
             cell = (row["size"][0], row["partitions"] if "partitions" in row else None, kind)
             if row["model"] != "unet3d" or "total_bytes" not in row or cell in have:
                 continue
-            results["rows"].append({**row, "size": cell[0], "kind": kind, "source": "benchmarks/seed_configs.py"})
+            results["rows"].append({**row, "size": cell[0], "kind": kind, "source": "benchmarks/partitioning/seed_configs.py"})
 
 
 COLOURS = {"cpu": (120, 120, 120), "h100": (44, 160, 44), "v5e": (31, 119, 180), "v4": (214, 39, 40)}

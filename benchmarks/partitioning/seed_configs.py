@@ -9,9 +9,9 @@ the default before it (4 levels of 16-128 filters, no stem; `unet.PLAIN_SETTINGS
 both with instance norm, float32, batch 1. One JSON line per compile (`unet`:
 which of the two):
 
-    uv run --group tpu python benchmarks/seed_configs.py > benchmarks/results/seed_configs.jsonl
-    uv run --group tpu python benchmarks/seed_configs.py v4:2x2x4      # only the jobs on that target
-    uv run --group tpu python benchmarks/seed_configs.py default       # only the default UNet's
+    uv run --group tpu python benchmarks/partitioning/seed_configs.py > benchmarks/results/seed_configs.jsonl
+    uv run --group tpu python benchmarks/partitioning/seed_configs.py v4:2x2x4      # only the jobs on that target
+    uv run --group tpu python benchmarks/partitioning/seed_configs.py default       # only the default UNet's
 
 Each TPU compile of the plain UNet or RetinaNet takes 6-30 minutes on a 2-core machine and ~9 GiB of host
 memory; the default UNet's, 2-3 minutes.
@@ -26,7 +26,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax  # noqa: E402
 

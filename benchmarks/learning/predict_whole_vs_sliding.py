@@ -14,7 +14,7 @@ compilation (one warm-up scan first; the whole pass compiles once per new
 padded shape, timed apart as `whole_first_seconds`), and runs each method on every scan in
 alternation, so load on a shared machine hits both alike.
 
-    uv run python benchmarks/predict_whole_vs_sliding.py --model RUN_DIR --images DIR --labels DIR \\
+    uv run python benchmarks/learning/predict_whole_vs_sliding.py --model RUN_DIR --images DIR --labels DIR \\
         --virtual-devices 2 --input-partition-dims 1,2,1,1,1 --json benchmarks/results/predict_whole_vs_sliding.json
 """
 
@@ -45,7 +45,7 @@ def main(argv=None) -> None:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={args.virtual_devices}")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
     sys.path.insert(0, HERE)
 
     import jax

@@ -5,7 +5,7 @@ partitioning, one after the other on this machine; each runs `--steps` steps
 and the rate is read from the training log after the warm-up (compilation) is
 over: steps `warmup+1` to the end.
 
-    uv run python benchmarks/multiprocess_steps.py [--steps 40] [--dims 1,8,1,1,1] [--json out.json]
+    uv run python benchmarks/partitioning/multiprocess_steps.py [--steps 40] [--dims 1,8,1,1,1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(train_pattern: str, output: str, steps: int, warmup: int, dims: str, processes: int) -> dict:

@@ -17,7 +17,7 @@ with and without `--deep-supervision`. Runs go one after another (each a `fullre
 CPU devices, the volume split 1,2,1,1,1 as in the demo), so a busy machine slows them alike; the table reports
 each recipe's mean over the seeds, and the gap of the full recipe over flips.
 
-    uv run python benchmarks/recipe_shift.py [--steps 400] [--seeds 0,1] [--work DIR] [--recipes ...]
+    uv run python benchmarks/learning/recipe_shift.py [--steps 400] [--seeds 0,1] [--work DIR] [--recipes ...]
 
 Figures: docs/recipe.md ("Measured under a shift"), benchmarks/results/recipe_shift.json.
 """
@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPOSITORY)
 
 SPACING, WINDOW, SHAPE = (1.7, 1.7, 2.25), (-200, 300), (32, 32, 32)  # pipelines.demo.DEMO_PREPROCESSING

@@ -1,6 +1,6 @@
 """The zoo's networks compiled for a GPU without one, their convolutions classified (`hlo_kernels.py`), per precision.
 
-    uv run --group cuda python benchmarks/zoo_kernels.py --target h100x1 --size 32 \\
+    uv run --group cuda python benchmarks/peer/zoo_kernels.py --target h100x1 --size 32 \\
         --json benchmarks/results/hlo_kernels_h100x1.json [--set kernels.norm=fused] [--published]
 
 compiles fullres's training step (batch 1) of each of the zoo's six networks (`tests/trainer/zoo/`, their `tiny`
@@ -12,7 +12,7 @@ network and precision once per named candidate of issue 49 (`CANDIDATES`, the `k
 `trainer/parallel/kernels.py`; `peer_bench.py --candidates` times the same names) and gives each row its per-device
 bytes against the `xla` row's (`bytes_vs_xla`) and its op counts (`hlo_kernels.op_counts`):
 
-    uv run --group cuda python benchmarks/zoo_kernels.py --networks nnunet_plain --published \\
+    uv run --group cuda python benchmarks/peer/zoo_kernels.py --networks nnunet_plain --published \\
         --candidates xla,taps,subpixel,fused,conv_nhwc,all --json /tmp/candidates.json
 """
 
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
         parser.error(str(error))
     if os.path.exists(args.json) and "hlo_kernels" not in open(args.json, encoding="utf-8").read(200):
         parser.error(f"--json {args.json} exists and is not this tool's result; name a new file")
-    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repository = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, repository)
     os.chdir(repository)  # the zoo's sources are given relative to the checkout
     import jax

@@ -11,7 +11,7 @@ result has the layer's kernel's dimensions (in any order) is its weight gradient
 names are not the direction: a transposed convolution's forward pass is `convBackwardInput` and both of its
 gradients are `convForward`. Layer kinds are the Keras classes (Conv3D, Conv3DTranspose, ...) of the model.
 
-`benchmarks/zoo_kernels.py` compiles the zoo's networks for a GPU without one and prints this classification per
+`benchmarks/peer/zoo_kernels.py` compiles the zoo's networks for a GPU without one and prints this classification per
 network and precision; on a GPU `peer_rows.py` joins it with JAX's profiler trace (`kernel_times`): the time of
 each kind.
 """

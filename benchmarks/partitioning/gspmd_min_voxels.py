@@ -6,7 +6,7 @@ device and once with the input split across a mesh of virtual CPU devices
 per case, each layer's voxels per device along each split axis and the largest
 relative difference of any kernel gradient against the one-device gradient.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/gspmd_min_voxels.py
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/partitioning/gspmd_min_voxels.py
 """
 
 import os

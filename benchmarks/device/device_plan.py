@@ -15,8 +15,8 @@ modelled (`compiler_versions`). A rerun keeps the rows it has (rows
 written before the GPU pre-filter was loosened, 2026-11-27, carry the target's figures in `target_*` and a note).
 
     uv sync --group cuda
-    nice -n 10 uv run --group cuda python benchmarks/device_plan.py [--target h100x1]  # results/device_plan_h100x1.json
-    nice -n 10 uv run --group cuda python benchmarks/device_plan.py --target h200x1 --models default \
+    nice -n 10 uv run --group cuda python benchmarks/device/device_plan.py [--target h100x1]  # results/device_plan_h100x1.json
+    nice -n 10 uv run --group cuda python benchmarks/device/device_plan.py --target h200x1 --models default \
         --augmentations none  # the rows the H200 run checks first: results/device_plan_h200x1.json
 
 One target point takes 30-60 s on the 2-core machine; all of them, about half an hour.
@@ -31,7 +31,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
 import device_check  # noqa: E402

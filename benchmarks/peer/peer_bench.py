@@ -16,8 +16,8 @@ first step. Each row runs in its own process (`peer_rows.py`) under a time limit
 for issue 49's goals. `--trace-dir` adds JAX's profiler to fullres's rows: the kernels' time per convolution kind.
 
 On a GPU (the device machine; docs/measurements.md, "On a device", gives the one call with device_check):
-    python3 benchmarks/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --candidates taps,subpixel,fused,conv_nhwc,all --limit 360
-On a CPU, at tiny sizes, in seconds (the suite runs this): python benchmarks/peer_bench.py --tiny --json F
+    python3 benchmarks/peer/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --candidates taps,subpixel,fused,conv_nhwc,all --limit 360
+On a CPU, at tiny sizes, in seconds (the suite runs this): python benchmarks/peer/peer_bench.py --tiny --json F
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
                          for r in planned[len(rows):]]
             result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                      "command": " ".join(["python benchmarks/peer_bench.py",
+                      "command": " ".join(["python benchmarks/peer/peer_bench.py",
                                            *(argv if argv is not None else sys.argv[1:])]),
                       "settings": settings, "networks": networks, "candidates": candidates, "limit_seconds": args.limit,
                       "xla_flags": os.environ.get("XLA_FLAGS"),

@@ -16,7 +16,7 @@ widths and depths; the published ones are each file's `build`; docs/zoo.md says 
 
 Resumable: what `--json` already holds is kept, each part written as it finishes.
 
-    nice -n 10 uv run --group tpu --group cuda python benchmarks/zoo.py --json benchmarks/results/zoo.json \\
+    nice -n 10 uv run --group tpu --group cuda python benchmarks/partitioning/zoo.py --json benchmarks/results/zoo.json \\
         [--networks nnunet_plain,...] [--parts parity,parity-float64,memory,v5e:2x2,h100x4]
 """
 
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NETWORKS = ("nnunet_plain", "nnunet_resenc", "monai_unet", "segresnet", "mednext", "swin_unetr")
 PARTS = ("parity", "parity-float64", "memory", "v5e:2x2", "h100x4")
 PRECISIONS = {"parity": "float32", "parity-float64": "float64"}

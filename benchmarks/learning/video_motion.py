@@ -13,7 +13,7 @@ Two networks train on the same clip records, at equal steps, batch and split
 * **whole clip**: the `video` preset's 3D UNet (3×3×3 convolutions, 3 levels of
   8–32 filters), whose receptive field (as the training log states it) spans
   every frame of the clip;
-* **per frame**: `benchmarks/video_networks.py:frame_unet`, a 2D UNet applied to
+* **per frame**: `benchmarks/learning/video_networks.py:frame_unet`, a 2D UNet applied to
   each frame alone (1×3×3 convolutions, 3 levels of 14–56 filters: about the
   same parameters), as a user's `--model`; its receptive field is 1 frame.
 
@@ -22,7 +22,7 @@ classes). Reported per run: per-class Dice on held-out videos, the look-alike
 Dice (mean of the two moving classes), the fraction of each class's pixels
 predicted as the other, parameters, the receptive field, training time.
 
-    nice -n 10 uv run python benchmarks/video_motion.py [--steps 300] [--seeds 0] [--work DIR]
+    nice -n 10 uv run python benchmarks/learning/video_motion.py [--steps 300] [--seeds 0] [--work DIR]
 
 Figures: docs/video.md, benchmarks/results/video_motion.json.
 """
@@ -36,11 +36,11 @@ import statistics
 import sys
 import tempfile
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPOSITORY)
 
 SIZE, FRAMES, DIMS = (32, 32), 16, "1,2,1,1,1"
-ARMS = {"whole_clip": None, "per_frame": os.path.join(REPOSITORY, "benchmarks", "video_networks.py") + ":frame_unet"}
+ARMS = {"whole_clip": None, "per_frame": os.path.join(REPOSITORY, "benchmarks", "learning", "video_networks.py") + ":frame_unet"}
 
 
 def make_data(work: str, train_videos: int, eval_videos: int) -> dict:

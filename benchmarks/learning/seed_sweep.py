@@ -1,6 +1,6 @@
 """Whether a recipe learns on every seed: the spread of held-out Dice over seeds, whole volumes against patches.
 
-The runs of `benchmarks/context_matters.py` (the demo's data and the context
+The runs of `benchmarks/learning/context_matters.py` (the demo's data and the context
 task at 32³, the demo preset's 3-level UNet, no augmentation, 300 steps,
 whole volumes at batch 2 against 16³ patches at batch 16 and 24³ patches at
 batch 5: equal steps and nearly equal voxels a step), repeated over seeds and
@@ -11,7 +11,7 @@ one level more, which deep supervision needs (docs/recipe.md). Reported per
 and the share of seeds that converged: foreground mean Dice ≥ 0.85 on the
 demo's data, look-alike mean Dice ≥ 0.9 on the context task (issue 44's bars).
 
-    uv run python benchmarks/seed_sweep.py [--seeds 0,1,2,3,4] [--data demo,context] [--arms whole,patch24,patch16]
+    uv run python benchmarks/learning/seed_sweep.py [--seeds 0,1,2,3,4] [--data demo,context] [--arms whole,patch24,patch16]
         [--presets demo,default,nnunet] [--steps 300] [--set KEY=VALUE ...] [--tag NAME]
 
 Runs go one at a time, seed by seed, and the JSON is written after each, so a
@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPOSITORY)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

@@ -25,7 +25,7 @@ run: per-class Dice on held-out cases, the confusion between look-alike classes
 receptive field as the training log states it, training time, and inference
 time (evaluation of the held-out cases, compilation included).
 
-    uv run python benchmarks/context_matters.py [--steps 300] [--seeds 0,1] [--work DIR] [--data context,demo]
+    uv run python benchmarks/learning/context_matters.py [--steps 300] [--seeds 0,1] [--work DIR] [--data context,demo]
 
 Figures: docs/context.md, benchmarks/results/context_matters.json (`complete: false` while runs are missing).
 """
@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPOSITORY)
 
 SHAPE = (32, 32, 32)
@@ -123,7 +123,7 @@ def confusion(samples, groups) -> dict:
 
 def run_arm(data: dict, name: str, arm: str, seed: int, steps: int, num_classes: int, work: str, log,
             preset: str = "demo", settings: dict | None = None) -> dict:
-    """One training run and its scores. `preset`'s recipe on the demo preset's network (`benchmarks/seed_sweep.py`
+    """One training run and its scores. `preset`'s recipe on the demo preset's network (`benchmarks/learning/seed_sweep.py`
     trains the others); `settings`: more `--set` overrides (`config.resolve`'s keys)."""
     from trainer import train as train_lib, trained_run
     from trainer import config_resolution

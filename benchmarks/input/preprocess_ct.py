@@ -6,7 +6,7 @@ in one run, so a busy machine slows them alike. Reports cases/s, input MB/s
 (uncompressed HU voxels) and output MB/s, median over rounds, and the ratio to
 the plain loop.
 
-    uv run python benchmarks/preprocess_ct.py [--cases 40] [--shape 128,256,256] [--rounds 3]
+    uv run python benchmarks/input/preprocess_ct.py [--cases 40] [--shape 128,256,256] [--rounds 3]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""One row of `benchmarks/device_check.py`, in a process of its own: a training step, predict's pass, or the input path.
+"""One row of `benchmarks/device/device_check.py`, in a process of its own: a training step, predict's pass, or the input path.
 
-`device_check.py` starts `python benchmarks/device_check_rows.py ROW_JSON` once per row, so that a row that
+`device_check.py` starts `python benchmarks/device/device_check_rows.py ROW_JSON` once per row, so that a row that
 runs out of device memory, hangs or crashes takes only itself down, and so that the allocator's peak
 (`memory_stats()["peak_bytes_in_use"]`, which JAX cannot reset) is that row's alone. The row's figures come
 back as one line on stdout, `ROW_RESULT {...}`. Figures are plain units: bytes, seconds, examples/s.
@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPOSITORY, "benchmarks"))  # its neighbours, however this file is loaded
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPOSITORY, "benchmarks", "device"))  # its neighbours, however this file is loaded
 
 import device_readings  # noqa: E402
 MARK = "ROW_RESULT "
