@@ -36,6 +36,7 @@ LAYERS = (
     "trainer.trained_run",
     "trainer.export",
     "trainer.evaluate",
+    "trainer.resolved_run",
     "trainer.run_setup",
     "trainer.train_loop",
     "trainer.train",

@@ -1,36 +1,31 @@
-"""A training run's set-up: the task, the layout and mesh, the model, the compiled step checked for gathers, and the
-state to start from (a resume's checkpoint), with the run's files written by process 0.
+"""A training run's set-up: the layout and mesh, the model, the compiled step checked for gathers, and the state to
+start from (a resume's checkpoint), with the run's files written by process 0.
 
-Everything a rerun could be refused for is checked here before anything is written: the loop (`train_loop`) and the
-finish (`train._finish`) only add to a run that `set_up` accepted.
+It takes the run as `resolved_run.resolve` checked it and checks none of that again; what it can still refuse is
+what only the built program shows (a split XLA would differentiate wrongly for a user's network, all-gathered
+activations, a checkpoint written by another configuration), before anything is written. The loop (`train_loop`)
+and the finish (`train._finish`) only add to a run that `set_up` accepted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
-from trainer import config as config_lib, trained_run
+from trainer import resolved_run, trained_run
 from trainer.engine import checkpoints, placement, program, run_files, run_record
-from trainer.parallel import device_mesh, distributed, partitioning
+from trainer.parallel import device_mesh, distributed
 from trainer.plan import compiled_step, gathers, layout_choice
-from trainer.tasks import registry
 
 
 @dataclasses.dataclass
 class Run:
     """What `set_up` prepares for the loop and the finish."""
 
-    config: config_lib.TrainConfig
-    task: object  # tasks.base.Task
-    total_steps: int
-    num_examples: int
-    image_shape: tuple[int, ...]  # (B, D, H, W, 1) or (B, H, W, 3)
-    choice: object  # layout_choice.LayoutChoice, or None when the layout was given
+    resolved: resolved_run.ResolvedRun  # the config, task, shapes and steps, as checked
     distribution: device_mesh.SpatialParallel
     model: object
     optimizer: object
@@ -44,7 +39,6 @@ class Run:
     input_wait_seconds: float = 0.0  # the loop's time waiting for its next batch, after the first step (the compile)
     input_wait_fraction: float = 0.0  # of the run's time after the first step
     input_cache: str | None = None  # the input cache's decision, in words
-    eval_note: str | None = None  # --eval scored across preprocessings (`run_data.check_eval`), in words
 
 
 def seed(seed: int) -> None:
@@ -63,41 +57,17 @@ def seed(seed: int) -> None:
     np.random.seed(seed)
 
 
-def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_with_changes: bool = False,
-           class_names: Sequence[str] | None = None) -> Run:
-    """Task, layout, mesh, model and the state to start from; the run's config files written (process 0).
-    `class_names`: `registry.make_task`'s; a resume without them keeps those the run recorded."""
+def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Run:
+    """Mesh, model, the compiled step and the state to start from; the run's files written (process 0)."""
     import jax
 
-    recorded = trained_run.read_record(config.output_dir)
-    class_names = class_names or recorded.info.get("class_names")
-    task = registry.make_task(config, class_names)
-    num_examples = task.num_examples()
-    total_steps = config.steps
-    if config.epochs is not None:
-        total_steps = config.epochs * math.ceil(num_examples / config.batch_size)
-    image_shape = (config.batch_size, *task.example_shape())  # (B, D, H, W, 1) or (B, H, W, 3)
-    devices = jax.devices()
-    choice = None
-    if config.partition.is_auto:  # chosen now that the devices and the volume are known; cached beside the run
-        choice = layout_choice.choose_layout(config, image_shape[1:], devices, cache_dir=config.output_dir, log=log)
-        log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
-            f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
-        config = config_lib.with_dims(config, choice.input_partition_dims)
-        task = registry.make_task(config, class_names)
-    # A rerun into a run's folder keeps to what the run means, checked before anything is built or written (and
-    # before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8").
-    rerun = run_record.check_rerun(config, recorded, total_steps, len(devices),
-                                   continue_with_changes, log)
-    partitioning.validate(
-        config.partition, image_shape, len(devices), config.model.downsampling_levels, config.batch_size
-    )
+    config, task, image_shape, devices = resolved.config, resolved.task, resolved.image_shape, resolved.devices
     distribution = device_mesh.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(
-        f"fullres train ({task.name}): {num_examples} training examples of {image_shape[1:-1]}, {total_steps} steps, "
-        f"global batch {config.batch_size}, mesh {dict(zip(mesh.axis_names, mesh.shape))} on "
-        f"{len(devices)} {devices[0].platform} device(s), {config.precision}"
+        f"fullres train ({task.name}): {resolved.num_examples} training examples of {image_shape[1:-1]}, "
+        f"{resolved.total_steps} steps, global batch {config.batch_size}, mesh "
+        f"{dict(zip(mesh.axis_names, mesh.shape))} on {len(devices)} {devices[0].platform} device(s), {config.precision}"
         + (f"; process {jax.process_index()} of {jax.process_count()}, {jax.local_device_count()} local devices"
            if jax.process_count() > 1 else "")
     )
@@ -108,7 +78,7 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
     distributed.wait_for_the_others("model build")
     seed(config.seed)
     with distribution.scope():
-        model, optimizer, schedule, state = program.build_model(config, task, total_steps)
+        model, optimizer, schedule, state = program.build_model(config, task, resolved.total_steps)
     compiled_step.check_thin_shards(config, model, state, image_shape)  # where XLA differentiates wrongly
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
     # the others go on to the gather check, and the barrier before placing the state waits for this one.
@@ -136,13 +106,14 @@ def set_up(config: config_lib.TrainConfig, log: Callable[[str], None], continue_
     if restored is not None:
         state, start_step = restored
         log(f"resuming from checkpoint at step {start_step}")
+    for warning in resolved.warnings:  # nothing refuses the run any more
+        log(warning)
     os.makedirs(config.output_dir, exist_ok=True)
     is_chief = jax.process_index() == 0
     if is_chief:
         trained_run.save_description(config.output_dir, config, task, image_shape[1:])
-        run_record.record(config.output_dir, {**rerun, "step": start_step})
-        if choice is not None and not choice.cached:
-            layout_choice.save_choice(choice, config.output_dir)
-    return Run(config, task, total_steps, num_examples, image_shape, choice, distribution, model, optimizer, schedule,
-                state, start_step, checkpointer, run_files.read_history(config.output_dir, start_step), is_chief,
-                train_step)
+        run_record.record(config.output_dir, {**resolved.rerun, "step": start_step})
+        if resolved.choice is not None and not resolved.choice.cached:
+            layout_choice.save_choice(resolved.choice, config.output_dir)
+    return Run(resolved, distribution, model, optimizer, schedule, state, start_step, checkpointer,
+               run_files.read_history(config.output_dir, start_step), is_chief, train_step)

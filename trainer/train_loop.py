@@ -28,7 +28,9 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
     """
     import jax
 
-    config, task, distribution, image_shape = run.config, run.task, run.distribution, run.image_shape
+    config, task, image_shape, total_steps = (run.resolved.config, run.resolved.task, run.resolved.image_shape,
+                                              run.resolved.total_steps)
+    distribution = run.distribution
     train_step = run.train_step
     image_sharding = distribution.get_data_layout(image_shape).backend_layout
     log(f"each device holds a {tuple(image_sharding.shard_shape(tuple(image_shape)))} shard of every {tuple(image_shape)} "
@@ -44,7 +46,7 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
     started = time.perf_counter()
     window, compiled_at, watch = _Window(started), None, plateau.PlateauWatch()  # watch: a plateau, said once
     try:
-        for step_number in range(run.start_step, run.total_steps):
+        for step_number in range(run.start_step, total_steps):
             waiting = time.perf_counter()
             batch = next(batches)
             waited_now = time.perf_counter() - waiting
@@ -61,7 +63,7 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
                 done_batch.release()
             done = step_number + 1
             window.steps += 1
-            if done % config.log_every == 0 or done == run.total_steps:
+            if done % config.log_every == 0 or done == total_steps:
                 loss = float(step_metrics["loss"])
                 if not math.isfinite(loss):
                     raise FloatingPointError(
@@ -72,7 +74,7 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
                 learning_rate = float(run.schedule(step_number))
                 history.append({"step": done, "loss": loss, "learning_rate": learning_rate,
                                 "input_wait": round(waited, 4)})
-                log(f"step {done}/{run.total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
+                log(f"step {done}/{total_steps}  loss {loss:.4f}  lr {learning_rate:.2e}  {rate:.2f} steps/s  "
                     f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
                 if "class_dice" in step_metrics and (stalled := watch.observe(done, loss, step_metrics["class_dice"])):
                     log(stalled)
@@ -82,13 +84,13 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
             # Read after the step's log, which waits for the step: a Ctrl-C or SIGTERM while it ran stops the run
             # after it. Read before, it let the next step start too, and "finishing this step" ran two.
             preempted = distributed.preemption_reached(done)  # the same step on every process
-            if preempted or done % config.checkpoint_every == 0 or done == run.total_steps:
+            if preempted or done % config.checkpoint_every == 0 or done == total_steps:
                 if run.is_chief:
                     # History first: a run killed between the two resumes from the older checkpoint and drops the
                     # newer lines, whereas the other order would resume past lines that were never written.
                     run_files.write_history(config.output_dir, history)
                 run.checkpointer.save(done, state)  # every process writes its part
-            if preempted and done < run.total_steps:
+            if preempted and done < total_steps:
                 run.checkpointer.close()
                 log(f"preemption notice: stopped after step {done}, checkpoint written")
                 raise distributed.Preempted(done)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 from apache_beam.metrics.metric import Metrics
 
-from common import dead_letters
+from common import dead_letters, hidden_files
 from common import identifiers, output_guard
 from preprocessing.beam import conversion, counting
 from preprocessing.ct import ct_io, ct_transforms, intensity, label_pairing, volume_discovery
@@ -86,6 +86,7 @@ def _summary_fields(pairing: label_pairing.Pairing, notes: list[str], config: ct
         return {
             "layout": pairing.layout,
             "layout_notes": notes,
+            "hidden_files_ignored": pairing.hidden,
             "modality": config.modality,
             "data_modality": data_modality(counters),
             "preprocessing": ct_transforms.preprocessing_record(config),
@@ -154,7 +155,8 @@ def run(
         identifiers.write_mapping(mapping, {"input": pairing.roots[0], "labels": labels, **named.mapping})
         log(f"pseudonymized {len(named.cases)} case ids; the mapping back is in {mapping} (keep it off shared storage)")
     log(f"fullres preprocess ct: {len(named.cases)} cases ({pairing.layout} layout) to convert, {len(dead)} "
-        f"rejected before reading{f', {len(file_notes)} notes' if file_notes else ''}; writing {output}")
+        f"rejected before reading{f', {len(file_notes)} notes' if file_notes else ''}{hidden_files.said(pairing.hidden)}; "
+        f"writing {output}")
     for note in layout_notes:
         log(f"  {note}")
     # The class names of DICOM SEG/RTSTRUCT labels, recorded beside the data they numbered.

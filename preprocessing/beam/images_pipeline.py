@@ -24,10 +24,10 @@ import apache_beam as beam
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from common import dead_letters
+from common import dead_letters, hidden_files
 from common import output_guard
 from preprocessing.beam import conversion, counting
-from preprocessing.images import annotations as annotations_lib
+from preprocessing.images import annotations as annotations_lib, voc_annotations
 from preprocessing.records import dataset_files, detection_schema
 
 KEPT_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
@@ -214,11 +214,21 @@ def run(
         raise FileNotFoundError(f"image directory {images!r} does not exist; pass the directory the annotations refer to.")
     if max_pixels < 1:
         raise ValueError(f"--max-pixels must be a positive number of pixels, got {max_pixels}.")
-    items, dead, label_ids = annotations_lib.read_annotations(annotations, images, label_map, extend_label_map, log)
+    if not os.path.exists(annotations):
+        raise FileNotFoundError(f"annotations {annotations!r} do not exist; pass a COCO JSON file or a directory of VOC "
+                                "XML.")
+    if os.path.isdir(annotations):
+        items, dead, label_ids, hidden = voc_annotations.read_folder(annotations, images, label_map, extend_label_map,
+                                                                     log)
+    else:
+        items, dead, label_ids = annotations_lib.read_coco(annotations, images, label_map, extend_label_map, log)
+        hidden = 0  # a COCO file names its images: no folder is listed
     if not items and not dead:
         raise ValueError(f"{annotations} lists no images.")
-    log(f"fullres preprocess images: {len(items)} images to convert, {len(dead)} annotations rejected; writing {output}")
+    log(f"fullres preprocess images: {len(items)} images to convert, {len(dead)} annotations rejected"
+        f"{hidden_files.said(hidden)}; writing {output}")
     return conversion.run(
         items, dead, ConvertImageFn(max_pixels), output, pipeline_args=pipeline_args, num_shards=num_shards,
-        compress=compress, max_failed_fraction=max_failed_fraction, extra_files={dataset_files.LABEL_MAP: dataset_files.check_label_map(label_ids)}, log=log,
+        compress=compress, max_failed_fraction=max_failed_fraction, extra_files={dataset_files.LABEL_MAP: dataset_files.check_label_map(label_ids)},
+        summary_fields=lambda counters: {"hidden_files_ignored": hidden}, log=log,
     )

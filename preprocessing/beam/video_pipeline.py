@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 from apache_beam.metrics.metric import Metrics
 
-from common import dead_letters, identifiers, output_guard
+from common import dead_letters, hidden_files, identifiers, output_guard
 from preprocessing.beam import conversion, counting
 from preprocessing.records import video_clips as clip_records
 from preprocessing.video import video_clips, video_discovery
@@ -76,10 +76,9 @@ def run(
     scrubber = identifiers.Scrubber(tuple((root, os.path.basename(root)) for root in roots))
     labelled = sum(1 for source in sources if source.masks)
     hidden = sum(source.hidden for source in sources)
-    ignored = f"; {hidden} hidden files (._*, .DS_Store) ignored" if hidden else ""
-    log(f"fullres preprocess video: {len(sources)} videos ({layout}, {labelled} with masks{ignored}) to cut into "
-        f"clips of {config.clip_length} frames every {config.clip_stride} at {config.size[0]}x{config.size[1]}; "
-        f"writing {output}")
+    log(f"fullres preprocess video: {len(sources)} videos ({layout}, {labelled} with masks"
+        f"{hidden_files.said(hidden)}) to cut into clips of {config.clip_length} frames every {config.clip_stride} "
+        f"at {config.size[0]}x{config.size[1]}; writing {output}")
 
     def fields(counters: dict) -> dict:
         return {"layout": layout, "videos": int(counters.get("videos", 0)), "frames": int(counters.get("frames", 0)),

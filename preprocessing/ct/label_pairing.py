@@ -26,6 +26,7 @@ class Pairing:
             `manifest`, or `unlabelled`; several joined by `+`.
         notes: files a layout names but that were not converted, one sentence per kind.
         roots: absolute input and labels locations (for relative names in outputs).
+        hidden: hidden files and folders left out (`common.hidden_files`), input and labels together.
     """
 
     cases: list[ct_io.CaseSource]
@@ -33,6 +34,7 @@ class Pairing:
     layout: str
     notes: tuple[str, ...] = ()
     roots: tuple[str, ...] = ()
+    hidden: int = 0
 
 
 def pair(input_path: str, labels: str | None = None,
@@ -64,7 +66,7 @@ def pair(input_path: str, labels: str | None = None,
         by_manifest = _match_manifest(labels, rows, found.images, dead)
         by_case, ambiguous = _merge_labels([found.labels, by_manifest], found.images, dead)
         cases, pair_dead = _match(_without(found.images, ambiguous), by_case, f"manifest {labels}")
-        return Pairing(cases, dead + pair_dead, "manifest", found.notes, roots)
+        return Pairing(cases, dead + pair_dead, "manifest", found.notes, roots, found.hidden)
     if labels is not None and not os.path.exists(labels):
         raise FileNotFoundError(f"--labels {labels!r} does not exist; pass a folder of label maps or a manifest CSV.")
     if labels is None or os.path.realpath(labels) == input_real:
@@ -77,11 +79,12 @@ def pair(input_path: str, labels: str | None = None,
                 "with image,label rows as --labels.")
         if not found.labels:
             return Pairing([ct_io.CaseSource(case_id, source) for case_id, source in sorted(found.images.items())],
-                           list(found.dead), "unlabelled", found.notes, roots)
+                           list(found.dead), "unlabelled", found.notes, roots, found.hidden)
         dead = list(found.dead)
         by_case, ambiguous = _merge_labels([found.labels], found.images, dead)
         cases, pair_dead = _match(_without(found.images, ambiguous), by_case, input_path, found.layouts)
-        return Pairing(cases, dead + pair_dead, _layout_name(cases, found.layouts, "same_names"), found.notes, roots)
+        return Pairing(cases, dead + pair_dead, _layout_name(cases, found.layouts, "same_names"), found.notes, roots,
+                       found.hidden)
     labels_real = os.path.realpath(labels)
     # One location may hold the other (labels/ inside the input, or the input inside the labels' folder):
     # each side leaves the other's files out, so no file is both an image and a label map.
@@ -96,7 +99,7 @@ def pair(input_path: str, labels: str | None = None,
     layouts = {**label_found.layouts, **found.layouts}
     cases, pair_dead = _match(_without(found.images, ambiguous), by_case, labels, layouts)
     return Pairing(cases, dead + pair_dead, _layout_name(cases, layouts, "same_names"),
-                   found.notes + label_found.notes, roots)
+                   found.notes + label_found.notes, roots, found.hidden + label_found.hidden)
 
 
 def _merge_labels(sources: list[dict[str, ct_io.VolumeSource]], images: dict[str, ct_io.VolumeSource], dead: list

@@ -6,6 +6,9 @@ are grouped into series (`dicom_grouping`), and DICOM SEG and RTSTRUCT files
 are label maps of the series they reference. A file that cannot be used is a
 dead letter naming it; it never stops the others.
 
+Hidden files and folders (`._*`, `.DS_Store`, `Thumbs.db`, `__MACOSX/`,
+`.ipynb_checkpoints/`: `common.hidden_files`) are never read, and counted.
+
 Inputs stay inside the input: a symbolic link is followed only when it
 resolves inside the folder given (or when the user asks, `follow_links`); one
 that leads out is left alone and named in a note. A named pipe, socket or
@@ -18,15 +21,15 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from common import dead_letters
+from common import dead_letters, hidden_files
 from preprocessing.ct import ct_io, ct_layouts, dicom_grouping, dicom_series, volume_bytes
 
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
 # Files that sit next to images but are never images themselves.
 IGNORED_SUFFIXES = (".raw", ".zraw", ".json", ".txt", ".md", ".csv")
-# Files a CD or PACS export and desktops put beside the series: the DICOMDIR index (the series it lists are read
-# from their own files) and the operating systems' thumbnail and folder settings.
-IGNORED_NAMES = frozenset({"dicomdir", "thumbs.db", "desktop.ini"})
+# The DICOMDIR index a CD or PACS export puts beside the series: the series it lists are read from their own files.
+# (The desktops' Thumbs.db and desktop.ini are hidden files: `common.hidden_files`.)
+IGNORED_NAMES = frozenset({"dicomdir"})
 
 
 def case_id_of(path: str) -> str:
@@ -60,6 +63,7 @@ class Found:
     layouts: dict[str, str]  # (role, case id) -> the layout its name follows, where one does
     notes: tuple[str, ...]
     dead: list[dict]
+    hidden: int = 0  # hidden files and folders left out (`common.hidden_files`)
 
 
 def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: frozenset[str] = frozenset(),
@@ -119,7 +123,7 @@ def find_volumes(root: str, neutral_role: str = ct_layouts.IMAGE, exclude: froze
     dead.extend(dicom_dead)
     for key, source in dicom.items():
         _add(labels if source.dicom_label else neutral, dead, key, source)
-    return Found(images, labels, layouts, classified.notes + _link_notes(listing.outside, root), dead)
+    return Found(images, labels, layouts, classified.notes + _link_notes(listing.outside, root), dead, listing.hidden)
 
 
 def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
@@ -140,16 +144,17 @@ def dicom_volumes(paths: list[str], taken: set[str], spacing_tolerance: float
 class _Listing:
     files: list[str]  # every file to look at, sorted
     outside: list[str]  # links left alone: they lead outside the root
+    hidden: int = 0  # hidden files and folders left out
 
 
 def _files_under(root: str, follow_links: bool = False) -> _Listing:
-    """Every file below `root`, sorted, hidden ones left out; each directory once.
+    """Every file below `root`, sorted, hidden ones left out (hidden folders not entered); each directory once.
 
     Links (to folders or files) that resolve inside `root` are followed; those that lead outside it only with
     `follow_links`, and are listed in `outside` otherwise. A link back up the tree is read once.
     """
     inside_root = os.path.realpath(root)
-    visited, files, outside = set(), [], []
+    visited, files, outside, hidden = set(), [], [], 0
 
     def leads_out(path: str) -> bool:
         return (not follow_links and os.path.islink(path)
@@ -161,18 +166,20 @@ def _files_under(root: str, follow_links: bool = False) -> _Listing:
             subdirectories[:] = []
             continue
         visited.add(real)
+        hidden += sum(hidden_files.is_hidden(name) for name in (*subdirectories, *names))
+        subdirectories[:] = [name for name in subdirectories if not hidden_files.is_hidden(name)]
         for name in [n for n in subdirectories if leads_out(os.path.join(directory, n))]:
             outside.append(os.path.join(directory, name))
             subdirectories.remove(name)
         for name in names:
             path = os.path.join(directory, name)
-            if name.startswith("."):
+            if hidden_files.is_hidden(name):
                 continue
             if leads_out(path) and os.path.exists(path):  # a broken link is a file the reader names
                 outside.append(path)
                 continue
             files.append(path)
-    return _Listing(sorted(files), sorted(outside))
+    return _Listing(sorted(files), sorted(outside), hidden)
 
 
 def _link_notes(outside: list[str], root: str) -> tuple[str, ...]:

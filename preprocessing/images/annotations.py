@@ -1,4 +1,4 @@
-"""Box annotations from COCO JSON or Pascal VOC XML, in one form, with bad entries set aside.
+"""Box annotations from COCO JSON (here) or Pascal VOC XML (`voc_annotations`), in one form, with bad entries set aside.
 
 Both formats become a list of `ImageAnnotations` (one per image, boxes in
 pixels, corner form) plus dead letters for what cannot be used: annotations of
@@ -24,7 +24,6 @@ import dataclasses
 import json
 import math
 import os
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 
 from common import dead_letters
@@ -278,81 +277,3 @@ def _sort_key(image_id) -> tuple:
     """Numbers in numeric order, then strings: COCO ids are usually numbers, sometimes strings."""
     number = parse_number(image_id)
     return (0, number, "") if number is not None else (1, 0.0, str(image_id))
-
-
-def read_voc(directory: str, image_dir: str, label_map: str | None = None, extend_label_map: bool = False,
-             log: Callable[[str], None] = print) -> tuple[list[ImageAnnotations], list[dict], dict[str, int]]:
-    """Reads every Pascal VOC XML file in `directory`.
-
-    Class ids are 1.. in sorted name order, or taken from `label_map` (see `read_coco`).
-
-    Returns:
-        (images, dead letters, label map name -> id).
-    """
-    parsed, dead = [], []
-    for name in sorted(os.listdir(directory)):
-        if not name.lower().endswith(".xml"):
-            continue
-        xml_path = os.path.join(directory, name)
-        try:
-            root = ElementTree.parse(xml_path).getroot()
-            file_name = root.findtext("filename")
-            if not file_name:
-                raise ValueError("no <filename>")
-            size = root.find("size")
-            width, height = (_voc_number(size, key, whole=True) if size is not None else None
-                             for key in ("width", "height"))
-            objects = []
-            for obj in root.iter("object"):
-                text = (obj.findtext("name") or "").strip()
-                if not text:
-                    raise ValueError("an <object> without <name>")
-                corners = tuple(_voc_number(obj.find("bndbox"), k) for k in ("xmin", "ymin", "xmax", "ymax"))
-                objects.append((text, corners, (obj.findtext("difficult") or "0").strip() == "1"))
-        except (ElementTree.ParseError, ValueError, AttributeError, TypeError, OSError) as error:
-            dead.append(dead_letters.dead_letter(xml_path, "annotations", "unreadable_annotation", f"not a readable VOC file ({error})"))
-            continue
-        image_path = safe_image_path(image_dir, file_name)
-        if image_path is None:
-            dead.append(dead_letters.dead_letter(xml_path, "annotations", "unsafe_path",
-                                    f"file name {file_name!r} escapes the image directory {image_dir}"))
-            continue
-        parsed.append((xml_path, file_name, image_path, width, height, objects))
-    names = sorted({n for *_, objects in parsed for n, _, _ in objects})
-    label_ids = resolve_label_map(names, {name: i + 1 for i, name in enumerate(names)}, directory, label_map,
-                                  extend_label_map, log)
-    images = [
-        ImageAnnotations(
-            os.path.splitext(file_name)[0], image_path, width, height,
-            tuple(Box(*corners, label_ids[text], text, f"{xml_path}#object{i}", difficult=difficult)
-                  for i, (text, corners, difficult) in enumerate(objects)),
-        )
-        for xml_path, file_name, image_path, width, height, objects in parsed
-    ]
-    return images, dead, label_ids
-
-
-def _voc_number(element, key: str, whole: bool = False):
-    """`<key>` under `element` as a number; with `whole` (the image size), a whole one or None when not given.
-
-    VOC exports often write an unknown size as 0: that, too, is "not given", and the file's own size is used.
-    """
-    if element is None:
-        raise ValueError("an <object> without <bndbox>")
-    text = element.findtext(key)
-    if text is None and whole:
-        return None
-    number = parse_whole_number(text) if whole else parse_number(text)
-    if number is None:
-        raise ValueError(f"<{key}> is {text!r}, not a {'whole ' if whole else ''}number")
-    return number if not whole or number > 0 else None
-
-
-def read_annotations(annotations: str, image_dir: str, label_map: str | None = None, extend_label_map: bool = False,
-                     log: Callable[[str], None] = print):
-    """COCO JSON file or VOC XML directory, by what `annotations` is; see `read_coco` for the label map."""
-    if not os.path.exists(annotations):
-        raise FileNotFoundError(f"annotations {annotations!r} do not exist; pass a COCO JSON file or a directory of VOC XML.")
-    if os.path.isdir(annotations):
-        return read_voc(annotations, image_dir, label_map, extend_label_map, log)
-    return read_coco(annotations, image_dir, label_map, extend_label_map, log)

@@ -5,7 +5,8 @@ the class, the colour only how a viewer shows it. Every frame of one video
 must carry the same palette (else the same colour means two classes, or one
 class two colours, in one video), the same size as its frame, and indices no
 larger than the data set's classes. An RGB mask is refused: its colours would
-have to be guessed back into classes.
+have to be guessed back into classes. A mask with an EXIF Orientation is turned
+upright, as frames are (`frames.read_frame`).
 
 Example:
     >>> import os, tempfile
@@ -26,8 +27,8 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from common import dead_letters
-from preprocessing.video import frame_order
+from common import dead_letters, hidden_files
+from preprocessing.video import frame_order, frames as frames_lib
 
 MASK_SUFFIX = ".png"
 INDEXED_MODES = ("P", "L")  # palette indices, or grey levels read as class ids
@@ -40,7 +41,7 @@ def mask_files(folder: str) -> list[str]:
     Raises:
         dead_letters.CaseError: names that cannot be ordered, or a missing mask between two (`frame_order`).
     """
-    masks = frame_order.ordered(frame_order.list_folder(folder)[0], (MASK_SUFFIX,), "mask", "labels")
+    masks = frame_order.ordered(hidden_files.list_folder(folder)[0], (MASK_SUFFIX,), "mask", "labels")
     if masks.step != 1:
         raise dead_letters.CaseError("labels", "label_frames_missing", (
             f"its masks are numbered in steps of {masks.step} ({', '.join(masks.files[:2])}, ...) but a video file's "
@@ -92,7 +93,8 @@ def read_masks(paths: list[str], size: tuple[int, int], fit: Callable[[np.ndarra
     for number, path in enumerate(paths):
         name = os.path.basename(path)
         try:
-            with Image.open(path) as image:
+            with Image.open(path) as stored:
+                image = frames_lib.upright(stored)  # drawn on the picture as shown: turned as its frame is (EXIF)
                 image.load()
         except (OSError, UnidentifiedImageError, SyntaxError) as error:
             raise dead_letters.CaseError("labels", "unreadable_mask", f"mask {name} is not a readable PNG "

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from common import dead_letters, sizes
 from preprocessing.records import video_clips as clip_records
@@ -57,8 +57,8 @@ class VideoPreprocessConfig:
             raise ValueError(f"--size {','.join(map(str, self.size))} must be two positive sizes H,W, e.g. --size 128,128.")
         if self.fit not in frames_lib.FITS:
             raise ValueError(f"--fit {self.fit!r} is not known; use one of {', '.join(frames_lib.FITS)}.")
-        if not self.folder_fps > 0:
-            raise ValueError(f"--folder-fps {self.folder_fps} must be a positive frame rate, e.g. 24.")
+        if not 0 < self.folder_fps < math.inf:  # nan too
+            raise ValueError(f"--folder-fps {self.folder_fps} must be a positive, finite frame rate, e.g. 24.")
         if self.max_decoded_bytes < 1:
             raise ValueError(f"--max-decoded-bytes must be positive, e.g. 3GiB, got {self.max_decoded_bytes}.")
         clip = self.clip_length * self.frame_bytes
@@ -101,16 +101,7 @@ def _decode_folder(source: video_discovery.VideoSource, config: VideoPreprocessC
     config.check_length(len(source.frames))
     frames, size, box = [], None, None
     for path in source.frames:
-        try:
-            with Image.open(path) as image:
-                if image.mode == "P":
-                    raise dead_letters.CaseError("read", "frame_is_a_mask", (
-                        f"frame {path.rsplit('/', 1)[-1]} is a palette image, as masks are, not a picture; if the "
-                        "folder holds masks, pass their folder with --labels; if it holds frames, save them as RGB"))
-                rgb = np.asarray(image.convert("RGB"))
-        except (OSError, UnidentifiedImageError, SyntaxError) as error:
-            raise dead_letters.CaseError("read", "undecodable", f"frame {path.rsplit('/', 1)[-1]} is not a readable "
-                                         f"image ({error}); copy it again") from None
+        rgb = frames_lib.read_frame(path)  # (H, W, 3), upright
         if size is None:
             size, box = rgb.shape[:2], frames_lib.crop_box(rgb.shape[:2], config.size, config.fit)
         elif rgb.shape[:2] != size:
@@ -139,8 +130,7 @@ def source_frames(source: video_discovery.VideoSource):
     """The source's frames as they are, (H, W, 3) uint8 one at a time (for predict's overlay video)."""
     if source.frame_folder:
         for path in source.frames:
-            with Image.open(path) as image:
-                yield np.asarray(image.convert("RGB"))
+            yield frames_lib.read_frame(path)
         return
     import av
 
@@ -153,6 +143,19 @@ def config_of(record: dict) -> VideoPreprocessConfig:
     """The config a summary's `preprocessing` (`preprocessing_record`) was written from."""
     return VideoPreprocessConfig(clip_length=int(record["clip_length"]), clip_stride=int(record["clip_stride"]),
                                  size=tuple(int(s) for s in record["size"]), fit=record["fit"])
+
+
+def _shorter_clips(count: int) -> str:
+    """What clip length a video of `count` frames takes, in words: leaving --clip-length out only where the
+    default is short enough.
+
+    >>> _shorter_clips(1), _shorter_clips(20)
+    ('pass --clip-length 1', 'pass --clip-length 20 or less, or leave it out (16 frames)')
+    """
+    default = VideoPreprocessConfig.clip_length
+    if count == 1:
+        return "pass --clip-length 1"
+    return f"pass --clip-length {count} or less" + (f", or leave it out ({default} frames)" if count >= default else "")
 
 
 def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessConfig) -> list[clip_records.VideoClip]:
@@ -180,8 +183,8 @@ def video_to_clips(source: video_discovery.VideoSource, config: VideoPreprocessC
         masks = np.zeros(decoded.frames.shape[:3], np.uint8)
     if count < config.clip_length:
         raise dead_letters.CaseError("clips", "too_few_frames", (
-            f"it has {count} frames, fewer than one clip of --clip-length {config.clip_length}; pass --clip-length "
-            f"{count} or less, or leave it out"))
+            f"it has {count} frame{'s' if count > 1 else ''}, fewer than one clip of --clip-length "
+            f"{config.clip_length}; {_shorter_clips(count)}"))
     names = source.names(count)
     clips = []
     for start in range(0, count - config.clip_length + 1, config.clip_stride):

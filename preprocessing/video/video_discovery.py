@@ -18,7 +18,8 @@
   `--labels DIR`: `DIR/cat/00001.png`.
 
 Frames are ordered by the number in their names and hidden files are left out
-(`frame_order`). A video whose frames cannot be used (an empty frame folder,
+(`frame_order`, `common.hidden_files`); a linked folder is read as the folder it
+links to. A video whose frames cannot be used (an empty frame folder,
 names that cannot be ordered, a missing frame) is still listed, with its
 `problem`, so that it becomes a dead letter naming the folder, not a silent gap.
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from common import dead_letters
+from common import dead_letters, hidden_files
 from preprocessing.video import frame_order, mask_frames, video_files
 
 FRAME_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -88,12 +89,12 @@ def _error(error: dead_letters.CaseError) -> tuple[str, str, str]:
 
 
 def _has_frames(names: list[str]) -> bool:
-    return any(n.lower().endswith(FRAME_SUFFIXES) and not frame_order.is_hidden(n) for n in names)
+    return any(n.lower().endswith(FRAME_SUFFIXES) and not hidden_files.is_hidden(n) for n in names)
 
 
 def _frame_source(video_id: str, folder: str, mask_folder: str | None) -> VideoSource:
     """One frame folder as a video: its frames in order (or its problem), and its masks in the same order."""
-    names, hidden = frame_order.list_folder(folder)
+    names, hidden = hidden_files.list_folder(folder)
     try:
         frames = frame_order.ordered(names, FRAME_SUFFIXES)
         if not frames.files:
@@ -104,7 +105,7 @@ def _frame_source(video_id: str, folder: str, mask_folder: str | None) -> VideoS
                            hidden=hidden)
     masks, mask_problem = (), None
     if mask_folder and os.path.isdir(mask_folder):
-        mask_names, mask_hidden = frame_order.list_folder(mask_folder)
+        mask_names, mask_hidden = hidden_files.list_folder(mask_folder)
         hidden += mask_hidden
         by_name = {os.path.splitext(n)[0]: n for n in mask_names if n.lower().endswith(mask_frames.MASK_SUFFIX)}
         if set(by_name) == set(frames.names):  # masks in the frames' order; else `pair_names` names the odd one
@@ -120,12 +121,21 @@ def _frame_source(video_id: str, folder: str, mask_folder: str | None) -> VideoS
 
 
 def _walk(root: str) -> list[tuple[str, list[str], list[str], int]]:
-    """(folder, visible subfolders, visible files, hidden entries) under `root`, hidden folders not entered."""
-    found = []
-    for folder, subfolders, files in os.walk(root):
-        hidden = sum(frame_order.is_hidden(n) for n in (*subfolders, *files))
-        subfolders[:] = sorted(n for n in subfolders if not frame_order.is_hidden(n))
-        found.append((folder, list(subfolders), sorted(n for n in files if not frame_order.is_hidden(n)), hidden))
+    """(folder, visible subfolders, visible files, hidden entries) under `root`, hidden folders not entered.
+
+    A linked folder is a folder (`JPEGImages/dog -> /data/dog`), as a linked frame or video file is a file; one
+    reached twice (a link back up the tree) is read once.
+    """
+    found, visited = [], set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in visited:
+            subfolders[:] = []
+            continue
+        visited.add(real)
+        hidden = sum(hidden_files.is_hidden(n) for n in (*subfolders, *files))
+        subfolders[:] = sorted(n for n in subfolders if not hidden_files.is_hidden(n))
+        found.append((folder, list(subfolders), sorted(n for n in files if not hidden_files.is_hidden(n)), hidden))
     return found
 
 
@@ -174,7 +184,7 @@ def _video_files(input_path: str, labels: str | None) -> list[VideoSource]:
         folder = os.path.join(labels or root, video_id)
         masks, mask_problem = (), None
         if os.path.isdir(folder):
-            hidden += frame_order.list_folder(folder)[1]
+            hidden += hidden_files.list_folder(folder)[1]
             try:
                 masks = tuple(mask_frames.mask_files(folder))
             except dead_letters.CaseError as error:
@@ -195,7 +205,7 @@ def _check_labels(labels: str) -> None:
 
 def _single_folder(input_path: str, labels: str | None) -> VideoSource:
     """`--input` holding the frames themselves: one video named after the folder, masks in `--labels` itself."""
-    names, _ = frame_order.list_folder(input_path)
+    names, _ = hidden_files.list_folder(input_path)
     inner = [n for n in sorted(names) if os.path.isdir(os.path.join(input_path, n))
              and _has_frames(os.listdir(os.path.join(input_path, n)))]
     if inner:
@@ -226,7 +236,7 @@ def discover(input_path: str, labels: str | None = None) -> tuple[list[VideoSour
     elif os.path.isfile(input_path) or any(n.lower().endswith(video_files.VIDEO_SUFFIXES)
                                            for _, _, names, _ in _walk(input_path) for n in names):
         sources, layout, labelled = _video_files(input_path, labels), LAYOUTS[1], labels is not None
-    elif _has_frames(frame_order.list_folder(input_path)[0]):
+    elif _has_frames(hidden_files.list_folder(input_path)[0]):
         sources, layout, labelled = [_single_folder(input_path, labels)], LAYOUTS[2], labels is not None
     else:
         sources, layout, labelled = _frame_folders(input_path, labels), LAYOUTS[3], labels is not None

@@ -57,3 +57,24 @@ def test_a_warm_up_longer_than_the_run_is_said_and_recorded_and_a_cache_over_mem
     assert cache.endswith(" held in memory; warning: that is more than the 1.0 KiB of memory available, so the host "
                           "will swap or the process be killed as the cache fills; pass --input-cache auto, which "
                           "reads the records every step where they do not fit")
+
+
+@pytest.mark.slow  # the session's segmentation run (shared, 40 steps); the refusals come before any model is built
+@pytest.mark.parametrize("steps, sentence", [
+    ("30", "nothing to train: the run in {run} is at step 40 of the 30 that --steps 30 asks for; "),
+    ("40", "--output {run} was trained with warmup_steps 0 but this rerun has 50 (--warmup-steps); "),
+])
+def test_a_refused_resume_says_no_warm_up_warning_first(segmentation_run, tmp_path, steps, sentence):
+    """A rerun's checks all come before what it warns of: a resume refused is told its refusal alone."""
+    import shutil
+
+    config, _, _ = segmentation_run
+    run = tmp_path / "run"
+    shutil.copytree(config.output_dir, run)
+    before = snapshot(run)
+    result = CliRunner().invoke(cli.app, ["train", "--output", str(run), "--steps", steps, "--warmup-steps", "50",
+                                          "--no-saved-model"])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr, result.output + result.stderr
+    assert result.stderr.strip().startswith("fullres: error: " + sentence.format(run=run)), result.stderr
+    assert "warning" not in result.stdout, result.stdout
+    assert snapshot(run) == before

@@ -101,7 +101,8 @@ def test_held_out_clips_without_masks_are_refused(video_run, tmp_path):
     assert code == 2 and errors == [
         f"--eval {unlabelled} holds no labelled pixels ({tmp_path / 'unlabelled' / 'summary.json'} lists no label "
         "value above 0: clips of videos without masks), so its Dice would score the model against background alone; "
-        "convert the videos with their masks (a PNG folder named like each video, or Annotations/) to score the "
+        "convert the videos with their masks (fullres preprocess video with a PNG folder named like each video, "
+        "Annotations/ or --labels) to score the "
         "model on them, or segment them with fullres predict."], said
     assert files.snapshot(tmp_path) == before
 
@@ -143,3 +144,31 @@ def test_held_out_clips_cut_otherwise_are_told_the_video_conversion(video_run, t
     assert ("convert the held-out videos as the training clips were (fullres preprocess video --clip-length 8 "
             "--clip-stride 8 --size 16,16 --fit crop)") in errors[0] and "preprocess ct" not in errors[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_unlabelled_clips_are_told_to_convert_the_videos_with_their_masks(tmp_path):
+    """Before: clips of videos without masks were told to "convert the scans again with --labels naming their label
+    maps", the CT conversion's words."""
+    unlabelled = video_runs.write_clips(tmp_path / "unlabelled", ["owl", "cat"], labelled=False)
+    before = files.snapshot(tmp_path)
+    code, errors, said = _train("--train", unlabelled, "--output", str(tmp_path / "run"), *SMALL)
+    assert code == 2 and errors == [
+        f"--train {unlabelled} holds no labelled pixels ({tmp_path / 'unlabelled' / 'summary.json'} lists no label "
+        "values: clips of videos without masks), so the model would learn to predict background everywhere; convert "
+        "the videos with their masks (fullres preprocess video with a PNG folder named like each video, "
+        "Annotations/ or --labels)."], said
+    assert files.snapshot(tmp_path) == before
+
+
+def test_a_fresh_run_whose_clip_length_does_not_fit_the_split_names_the_clip_length(tmp_path):
+    """Before: clips of 4 frames split 2 ways in time (a network that halves them twice) were told to "use depth 8 or
+    more, or do not split depth": the partition check's words for CT."""
+    short = video_runs.write_clips(tmp_path / "short", ["cat", "dog"], clip=(4, 16, 16))
+    before = files.snapshot(tmp_path)
+    code, errors, said = _train("--train", short, "--output", str(tmp_path / "run"), *SMALL)
+    assert code == 2 and errors == [
+        "clip length 4 (input_partition_dims[1] = 2) is 2 frames at resolution level 2, 1 on each of its 2 devices, "
+        "where XLA gathers whole activations and can compute wrong gradients; use clips of 8 or more frames (fullres "
+        "preprocess video --clip-length 8), or do not split the clip length."], said
+    assert files.snapshot(tmp_path) == before
+

@@ -3,7 +3,7 @@
 A new run whose global batch does not divide over its replicas is told to change the batch (`partitioning.validate`);
 a resume cannot change it (the batch and the split are what the run means: `run_record.check_rerun`), so its
 sentence names the device counts over which the run's own batch and split do divide, and a new `--output` for
-another batch.
+another batch. `resolved_run.resolve` asks it first of all a run's checks.
 """
 
 from __future__ import annotations
@@ -11,15 +11,6 @@ from __future__ import annotations
 from trainer import config as config_lib
 from trainer.engine import run_files
 from trainer.parallel import partitioning
-
-
-def fitting_counts(batch_size: int, cores_per_replica: int) -> list[int]:
-    """The device counts, most first, that run a global batch of `batch_size` with `cores_per_replica` cores each.
-
-    >>> fitting_counts(4, 1), fitting_counts(2, 4)
-    ([4, 2, 1], [8, 4])
-    """
-    return [cores_per_replica * replicas for replicas in range(batch_size, 0, -1) if batch_size % replicas == 0]
 
 
 def check(config: config_lib.TrainConfig, num_devices: int) -> None:
@@ -52,7 +43,7 @@ def _check_resume(config: config_lib.TrainConfig, num_devices: int) -> None:
            if num_devices % cores == 0 else f"not whole replicas of {cores} devices")
     history = run_files.read_run_record(run_dir).get("history") or []
     trained_on = next((line["devices"] for line in reversed(history) if line.get("devices")), None)
-    counts = [str(count) for count in fitting_counts(config.batch_size, cores)]
+    counts = [str(count) for count in partitioning.fitting_counts(config.batch_size, cores)]
     shown = " or ".join(counts) if len(counts) <= 2 else ", ".join(counts[:-1]) + " or " + counts[-1]
     raise partitioning.PartitionError(
         f"--output {run_dir} holds a run of global batch {config.batch_size} split {','.join(map(str, dims))} "

@@ -169,12 +169,17 @@ def _damaged(file_path: str, problem: str, to: str) -> str:
 
 
 def not_a_run(run_dir: str) -> str | None:
-    """The sentence refusing `run_dir` as a trained run (`model_info.json` or `model.keras` missing), or None.
+    """The sentence refusing `run_dir` as a trained run (`model_info.json` or `model.keras` missing), or None: a run
+    still training, one that stopped before its end, a finished run that lost its `model_info.json`, or no run.
 
     Cheap on purpose (no Keras, no JAX): `fullres predict` asks it before its heavy imports.
     """
     if all(os.path.isfile(path(run_dir, name)) for name in (MODEL_INFO, MODEL)):
         return None
+    if holds_run(run_dir) and os.path.isfile(path(run_dir, MODEL)):  # finished: only its description is gone
+        return (f"--model {run_dir} holds a trained model ({path(run_dir, MODEL)}) but no {MODEL_INFO}, which says "
+                "what the model takes (its task, input shape and preprocessing); copy it back from where the run "
+                "came from (or a backup).")
     if holds_run(run_dir):  # a run, but not a finished one
         lock = os.path.abspath(run_dir).rstrip("/") + output_lock.LOCK_SUFFIX
         if os.path.isfile(lock):

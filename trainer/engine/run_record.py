@@ -122,7 +122,8 @@ def check_resumable(run_dir: str) -> None:
 
 
 def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devices: int,
-                continue_with_changes: bool = False, log: Callable[[str], None] = print) -> dict:
+                continue_with_changes: bool = False, log: Callable[[str], None] = print, *,
+                trained_on: dict | None = None) -> dict:
     """Refuses a rerun into `config.output_dir` that would change what the run there means; nothing is written.
 
     Args:
@@ -131,6 +132,8 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
         total_steps: the steps it asks for in all (from `steps` or `epochs`).
         devices: how many devices it runs on.
         continue_with_changes: go on under the changed settings (the history records them) instead of refusing.
+        log: where the settings that change freely, and a change continued with, are said.
+        trained_on: the training data's fingerprint (`run_data.data_fingerprint`), where the caller has it.
 
     Returns:
         The history line `record` writes once training starts: `{"event": "started" | "resumed" | "continued with
@@ -147,13 +150,13 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     from trainer.engine import program  # Keras: the check above is asked before it is imported
 
     run_dir = config.output_dir
-    fingerprint = run_data.data_fingerprint(config.train_data)
-    if (cut := program.warmup_note(config, total_steps)) is not None:
-        log(cut)
+    fingerprint = run_data.data_fingerprint(config.train_data) if trained_on is None else trained_on
+    data_changes = run_data.differences(run_data.trained_fingerprint(recorded), fingerprint)  # read once a run is there
+    warmup_steps = program.warmup_steps_used(config, total_steps)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
-    line = {"event": "started", "step": 0, "steps": total_steps, "warmup_steps": program.warmup_steps_used(
-                config, total_steps), "devices": devices, "data": config.train_data,
-            "data_path": absolute(config.train_data), "eval_path": absolute(config.eval_data)}
+    line = {"event": "started", "step": 0, "steps": total_steps, "warmup_steps": warmup_steps, "devices": devices,
+            "data": config.train_data, "data_path": absolute(config.train_data),
+            "eval_path": absolute(config.eval_data)}
     if recorded.train_config is None:  # no run here yet
         return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
     done = _done_steps(run_dir)
@@ -164,7 +167,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
             f"nothing to train: the run in {run_dir} is at step {done} of the {total_steps} that {asked} asks for; "
             f"pass --steps {done} or more to go on training it, or a new --output to train {total_steps} steps "
             "from the start.")
-    changes = _changes(recorded, config, fingerprint, source)
+    changes = _changes(recorded, config, data_changes, source)
     if changes and not continue_with_changes:
         key, (before, now, where) = next(iter(changes.items()))
         more = f" (and {', '.join(list(changes)[1:])} differ too)" if len(changes) > 1 else ""
@@ -193,14 +196,15 @@ def _fix(key: str) -> str:
     return f"setting ({option(key)})"
 
 
-def _changes(recorded, config: config_lib.TrainConfig, fingerprint: dict,
+def _changes(recorded, config: config_lib.TrainConfig, data_changes: list[tuple[str, object, object]],
              source: str | None) -> dict[str, tuple[object, object, str]]:
-    """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs."""
+    """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs;
+    `data_changes`: how the training data differ from the run's (`run_data.differences`)."""
     from trainer import config as config_lib
 
     changes: dict[str, tuple[object, object, str]] = {}
     summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
-    for key, was, now in run_data.differences(run_data.trained_fingerprint(recorded), fingerprint):
+    for key, was, now in data_changes:
         where = (f" (--train {config.train_data} holds other cases than the run trained on: its case ids differ)"
                  if key == "examples" else summary)
         changes[f"training data {key}"] = (was, now, where)

@@ -35,6 +35,9 @@ DIMENSION_NAMES = {
     4: ("batch", "height", "width", "channels"),
     5: ("batch", "depth", "height", "width", "channels"),
 }
+# A video clip's first axis is time, its size the clip length that `fullres preprocess video --clip-length` chose.
+CLIP_LENGTH = "clip length"
+VIDEO_DIMENSION_NAMES = ("batch", CLIP_LENGTH, "height", "width", "channels")
 
 
 class PartitionError(ValueError):
@@ -125,6 +128,27 @@ def _nearest_valid_sizes(size: int, multiple: int) -> str:
     return f"{below} or {above} (multiples of {multiple})"
 
 
+def _use(name: str, sizes: str, smallest: int) -> str:
+    """What to make dimension `name` instead (`sizes`, the smallest of them `smallest`), e.g. "use depth 8 or more";
+    a clip's length in the words of the conversion that sets it.
+
+    >>> _use(CLIP_LENGTH, "8 or more", 8)
+    'use clips of 8 or more frames (fullres preprocess video --clip-length 8)'
+    """
+    if name == CLIP_LENGTH:
+        return f"use clips of {sizes} frames (fullres preprocess video --clip-length {smallest})"
+    return f"use {name} {sizes}"
+
+
+def fitting_counts(batch_size: int, cores_per_replica: int) -> list[int]:
+    """The device counts, most first, that run a global batch of `batch_size` with `cores_per_replica` cores each.
+
+    >>> fitting_counts(4, 1), fitting_counts(2, 4)
+    ([4, 2, 1], [8, 4])
+    """
+    return [cores_per_replica * replicas for replicas in range(batch_size, 0, -1) if batch_size % replicas == 0]
+
+
 def validate_devices(config: PartitionConfig, num_devices: int) -> None:
     """The part of `validate` that needs neither data nor batch: one replica's cores divide the devices.
 
@@ -189,6 +213,7 @@ def validate(
     num_devices: int,
     downsampling_levels: int | Sequence[int] = 0,
     global_batch_size: int | None = None,
+    dimension_names: Sequence[str] | None = None,
 ) -> None:
     """Refuses a configuration that cannot be partitioned, before anything compiles.
 
@@ -203,6 +228,8 @@ def validate(
             network, measured: `user_model.downsampling_levels`). Every level's
             size must divide by that dimension's partition count.
         global_batch_size: if given, it must divide over the replicas.
+        dimension_names: what the messages call each dimension of the features (default `DIMENSION_NAMES`;
+            `VIDEO_DIMENSION_NAMES` for clips, whose first axis is the clip length).
 
     Raises:
         PartitionError: with a one-sentence message naming the problem and the fix.
@@ -212,6 +239,8 @@ def validate(
     dims = config.input_partition_dims
     rank = len(feature_shape)
     names = DIMENSION_NAMES.get(rank)
+    if names is not None and dimension_names is not None and len(dimension_names) == rank:
+        names = tuple(dimension_names)
     if names is None:
         raise PartitionError(
             f"features of shape {tuple(feature_shape)} are {rank}-D; fullres partitions 4-D (batch, height, width, "
@@ -243,10 +272,12 @@ def validate(
                 # whole activation onto every device, and with a second split axis the gradients of that level's
                 # weights come out 4-8x too large (the forward pass and the loss are right).
                 level = f"resolution level {levels + 1}" if levels else "the input"
+                clip = names[axis] == CLIP_LENGTH
                 raise PartitionError(
-                    f"{names[axis]} {size} (input_partition_dims[{axis}] = 2) is 2 voxels at {level}, 1 on each "
-                    f"of its 2 devices, where XLA gathers whole activations and can compute wrong gradients; use "
-                    f"{names[axis]} {2 * size} or more, or do not split {names[axis]}."
+                    f"{names[axis]} {size} (input_partition_dims[{axis}] = 2) is 2 {'frames' if clip else 'voxels'} "
+                    f"at {level}, 1 on each of its 2 devices, where XLA gathers whole activations and can compute "
+                    f"wrong gradients; {_use(names[axis], f'{2 * size} or more', 2 * size)}, or do not split "
+                    f"{'the ' if clip else ''}{names[axis]}."
                 )
             continue
         # Find the first resolution level at which the dimension stops working.
@@ -262,8 +293,8 @@ def validate(
         where = "at the input" if level == 0 else f"at resolution level {level + 1} (after {level} downsampling{'s' if level > 1 else ''})"
         raise PartitionError(
             f"{names[axis]} {size} (input_partition_dims[{axis}] = {parts}) does not fit a model with "
-            f"{levels} downsampling{'s' if levels != 1 else ''}: {where} it {reason}; use {names[axis]} "
-            f"{_nearest_valid_sizes(size, multiple)}."
+            f"{levels} downsampling{'s' if levels != 1 else ''}: {where} it {reason}; "
+            f"{_use(names[axis], _nearest_valid_sizes(size, multiple), max(size // multiple, 1) * multiple)}."
         )
 
 

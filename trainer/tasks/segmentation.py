@@ -21,10 +21,10 @@ from trainer import config as config_lib
 from trainer.augment import keys, recipe as augment_recipe
 from trainer.data import batches as batches_lib, ct_input, patches
 from trainer.data import ct_batches
-from trainer.engine import inference, placement, sliding_window
+from trainer.engine import inference, placement
 from trainer.models import losses, receptive_field, unet, user_model
-from trainer.parallel import device_mesh, distributed, partitioning
-from trainer.tasks import metrics, report
+from trainer.parallel import device_mesh, partitioning
+from trainer.tasks import report, segmentation_eval
 
 
 class SegmentationTask:
@@ -69,11 +69,13 @@ class SegmentationTask:
             raise ValueError(f"{flag} {value} holds {data.kind} of {channels} channel(s) but the model takes "
                              f"{self.config.model.in_channels}; pass --set model.in_channels={channels}"
                              f"{' (or --preset video)' if channels == 3 else ''}.")
+        # What an unlabelled conversion is, and how to label it, in the words of its kind.
+        video = data.kind == tfrecord_schema.VIDEO_RECORDS
+        what = "clips of videos without masks" if video else "an unlabelled conversion"
+        fix = ("convert the videos with their masks (fullres preprocess video with a PNG folder named like each "
+               "video, Annotations/ or --labels)" if video else "convert the scans again with --labels naming their "
+               "label maps")
         if not training and not [v for v in data.label_values if v > 0]:  # as training refuses them, below
-            what = ("clips of videos without masks" if data.kind == tfrecord_schema.VIDEO_RECORDS
-                    else "an unlabelled conversion")
-            fix = ("convert the videos with their masks (a PNG folder named like each video, or Annotations/)"
-                   if data.kind == tfrecord_schema.VIDEO_RECORDS else "convert the scans again with --labels")
             raise ValueError(f"{flag} {value} holds no labelled pixels ({data.summary_path} lists no label value "
                              f"above 0: {what}), so its Dice would score the model against background alone; {fix} "
                              "to score the model on them, or segment them with fullres predict.")
@@ -92,9 +94,8 @@ class SegmentationTask:
             if not [v for v in values if v > 0]:
                 listed = f"label values {', '.join(map(str, values))} only" if values else "no label values"
                 raise ValueError(
-                    f"{flag} {value} holds no labelled voxels ({data.summary_path} lists {listed}: an unlabelled "
-                    "conversion), so the model would learn to predict background everywhere; convert the scans "
-                    "again with --labels naming their label maps.")
+                    f"{flag} {value} holds no labelled {'pixels' if video else 'voxels'} ({data.summary_path} lists "
+                    f"{listed}: {what}), so the model would learn to predict background everywhere; {fix}.")
         shapes = data_set.ct_shapes(data)
         if len(shapes) > 1:
             first, other = ("x".join(map(str, shape)) for shape in shapes[:2])
@@ -255,7 +256,7 @@ class SegmentationTask:
                  samples: list | None = None, keep: int = 0) -> dict:
         """Per-class Dice on `pattern` (default: the config's eval data); the first `keep` cases go to `samples`."""
         config = self.config
-        scores = evaluate_segmentation(
+        scores = segmentation_eval.evaluate_segmentation(
             model, state, distribution, pattern or config.eval_data, config.batch_size, config.model.num_classes,
             samples=samples, keep=keep, patch_size=config.patch_size,
         )
@@ -288,64 +289,3 @@ class SegmentationTask:
         """The HTML report: Dice table, loss curve, true and predicted label maps of `samples`."""
         return report.segmentation_report(scores, samples, loss_history, scores["class_names"])
 
-
-def evaluate_segmentation(
-    model,
-    state: placement.TrainState,
-    distribution: device_mesh.SpatialParallel,
-    pattern: str,
-    batch_size: int,
-    num_classes: int,
-    samples: list | None = None,
-    keep: int = 0,
-    patch_size: tuple[int, ...] | None = None,
-) -> dict:
-    """Predicts every case matching `pattern` at full resolution and scores it.
-
-    With `patch_size` (a patch-trained model) each case is predicted by nnU-Net's sliding window of that size
-    (`engine.sliding_window`), `batch_size` patches per partitioned forward pass; otherwise whole, in one pass.
-
-    With `samples` (a list) and `keep`, the first `keep` cases are appended to
-    it as `{"case_id", "image" (D, H, W, C), "label", "prediction", "video"}` for reports.
-
-    The last batch is padded with copies of its first case to the global batch
-    size, so every replica gets an equal share; padded predictions are dropped.
-
-    Returns:
-        `{"dice_per_class": [...], "dice_mean": x, "cases": n}`; `dice_mean` is
-        the mean over foreground classes.
-    """
-    dice = metrics.DiceAccumulator(num_classes)
-    predict = None
-    cases = 0
-    records = ct_input.CtRecords(pattern)
-    video = records.layout(0).kind == tfrecord_schema.VIDEO_RECORDS  # the report shows clips as frames over time
-    stream = ct_batches.CtBatches(records, batch_size, shuffle=False)
-    for batch in stream:
-        images = tfrecord_schema.dequantize(batch.inputs["image"], batch.inputs["scale"][:, None, None, None, None])
-        labels = batch.labels.astype(np.int32)
-        batch.release()  # both copied out above
-        real = images.shape[0]
-        images = inference.pad_batch(images, batch_size)  # (B, D, H, W, 1)
-        if predict is None:
-            predict = distributed.RunTogether(inference.make_forward(
-                model, distribution, state, images.ndim, "class_ids" if patch_size is None else "probabilities"),
-                "evaluation")
-        if patch_size is None:
-            predictions = placement.to_host(predict(state, placement.place_batch(distribution, images)))[:real]
-        else:
-            def forward(windows, predict=predict):  # (n <= B, d, h, w, 1) -> (n, d, h, w, K), padded to B
-                padded = inference.pad_batch(windows, batch_size)
-                return placement.to_host(predict(state, placement.place_batch(distribution, padded)))[:len(windows)]
-
-            predictions = np.stack([np.argmax(sliding_window.predict(image, patch_size, forward, batch_size=batch_size
-                                                                     )[0], axis=-1) for image in images[:real]])
-        dice.update(predictions, labels)
-        if samples is not None:
-            for index in range(min(real, keep - len(samples))):
-                samples.append({"case_id": batch.ids[index], "image": images[index], "label": labels[index],
-                                "prediction": predictions[index], "video": video})
-        cases += real
-    stream.close()
-    records.close()
-    return {"dice_per_class": dice.per_class(), "dice_mean": dice.foreground_mean(), "cases": cases}

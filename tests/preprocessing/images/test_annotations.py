@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from preprocessing.images import annotations
+from preprocessing.images import annotations, voc_annotations
 from preprocessing.records import dataset_files
 
 
@@ -128,7 +128,7 @@ def voc_splits(tmp_path):
     _voc(tmp_path / "train", "t1", "person", "car")
     _voc(tmp_path / "train", "t2", "dog")
     _voc(tmp_path / "eval", "e1", "person")
-    _, _, train_map = annotations.read_voc(str(tmp_path / "train"), str(tmp_path), log=lambda line: None)
+    _, _, train_map = voc_annotations.read_voc(str(tmp_path / "train"), str(tmp_path), log=lambda line: None)
     (tmp_path / "label_map.json").write_text(json.dumps(train_map))
     return tmp_path
 
@@ -136,9 +136,9 @@ def voc_splits(tmp_path):
 def test_voc_eval_split_takes_the_training_ids_from_the_label_map(voc_splits):
     train_map = json.loads((voc_splits / "label_map.json").read_text())
     assert train_map == {"car": 1, "dog": 2, "person": 3}
-    _, _, alone = annotations.read_voc(str(voc_splits / "eval"), str(voc_splits), log=lambda line: None)
+    _, _, alone = voc_annotations.read_voc(str(voc_splits / "eval"), str(voc_splits), log=lambda line: None)
     assert alone == {"person": 1}  # without the map: ids depend on the split, as before
-    (item,), dead, label_map = annotations.read_voc(str(voc_splits / "eval"), str(voc_splits),
+    (item,), dead, label_map = voc_annotations.read_voc(str(voc_splits / "eval"), str(voc_splits),
                                                     label_map=str(voc_splits / "label_map.json"), log=lambda line: None)
     assert dead == [] and label_map == train_map
     assert [(b.text, b.label) for b in item.boxes] == [("person", 3)]
@@ -147,7 +147,7 @@ def test_voc_eval_split_takes_the_training_ids_from_the_label_map(voc_splits):
 def test_a_class_the_label_map_lacks_is_refused(voc_splits):
     _voc(voc_splits / "eval", "e2", "bus", "cat")
     with pytest.raises(ValueError) as error:
-        annotations.read_voc(str(voc_splits / "eval"), str(voc_splits), label_map=str(voc_splits / "label_map.json"),
+        voc_annotations.read_voc(str(voc_splits / "eval"), str(voc_splits), label_map=str(voc_splits / "label_map.json"),
                              log=lambda line: None)
     assert str(error.value) == (
         f"classes 'bus', 'cat' in {voc_splits / 'eval'} are not in the label map {voc_splits / 'label_map.json'}; add "
@@ -157,7 +157,7 @@ def test_a_class_the_label_map_lacks_is_refused(voc_splits):
 def test_extend_label_map_gives_new_classes_the_next_free_ids(voc_splits):
     _voc(voc_splits / "eval", "e2", "bus")
     lines = []
-    items, _, label_map = annotations.read_voc(str(voc_splits / "eval"), str(voc_splits),
+    items, _, label_map = voc_annotations.read_voc(str(voc_splits / "eval"), str(voc_splits),
                                                label_map=str(voc_splits / "label_map.json"), extend_label_map=True,
                                                log=lines.append)
     assert label_map == {"car": 1, "dog": 2, "person": 3, "bus": 4}
@@ -205,7 +205,7 @@ def test_voc_quirks(tmp_path):
         "<ymax>9</ymax></bndbox></object></annotation>")
     (tmp_path / "xml" / "no_box.xml").write_text(
         "<annotation><filename>b.jpg</filename><object><name>dog</name></object></annotation>")
-    items, dead, _ = annotations.read_voc(str(tmp_path / "xml"), str(tmp_path), log=lambda line: None)
+    items, dead, _ = voc_annotations.read_voc(str(tmp_path / "xml"), str(tmp_path), log=lambda line: None)
     assert {item.source_id: (item.width, item.height) for item in items} == {"zero_size": (None, None),
                                                                              "float_size": (80, 50)}
     assert {os.path.basename(d["source"]): (d["reason"], d["detail"]) for d in dead} == {

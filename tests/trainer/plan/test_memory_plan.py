@@ -141,7 +141,7 @@ def test_plan_refuses_an_image_the_pyramid_cannot_split():
 
 
 def _train_lowering(config, shape, devices):
-    """The step exactly as `train._train` (`run_setup.set_up`) builds, places and jits it, lowered on real (random) arrays."""
+    """The step exactly as `train.train` (`run_setup.set_up`) builds, places and jits it, lowered on real (random) arrays."""
     from trainer.data import batches as batches_lib
     from trainer.engine import program
     from trainer.tasks import registry

@@ -45,3 +45,22 @@ def test_predicting_from_an_unfinished_run_says_what_it_is_and_what_to_do(tmp_pa
         assert result.stderr.strip() == (
             f"fullres: error: --model {run} is a run that has not finished training: it has no model.keras yet; "
             f"resume it with `fullres train --output {run}` (it goes on from its newest checkpoint), then predict.")
+
+
+def test_a_finished_run_missing_only_its_model_info_is_told_so_not_that_it_has_no_model(tmp_path):
+    """A run whose model.keras is there but whose model_info.json was lost is finished: it is told the file it lacks."""
+    run = _unfinished_run(tmp_path)
+    os.remove(run_files.path(run, run_files.MODEL_INFO))
+    with open(run_files.path(run, run_files.MODEL), "wb") as file:
+        file.write(b"a trained model")
+    scan = tmp_path / "scan.nii.gz"
+    scan.write_bytes(b"not read")
+    before = snapshot(tmp_path)
+    result = CliRunner().invoke(cli.app, ["predict", "--model", run, "--input", str(scan), "--output",
+                                          str(tmp_path / "masks")])
+    assert snapshot(tmp_path) == before
+    assert result.exit_code == 2 and "Traceback" not in result.stderr, result.output + result.stderr
+    assert result.stderr.strip() == (
+        f"fullres: error: --model {run} holds a trained model ({run}/model.keras) but no model_info.json, which says "
+        "what the model takes (its task, input shape and preprocessing); copy it back from where the run came from "
+        "(or a backup).")
