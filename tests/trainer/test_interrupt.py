@@ -16,6 +16,18 @@ from trainer.parallel import distributed
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _endless_run(demo_data, run, stderr) -> subprocess.Popen:
+    """The smoke network training for ever, each step logged, no checkpoint but Ctrl-C's: in a session of its own,
+    as a terminal's foreground job (Ctrl-C signals its whole process group). `stderr`: PIPE, or STDOUT."""
+    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    environment["PYTHONUNBUFFERED"] = "1"
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", "train", "--preset", "smoke", "--train", demo_data["train"], "--output",
+         str(run), "--steps", "100000", "--log-every", "1", "--checkpoint-every", "100000", "--virtual-devices", "1",
+         "--batch-size", "1", "--set", "model.base_filters=2", "--no-saved-model"],
+        stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPOSITORY, env=environment, start_new_session=True)
+
+
 def test_a_later_ctrl_c_is_said_and_the_same_press_passed_on_is_not(monkeypatch, capsys):
     """The signal handler itself, on a clock of the test's: one press, passed on 200 ms later by `uv run`, is said
     once; the user's second press, 1.5 s later, is said as one (with how to stop at once)."""
@@ -38,15 +50,8 @@ def test_a_later_ctrl_c_is_said_and_the_same_press_passed_on_is_not(monkeypatch,
 
 @pytest.mark.slow  # one training process, stopped after its first logged step (about 30 s on the shared machine)
 def test_ctrl_c_checkpoints_the_step_and_exits_with_the_resume_status(demo_data, tmp_path):
-    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     run = tmp_path / "run"
-    # In a session of its own, as a terminal's foreground job: Ctrl-C signals its whole process group.
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "train", "--preset", "smoke", "--train", demo_data["train"], "--output",
-         str(run), "--steps", "100000", "--log-every", "1", "--checkpoint-every", "100000", "--virtual-devices", "1",
-         "--batch-size", "1", "--set", "model.base_filters=2", "--no-saved-model"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPOSITORY, env=environment,
-        start_new_session=True)
+    process = _endless_run(demo_data, run, subprocess.PIPE)
     try:
         for line in process.stdout:  # the first step has run
             if line.startswith("step "):
@@ -80,15 +85,8 @@ def test_one_ctrl_c_passed_on_by_a_launcher_is_said_once_and_finishes_only_the_s
     """`uv run` outside a terminal passes the terminal's Ctrl-C on to its child 200 ms after the process group got
     it: one press, two SIGINTs. It was said as two ("already stopping ...; kill -KILL PID"), and the run went on for
     a second step after the one it came in."""
-    environment = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    environment["PYTHONUNBUFFERED"] = "1"  # progress and the Ctrl-C's sentence in the order they were written
     run = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "train", "--preset", "smoke", "--train", demo_data["train"], "--output",
-         str(run), "--steps", "100000", "--log-every", "1", "--checkpoint-every", "100000", "--virtual-devices", "1",
-         "--batch-size", "1", "--set", "model.base_filters=2", "--no-saved-model"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPOSITORY, env=environment,
-        start_new_session=True)
+    process = _endless_run(demo_data, run, subprocess.STDOUT)  # progress and the sentences in the order written
     try:
         before = []
         for line in process.stdout:  # past the compile: steps run one after the other

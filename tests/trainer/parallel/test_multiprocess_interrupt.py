@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
