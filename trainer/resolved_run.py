@@ -108,9 +108,8 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     named = recorded.info.get("class_names")  # a resume keeps the names the run was given (a pipeline's)
     if not class_names and named and named != task.class_names:
         task = registry.make_task(config, named)
-    video = (task.preprocessing() or {}).get("kind") == "video"  # a clip's first axis is its length in frames
     partitioning.validate(config.partition, image_shape, len(devices), config.model.downsampling_levels,
-                          config.batch_size, partitioning.VIDEO_DIMENSION_NAMES if video else None)
+                          config.batch_size, registry.dimension_names(task))  # a clip's axis: its length
     warmup = program.warmup_note(config, total_steps)
     return ResolvedRun(config, task, num_examples, total_steps, image_shape, devices, choice, rerun, eval_note,
                        () if warmup is None else (warmup,))

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainer import resolved_run, trained_run
-from trainer.engine import checkpoints, placement, program, run_files, run_record
-from trainer.parallel import device_mesh, distributed
+from trainer import config as config_lib, resolved_run, trained_run
+from trainer.engine import checkpoints, kernel_choice, placement, program, run_files, run_record
+from trainer.parallel import device_mesh, distributed, xla_compile
+from trainer.parallel import kernels as kernels_lib
 from trainer.plan import compiled_step, gathers, layout_choice
 
 
@@ -86,10 +87,12 @@ def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Ru
     if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
+    kernels = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log,
+                             run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
     train_step = distributed.RunTogether(
-        program.jit_step(task, model, optimizer, distribution, state, len(image_shape), config.kernels), "train step",
-        log)
+        program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels.kernels,
+                         kernels.layers), "train step", log)
     found = compiled_step.step_gathers(train_step.jitted, task, state, distribution, image_shape,
                                        keep=train_step.prime)
     if found and not config.allow_gathers:
@@ -113,7 +116,33 @@ def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Ru
     if is_chief:
         trained_run.save_description(config.output_dir, config, task, image_shape[1:])
         run_record.record(config.output_dir, {**resolved.rerun, "step": start_step})
+        if kernels.record is not None:
+            run_record.record_kernel_choice(config.output_dir, kernels.record)
         if resolved.choice is not None and not resolved.choice.cached:
             layout_choice.save_choice(resolved.choice, config.output_dir)
     return Run(resolved, distribution, model, optimizer, schedule, state, start_step, checkpointer,
                run_files.read_history(config.output_dir, start_step), is_chief, train_step)
+
+
+def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
+                   log: Callable[[str], None], recorded: dict | None = None) -> kernel_choice.Choice:
+    """The run's kernels (`engine.kernel_choice`): `config.kernels` as set, or measured on the run's device;
+    `recorded`: the choice the run being resumed recorded (run_record.json's), which it keeps."""
+    import jax
+
+    arguments = compiled_step.step_arguments(task, state, distribution, image_shape)
+
+    def step_of(kernels, layers):
+        return program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels, layers)
+
+    def discover():
+        with kernels_lib.recording() as found:
+            step_of(config.kernels, None).trace(*arguments)
+        return found
+
+    def time_step(kernels, layers):
+        compiled, _ = xla_compile.compile(step_of(kernels, layers).lower(*arguments))
+        return kernel_choice.step_seconds(compiled, arguments, placement.place_state(state, distribution))
+
+    return kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
+                                discover, time_step, recorded, log, jax.process_count())

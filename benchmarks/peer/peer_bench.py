@@ -5,7 +5,9 @@ against the zoo's Keras port of the same configuration (`tests/trainer/zoo/`) in
 Same shapes (128³, batch 2 on a GPU), same loss (fullres's cross-entropy + soft Dice, `peer_torch.py`), same
 optimizer (Adam), same precision. Rows per network, in the order they run:
   torch eager float32 · fullres float32 · torch eager bfloat16 (autocast) · fullres bfloat16 ·
-  torch as nnU-Net runs it (torch.compile, float16 autocast, GradScaler) · then fullres once per `--candidate`
+  torch as nnU-Net runs it (torch.compile, float16 autocast, GradScaler) · fullres bfloat16 and float32 with
+  `kernels.choose=measure` (each layer's fastest exact kernel, timed on the device at the row's first compile, within
+  `MEASURE_SECONDS`, from a cache of the command's own: the first run's cost) · then fullres once per `--candidate`
   (a list of `--set` strings, e.g. "kernels.norm=fused kernels.conv_transpose=subpixel") or per name of
   `--candidates` (issue 49's, `zoo_kernels.CANDIDATES`, e.g. `taps,subpixel,fused,conv_nhwc,all`): every
   candidate's bfloat16 row first (where the gap is widest), then their float32 rows.
@@ -43,10 +45,22 @@ import result_file  # noqa: E402
 import zoo_kernels  # noqa: E402  (issue 49's candidates by name: the same names as its HLO counts)
 
 ROWS = os.path.join(HERE, "peer_rows.py")
-GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600}
+GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600,
+       "measure_seconds": 45}
 # A row's process on the loaded 2-core machine: 25-60 s for PyTorch's, 130-160 s for fullres's (imports, compile).
-TINY = {"tiny": True, "size": 16, "batch_size": 1, "steps": 3, "warmup": 1, "row_limit": 300, "limit": 1800}
+# --tiny's measure rows time no candidate (the CPU form shows that the rows run; the tests time candidates).
+TINY = {"tiny": True, "size": 16, "batch_size": 1, "steps": 3, "warmup": 1, "row_limit": 300, "limit": 1800,
+        "measure_seconds": 0}
 NETWORKS = ("nnunet_plain", "monai_unet")
+MEASURE_SECONDS = GPU["measure_seconds"]  # a measure row's bound on timing candidates (its compiles and steps on top)
+
+
+def measure_sets(seconds: float = MEASURE_SECONDS) -> list[str]:
+    """The `--set` strings of a measure row."""
+    return ["kernels.choose=measure", f"kernels.measure_seconds={seconds:g}"]
+
+
+MEASURE = measure_sets()
 MIN_ROW_SECONDS = 10  # a row is not started with less of the command's time left
 # Issue 49's goals: (name, numerator row, denominator row, at most).
 GOALS = (("fullres float32 ÷ torch eager float32", "fullres float32", "torch eager float32", 1.0),
@@ -55,9 +69,10 @@ GOALS = (("fullres float32 ÷ torch eager float32", "fullres float32", "torch ea
          ("fullres best ÷ torch.compile float16 (nnU-Net's default)", "fullres best", "torch nnunet float16", 1.25))
 
 
-def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
-    """Every row in the order it runs: each network's five baseline rows, then its candidates' bfloat16 rows, then
-    their float32 rows (what a `--limit` leaves out is the float32 half first)."""
+def planned_rows(networks, candidates: list[list[str]], measure: list[str] = MEASURE) -> list[dict]:
+    """Every row in the order it runs: each network's five baseline rows, its two measured rows (bfloat16, float32),
+    then its candidates' bfloat16 rows, then their float32 rows (what a `--limit` leaves out is the float32 half
+    first)."""
     rows = []
     for network in networks:
         for side, mode, precision in (("torch", "eager", "float32"), ("fullres", None, "float32"),
@@ -66,6 +81,9 @@ def planned_rows(networks, candidates: list[list[str]]) -> list[dict]:
             name = f"fullres {precision}" if side == "fullres" else f"torch {mode} {precision}"
             rows.append({"network": network, "side": side, "mode": mode, "precision": precision, "sets": [],
                          "name": name})
+        for precision in ("bfloat16", "float32"):
+            rows.append({"network": network, "side": "fullres", "mode": None, "precision": precision,
+                         "sets": list(measure), "name": f"fullres {precision} [{' '.join(measure)}]"})
         for precision in ("bfloat16", "float32"):
             for sets in candidates:
                 rows.append({"network": network, "side": "fullres", "mode": None, "precision": precision,
@@ -150,6 +168,11 @@ def table(result: dict) -> str:
         compiled = f"{r['compile_seconds']:.1f}" if r.get("compile_seconds") else ""
         first = f"{r['first_step_seconds']:.2f}" if r.get("first_step_seconds") else ""
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')[:120]}"
+        if r.get("kernel_choice"):  # a measure row: what it cost and chose
+            chosen = r["kernel_choice"]
+            status += (f" (measured in {chosen['seconds']:.0f} s: " + "; ".join(
+                f"{kind} " + ", ".join(f"{value} {count}" for value, count in counts.items())
+                for kind, counts in chosen["by_kind"].items()) + f"; xla_flags {chosen['xla_flags']})")
         lines.append(f"| {r['network']} | {r['name']} | {status} | {step} | {peak} | {compiled} | {first} |")
     lines += ["", "| network | candidate | goal | step time | memory | at most | met |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for g in result["ratios"]:
@@ -196,20 +219,22 @@ def main(argv=None) -> int:
             "platform": "cpu" if args.tiny else "gpu"}
     # Each candidate's settings as its rows resolve them, before any row: a typo is not found after the baseline's.
     if (problem := peer_checks.candidate_problem([{**base, **row} for row in planned_rows(networks, candidates)
-                                                  if row["sets"]])) is not None:
+                                                  if row["sets"] in candidates])) is not None:
         parser.error(problem)
     started = time.perf_counter()
     deadline = started + args.limit
-    planned, rows = planned_rows(networks, candidates), []
-    with shared_autotuning(not args.tiny):
+    measure = measure_sets(settings["measure_seconds"])
+    planned, rows = planned_rows(networks, candidates, measure), []
+    with shared_autotuning(not args.tiny), tempfile.TemporaryDirectory(prefix="peer_bench_kernels_") as choices:
         for row in planned:
             left = deadline - time.perf_counter()
             if left < MIN_ROW_SECONDS:
                 result = {"status": "not_run", "error": "the command's --limit ran out"}
             else:
                 trace = args.trace_dir if row["side"] == "fullres" and not row["sets"] else None
-                result = run_row({**base, **row, "trace_dir": trace and os.path.abspath(trace)},
-                                 min(left, settings["row_limit"]))
+                result = run_row({**base, **row, "trace_dir": trace and os.path.abspath(trace),
+                                  "kernel_cache": os.path.join(choices, "choices.json")},
+                                 min(left, settings["row_limit"] + (settings["measure_seconds"] if row["sets"] == measure else 0)))
             rows.append({**row, **result})
             print(table({"rows": rows[-1:], "ratios": []}).splitlines()[2], flush=True)
             # After every row: a command stopped from outside (the device call's own limit) keeps what it measured,

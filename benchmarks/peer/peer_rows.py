@@ -37,7 +37,8 @@ def fullres_config(row: dict):
 
     source = f"{peer_torch.ZOO[row['network']]}:{'tiny' if row['tiny'] else 'build'}"
     settings = {"precision": row["precision"], "augmentation": "none", "batch_size": row["batch_size"],
-                **parsing.parse_settings(row.get("sets", []))}
+                **parsing.parse_settings(row.get("sets", [])),
+                **({"kernels.cache": row["kernel_cache"]} if row.get("kernel_cache") else {})}
     return compiled_step.plan_config(source, "default", settings)
 
 
@@ -56,6 +57,9 @@ def fullres_row(row: dict) -> dict:
         return {"status": "not_run", "error": str(error)}
     device = jax.devices()[0]
     step = device_check_rows.Step(row, config)
+    # A `kernels.choose=measure` row measures as `fullres train` does at its first compile; the others (the baseline
+    # rows: "auto") keep the fields' kernels, as `jit_step` compiles them.
+    chosen = measured_kernels(step, config, row) if config.kernels.choose == "measure" else None
     compiled, arguments, image_shape, seconds = step.compile(row["size"])
     figures = device_readings.compiler_figures(compiled)
     ran = step.timed(compiled, arguments, image_shape, row["warmup"], row["steps"], STARTED + row["limit_seconds"] - 5)
@@ -66,10 +70,37 @@ def fullres_row(row: dict) -> dict:
               "parameters": int(sum(np.prod(v.shape) for v in step.model.trainable_variables)),
               "device_compiler": figures, "device": device.device_kind, "versions": versions(),
               **device_readings.device_figures(device)}
+    if chosen is not None:
+        result["kernel_choice"] = chosen
     if row.get("trace_dir"):
         result["kernels"] = traced_kernels(row, step.model, compiled, ran["state"], ran["inputs"], ran["labels"],
                                            ran["step_sharding"])
     return result
+
+
+def measured_kernels(step, config, row: dict) -> dict:
+    """The row's kernels measured on its device (`run_setup.choose_kernels`, as `fullres train` measures them), set
+    into `step`'s jitted step; what they cost and what they chose, per layer kind."""
+    import collections
+
+    from trainer import run_setup
+    from trainer.engine import program
+    from trainer.plan import compiled_step
+
+    image_shape = (config.batch_size, *compiled_step.example_shape(config, (row["size"],) * 3))
+    said = []
+    choice = run_setup.choose_kernels(config, step.task, step.model, step.optimizer, step.distribution, step.state,
+                                      image_shape, said.append)
+    step.jitted = program.jit_step(step.task, step.model, step.optimizer, step.distribution, step.state,
+                                   len(image_shape), choice.kernels, choice.layers)
+    record = choice.record
+    by_kind = collections.defaultdict(collections.Counter)  # kind -> {value: layers}
+    for layer in record["layers"]:
+        by_kind[layer["kind"]][choice.layers.get(layer["signature"], "fixed")] += 1
+    return {"seconds": record["seconds"], "served": record["served"], "measurements": record["measurements"],
+            "by_kind": {kind: dict(counts) for kind, counts in by_kind.items()},
+            "xla_flags": choice.kernels.xla_flags, "step": record["step"],
+            "not_reached": sum(1 for layer in record["layers"] if not layer["reached"]), "log": said}
 
 
 def traced_kernels(row: dict, model, compiled, state, inputs, labels, step_sharding) -> dict:

@@ -5,7 +5,14 @@ folder, no permission), one over the pixel budget (`max_pixels`, checked from
 the header before anything is decoded: a decompression bomb), or one whose size
 differs from its annotation, is a dead letter; a bad box (entirely outside the
 image, or of non-positive size) is a dead letter of its own and the image is
-kept with its good boxes. Boxes that cross the border are clipped to it; no
+kept with its good boxes. An image is read as it is shown, turned upright by
+its EXIF Orientation (`frames.upright`, the video frames' rule: phones store
+the sensor's picture turned, with a tag that says how to show it, and
+annotation tools draw the boxes on the picture shown); a turned image is
+stored upright as PNG (lossless; TensorFlow's decoders ignore the tag). One
+whose annotated width and height are those of the picture as stored, not as
+shown, is a dead letter: which of the two its boxes were drawn on is not
+known. Boxes that cross the border are clipped to it; no
 box is dropped for being one too many (the trainer counts those it drops).
 Output layout, dead letters and atomic replacement: `preprocessing.beam.conversion`;
 `label_map.json` ({name: id}, see `preprocessing.images.annotations`) is written
@@ -29,7 +36,10 @@ from common import output_guard
 from preprocessing.beam import conversion, counting
 from preprocessing.images import annotations as annotations_lib, voc_annotations
 from preprocessing.records import dataset_files, detection_schema
+from preprocessing.video import frames as frames_lib
 
+ORIENTATION = 0x0112  # the EXIF tag that says how the stored picture is turned to be shown (1: as stored)
+TURNED = range(2, 9)  # the Orientation values that mirror or turn it (`ImageOps.exif_transpose` applies them)
 KEPT_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
 # 100 megapixels (10000 × 10000): 300 MB decoded as RGB, far above any detection canvas.
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -82,6 +92,17 @@ def _over_budget(image: annotations_lib.ImageAnnotations, pixels: int, descripti
         image.path, "read", "image_too_large",
         f"the image {description} {pixels:,} pixels, over the --max-pixels budget of {max_pixels:,} (a decompression "
         "bomb, or a genuinely huge image: raise --max-pixels to convert it)")
+
+
+def _sideways(image: annotations_lib.ImageAnnotations, stored: tuple[int, int], turn: int) -> dict:
+    """The dead letter for an image annotated at its stored size, which its EXIF Orientation shows turned."""
+    width, height = stored
+    return dead_letters.dead_letter(
+        image.path, "validate", "orientation_mismatch",
+        f"annotations say {width}×{height}, the size of the picture as stored, but its EXIF Orientation {turn} shows "
+        f"it turned, as {height}×{width}, and boxes may have been drawn on either: if they were drawn on the picture "
+        f"as shown (as viewers and annotation tools show it), set the width and height to {height}×{width}; if on the "
+        "picture as stored, remove the tag (exiftool -Orientation= FILE)")
 
 
 DEEP_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")  # PIL's modes of grey values deeper than 8 bits
@@ -150,8 +171,11 @@ class ConvertImageFn(beam.DoFn):
                 if deep is not None:
                     yield counting.reject(deep)
                     return
-                width, height, image_format = decoded.width, decoded.height, decoded.format
-                if image_format not in KEPT_FORMATS:  # store what TensorFlow decodes everywhere
+                stored, turn = (decoded.width, decoded.height), decoded.getexif().get(ORIENTATION, 1)
+                image_format = decoded.format
+                decoded = frames_lib.upright(decoded)
+                width, height = decoded.width, decoded.height
+                if image_format not in KEPT_FORMATS or turn in TURNED:  # store what TensorFlow decodes as shown
                     buffer = io.BytesIO()
                     decoded.convert("RGB").save(buffer, format="PNG")
                     encoded, image_format = buffer.getvalue(), "PNG"
@@ -163,10 +187,14 @@ class ConvertImageFn(beam.DoFn):
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
             yield counting.reject(dead_letters.dead_letter(image.path, "read", "unreadable", f"not a readable image ({error})"))
             return
+        if (image.width, image.height) == stored != (width, height):
+            yield counting.reject(_sideways(image, stored, turn))
+            return
         if image.width not in (None, width) or image.height not in (None, height):
             yield counting.reject(dead_letters.dead_letter(
                 image.path, "validate", "size_mismatch",
-                f"annotations say {image.width or '?'}×{image.height or '?'}, the file is {width}×{height}"))
+                f"annotations say {image.width or '?'}×{image.height or '?'}, the file is {width}×{height}"
+                + (" as shown (its EXIF Orientation turns it)" if turn in TURNED else "")))
             return
         boxes, labels, texts, dead, flags = valid_boxes(image, width, height)
         for letter in dead:

@@ -125,6 +125,33 @@ def test_a_pytorch_row_measures_a_step_and_names_what_cannot_run_here():
     assert skipped["status"] == "not_run" and "CUDA only" in skipped["error"]
 
 
+@pytest.mark.slow  # a process importing fullres, tracing a tiny PlainConvUNet's step and stepping it
+def test_a_measure_row_says_what_it_chose_per_layer_kind_and_how_long_it_measured(tmp_path):
+    """The row goes through the choice `fullres train` makes (here with no time to time candidates: every layer
+    keeps the fixed kernels, and no second compile of the step; tests/trainer/parallel/test_kernel_choice.py and
+    test_kernel_choice_run.py time them)."""
+    peer_bench = load("peer_bench")
+    sets = peer_bench.measure_sets(peer_bench.TINY["measure_seconds"])  # --tiny's: no candidate timed
+    row = {"side": "fullres", "network": "nnunet_plain", "name": "fullres float32 measure", "tiny": True, "size": 16,
+           "batch_size": 1, "steps": 2, "warmup": 1, "mode": None, "precision": "float32", "limit_seconds": 600,
+           "sets": sets, "platform": "cpu", "kernel_cache": str(tmp_path / "choices.json")}
+    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer", "peer_rows.py"), json.dumps(row)],
+                            capture_output=True, text=True, timeout=900, cwd=REPOSITORY)
+    found = [line for line in result.stdout.splitlines() if line.startswith("ROW_RESULT ")]
+    assert found, result.stdout[-2000:] + result.stderr[-3000:]
+    measured = json.loads(found[-1][len("ROW_RESULT "):])
+    assert measured["status"] == "ok" and measured["median_step_seconds"] > 0, measured
+    chosen = measured["kernel_choice"]
+    assert chosen["seconds"] > 0 and chosen["measurements"] == 0 and chosen["step"]["kept"] == "fixed"
+    assert set(chosen["by_kind"]) == {"convolution", "transposed convolution", "normalization"}
+    assert all(set(counts) == {"fixed"} for counts in chosen["by_kind"].values())
+    assert chosen["not_reached"] == sum(sum(counts.values()) for counts in chosen["by_kind"].values())
+    assert len(chosen["log"]) == 1 and chosen["log"][0].startswith("kernels: ") and "not reached" in chosen["log"][0]
+    assert (tmp_path / "choices.json").is_file()  # the command's own cache, not the user's
+    status = peer_bench.table({"rows": [{**row, **measured}], "ratios": []}).splitlines()[2]
+    assert f"measured in {chosen['seconds']:.0f} s: convolution " in status
+
+
 def test_the_ratios_are_the_rows_own_figures_divided():
     peer_bench = load("peer_bench")
     rows = []
@@ -160,11 +187,19 @@ def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_ru
         assert rows[name]["median_step_seconds"] > 0 and np.isfinite(rows[name]["loss"]) and rows[name]["peak_bytes"]
     assert rows["fullres float32"]["compile_seconds"] > 0 and rows["fullres float32"]["device_compiler"]["total_bytes"]
     assert rows["torch nnunet float16"]["status"] == "not_run" and "CUDA" in rows["torch nnunet float16"]["error"]
+    for precision in ("float32", "bfloat16"):
+        measured = rows[f"fullres {precision} [{' '.join(peer_bench_sets())}]"]
+        assert measured["status"] == "ok" and measured["kernel_choice"]["by_kind"], measured
     # A candidate fullres refuses is refused before any row (test_benchmark_arguments.py), not listed as not run.
     assert rows["torch eager float32"]["parameters"] == rows["fullres float32"]["parameters"]
     ratio = {r["goal"]: r for r in written["ratios"]}["fullres float32 ÷ torch eager float32"]
     assert ratio["step_time"] == round(rows["fullres float32"]["median_step_seconds"]
                                        / rows["torch eager float32"]["median_step_seconds"], 4)
+
+
+def peer_bench_sets():
+    peer_bench = load("peer_bench")
+    return peer_bench.measure_sets(peer_bench.TINY["measure_seconds"])
 
 
 def test_candidates_by_name_run_every_bfloat16_row_before_the_float32_ones(tmp_path):
@@ -174,7 +209,10 @@ def test_candidates_by_name_run_every_bfloat16_row_before_the_float32_ones(tmp_p
     assert sets[1] == ["kernels.conv_weight_grad=taps", "kernels.conv_transpose=subpixel", "kernels.norm=fused",
                        "kernels.xla_flags=conv_nhwc"]
     rows = peer_bench.planned_rows(["nnunet_plain"], sets)
-    assert [r["name"] for r in rows[5:]] == [
+    measure = " ".join(peer_bench.MEASURE)  # right after the baseline rows: the choice measured on the device
+    assert [r["name"] for r in rows[5:7]] == [f"fullres bfloat16 [{measure}]", f"fullres float32 [{measure}]"]
+    assert rows[5]["sets"][0] == "kernels.choose=measure"
+    assert [r["name"] for r in rows[7:]] == [
         "fullres bfloat16 [kernels.conv_weight_grad=taps]", f"fullres bfloat16 [{' '.join(sets[1])}]",
         "fullres float32 [kernels.conv_weight_grad=taps]", f"fullres float32 [{' '.join(sets[1])}]"]
     output = tmp_path / "peer.json"
@@ -217,7 +255,7 @@ def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         peer_bench.main(["--json", str(output), "--networks", "nnunet_plain", "--candidates", "fused"])
     written = json.loads(output.read_text())
-    assert [r["status"] for r in written["rows"]] == ["ok", "ok"] + ["not_run"] * 5
+    assert [r["status"] for r in written["rows"]] == ["ok", "ok"] + ["not_run"] * 7
     assert "stopped before this row" in written["rows"][-1]["error"]
     assert written["rows"][-1]["name"] == "fullres float32 [kernels.norm=fused]"
     assert written["ratios"][0]["step_time"] == 2.0  # fullres float32 ÷ torch eager float32, the two that ran
@@ -227,9 +265,11 @@ def test_a_command_stopped_between_rows_keeps_what_it_measured(tmp_path, monkeyp
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nowhere"
 
 
-def test_the_one_gpu_call_in_the_docs_runs_every_candidate_in_both_precisions(tmp_path, monkeypatch):
+def test_the_one_gpu_call_in_the_docs_runs_the_measured_choice_and_the_candidates_in_both_precisions(tmp_path,
+                                                                                                   monkeypatch):
     """docs/measurements.md's one call: its peer_bench arguments parse and plan PlainConvUNet's and MONAI's five
-    rows and five candidates (taps, subpixel, fused, conv_nhwc, all), each in bfloat16 and float32."""
+    rows, the two measured ones right after them, and the candidate `all` (taps, subpixel, fused, conv_nhwc
+    together), each in bfloat16 and float32."""
     import shlex
 
     peer_bench = load("peer_bench")
@@ -240,9 +280,10 @@ def test_the_one_gpu_call_in_the_docs_runs_every_candidate_in_both_precisions(tm
     checked = []  # the candidates' settings are checked in a process of their own (test_benchmark_arguments.py)
     monkeypatch.setattr(peer_bench.peer_checks, "candidate_problem", lambda rows: checked.extend(rows))
     assert peer_bench.main(arguments) == 0
-    assert len(checked) == 2 * 5 * 2 and all(row["sets"] for row in checked)  # every candidate row, before any ran
+    assert len(checked) == 2 * 2 and all(len(row["sets"]) == 4 for row in checked)  # the candidate's rows, first
     written = json.loads((tmp_path / "peer_bench.json").read_text())
-    assert len(written["candidates"]) == 5 and written["candidates"][-1] == [
+    assert written["candidates"] == [[
         "kernels.conv_weight_grad=taps", "kernels.conv_transpose=subpixel", "kernels.norm=fused",
-        "kernels.xla_flags=conv_nhwc"]
-    assert len(written["rows"]) == 2 * (5 + 5 * 2) and written["limit_seconds"] <= 400
+        "kernels.xla_flags=conv_nhwc"]]
+    assert len(written["rows"]) == 2 * (5 + 2 + 2) and written["limit_seconds"] <= 400
+    assert [r["sets"][0] for r in written["rows"][5:7]] == ["kernels.choose=measure"] * 2

@@ -108,12 +108,14 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int):
 
 
 def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int,
-             kernels=None):
+             kernels=None, layers: dict | None = None):
     """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
     `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it;
-    `kernels`: the run's `config.kernels` (`trainer.parallel.kernels`; None: XLA's own ops)."""
+    `kernels`: the run's `config.kernels` (`trainer.parallel.kernels`; None: XLA's own ops); `layers`: the run's
+    measured per-layer choice over them (`engine.kernel_choice`; None: the fields everywhere)."""
     prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
     train_step = step.make_train_step(model, optimizer, task.loss, prepare, task.batch_metrics)
     return step.jit_train_step(train_step, distribution, state,
                                image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
-                               input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels)
+                               input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels,
+                               layers=layers)

@@ -275,3 +275,11 @@ def record(run_dir: str, line: dict) -> None:
     content = run_files.read_run_record(run_dir)
     stamped = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **line}
     run_files.write_run_record(run_dir, {**content, "history": [*content.get("history", []), stamped]})
+
+
+def record_kernel_choice(run_dir: str, choice: dict) -> None:
+    """Keeps the run's measured kernel choice (`engine.kernel_choice`) in `run_record.json`, which a resume reuses."""
+    from trainer.engine import kernel_choice
+
+    content = run_files.read_run_record(run_dir)
+    run_files.write_run_record(run_dir, {**content, kernel_choice.RECORD_KEY: choice})

@@ -89,7 +89,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
 
 def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state: placement.TrainState, image_ndim: int,
                    label_ndim: int | None = None, label_sharding=None, input_sharding=None,
-                   kernels: kernels_lib.KernelsConfig | None = None):
+                   kernels: kernels_lib.KernelsConfig | None = None, layers: dict | None = None):
     """Jits `train_step(state, inputs, labels, step)` with the distribution's shardings; the state is donated.
 
     Inputs are one image batch of rank `image_ndim` laid out by the distribution,
@@ -100,7 +100,8 @@ def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state:
     The step number is a replicated scalar. Under a split layout the step is traced with `split_ops.splitting`:
     transposed convolutions and interpolating upsampling are computed on each device's block, not gathered.
     `kernels` (the run's `kernels` setting; None: XLA's own ops) swaps the ops fullres computes itself while the
-    step is traced, and gives the compiler its named XLA options (`kernels.compiler_options`).
+    step is traced, and gives the compiler its named XLA options (`kernels.compiler_options`); `layers` is a
+    measured per-layer choice (`engine.kernel_choice`: {signature key: value}) over those fields.
     """
     if input_sharding is None:
         input_sharding = distribution.get_data_layout((0,) * image_ndim).backend_layout
@@ -111,7 +112,7 @@ def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state:
     return jax.jit(
         kernels_lib.traced(split_ops.traced_split(train_step, distribution.config.input_partition_dims,
                                                   distribution.device_mesh),
-                           kernels, distribution.device_mesh.devices.flat[0].platform),
+                           kernels, distribution.device_mesh.devices.flat[0].platform, layers),
         in_shardings=(state_sharding, input_sharding, label_sharding, scalar),
         out_shardings=(state_sharding, scalar),  # every metric replicated
         donate_argnums=(0,),

@@ -12,8 +12,12 @@ do (`split_ops`): the ops are swapped while the training step is traced, nothing
     --set kernels.norm=fused                means and variances (GroupNorm, InstanceNorm, BatchNorm, LayerNorm)
                                             from one pass of sums and sums of squares, with their own gradient
     --set kernels.xla_flags=NAME            a named set of XLA GPU compiler options (`FLAG_SETS`)
+    --set kernels.choose=measure|fixed      time every candidate per layer on the run's device and keep the
+                                            fastest (`trainer/engine/kernel_choice.py`; the default on a GPU), or
+                                            the fields above for every layer (the default on a TPU and a CPU)
 
-The defaults are today's ops ("xla", "none"): no GPU has measured another one better yet.
+The fields' defaults are today's ops ("xla", "none"). Under `measure` a run's step is traced with a per-layer
+choice (`using(config, layers)`): each op looks its own signature up (`kernel_layers.chosen`) and falls back to the field.
 
 Example:
     >>> config = KernelsConfig(norm="fused")
@@ -28,6 +32,8 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+
+from trainer.parallel import kernel_layers
 
 CONV_WEIGHT_GRADS = ("xla", "taps")
 CONV_TRANSPOSES = ("xla", "subpixel")
@@ -54,6 +60,16 @@ FLAG_SETS = {
     "conv_nhwc_fusion": {"xla_gpu_force_conv_nhwc": True, "xla_gpu_use_runtime_fusion": True,
                          "xla_gpu_cudnn_gemm_fusion_level": 2},
 }
+# The op kinds a run's choice is made for, each with the field that names its candidates (`candidates`).
+KINDS = {"convolution": "conv_weight_grad", "transposed convolution": "conv_transpose", "normalization": "norm"}
+CHOOSE = ("auto", "measure", "fixed")
+OP_FIELDS = ("conv_weight_grad", "conv_transpose", "norm", "xla_flags")  # what the traced program computes
+
+
+def allowed(field: str) -> tuple[str, ...]:
+    """The values `kernels.FIELD` takes: one registry for the setting's check and for what `measure` times."""
+    return {"conv_weight_grad": CONV_WEIGHT_GRADS, "conv_transpose": CONV_TRANSPOSES, "norm": NORMS,
+            "xla_flags": tuple(FLAG_SETS), "choose": CHOOSE}[field]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,25 +88,49 @@ class KernelsConfig:
             variance `keras.ops.moments` computes (GroupNormalization, BatchNormalization) from one pass of sums
             and sums of squares in at least float32, with a one-pass gradient of its own (`fused_norm.py`).
         xla_flags: a name in `FLAG_SETS`: the XLA GPU options the step is compiled with ("none": XLA's defaults).
+        choose: "measure": time each candidate of every layer on the run's device and keep the fastest (the fields
+            above are then what it is compared with, and what layers it does not reach keep); "fixed": the fields
+            for every layer; "auto": "measure" on a GPU, "fixed" on a TPU or CPU (`resolved_choose`).
+        cache: the JSON file that remembers measured choices per device kind and versions; "" for
+            `$XDG_CACHE_HOME/fullres/kernels/choices.json` (~/.cache where unset).
+        measure_seconds: how long `measure` may time candidates; the layers it does not reach keep the fields.
     """
 
     conv_weight_grad: str = "xla"
     conv_transpose: str = "xla"
     norm: str = "xla"
     xla_flags: str = "none"
+    choose: str = "auto"
+    cache: str = ""
+    measure_seconds: float = 120.0
 
     def __post_init__(self):
-        for name, choices in (("conv_weight_grad", CONV_WEIGHT_GRADS), ("conv_transpose", CONV_TRANSPOSES),
-                              ("norm", NORMS), ("xla_flags", tuple(FLAG_SETS))):
-            if getattr(self, name) not in choices:
+        for name in (*OP_FIELDS, "choose"):
+            if getattr(self, name) not in allowed(name):
                 raise ValueError(f"kernels.{name} {getattr(self, name)!r} is not known; use one of "
-                                 f"{', '.join(choices)} (--set kernels.{name}=...).")
+                                 f"{', '.join(allowed(name))} (--set kernels.{name}=...).")
+        if not self.measure_seconds >= 0:  # nan fails it too
+            raise ValueError(f"kernels.measure_seconds must be a number >= 0, got {self.measure_seconds} "
+                             "(--set kernels.measure_seconds=N).")
 
     def changed(self) -> dict:
-        """The fields that differ from today's ops, for a run's log ({} for the defaults)."""
+        """The op fields that differ from today's ops, for a run's log ({} for the defaults)."""
         default = KernelsConfig()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(default, f.name)}
+        return {name: getattr(self, name) for name in OP_FIELDS if getattr(self, name) != getattr(default, name)}
+
+    def resolved_choose(self, platform: str) -> str:
+        """"measure" or "fixed" for a program on `platform` ("auto": measure on a GPU only)."""
+        if self.choose != "auto":
+            return self.choose
+        return "measure" if platform in ("gpu", "cuda", "rocm") else "fixed"
+
+
+def candidates(kind: str, platform: str) -> tuple[str, ...]:
+    """Every value of `kind`'s field (`KINDS`) that a program on `platform` computes (`for_platform`): what
+    `measure` times for a layer of that kind, read from the same tuples as the setting's check."""
+    field = KINDS[kind]
+    return tuple(value for value in allowed(field)
+                 if getattr(for_platform(KernelsConfig(**{field: value}), platform), field) == value)
 
 
 def from_dict(values: dict | None) -> KernelsConfig:
@@ -118,18 +158,30 @@ def current() -> KernelsConfig:
 
 
 @contextlib.contextmanager
-def using(config: KernelsConfig | None):
-    """Traces what runs inside with `config`'s kernels (Keras's own ops outside it)."""
+def using(config: KernelsConfig | None, layers: dict | None = None):
+    """Traces what runs inside with `config`'s kernels (Keras's own ops outside it), and each op whose signature
+    `layers` names ({`Signature.key`: value}, a measured choice) with that value instead of the field's."""
     from trainer.parallel import split_ops
 
     config = config or KernelsConfig()
     install()
     token = _CURRENT.set(config)
     try:
-        with split_ops.subpixel_everywhere(config.conv_transpose == "subpixel"):  # transposed convolutions' home
+        with split_ops.subpixel_everywhere(config.conv_transpose == "subpixel"), kernel_layers.choice(layers):
             yield
     finally:
         _CURRENT.reset(token)
+
+
+@contextlib.contextmanager
+def recording():
+    """`kernel_layers.recording`, with the ops it notes routed through fullres (`install`) whatever the step's kernels."""
+    from trainer.parallel import split_ops
+
+    install()
+    split_ops.install()
+    with kernel_layers.recording() as found:
+        yield found
 
 
 def for_platform(config: KernelsConfig | None, platform: str) -> KernelsConfig:
@@ -141,25 +193,31 @@ def for_platform(config: KernelsConfig | None, platform: str) -> KernelsConfig:
     return dataclasses.replace(config, conv_weight_grad="xla") if platform == "tpu" else config
 
 
-def traced(function, config: KernelsConfig | None, platform: str = "gpu"):
-    """`function`, its body traced under `using(config)` for a program on `platform` (`for_platform`); same name,
-    so the compiled program's op names read as before."""
+def traced(function, config: KernelsConfig | None, platform: str = "gpu", layers: dict | None = None):
+    """`function`, its body traced under `using(config, layers)` for a program on `platform` (`for_platform`); same
+    name, so the compiled program's op names read as before."""
     config = for_platform(config, platform)
-    if not config.changed():
+    if not config.changed() and not layers:
         return function
 
     @functools.wraps(function)
     def with_kernels(*args, **kwargs):
-        with using(config):
+        with using(config, layers):
             return function(*args, **kwargs)
 
     return with_kernels
 
 
 def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
-    """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"`."""
+    """Keras's JAX `conv`, its weight gradient per tap under `conv_weight_grad="taps"` (the layer's own value in a
+    measured choice)."""
     original = _ORIGINAL["conv"]
-    if current().conv_weight_grad != "taps":
+    from trainer.parallel import split_ops
+
+    options = {"strides": strides, "padding": padding, "data_format": data_format, "dilation_rate": dilation_rate}
+    value = kernel_layers.chosen("convolution", inputs, kernel, options,
+                                 split_ops.split_of(len(inputs.shape) - 2)) or current().conv_weight_grad
+    if value != "taps":
         return original(inputs, kernel, strides, padding, data_format, dilation_rate)
     from keras.src import backend
 
@@ -172,9 +230,14 @@ def _conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation
 
 
 def _moments(x, axes, keepdims=False, synchronized=False):
-    """Keras's JAX `moments`, in one pass under `norm="fused"`."""
+    """Keras's JAX `moments`, in one pass under `norm="fused"` (the layer's own value in a measured choice)."""
+    from trainer.parallel import split_ops
+
     original = _ORIGINAL["moments"]
-    if current().norm != "fused" or synchronized:
+    sorted_axes = tuple(sorted(a % len(x.shape) for a in ((axes,) if isinstance(axes, int) else axes)))
+    value = kernel_layers.chosen("normalization", x, None, {"axes": sorted_axes, "keepdims": keepdims},
+                                 split_ops.split_of(len(x.shape) - 2)) or current().norm
+    if value != "fused" or synchronized:
         return original(x, axes, keepdims, synchronized)
     from trainer.parallel import fused_norm
 

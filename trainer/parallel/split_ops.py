@@ -62,6 +62,12 @@ def spatial_parts(spatial_dims: int) -> tuple[int, ...]:
     return tuple(parts) if len(parts) == spatial_dims else (math.lcm(*parts),) * spatial_dims
 
 
+def split_of(spatial_dims: int) -> tuple[int, ...]:
+    """How many ways each spatial axis of an activation traced now is split: `spatial_parts` under a split, 1s
+    otherwise."""
+    return spatial_parts(spatial_dims) if active() else (1,) * spatial_dims
+
+
 def mesh():
     """The `jax.sharding.Mesh` the traced model is split over (`splitting`'s, else a splitting `SpatialParallel`'s);
     None where none is known (a shape-only trace), and the ops that need one (ring attention) are then Keras's."""
@@ -118,9 +124,15 @@ def traced_split(function, input_partition_dims, device_mesh=None):
 
 def _conv_transpose(inputs, kernel, strides=1, padding="valid", output_padding=None, data_format=None,
                     dilation_rate=1):
-    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `subpixel_everywhere`."""
+    """Keras's JAX `conv_transpose`, as `subpixel.conv_transpose` under a split or `subpixel_everywhere` (or where
+    the run's measured kernel choice names it: `kernel_layers.chosen`)."""
+    from trainer.parallel import kernel_layers
+
     original = _ORIGINAL["conv_transpose"]
-    if not active() and not _SUBPIXEL_EVERYWHERE.get():
+    value = kernel_layers.chosen("transposed convolution", inputs, kernel, {
+        "strides": strides, "padding": padding, "output_padding": output_padding, "data_format": data_format,
+        "dilation_rate": dilation_rate}, split_of(len(inputs.shape) - 2))
+    if not active() and (value or ("subpixel" if _SUBPIXEL_EVERYWHERE.get() else "xla")) != "subpixel":
         return original(inputs, kernel, strides, padding, output_padding, data_format, dilation_rate)
     from keras.src import backend
     from keras.src.backend.common import backend_utils

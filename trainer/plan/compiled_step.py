@@ -70,13 +70,15 @@ def all_to_all_bytes(hlo_text: str) -> int:
 
 
 def plan_config(model: str | None = None, preset: str = "default", overrides: dict | None = None,
-                task: str | None = None, given: dict | None = None) -> config_lib.TrainConfig:
+                task: str | None = None, given: dict | None = None, train_data: str = "") -> config_lib.TrainConfig:
     """The `TrainConfig` `fullres plan` sizes, through `config_resolution.resolve` like `fullres train`.
 
     `model` is shorthand: "unet3d" / "unet2d" (segmentation, 3D or 2D UNet),
     "retinanet" (detection), or a user's network as FILE.py:FUNCTION
     (segmentation; `model.spatial_dims` says 2D or 3D); None takes the task
     from `task`, else the preset's. `given`: how the command line gave each override (`config_resolution.resolve`).
+    `train_data`: the records `fullres plan --data` names, resolved from as training resolves from its --train (their
+    input channels: 3 for video clips).
     """
     user = user_model.is_source(model)
     if model is not None and model not in MODELS and not user:
@@ -90,7 +92,8 @@ def plan_config(model: str | None = None, preset: str = "default", overrides: di
     if model in ("unet3d", "unet2d") or user:
         spatial_dims = int(settings.setdefault("model.spatial_dims", 3 if model != "unet2d" else 2))
         settings.setdefault("partition.input_partition_dims", ",".join("1" * (spatial_dims + 2)))  # layouts replace it
-    return config_resolution.resolve(task, preset, overrides=settings, model_source=model if user else None, given=given)
+    return config_resolution.resolve(task, preset, train_data, overrides=settings, model_source=model if user else None,
+                                     given=given)
 
 def example_shape(config: config_lib.TrainConfig, spatial_size: Sequence[int] | None) -> tuple[int, ...]:
     """One example's shape, channels last, as the task trains on it: (D, H, W, 1) at `spatial_size`, or (H, W, 3)."""
@@ -121,7 +124,7 @@ class StepBuilder:
         """Lowers the train step for `dims` on `devices`; returns (lowered, distribution)."""
         config = config_lib.with_dims(self.config, dims)
         partitioning.validate(config.partition, self.image_shape, len(devices), config.model.downsampling_levels,
-                              config.batch_size)
+                              config.batch_size, registry.dimension_names(self.task))
         self.check_thin_shards(dims)
         distribution = device_mesh.make_distribution(config.partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),

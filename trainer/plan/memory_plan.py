@@ -270,7 +270,8 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         settings.setdefault("image_size", ",".join(map(str, image_size)))  # the detection canvas (2D UNets ignore it)
     if image_size is not None and user_model.is_source(model):
         settings.setdefault("model.spatial_dims", len(image_size))  # a user's network: 2D or 3D as the size says
-    config = compiled_step.plan_config(model, preset, settings, given=recorded_settings.typed_as({}, set_pairs or {}))
+    config = compiled_step.plan_config(model, preset, settings, given=recorded_settings.typed_as({}, set_pairs or {}),
+                                       train_data=data or "")  # --data: read as fullres train reads its --train
     if config.partition.is_auto:  # the layouts are what is being compared
         config = config_lib.with_dims(config, compiled_step.default_partition_dims(1, config.model.spatial_dims + 2))
     volume = shape = compiled_step.example_shape(config, image_size)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainer import config as config_lib
+from trainer.parallel import partitioning
 from trainer.tasks import base, detection, segmentation
 
 TASKS: dict[str, type[base.Task]] = {"segmentation": segmentation.SegmentationTask, "detection": detection.DetectionTask}
@@ -42,3 +43,11 @@ def make_task(config: config_lib.TrainConfig, class_names: Sequence[str] | None 
                              "class_names out, or give those.")
         task.class_names = named
     return task
+
+
+def dimension_names(task: base.Task) -> tuple[str, ...] | None:
+    """What the partition checks call each axis of `task`'s features (`partitioning.validate`'s `dimension_names`):
+    a clip's first axis is its length in frames, as `fullres preprocess video --clip-length` set it; None: the
+    default names (depth for CT volumes)."""
+    video = (task.preprocessing() or {}).get("kind") == "video"
+    return partitioning.VIDEO_DIMENSION_NAMES if video else None
