@@ -125,8 +125,12 @@ def train(
     overrides: dict = {},  # noqa: B006
     model_code: str = "",
     model_function: str = "",
+    class_names: str = "",
 ):
     """Trains the UNet, the RetinaNet, or the user's own network on `train_data`; 0 or "" keeps the preset's value.
+
+    `class_names` (segmentation; comma-separated, background first, as the evaluate step's) name the classes
+    where the data's label_map.json does not; the run keeps them, so predict names its masks' classes by them.
 
     `model_code` is the text of the user's network file and `model_function` the function in it that returns the
     network (`fullres train --model FILE.py:FUNCTION`, where the step runs); "" trains the task's own model. The
@@ -140,6 +144,7 @@ def train(
     from common import startup
 
     startup.collect_after_imports()  # before the heavy imports below
+    from common import parsing
     from components import runtime
     from trainer.parallel import distributed
 
@@ -152,7 +157,8 @@ def train(
         precision=precision, augmentation=augmentation, overrides=overrides,
         model_source=runtime.model_source(model_code, model_function))
     try:
-        results = train_lib.train(config, log=runtime.log, export_saved_model=False)
+        results = train_lib.train(config, log=runtime.log, export_saved_model=False,
+                                  class_names=parsing.parse_list(class_names, str, "class_names") or None)
     except distributed.Preempted as preempted:  # checkpointed: the restarted job resumes
         runtime.log(str(preempted))
         raise SystemExit(distributed.PREEMPTED_EXIT_CODE) from None

@@ -202,7 +202,7 @@ def ct_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
         # pseudonymize reaches preprocess (case ids), evaluate (the report) and predict (mask names, summary).
         _train_evaluate_export(components, preprocessed,
                                dict(task="segmentation", **_arguments(values, SEGMENTATION_TRAIN),
-                                    **_arguments(values, USER_NETWORK)),
+                                    **_arguments(values, USER_NETWORK), class_names=values["class_names"]),
                                values["class_names"], values,
                                dict(input_uri=values["predict_input_uri"], output_format=values["predict_output_format"],
                                     pseudonymize=values["pseudonymize"]),
@@ -245,7 +245,7 @@ def video_segmentation_pipeline(image: str = image_name.DEFAULT_IMAGE):
             preprocessed[split] = task.outputs["dataset"]
         _train_evaluate_export(components, preprocessed,
                                dict(task="segmentation", **_arguments(values, VIDEO_TRAIN),
-                                    **_arguments(values, USER_NETWORK)),
+                                    **_arguments(values, USER_NETWORK), class_names=values["class_names"]),
                                values["class_names"], values, dict(input_uri=values["predict_input_uri"]))
 
     return _pipeline(VIDEO_PIPELINE, "Videos to a 3D UNet split over time and space: preprocess (Beam, clips) → "

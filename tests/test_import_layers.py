@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import os
-import time
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("common", "preprocessing", "trainer", "components", "pipelines", "fullres")
@@ -146,10 +145,8 @@ def test_every_module_belongs_to_a_layer_and_package_roots_import_nothing():
 
 
 def test_no_import_cycles():
-    started = time.perf_counter()
     found = cycles(import_graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
-    assert time.perf_counter() - started < 5
 
 
 def test_no_upward_imports():

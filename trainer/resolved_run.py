@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from common import output_guard, output_lock
 from trainer import config as config_lib, trained_run
@@ -50,7 +50,8 @@ class ResolvedRun:
 
 
 def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Callable[[str], None] = print,
-            continue_with_changes: bool = False, eval_across_preprocessings: bool = False) -> ResolvedRun:
+            continue_with_changes: bool = False, eval_across_preprocessings: bool = False,
+            class_names: Sequence[str] | None = None) -> ResolvedRun:
     """Checks the run `config` describes and resolves what it leaves open.
 
     Args:
@@ -60,6 +61,8 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
         log: where the "auto" choice and the settings a resume changes freely are said.
         continue_with_changes: a rerun that changes what the run means goes on (`run_record.check_rerun`).
         eval_across_preprocessings: held-out data preprocessed otherwise are scored, with a note (`run_data`).
+        class_names: the classes' names, background first, where the training data's label_map.json names none
+            (`registry.make_task`); a resume without them keeps those the run recorded.
 
     Raises:
         Every refusal `train.train` lists but those of the built program (see above).
@@ -71,7 +74,7 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     devices = tuple(jax.devices())
     resume_devices.check(config, len(devices))  # a split the devices cannot hold is named before the data are read
     # The data are judged before the output: a run refused for its data leaves no run folder behind.
-    task = registry.make_task(config)
+    task = registry.make_task(config, class_names)
     task.check_data(config.train_data, "--train", training=True)
     trained_on = eval_note = None  # the training data's fingerprint: read here for --eval, else by the resume check
     if config.eval_data:
@@ -97,10 +100,14 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
         log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
         config = config_lib.with_dims(config, choice.input_partition_dims)
-        task = registry.make_task(config)
+        task = registry.make_task(config, class_names)
     # Before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8".
-    rerun = run_record.check_rerun(config, trained_run.read_record(config.output_dir), total_steps,
-                                   len(devices), continue_with_changes, log, trained_on=trained_on)
+    recorded = trained_run.read_record(config.output_dir)
+    rerun = run_record.check_rerun(config, recorded, total_steps, len(devices), continue_with_changes, log,
+                                   trained_on=trained_on)
+    named = recorded.info.get("class_names")  # a resume keeps the names the run was given (a pipeline's)
+    if not class_names and named and named != task.class_names:
+        task = registry.make_task(config, named)
     partitioning.validate(config.partition, image_shape, len(devices), config.model.downsampling_levels,
                           config.batch_size, registry.dimension_names(task))  # a clip's axis: its length
     warmup = program.warmup_note(config, total_steps)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -33,7 +33,8 @@ from trainer.engine import placement, program, run_files, scalars
 
 
 def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True,
-          continue_with_changes: bool = False, eval_across_preprocessings: bool = False) -> dict:
+          continue_with_changes: bool = False, eval_across_preprocessings: bool = False,
+          class_names: Sequence[str] | None = None) -> dict:
     """Trains (or resumes) the model `config` describes; returns the metrics dict.
 
     A rerun into a run's folder resumes it only as it was (`engine.run_record`) unless `continue_with_changes`;
@@ -41,6 +42,9 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
 
     `model.keras` and `train_config.json` are always written; the SavedModel
     only with `export_saved_model` (the pipeline exports in its own step).
+    `class_names` (one per class, background first: the pipeline's) name the
+    classes where the training data's label_map.json names none; the run keeps
+    them in model_info.json, for evaluate's report and predict.
     The output directory must be new, empty, or an earlier run (resumed), and
     outside the data's directories; the first process holds its lock while it
     trains. A rerun refused for its configuration leaves the run untouched.
@@ -68,7 +72,8 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
         distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
     """
     with contextlib.ExitStack() as held:  # process 0 holds the output's lock from its check to the end
-        resolved = resolved_run.resolve(config, held, log, continue_with_changes, eval_across_preprocessings)
+        resolved = resolved_run.resolve(config, held, log, continue_with_changes, eval_across_preprocessings,
+                                        class_names)
         run = run_setup.set_up(resolved, log)
         writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief else None
         try:

@@ -62,7 +62,6 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
                 jax.block_until_ready(done_metrics)
                 done_batch.release()
             done = step_number + 1
-            preempted = distributed.preemption_reached(done)  # the same step on every process
             window.steps += 1
             if done % config.log_every == 0 or done == total_steps:
                 loss = float(step_metrics["loss"])
@@ -82,6 +81,9 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
                 if writer is not None:
                     writer.scalars(done, {"loss": loss, "learning_rate": learning_rate,
                                           "grad_norm": float(step_metrics["grad_norm"]), "input_wait_fraction": waited})
+            # Read after the step's log, which waits for the step: a Ctrl-C or SIGTERM while it ran stops the run
+            # after it. Read before, it let the next step start too, and "finishing this step" ran two.
+            preempted = distributed.preemption_reached(done)  # the same step on every process
             if preempted or done % config.checkpoint_every == 0 or done == total_steps:
                 if run.is_chief:
                     # History first: a run killed between the two resumes from the older checkpoint and drops the

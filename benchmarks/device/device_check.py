@@ -55,6 +55,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))  # the plan's terms (
 
 from device_check_plan import autotune_choice, plan_versions, planned_for, version_drift, with_device_terms  # noqa: E402
 from device_check_report import HEADER, STATUSES, check, table_line, with_ratios  # noqa: E402,F401
+import result_file  # noqa: E402
 ROWS = os.path.join(HERE, "device_check_rows.py")
 LIMITS = {"train": 330, "predict": 60, "input": 60}  # seconds per part: 450 in all, inside the 8 minutes
 ROW_LIMIT, LARGEST_LIMIT = 60, 120  # seconds per training row
@@ -64,29 +65,6 @@ GPU = {"models": ("default", "plain16"), "size": 128, "predict_size": 256, "step
 # --tiny: the same parts on a CPU in seconds; a 4 MiB "device" makes the largest-cube search step down (32³ to 24³).
 TINY = {"models": ("tiny",), "size": 16, "predict_size": 16, "step": 8, "steps": 3, "warmup": 1, "examples": 2,
         "precisions": ("float32",), "augmentations": ("none",), "memory_limit_bytes": 4 * 2**20, "largest": 32}
-
-
-def json_path_problem(path: str) -> str | None:
-    """Why the result cannot be written to `path`, in words, or None: asked before any row runs, so that a GPU
-    measurement is not lost at the end to a folder, a path under a file or a place that cannot be written."""
-    if os.path.isdir(path):
-        return f"--json {path} is a folder; name a file in it, e.g. {os.path.join(path, 'device_check.json')}"
-    parent = os.path.dirname(os.path.abspath(path))
-    above = parent
-    while not os.path.exists(above):
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        return f"--json {path} lies under {above}, which is a file, not a folder; name a file in a folder"
-    if above != parent:
-        return f"--json {path}: its folder {parent} does not exist; create it, or name a file in a folder that exists"
-    if os.path.exists(path) and "device_check" not in open(path, encoding="utf-8", errors="replace").read(200):
-        return f"--json {path} exists and is not a device_check result; name a new file"
-    try:  # written for real (root is let into a read-only folder's permissions, not into a read-only file system)
-        with (open(path, "r+", encoding="utf-8") if os.path.exists(path) else tempfile.TemporaryFile(dir=parent)):
-            pass
-    except OSError as error:
-        return f"--json {path} cannot be written ({error.strerror}); name a file in a folder you can write to"
-    return None
 
 
 def largest_candidates(plan: dict | None, row: dict, first: dict | None, settings: dict) -> tuple[list[int], str]:
@@ -246,6 +224,32 @@ def target_here() -> str:
     return next((f"{model}x1" for model in ("h200", "h100", "b200", "a100") if model in name), "h100x1")
 
 
+def default_plan(target: str) -> str:
+    """`device_plan.py`'s JSON for `target` in benchmarks/results/ (where results stay; it may not be there)."""
+    return os.path.join(os.path.dirname(HERE), "results", f"device_plan_{target}.json")
+
+
+def read_plan(path: str) -> dict:
+    """`device_plan.py`'s JSON in `path`.
+
+    Raises:
+        ValueError: it is not JSON, or not a plan's (an object with its `rows`): one sentence, with the fix.
+    """
+    fix = "name the JSON `benchmarks/device/device_plan.py --json` wrote for the target"
+    try:
+        with open(path, encoding="utf-8") as file:
+            plan = json.load(file)
+    except UnicodeDecodeError:
+        raise ValueError(f"--plan {path} is not text, so not device_plan.py's JSON; {fix}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--plan {path} is not JSON (line {error.lineno}: {error.msg}); {fix}") from None
+    except OSError as error:
+        raise ValueError(f"--plan {path} cannot be read ({error.strerror}); {fix}") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("rows"), list):
+        raise ValueError(f"--plan {path} is JSON but not a device plan (it has no list of rows); {fix}")
+    return plan
+
+
 def parse_limits(texts: list[str]) -> dict:
     limits = dict(LIMITS)
     for text in texts:
@@ -276,11 +280,22 @@ def main(argv=None) -> int:
     if bad:
         parser.error(f"--parts {bad[0]!r} is not a part; use some of {', '.join(LIMITS)}")
     args.limits = parse_limits(args.limit)
+    if not args.tiny and nvidia_smi("name") is None:  # else the GPU's rows (128³ and up) run on this CPU
+        parser.error("this machine has no GPU (nvidia-smi names none), and device_check measures one; run it on the "
+                     "device machine, or pass --tiny for the same parts on this CPU at tiny sizes")
     args.target = args.target or target_here()
     args.target_kind = args.target.split("x")[0]
-    args.plan = args.plan or os.path.join(HERE, "results", f"device_plan_{args.target}.json")
-    if (problem := json_path_problem(args.json)) is not None:
+    given_plan = args.plan
+    args.plan = args.plan or default_plan(args.target)
+    if (problem := result_file.path_problem(args.json, "device_check")) is not None:
         parser.error(problem)
+    plan = None
+    if given_plan or (os.path.exists(args.plan) and not args.tiny):  # --tiny sets no plan beside its rows
+        try:
+            read = read_plan(args.plan)
+        except ValueError as error:
+            parser.error(str(error))
+        plan = None if args.tiny else read
     settings = dict(TINY if args.tiny else GPU)
     for key in ("models", "precisions", "augmentations"):
         chosen = getattr(args, key)
@@ -289,10 +304,6 @@ def main(argv=None) -> int:
             if unknown:
                 parser.error(f"--{key} {unknown[0]!r} is not one of {', '.join(settings[key])}")
             settings[key] = tuple(chosen.split(","))
-    plan = None
-    if os.path.exists(args.plan) and not args.tiny:
-        with open(args.plan, encoding="utf-8") as file:
-            plan = json.load(file)
     folder = None
     if not args.tiny:
         # Rows share the GPU compiler's autotuning (the same convolutions at the same size and precision, with and

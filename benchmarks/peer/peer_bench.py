@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import signal
 import shutil
@@ -38,6 +39,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(os.path.dirname(HERE), "device"))  # result_file: where the JSON goes, checked first
+import peer_checks  # noqa: E402
+import result_file  # noqa: E402
 import zoo_kernels  # noqa: E402  (issue 49's candidates by name: the same names as its HLO counts)
 
 ROWS = os.path.join(HERE, "peer_rows.py")
@@ -204,12 +208,19 @@ def main(argv=None) -> int:
     bad = [s for sets in candidates for s in sets if "=" not in s]
     if bad:
         parser.error(f"--candidate: {bad[0]!r} is not a KEY=VALUE setting, e.g. kernels.norm=fused")
-    if os.path.exists(args.json) and "peer_bench" not in open(args.json, encoding="utf-8").read(200):
-        parser.error(f"--json {args.json} exists and is not a peer_bench result; name a new file")
+    if args.limit is not None and not (math.isfinite(args.limit) and args.limit > 0):
+        parser.error(f"--limit {args.limit:g} is not a number of seconds above 0; give the seconds for every row "
+                     "together, e.g. 600")
+    if (problem := result_file.path_problem(args.json, "peer_bench")) is not None:
+        parser.error(problem)
     settings = dict(TINY if args.tiny else GPU)
     args.limit = args.limit or settings["limit"]
     base = {**{k: settings[k] for k in ("tiny", "size", "batch_size", "steps", "warmup")},
             "platform": "cpu" if args.tiny else "gpu"}
+    # Each candidate's settings as its rows resolve them, before any row: a typo is not found after the baseline's.
+    if (problem := peer_checks.candidate_problem([{**base, **row} for row in planned_rows(networks, candidates)
+                                                  if row["sets"] in candidates])) is not None:
+        parser.error(problem)
     started = time.perf_counter()
     deadline = started + args.limit
     measure = measure_sets(settings["measure_seconds"])

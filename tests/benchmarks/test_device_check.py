@@ -65,6 +65,7 @@ def stand_in_row(spec: dict, limit: float) -> dict:
 def test_rows_are_set_beside_the_plan_and_the_checker_catches_figures_that_do_not_add_up(tmp_path, monkeypatch):
     device_check = load()
     monkeypatch.setattr(device_check, "run_row", stand_in_row)
+    monkeypatch.setattr(device_check, "nvidia_smi", lambda field: {"name": "NVIDIA H100 80GB HBM3"}.get(field))
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # the GPU run adds its autotuning cache
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(PLAN))
@@ -295,10 +296,19 @@ def test_the_rows_read_the_workspace_the_devices_autotuner_gave_each_convolution
     assert rows.workspace_bytes(Compiled("%c = f32[3]{0} add(%x, %y)")) is None
 
 
-def test_an_h200_is_checked_against_its_own_plan_file(monkeypatch):
+def test_an_h200_is_checked_against_its_own_plan_file(monkeypatch, tmp_path):
     device_check = load()
     monkeypatch.setattr(device_check, "nvidia_smi", lambda field: "NVIDIA H200" if field == "name" else None)
     assert device_check.target_here() == "h200x1"
+    # Without --plan, the run is set beside benchmarks/results/'s plan (it looked in benchmarks/device/results/, which
+    # is not there, and ran with no plan without a word).
+    monkeypatch.setattr(device_check, "run_row", stand_in_row)
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    out = tmp_path / "check.json"
+    assert device_check.main(["--json", str(out), "--parts", "predict"]) == 0
+    written = json.loads(out.read_text())
+    assert os.path.abspath(written["plan_file"]) == os.path.join(REPOSITORY, "benchmarks", "results",
+                                                                 "device_plan_h200x1.json")
     plan = json.loads(open(os.path.join(REPOSITORY, "benchmarks", "results", "device_plan_h200x1.json")).read())
     assert plan["target"] == "h200x1" and plan["compiler_versions"]["jax"]
     rows = [r for r in plan["rows"] if r["part"] == "train"]

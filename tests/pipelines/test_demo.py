@@ -64,3 +64,16 @@ def test_the_pipeline_s_predict_names_scans_relative_to_its_input(demo_run):
     for name in ("summary.json", "dead_letter.jsonl"):
         with open(os.path.join(masks, name)) as file:
             assert str(output / "data") not in file.read(), name
+
+
+def test_the_trained_run_keeps_the_pipelines_class_names(demo_run):
+    """The pipeline's `class_names` are the run's: model_info.json keeps them (it said null), so the predict step
+    names the classes in its log and summary.json (it said class_1, class_2), as the DICOM SEG's segment labels do."""
+    result, summary, _ = demo_run
+    with open(os.path.join(summary["model"], "model_info.json")) as file:
+        assert json.load(file)["class_names"] == ["background", "liver", "kidney"]
+    with open(os.path.join(summary["predict"]["masks"], "summary.json")) as file:
+        assert json.load(file)["class_names"] == ["background", "liver", "kidney"]
+    log_path = next(line.split(" in ")[-1] for line in result.stdout.splitlines() if "every line of its output in" in line)
+    logged = open(log_path).read()
+    assert "(3 classes: background, liver, kidney)" in logged and "class_1" not in logged

@@ -16,6 +16,7 @@ missing heartbeats and ends them), instead of waiting forever in a collective.
 Preemption (SIGTERM) is agreed on through JAX's preemption sync point: the
 process that gets the signal tells the coordinator, and every process learns
 the same step at which to stop, checkpoint, and exit with `PREEMPTED_EXIT_CODE`.
+Ctrl-C (SIGINT) does the same, in one process or several (`install_stop_handlers`).
 Checking costs nothing per step (a local flag until a notice arrives).
 
 Processes start each new compiled program together (`RunTogether`): each
@@ -29,11 +30,13 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import itertools
 import json
 import os
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Callable
 
@@ -114,12 +117,13 @@ def initialize(group: ProcessGroup | None = None) -> None:
             group = cluster_from_spec(spec)
         elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:  # a multi-host TPU slice
             jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS)
+            install_stop_handlers(jax.process_index())
             return
         if group is None:
-            install_single_process_sigterm_handler()
+            install_stop_handlers()
             return
     if group.num_processes == 1:
-        install_single_process_sigterm_handler()
+        install_stop_handlers()
         return
     # CPU devices of different processes talk through gloo (TCP); other platforms bring their own collectives.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -129,6 +133,7 @@ def initialize(group: ProcessGroup | None = None) -> None:
         process_id=group.process_id,
         heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS,
     )
+    install_stop_handlers(group.process_id)
     _cache_cpu_programs_of_every_process()
 
 
@@ -183,34 +188,55 @@ def initialize_from_environment() -> None:
 
 
 _stop_signal: str | None = None  # what asked this process to stop: "SIGTERM" or "Ctrl-C"
+_last_press: float | None = None  # time.monotonic() of the last Ctrl-C taken as a press of its own
+# A Ctrl-C this soon after the last one taken is the same press, passed on: `uv run` outside a terminal sends its
+# child the SIGINT that the terminal already sent the whole process group, 200 ms later, and `--local-processes`'s
+# launcher passes its own on to processes that had it from the terminal too.
+SAME_PRESS_SECONDS = 1.0
 
 
-def install_single_process_sigterm_handler() -> None:
-    """In a single process, SIGTERM sets a flag the loop reads (several processes use JAX's preemption notifier),
-    and so does Ctrl-C (SIGINT): the step ends, its checkpoint is written, and the run exits with the resume status,
-    instead of a KeyboardInterrupt's traceback and no checkpoint. A Ctrl-C after the first is said and ignored, so
-    none lands in JAX's exit-time clean-up as a traceback."""
+def install_stop_handlers(process_id: int | None = None) -> None:
+    """Ctrl-C (SIGINT) stops a run as a preemption does: the step ends, its checkpoint is written, and the run exits
+    with the resume status, instead of a KeyboardInterrupt's traceback and no checkpoint (`note_stop`).
 
-    def note(signum, frame):
-        global _stop_signal
-        if _stop_signal is not None:
-            if signum == signal.SIGINT:
-                print(f"fullres: already stopping after this step's checkpoint; kill -KILL {os.getpid()} stops at "
-                      "once, without it", file=sys.stderr, flush=True)
-            return
-        _stop_signal = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
-        # Past the run, at exit: ignored. Python's finalization would otherwise hand SIGINT back to the system, and
-        # a Ctrl-C in JAX's clean-up would end the process by the signal (status 130), not with the resume status.
-        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)  # runs before JAX's own, registered earlier
-        if signum == signal.SIGINT:
-            print("fullres: Ctrl-C: finishing this step, then writing its checkpoint and exiting with status "
-                  f"{PREEMPTED_EXIT_CODE} (rerun the same command to resume)", file=sys.stderr, flush=True)
-
+    Args:
+        process_id: this process's number in a run of several (None: the only process). One process reads its own
+            flag, set by SIGTERM too. Several agree on the step to stop after through JAX's preemption notifier,
+            which holds SIGTERM: a Ctrl-C becomes a SIGTERM to this process, and process 0 alone says it.
+    """
     try:
-        signal.signal(signal.SIGTERM, note)
-        signal.signal(signal.SIGINT, note)
+        if process_id is None:
+            signal.signal(signal.SIGTERM, note_stop)
+        signal.signal(signal.SIGINT, functools.partial(note_stop, process_id=process_id))
     except ValueError:  # not the main thread (e.g. inside a test runner's worker); the signals keep their defaults
         pass
+
+
+def note_stop(signum: int, frame=None, process_id: int | None = None) -> None:
+    """The signal handler: the first SIGTERM or Ctrl-C asks the run to stop after this step. A Ctrl-C after it is
+    said and ignored, so none lands in JAX's exit-time clean-up as a traceback, unless it is the same press passed
+    on (within `SAME_PRESS_SECONDS`): that one is not said at all."""
+    global _stop_signal, _last_press
+    if signum == signal.SIGINT:
+        now = time.monotonic()
+        if _last_press is not None and now - _last_press < SAME_PRESS_SECONDS:
+            return
+        _last_press = now
+    says = signum == signal.SIGINT and not process_id
+    if _stop_signal is not None:
+        if says:
+            print(f"fullres: already stopping after this step's checkpoint; kill -KILL {os.getpid()} stops at "
+                  "once, without it", file=sys.stderr, flush=True)
+        return
+    _stop_signal = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    # Past the run, at exit: ignored. Python's finalization would otherwise hand SIGINT back to the system, and
+    # a Ctrl-C in JAX's clean-up would end the process by the signal (status 130), not with the resume status.
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)  # runs before JAX's own, registered earlier
+    if process_id is not None:
+        os.kill(os.getpid(), signal.SIGTERM)  # JAX's notifier tells the others
+    if says:
+        print("fullres: Ctrl-C: finishing this step, then writing its checkpoint and exiting with status "
+              f"{PREEMPTED_EXIT_CODE} (rerun the same command to resume)", file=sys.stderr, flush=True)
 
 
 _barrier_numbers = itertools.count()

@@ -7,7 +7,8 @@ of a cluster do. Their output is forwarded line by line with a `[pI]` prefix.
 When one process fails, the others are stopped (a run that lost a process
 cannot go on). SIGTERM to the launcher is passed on to every process (a
 preemption: they checkpoint and exit with the "resume me" status, which the
-launcher then exits with too).
+launcher then exits with too), and so is Ctrl-C (SIGINT): the processes had it
+from the terminal too, and take the two as one press.
 """
 
 from __future__ import annotations
@@ -92,12 +93,14 @@ def launch(train_arguments: Sequence[str], num_processes: int, log: Callable[[st
         f"{' '.join(str(p.pid) for p in processes)}")
 
     def pass_on(signum, frame):
-        log("[launcher] SIGTERM: passing it on to every process (they checkpoint and stop)")
+        if signum == signal.SIGTERM:  # Ctrl-C is said by process 0
+            log("[launcher] SIGTERM: passing it on to every process (they checkpoint and stop)")
         for process in processes:
             if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+                process.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, pass_on)
+    previous_ctrl_c = signal.signal(signal.SIGINT, pass_on)
     failure, stop_at = None, None
     try:
         while any(p.poll() is None for p in processes):
@@ -117,6 +120,7 @@ def launch(train_arguments: Sequence[str], num_processes: int, log: Callable[[st
             time.sleep(0.1)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_ctrl_c)
     codes = [p.wait() for p in processes]
     for reader in readers:
         reader.join(timeout=10)  # each process's last lines, read to its end

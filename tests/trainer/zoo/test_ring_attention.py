@@ -31,6 +31,16 @@ def flat_tokens(num_classes=3, in_channels=1):
     return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x))
 
 
+def grouped_query_tokens(num_classes=3, in_channels=1):
+    """The same flattened tokens under grouped-query attention: 4 query heads sharing 2 key and value heads."""
+    inputs = keras.Input(SIZE + (in_channels,))
+    tokens = layers.Conv3D(8, 4, strides=4)(inputs)  # (B, 4, 4, 2, 8)
+    flat = layers.Reshape((-1, 8))(tokens)  # (B, 32, 8)
+    attended = layers.GroupQueryAttention(4, 4, 2, name="global_attention")(flat, flat)
+    x = layers.UpSampling3D(4)(layers.Reshape((4, 4, 2, 8))(layers.Add()([flat, attended])))
+    return keras.Model(inputs, layers.Conv3D(num_classes, 1)(x))
+
+
 def grid_tokens(num_classes=3, in_channels=1):
     """The same attention over the grid of tokens as it lies (`attention_axes` = the three spatial axes)."""
     inputs = keras.Input(SIZE + (in_channels,))
@@ -53,6 +63,16 @@ def test_global_attention_over_flattened_tokens_is_a_ring_equal_to_one_device(sp
     parts = int(np.prod(step.SPLITS[split]))
     # The ring: parts − 1 steps of keys and values forward, and their gradients back.
     assert result.permutes >= 2 * (parts - 1)
+    assert abs(result.loss - reference.loss) / abs(reference.loss) <= 1e-12
+    assert step.worst_gradient(result, reference) <= 1e-12
+
+
+def test_grouped_query_heads_are_a_ring_too():
+    """Keras's `GroupQueryAttention` repeats each key and value head for its query heads, on each device's own
+    tokens, before the attention: the ring takes it as it takes `MultiHeadAttention`."""
+    result, reference = _both(grouped_query_tokens, "2", "float64")
+    assert result.gathered == [], [(g.layer, g.describe()) for g in result.gathered]
+    assert result.permutes >= 2
     assert abs(result.loss - reference.loss) / abs(reference.loss) <= 1e-12
     assert step.worst_gradient(result, reference) <= 1e-12
 
