@@ -45,6 +45,7 @@ LAYERS = (
     "trainer.cli_help",
     "trainer.cli_options",
     "trainer.cli_predict",
+    "trainer.cli_rent",
     "trainer.cli",
     "trainer.__main__",
     "fullres",
