@@ -192,9 +192,12 @@ def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_ru
         assert measured["status"] == "ok" and measured["kernel_choice"]["by_kind"], measured
     # A candidate fullres refuses is refused before any row (test_benchmark_arguments.py), not listed as not run.
     assert rows["torch eager float32"]["parameters"] == rows["fullres float32"]["parameters"]
-    ratio = {r["goal"]: r for r in written["ratios"]}["fullres float32 ÷ torch eager float32"]
-    assert ratio["step_time"] == round(rows["fullres float32"]["median_step_seconds"]
-                                       / rows["torch eager float32"]["median_step_seconds"], 4)
+    # One ratio per goal and candidate set: today's rows (no set), then the measure rows' own.
+    goals = {(r["goal"], tuple(r["candidate"])): r for r in written["ratios"]}
+    measure = f"fullres float32 [{' '.join(peer_bench_sets())}]"
+    for sets, row in (((), "fullres float32"), (tuple(rows[measure]["sets"]), measure)):
+        assert goals[("fullres float32 ÷ torch eager float32", sets)]["step_time"] == round(
+            rows[row]["median_step_seconds"] / rows["torch eager float32"]["median_step_seconds"], 4)
 
 
 def peer_bench_sets():
