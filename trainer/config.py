@@ -214,6 +214,4 @@ def from_dict(values: dict) -> TrainConfig:
 
 def with_dims(config: TrainConfig, dims: Sequence[int]) -> TrainConfig:
     """`config` split by `dims`; labels given as dims (split like the features) follow them."""
-    labels = config.partition.label_partition_dims  # None stays None; dims follow, with or without channels
-    labels = labels if labels is None else tuple(dims) if len(labels) == len(dims) else (1, *dims[1:-1])
-    return dataclasses.replace(config, partition=partitioning.PartitionConfig(tuple(dims), labels))
+    return dataclasses.replace(config, partition=config.partition.for_dims(dims))

@@ -105,6 +105,12 @@ class PartitionConfig:
             (names[i], parts) for i, parts in enumerate(self.input_partition_dims) if parts > 1 and 0 < i < self.rank - 1
         )
 
+    def for_dims(self, dims: Sequence[int]) -> PartitionConfig:
+        """This partition split by `dims`; labels given as dims (split like the features) follow them."""
+        labels = self.label_partition_dims  # None stays None; dims follow, with or without channels
+        labels = labels if labels is None else tuple(dims) if len(labels) == len(dims) else (1, *dims[1:-1])
+        return PartitionConfig(tuple(dims), labels)
+
 
 def parse_dims(text: str | None) -> tuple[int, ...] | None:
     """Parses `"1,4,1,1"` or `"[1, 4, 1, 1]"` (`parsing.parse_list`); `None`, `""` and `"none"` give None.

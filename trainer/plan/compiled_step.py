@@ -108,6 +108,7 @@ class StepBuilder:
         self.config, self.example_shape = config, shape
         self.image_shape = (config.batch_size, *shape)
         self.task = registry.make_task(config)
+        self.dimension_names = registry.dimension_names(self.task)  # what the partition checks call each axis
         # No `keras.utils.set_random_seed`: the plan keeps only the variables' shapes, so their values (and the seed)
         # change nothing it reports, and that call imports TensorFlow to seed it (5 s of every `fullres plan`).
         self.model, self.optimizer, _, state = program.build_model(config, self.task, config.steps)
@@ -122,13 +123,13 @@ class StepBuilder:
 
     def lower(self, dims: tuple[int, ...], devices):
         """Lowers the train step for `dims` on `devices`; returns (lowered, distribution)."""
-        config = config_lib.with_dims(self.config, dims)
-        partitioning.validate(config.partition, self.image_shape, len(devices), config.model.downsampling_levels,
-                              config.batch_size, registry.dimension_names(self.task))
+        partition = self.config.partition.for_dims(dims)
+        partitioning.validate(partition, self.image_shape, len(devices), self.config.model.downsampling_levels,
+                              self.config.batch_size, self.dimension_names)
         self.check_thin_shards(dims)
-        distribution = device_mesh.make_distribution(config.partition, devices)
+        distribution = device_mesh.make_distribution(partition, devices)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),
-                                      config.kernels)
+                                      self.config.kernels)
         return train_step.lower(*step_arguments(self.task, self.state, distribution, self.image_shape)), distribution
 
     def check_thin_shards(self, dims: tuple[int, ...]) -> None:
