@@ -56,13 +56,19 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
             return refused
     memory = compiled.memory_analysis()
     replica_batch = builder.config.batch_size // distribution.num_replicas
-    found, halo_bytes = compiled_step.communication(compiled.as_text(), replica_batch,
-                                                    gathers.weight_shapes(builder.state))
+    # The HLO read once, a collective at a time (`compiled_step.communication` reads the first two the same way):
+    # collective-permutes (halo, and ring attention's apart), activation all-gathers, all-to-alls.
+    hlo_text = compiled.as_text()
+    halo_bytes, ring_bytes = ring_traffic.permute_bytes(hlo_text)
+    weight_shapes = gathers.weight_shapes(builder.state)
+    found = gathers.activation_gathers(hlo_text, replica_batch, weight_shapes)
     if found and not compile_only:
-        found = gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(builder.state))
+        found = gathers.of_step(lowered, compiled, replica_batch, weight_shapes)
+    gathered = tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found))
+    all_to_all = compiled_step.all_to_all_bytes(hlo_text)
+    bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
         - memory.alias_size_in_bytes
-    bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
     costs = compiled.cost_analysis()
     costs = (costs[0] if isinstance(costs, (list, tuple)) and costs else costs) or {}
     row = PlanRow(math.prod(dims), tuple(dims), memory.temp_size_in_bytes, memory.argument_size_in_bytes, total,
@@ -70,10 +76,9 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
                   compile_seconds=round(time.perf_counter() - started, 2), flops=costs.get("flops"),
                   bytes_accessed=costs.get("bytes accessed"),
                   compiler_seconds=costs.get("optimal_seconds") if compile_only else None,
-                  gathered=tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found)),
-                  all_to_all_bytes=compiled_step.all_to_all_bytes(compiled.as_text()),
+                  gathered=gathered, all_to_all_bytes=all_to_all,
                   compiler_options=", ".join(f"{k}={str(v).lower()}" for k, v in options.items()),
-                  ring_bytes=ring_traffic.permute_bytes(compiled.as_text())[1], attention_score_bytes=score_bytes,
+                  ring_bytes=ring_bytes, attention_score_bytes=score_bytes,
                   unsplit_score_bytes=unsplit_score_bytes)
     if cache is not None:
         cache.store(key, row.to_json())
