@@ -100,16 +100,17 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
         log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
         config = config_lib.with_dims(config, choice.input_partition_dims)
-        task = registry.make_task(config, class_names)
     # Before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8".
     recorded = trained_run.read_record(config.output_dir)
     rerun = run_record.check_rerun(config, recorded, total_steps, len(devices), continue_with_changes, log,
                                    trained_on=trained_on)
     named = recorded.info.get("class_names")  # a resume keeps the names the run was given (a pipeline's)
-    if not class_names and named and named != task.class_names:
-        task = registry.make_task(config, named)
+    kept_names = not class_names and named and named != task.class_names
+    if choice is not None or kept_names:  # the task of the run as resolved: its chosen split, its names
+        task = registry.make_task(config, named if kept_names else class_names)
+    dimension_names = registry.dimension_names(task)  # a clip's first axis: its length
     partitioning.validate(config.partition, image_shape, len(devices), config.model.downsampling_levels,
-                          config.batch_size, registry.dimension_names(task))  # a clip's axis: its length
+                          config.batch_size, dimension_names)
     warmup = program.warmup_note(config, total_steps)
     return ResolvedRun(config, task, num_examples, total_steps, image_shape, devices, choice, rerun, eval_note,
                        () if warmup is None else (warmup,))
