@@ -80,6 +80,7 @@ def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Ru
     seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, resolved.total_steps)
+    arguments = compiled_step.step_arguments(task, state, distribution, image_shape)  # the step's, as shapes
     compiled_step.check_thin_shards(config, model, state, image_shape)  # where XLA differentiates wrongly
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
     # the others go on to the gather check, and the barrier before placing the state waits for this one.
@@ -87,13 +88,13 @@ def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Ru
     if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
-    kernels = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log,
+    kernels = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, arguments, log,
                              run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
     train_step = distributed.RunTogether(
         program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels.kernels,
                          kernels.layers), "train step", log)
-    found = compiled_step.step_gathers(train_step.jitted, task, state, distribution, image_shape,
+    found = compiled_step.step_gathers(train_step.jitted, arguments, image_shape[0] // distribution.num_replicas,
                                        keep=train_step.prime)
     if found and not config.allow_gathers:
         gathers.refuse(found, config.partition.input_partition_dims)
@@ -125,12 +126,11 @@ def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Ru
 
 
 def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
-                   log: Callable[[str], None], recorded: dict | None = None) -> kernel_choice.Choice:
-    """The run's kernels (`engine.kernel_choice`): `config.kernels` as set, or measured on the run's device;
-    `recorded`: the choice the run being resumed recorded (run_record.json's), which it keeps."""
+                   arguments: tuple, log: Callable[[str], None], recorded: dict | None = None) -> kernel_choice.Choice:
+    """The run's kernels (`engine.kernel_choice`): `config.kernels` as set, or measured on the run's device, with the
+    step called on `arguments` (`compiled_step.step_arguments`); `recorded`: the choice the run being resumed
+    recorded (run_record.json's), which it keeps."""
     import jax
-
-    arguments = compiled_step.step_arguments(task, state, distribution, image_shape)
 
     def step_of(kernels, layers):
         return program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels, layers)

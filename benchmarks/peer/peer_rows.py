@@ -89,8 +89,9 @@ def measured_kernels(step, config, row: dict) -> dict:
 
     image_shape = (config.batch_size, *compiled_step.example_shape(config, (row["size"],) * 3))
     said = []
+    arguments = compiled_step.step_arguments(step.task, step.state, step.distribution, image_shape)
     choice = run_setup.choose_kernels(config, step.task, step.model, step.optimizer, step.distribution, step.state,
-                                      image_shape, said.append)
+                                      image_shape, arguments, said.append)
     step.jitted = program.jit_step(step.task, step.model, step.optimizer, step.distribution, step.state,
                                    len(image_shape), choice.kernels, choice.layers)
     record = choice.record

@@ -168,9 +168,10 @@ def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image
     return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), step)
 
 
-def step_gathers(train_step, task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...],
+def step_gathers(train_step, arguments: tuple, replica_batch: int,
                  keep: Callable | None = None) -> list[gathers.Gather]:
-    """The activation all-gathers of the jitted `train_step` (`program.jit_step`) as its compiler compiles it.
+    """The activation all-gathers of the jitted `train_step` (`program.jit_step`) as its compiler compiles it, for
+    `arguments` (`step_arguments`) of `replica_batch` examples a replica.
 
     Training asks this before its first step, and passes `keep` (`distributed.RunTogether.prime`), which gets the
     compiled step and its arguments' shapes: the first step then runs it rather than compiling it again. (In one
@@ -178,13 +179,11 @@ def step_gathers(train_step, task, state, distribution: device_mesh.SpatialParal
     reads only what was written under its own key, and JAX writes from process 0 alone except on CPU, where fullres
     lets every process write: `distributed._cache_cpu_programs_of_every_process`.)
     """
-    arguments = step_arguments(task, state, distribution, image_shape)
     lowered = train_step.lower(*arguments)
     compiled, options = xla_compile.compile(lowered)
     if keep is not None:
         keep(compiled, *arguments, options=options)
-    replica_batch = image_shape[0] // distribution.num_replicas
-    return gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(state))
+    return gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(arguments[0]))
 
 
 def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
