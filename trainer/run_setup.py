@@ -1,5 +1,5 @@
 """A training run's set-up: the layout and mesh, the model, the compiled step checked for gathers, and the state to
-start from (a resume's checkpoint), with the run's files written by process 0.
+start from (a resume's checkpoint), with the run's files written and its TensorBoard writer opened by process 0.
 
 It takes the run as `resolved_run.resolve` checked it and checks none of that again; what it can still refuse is
 what only the built program shows (a split XLA would differentiate wrongly for a user's network, all-gathered
@@ -9,6 +9,7 @@ and the finish (`train._finish`) only add to a run that `set_up` accepted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from trainer import config as config_lib, resolved_run, trained_run
-from trainer.engine import checkpoints, kernel_choice, placement, program, run_files, run_record
+from trainer.engine import checkpoints, kernel_choice, placement, program, run_files, run_record, scalars
 from trainer.parallel import device_mesh, distributed, xla_compile
 from trainer.parallel import kernels as kernels_lib
 from trainer.plan import compiled_step, gathers, layout_choice
@@ -37,6 +38,7 @@ class Run:
     history: list[dict]
     is_chief: bool
     train_step: object  # distributed.RunTogether: the jitted step, already compiled once for the gather check
+    writer: object | None  # scalars.writer of tensorboard/ (process 0; None on the others), closed when `held` closes
     input_wait_seconds: float = 0.0  # the loop's time waiting for its next batch, after the first step (the compile)
     input_wait_fraction: float = 0.0  # of the run's time after the first step
     input_cache: str | None = None  # the input cache's decision, in words
@@ -58,8 +60,9 @@ def seed(seed: int) -> None:
     np.random.seed(seed)
 
 
-def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Run:
-    """Mesh, model, the compiled step and the state to start from; the run's files written (process 0)."""
+def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: Callable[[str], None]) -> Run:
+    """Mesh, model, the compiled step and the state to start from; the run's files written and its TensorBoard
+    writer opened (process 0), the writer closed when `held` closes."""
     import jax
 
     config, task, image_shape, devices = resolved.config, resolved.task, resolved.image_shape, resolved.devices
@@ -121,8 +124,11 @@ def set_up(resolved: resolved_run.ResolvedRun, log: Callable[[str], None]) -> Ru
             run_record.record_kernel_choice(config.output_dir, kernels.record)
         if resolved.choice is not None and not resolved.choice.cached:
             layout_choice.save_choice(resolved.choice, config.output_dir)
+    writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if is_chief else None
+    if writer is not None:
+        held.callback(writer.close)
     return Run(resolved, distribution, model, optimizer, schedule, state, start_step, checkpointer,
-               run_files.read_history(config.output_dir, start_step), is_chief, train_step)
+               run_files.read_history(config.output_dir, start_step), is_chief, train_step, writer)
 
 
 def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
@@ -142,7 +148,8 @@ def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distr
 
     def time_step(kernels, layers):
         compiled, _ = xla_compile.compile(step_of(kernels, layers).lower(*arguments))
-        return kernel_choice.step_seconds(compiled, arguments, placement.place_state(state, distribution))
+        placed = placement.place_state(state, distribution)  # a copy for each timing: the step donates it
+        return kernel_choice.step_seconds(compiled, arguments, placed)
 
     return kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
                                 discover, time_step, recorded, log, jax.process_count())

@@ -15,21 +15,21 @@ Output directory (each file has one owning module: `engine.run_files`, `engine.c
     metrics.json                    final loss, per-class Dice or COCO AP, timing, partitioning
 
 `train` reads as its phases: `resolved_run.resolve` (every check a run is refused for, the partition and the
-resume resolved), `run_setup.set_up` (mesh, model, the compiled step, the resumed state), `train_loop.loop` (the
-steps, logging, checkpoints, preemption) and `_finish` (evaluation, export, metrics.json).
+resume resolved), `run_setup.set_up` (mesh, model, the compiled step, the resumed state, the run's files and its
+TensorBoard writer), `train_loop.loop` (the steps, logging, checkpoints, preemption) and `_finish` (evaluation,
+export, metrics.json).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from trainer import config as config_lib, export, resolved_run, run_setup, train_loop, trained_run
 from trainer.data import ct_input
-from trainer.engine import placement, program, run_files, scalars
+from trainer.engine import placement, program, run_files
 
 
 def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True,
@@ -71,20 +71,16 @@ def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, ex
             over for the one before it, and moved aside).
         distributed.Preempted: after checkpointing at a preemption notice; rerun to resume.
     """
-    with contextlib.ExitStack() as held:  # process 0 holds the output's lock from its check to the end
+    # Process 0 holds the output's lock from its check to the end, and closes the run's TensorBoard writer before it.
+    with contextlib.ExitStack() as held:
         resolved = resolved_run.resolve(config, held, log, continue_with_changes, eval_across_preprocessings,
                                         class_names)
-        run = run_setup.set_up(resolved, log)
-        writer = scalars.writer(os.path.join(config.output_dir, "tensorboard")) if run.is_chief else None
-        try:
-            train_seconds = train_loop.loop(run, writer, log)
-            return _finish(run, writer, train_seconds, export_saved_model, log)
-        finally:
-            if writer is not None:
-                writer.close()
+        run = run_setup.set_up(resolved, held, log)
+        train_seconds = train_loop.loop(run, log)
+        return _finish(run, train_seconds, export_saved_model, log)
 
 
-def _finish(run: run_setup.Run, writer, train_seconds: float, export_saved_model: bool, log: Callable[[str], None]) -> dict:
+def _finish(run: run_setup.Run, train_seconds: float, export_saved_model: bool, log: Callable[[str], None]) -> dict:
     """Evaluation, the exported model and metrics.json (process 0); returns the metrics."""
     import jax
 
@@ -118,8 +114,8 @@ def _finish(run: run_setup.Run, writer, train_seconds: float, export_saved_model
         results.update(scores, **({"across_preprocessings": resolved.eval_note} if resolved.eval_note else {}))
         if resolved.eval_note:
             log(f"warning: {resolved.eval_note}")
-        if writer is not None:
-            writer.scalars(resolved.total_steps, task.headline(scores))
+        if run.writer is not None:
+            run.writer.scalars(resolved.total_steps, task.headline(scores))
     # Every process takes the weights to its host (replicated, so no communication); process 0 alone exports,
     # from a copy of the model outside the mesh: the mesh's model would run on every process's devices.
     host_state = jax.tree_util.tree_map(np.asarray, run.state)

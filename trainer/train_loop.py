@@ -20,7 +20,7 @@ from trainer.engine import placement, plateau, run_files
 from trainer.parallel import distributed
 
 
-def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
+def loop(run: run_setup.Run, log: Callable[[str], None]) -> float:
     """The training steps from `run.start_step` on; returns their seconds.
 
     Raises:
@@ -78,8 +78,8 @@ def loop(run: run_setup.Run, writer, log: Callable[[str], None]) -> float:
                     f"input wait {waited:.0%}{_input_bound_note(waited, batches)}")
                 if "class_dice" in step_metrics and (stalled := watch.observe(done, loss, step_metrics["class_dice"])):
                     log(stalled)
-                if writer is not None:
-                    writer.scalars(done, {"loss": loss, "learning_rate": learning_rate,
+                if run.writer is not None:
+                    run.writer.scalars(done, {"loss": loss, "learning_rate": learning_rate,
                                           "grad_norm": float(step_metrics["grad_norm"]), "input_wait_fraction": waited})
             # Read after the step's log, which waits for the step: a Ctrl-C or SIGTERM while it ran stops the run
             # after it. Read before, it let the next step start too, and "finishing this step" ran two.
