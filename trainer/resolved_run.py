@@ -1,7 +1,8 @@
 """A training run resolved and checked before it starts: the one phase of `fullres train` that refuses a run.
 
-`train` runs in three phases: `resolve` (here) → `run_setup.set_up` → `train_loop.loop`. Everything a run is checked
-for before it starts is asked in `resolve`, in this order, each refusal one sentence, every folder left as it was:
+`train` runs in four phases: `resolve` (here) → `run_setup.set_up` → `train_loop.loop` → `train._finish`. Everything
+a run is checked for before it starts is asked in `resolve`, in this order, each refusal one sentence, every folder
+left as it was:
 
 1. the devices: a split the devices present cannot hold (a resume: by the device counts its run fits);
 2. the data: records the task can use (`Task.check_data`), held-out data preprocessed as the training data;
