@@ -80,7 +80,8 @@ def loop(run: run_setup.Run, log: Callable[[str], None]) -> float:
                     log(stalled)
                 if run.writer is not None:
                     run.writer.scalars(done, {"loss": loss, "learning_rate": learning_rate,
-                                          "grad_norm": float(step_metrics["grad_norm"]), "input_wait_fraction": waited})
+                                              "grad_norm": float(step_metrics["grad_norm"]),
+                                              "input_wait_fraction": waited})
             # Read after the step's log, which waits for the step: a Ctrl-C or SIGTERM while it ran stops the run
             # after it. Read before, it let the next step start too, and "finishing this step" ran two.
             preempted = distributed.preemption_reached(done)  # the same step on every process
