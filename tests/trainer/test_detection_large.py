@@ -32,7 +32,7 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     # The step as `compile_step` compiles it, from a builder whose model and optimizer (built as training builds
     # them, the optimizer on the learning-rate schedule) give the step its state: one RetinaNet build, not two.
     builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, SIZE))
-    compiled, distribution = builder.compile(DIMS, devices)
+    compiled, distribution = builder.compile_layout(DIMS, devices)
     memory = compiled.memory_analysis()
     # fullres's own detector passes the check training makes of every network: no activation all-gathered.
     assert compiled_step.communication(compiled.as_text(), replica_batch=1)[0] == []

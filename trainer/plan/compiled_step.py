@@ -116,12 +116,12 @@ class StepBuilder:
         self._windows = None
         self._split_windows: dict = {}  # dims -> thin_shards.model_windows
 
-    def compile(self, dims: tuple[int, ...], devices):
+    def compile_layout(self, dims: tuple[int, ...], devices):
         """Lowers and compiles the train step for `dims` on `devices`; returns (compiled, distribution)."""
-        lowered, distribution = self.lower(dims, devices)
+        lowered, distribution = self.lower_layout(dims, devices)
         return lowered.compile(), distribution
 
-    def lower(self, dims: tuple[int, ...], devices):
+    def lower_layout(self, dims: tuple[int, ...], devices):
         """Lowers the train step for `dims` on `devices`; returns (lowered, distribution)."""
         partition = self.config.partition.for_dims(dims)
         partitioning.validate(partition, self.image_shape, len(devices), self.config.model.downsampling_levels,
@@ -159,7 +159,7 @@ def check_thin_shards(config: config_lib.TrainConfig, model, state, image_shape:
 def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
     """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
     (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
-    (`StepBuilder.lower`, and training's gather check) without any input."""
+    (`StepBuilder.lower_layout`, and training's gather check) without any input."""
     import jax
 
     state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
@@ -198,8 +198,8 @@ def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices
         (the compiled step, its `device_mesh.SpatialParallel`); it takes
         `(TrainState, inputs, labels, step)` placed as `placement.place_state` and the task's `place` place them.
     """
-    return StepBuilder(config, tuple(shape)).compile(config.partition.input_partition_dims, devices)
+    return StepBuilder(config, tuple(shape)).compile_layout(config.partition.input_partition_dims, devices)
 
 def lower_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
     """`compile_step` before compiling: (the lowered step, its distribution)."""
-    return StepBuilder(config, tuple(shape)).lower(config.partition.input_partition_dims, devices)
+    return StepBuilder(config, tuple(shape)).lower_layout(config.partition.input_partition_dims, devices)

@@ -29,7 +29,7 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
     started = time.perf_counter()
     with target_compile.compile_only(compile_only):
         with ring_attention.recording() as blocks:
-            lowered, distribution = builder.lower(dims, devices)
+            lowered, distribution = builder.lower_layout(dims, devices)
         score_bytes, unsplit_score_bytes = ring_traffic.scores(blocks)
         key = None if cache is None else cache.key(lowered.as_text(), devices)
         found = None if cache is None else cache.load(key)

@@ -42,7 +42,7 @@ for precision in ("float32", "bfloat16"):
     config = compiled_step.plan_config({source!r}, "default", {{"precision": precision, "augmentation": "none"}})
     builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (8, 8, 8)))
     with target_compile.compile_only():
-        compiled, _ = builder.compile((1,) * 5, targets.devices(targets.parse("h100x1"))[:1])
+        compiled, _ = builder.compile_layout((1,) * 5, targets.devices(targets.parse("h100x1"))[:1])
     table = hlo_kernels.classify(compiled.as_text(), hlo_kernels.layer_classes(builder.model))
     out[precision] = [(r["layer"], r["direction"], r["implementation"], r["weight_converts"])
                       for r in table["instructions"].values() if r["implementation"]]

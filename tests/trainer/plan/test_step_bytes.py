@@ -38,7 +38,7 @@ def builder():
 ])
 def test_the_step_needs_the_recorded_bytes_a_device_within_1_percent(builder, dims, recorded):
     devices = jax.devices()[:dims[1] * dims[2]]
-    compiled, _ = builder.compile(dims, devices)
+    compiled, _ = builder.compile_layout(dims, devices)
     temp = compiled.memory_analysis().temp_size_in_bytes
     assert abs(temp / recorded - 1) <= TOLERANCE, (
         f"the smoke step at 32³ split {','.join(map(str, dims))} needs {temp:,} temporary bytes a device, "

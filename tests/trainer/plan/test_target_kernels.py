@@ -31,7 +31,7 @@ def _compiled(overrides: dict, devices) -> dict:
                                                             "partition.input_partition_dims": "1,2,2,1,1"})
     builder = compiled_step.StepBuilder(config, compiled_step.example_shape(config, (16, 16, 16)))
     with target_compile.compile_only():
-        lowered, _ = builder.lower(DIMS, devices[:4])
+        lowered, _ = builder.lower_layout(DIMS, devices[:4])
         compiled = lowered.compile()
     text = compiled.as_text()
     memory = compiled.memory_analysis()
