@@ -102,9 +102,10 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
         config = config_lib.with_dims(config, choice.input_partition_dims)
     # Before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8".
+    warmup_steps, warmup = program.warmup_steps_used(config, total_steps), program.warmup_note(config, total_steps)
     recorded = trained_run.read_record(config.output_dir)
-    rerun = run_record.check_rerun(config, recorded, total_steps, len(devices), continue_with_changes, log,
-                                   trained_on=trained_on)
+    rerun = run_record.check_rerun(config, recorded, total_steps, len(devices), warmup_steps, continue_with_changes,
+                                   log, trained_on=trained_on)
     named = recorded.info.get("class_names")  # a resume keeps the names the run was given (a pipeline's)
     kept_names = not class_names and named and named != task.class_names
     if choice is not None or kept_names:  # the task of the run as resolved: its chosen split, its names
@@ -112,6 +113,5 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     dimension_names = registry.dimension_names(task)  # a clip's first axis: its length
     partitioning.validate(config.partition, image_shape, len(devices), config.model.downsampling_levels,
                           config.batch_size, dimension_names)
-    warmup = program.warmup_note(config, total_steps)
     return ResolvedRun(config, task, num_examples, total_steps, image_shape, devices, choice, rerun, eval_note,
                        () if warmup is None else (warmup,))

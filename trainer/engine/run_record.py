@@ -121,7 +121,7 @@ def check_resumable(run_dir: str) -> None:
         f"model; put the run's checkpoints back into {kept} to resume it, or train into a new --output.")
 
 
-def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devices: int,
+def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devices: int, warmup_steps: int,
                 continue_with_changes: bool = False, log: Callable[[str], None] = print, *,
                 trained_on: dict | None = None) -> dict:
     """Refuses a rerun into `config.output_dir` that would change what the run there means; nothing is written.
@@ -131,6 +131,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
         recorded: what `config.output_dir` records (`trained_run.read_record`).
         total_steps: the steps it asks for in all (from `steps` or `epochs`).
         devices: how many devices it runs on.
+        warmup_steps: the warm-up it takes (`program.warmup_steps_used`).
         continue_with_changes: go on under the changed settings (the history records them) instead of refusing.
         log: where the settings that change freely, and a change continued with, are said.
         trained_on: the training data's fingerprint (`run_data.data_fingerprint`), where the caller has it.
@@ -147,12 +148,9 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     """
     from trainer.models import user_model
 
-    from trainer.engine import program  # Keras: the check above is asked before it is imported
-
     run_dir = config.output_dir
     fingerprint = run_data.data_fingerprint(config.train_data) if trained_on is None else trained_on
     data_changes = run_data.differences(run_data.trained_fingerprint(recorded), fingerprint)  # read once a run is there
-    warmup_steps = program.warmup_steps_used(config, total_steps)
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
     line = {"event": "started", "step": 0, "steps": total_steps, "warmup_steps": warmup_steps, "devices": devices,
             "data": config.train_data, "data_path": absolute(config.train_data),

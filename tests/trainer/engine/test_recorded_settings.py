@@ -15,7 +15,7 @@ from tests.files import snapshot
 from trainer import trained_run
 from trainer import config_resolution
 from trainer import presets
-from trainer.engine import recorded_settings, run_files, run_record
+from trainer.engine import program, recorded_settings, run_files, run_record
 
 SMALL = ["--preset", "smoke", "--patch-size", "16,8,8", "--augmentation", "nnunet", "--input-partition-dims",
          "1,4,1,1,1", "--set", "model.base_filters=2"]
@@ -91,7 +91,8 @@ def _recorded_run(run, config):
     """A run folder as training starts it (train_config.json and run_record.json's first line), nothing trained."""
     run.mkdir()
     run_files.write_train_config(str(run), config)
-    run_record.record(str(run), run_record.check_rerun(config, trained_run.read_record(str(run)), config.steps, 8))
+    run_record.record(str(run), run_record.check_rerun(config, trained_run.read_record(str(run)), config.steps, 8,
+                                                           program.warmup_steps_used(config, config.steps)))
 
 
 def _bare(run, given=("output_dir", "steps"), overrides=None):
@@ -100,7 +101,7 @@ def _bare(run, given=("output_dir", "steps"), overrides=None):
     rerun = recorded_settings.fill(str(run), set(given), "segmentation", None, None)
     config = config_resolution.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data, overrides=overrides,
                                 recorded=rerun.base)
-    line = run_record.check_rerun(config, trained_run.read_record(str(run)), 9, 8)
+    line = run_record.check_rerun(config, trained_run.read_record(str(run)), 9, 8, program.warmup_steps_used(config, 9))
     return rerun, config, line
 
 
@@ -218,6 +219,7 @@ def test_a_bare_resume_from_elsewhere_says_no_eval_change_and_a_shorter_schedule
     resumed = config_resolution.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data,
                                  overrides={"steps": 9}, recorded=rerun.base)
     lines = []
-    run_record.check_rerun(resumed, trained_run.read_record(str(run)), 9, 8, log=lines.append)
+    run_record.check_rerun(resumed, trained_run.read_record(str(run)), 9, 8, program.warmup_steps_used(resumed, 9),
+                           log=lines.append)
     assert resumed.eval_data == demo_data["eval"]
     assert lines == ["resuming with 9 steps in all (was 12; the learning-rate schedule is shortened to the new end)"]

@@ -7,7 +7,7 @@ from pipelines import cli
 from tests.files import snapshot
 from trainer import trained_run
 from trainer import presets
-from trainer.engine import run_files, run_record
+from trainer.engine import program, run_files, run_record
 from trainer.parallel import partitioning
 
 SPLIT = ["--preset", "smoke", "--batch-size", "2", "--input-partition-dims", "1,2,1,1,1"]
@@ -27,7 +27,8 @@ def test_a_resume_on_devices_its_batch_does_not_divide_over_names_the_device_cou
                               partition=partitioning.PartitionConfig((1, 2, 1, 1, 1), (1, 2, 1, 1, 1)))
     run.mkdir()
     run_files.write_train_config(str(run), config)
-    run_record.record(str(run), run_record.check_rerun(config, trained_run.read_record(str(run)), 2, 4))
+    run_record.record(str(run), run_record.check_rerun(config, trained_run.read_record(str(run)), 2, 4,
+                                                       program.warmup_steps_used(config, 2)))
     before = snapshot(run)
     refused = _train("--output", str(run), "--steps", "4")
     assert refused.exit_code == 2, refused.output
