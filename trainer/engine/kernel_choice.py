@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
 
 from trainer.engine import kernel_cache, kernel_measure
-from trainer.parallel import kernel_layers, kernels
+from trainer.parallel import kernels
 
 RECORD_KEY = "kernel_choice"  # run_record.json's
 
@@ -78,6 +76,7 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
             layers[signature.key].append(layer)
         signatures[signature.key] = signature
     discovered = time.perf_counter()
+    values = {kind: kernels.candidates(kind, device.platform) for kind in {s.kind for s in signatures.values()}}
     cache = kernel_cache.KernelCache.open(config.cache or kernel_cache.default_path(), kernel_cache.device_key(device),
                                           log)
     budget = kernel_measure.Budget(started + config.measure_seconds)
@@ -85,14 +84,17 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
     # The most work first (a device's elements × the layers that have it): what the bound cuts is what costs least.
     order = sorted(signatures, key=lambda key: -math.prod(signatures[key].per_device_shape(replicas)) * len(layers[key]))
     for key in order:
-        rows[key] = _signature_times(signatures[key], config, device.platform, replicas, cache, budget, notes)
-    flags = _flag_sets(signatures, layers, rows, device.platform, replicas, cache, budget)
+        signature = signatures[key]
+        rows[key] = kernel_measure.signature_times(signature, values[signature.kind],
+                                                   getattr(config, kernels.KINDS[signature.kind]), replicas, cache,
+                                                   budget, notes)
+    flags = kernel_measure.flag_sets(signatures, layers, rows, device.platform, replicas, cache, budget)
     chosen_flags = kernel_measure.flag_set(flags) if flags else config.xla_flags
     table = {key: row["choice"] for key, row in rows.items()
              if row["choice"] != getattr(config, kernels.KINDS[signatures[key].kind])}
     measured = dataclasses.replace(config, xla_flags=chosen_flags)
     timed = time.perf_counter()
-    step = _compare_steps(config, measured, table, layers, replicas, cache, budget, time_step)
+    step = kernel_measure.compare_steps(config, measured, table, layers, replicas, cache, budget, time_step)
     cache.save(log)
     kept = step["kept"] == "measured"
     choice = Choice(measured if kept else config, table if kept else {})
@@ -114,74 +116,6 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
     return dataclasses.replace(choice, record=record)
 
 
-def _signature_times(signature, config, platform, replicas, cache, budget, notes) -> dict:
-    """{"times": {value: seconds}, "choice", "cached"} for one signature (from the cache, or measured)."""
-    values = kernels.candidates(signature.kind, platform)
-    field = kernels.KINDS[signature.kind]
-    entry_key = _entry_key(signature, replicas)
-    cached = cache.entries["signatures"].get(entry_key) or {}
-    times = cached.get("times")
-    served = isinstance(times, dict) and set(values) <= set(times)
-    if not served:
-        noted = {}
-        times = kernel_measure.measure(signature, values, replicas, budget, notes=noted)
-        if noted:
-            notes[signature.key] = noted
-        if times is None:  # the time bound came first: the field's value
-            return {"times": {}, "choice": getattr(config, field), "reached": False}
-        cache.entries["signatures"][entry_key] = {**cached, "times": times}
-    times = {value: times[value] for value in values if value in times}
-    return {"times": {value: round(t, 7) for value, t in times.items()},
-            "choice": kernel_measure.fastest(times, getattr(config, field)), "reached": True, "cached": served}
-
-
-def _flag_sets(signatures, layers, rows, platform, replicas, cache, budget) -> dict[str, float]:
-    """{flag set: seconds summed over the step's layers} for the sets timed on every signature; {} off a GPU (the
-    sets are XLA GPU options, which other compilers ignore) or where no signature was reached."""
-    reached = [key for key, row in rows.items() if row["times"]]
-    if platform not in ("gpu", "cuda", "rocm") or not reached:
-        return {}
-    totals = {"none": sum(rows[key]["times"][rows[key]["choice"]] * len(layers[key]) for key in reached)}
-    for name, options in kernels.FLAG_SETS.items():
-        if name == "none":
-            continue
-        total = 0.0
-        for key in reached:
-            signature, value = signatures[key], rows[key]["choice"]
-            entry = cache.entries["signatures"].setdefault(_entry_key(signature, replicas), {})
-            flagged = entry.setdefault("flag_times", {}).get(f"{name} {value}")
-            if flagged is None:
-                timed = kernel_measure.measure(signature, (value,), replicas, budget, compiler_options=options)
-                if not timed:  # out of time, or the set does not compile here: not compared
-                    break
-                flagged = entry["flag_times"][f"{name} {value}"] = timed[value]
-            total += flagged * len(layers[key])
-        else:
-            totals[name] = round(total, 7)
-    return totals
-
-
-def _compare_steps(config, measured, table, layers, replicas, cache, budget, time_step) -> dict:
-    """The whole step with the choice against the fixed kernels: {"measured_seconds", "fixed_seconds", "kept",
-    "cached"}; "kept" is "fixed" where the choice is the fixed kernels' program."""
-    if not table and measured.xla_flags == config.xla_flags:
-        return {"kept": "fixed", "why": "every layer's fastest is the fixed kernels'"}
-    step_key = hashlib.sha256(json.dumps(
-        [sorted((_entry_key(kernel_layers.Signature.from_key(key), replicas), len(names))
-                for key, names in layers.items()), sorted(table.items()), measured.xla_flags,
-         [getattr(config, name) for name in kernels.OP_FIELDS]]).encode()).hexdigest()
-    cached = cache.entries["steps"].get(step_key)
-    if isinstance(cached, dict) and cached.get("kept") in ("measured", "fixed"):
-        return {**cached, "cached": True}
-    fixed_seconds = time_step(config, {})
-    measured_seconds = time_step(measured, table)
-    budget.timings += 2
-    step = {"measured_seconds": round(measured_seconds, 6), "fixed_seconds": round(fixed_seconds, 6),
-            "kept": "measured" if measured_seconds < fixed_seconds else "fixed"}
-    cache.entries["steps"][step_key] = step
-    return {**step, "cached": False}
-
-
 def step_seconds(compiled, arguments, state, steps: int = 3) -> float:
     """The median of `steps` timed runs of the compiled train step (after one untimed) on `state` (placed, a copy:
     the step donates it) and a batch of zeros laid out as `arguments` (`compiled_step.step_arguments`) say."""
@@ -197,10 +131,6 @@ def step_seconds(compiled, arguments, state, steps: int = 3) -> float:
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - started)
     return sorted(times[1:])[len(times[1:]) // 2]
-
-
-def _entry_key(signature, replicas: int) -> str:
-    return f"replicas={replicas} {signature.key}"
 
 
 def summary(record: dict, config: kernels.KernelsConfig) -> str:

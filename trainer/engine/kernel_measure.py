@@ -6,7 +6,8 @@ the step traces it (Keras's JAX backend, the candidate set by `kernels.using`, t
 times and then timed `REPEATS` times (`seconds`); its time is the median. Candidates whose programs are the same text (a
 candidate that does not apply to this op, e.g. the per-tap weight gradient of a grouped convolution) share one
 timing. A candidate that does not compile is left out, with why. The clock is `Budget`'s: no candidate starts
-after its deadline.
+after its deadline. `signature_times` and `flag_sets` read a signature's times from the cache (`kernel_cache`) or
+measure them into it; `compare_steps` times the whole step with the choice against the fixed kernels.
 
 Example:
     >>> import time
@@ -21,6 +22,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import statistics
 import time
 
@@ -135,8 +138,8 @@ def measure(signature, values, replicas: int, budget: Budget, compiler_options: 
             if text in programs:  # the same program as a value timed already
                 times[value] = times[programs[text]]
                 continue
-            compiled = lowered.compile(compiler_options=dict(compiler_options)) if compiler_options else \
-                lowered.compile()
+            compiled = (lowered.compile(compiler_options=dict(compiler_options)) if compiler_options
+                        else lowered.compile())
         except (jax.errors.JaxRuntimeError, ValueError, NotImplementedError) as error:
             if notes is not None:
                 notes[value] = f"{type(error).__name__}: {str(error)[:200]}"
@@ -158,3 +161,80 @@ def fastest(times: dict[str, float], fallback: str) -> str:
 def flag_set(totals: dict[str, float]) -> str:
     """The flag set of least summed time ("none", XLA's defaults, on a tie or where nothing was timed)."""
     return fastest(totals, "none")
+
+
+def entry_key(signature, replicas: int) -> str:
+    """The cache's key (`kernel_cache`) of a signature's times at `replicas` replicas."""
+    return f"replicas={replicas} {signature.key}"
+
+
+def signature_times(signature, values, default: str, replicas: int, cache, budget: Budget, notes: dict) -> dict:
+    """{"times": {value: seconds}, "choice", "cached"} for one signature's candidate `values` (`kernels.candidates`),
+    from the cache (`kernel_cache.KernelCache`) or measured; `default`: the field's value, kept where nothing is
+    timed."""
+    key = entry_key(signature, replicas)
+    cached = cache.entries["signatures"].get(key) or {}
+    times = cached.get("times")
+    served = isinstance(times, dict) and set(values) <= set(times)
+    if not served:
+        noted = {}
+        times = measure(signature, values, replicas, budget, notes=noted)
+        if noted:
+            notes[signature.key] = noted
+        if times is None:  # the time bound came first: the field's value
+            return {"times": {}, "choice": default, "reached": False}
+        cache.entries["signatures"][key] = {**cached, "times": times}
+    times = {value: times[value] for value in values if value in times}
+    return {"times": {value: round(t, 7) for value, t in times.items()},
+            "choice": fastest(times, default), "reached": True, "cached": served}
+
+
+def flag_sets(signatures, layers, rows, platform, replicas, cache, budget) -> dict[str, float]:
+    """{flag set: seconds summed over the step's layers} for the sets timed on every signature; {} off a GPU (the
+    sets are XLA GPU options, which other compilers ignore) or where no signature was reached."""
+    from trainer.parallel import kernels
+
+    reached = [key for key, row in rows.items() if row["times"]]
+    if platform not in ("gpu", "cuda", "rocm") or not reached:
+        return {}
+    totals = {"none": sum(rows[key]["times"][rows[key]["choice"]] * len(layers[key]) for key in reached)}
+    for name, options in kernels.FLAG_SETS.items():
+        if name == "none":
+            continue
+        total = 0.0
+        for key in reached:
+            signature, value = signatures[key], rows[key]["choice"]
+            entry = cache.entries["signatures"].setdefault(entry_key(signature, replicas), {})
+            flagged = entry.setdefault("flag_times", {}).get(f"{name} {value}")
+            if flagged is None:
+                timed = measure(signature, (value,), replicas, budget, compiler_options=options)
+                if not timed:  # out of time, or the set does not compile here: not compared
+                    break
+                flagged = entry["flag_times"][f"{name} {value}"] = timed[value]
+            total += flagged * len(layers[key])
+        else:
+            totals[name] = round(total, 7)
+    return totals
+
+
+def compare_steps(config, measured, table, layers, replicas, cache, budget, time_step) -> dict:
+    """The whole step with the choice against the fixed kernels: {"measured_seconds", "fixed_seconds", "kept",
+    "cached"}; "kept" is "fixed" where the choice is the fixed kernels' program."""
+    from trainer.parallel import kernel_layers, kernels
+
+    if not table and measured.xla_flags == config.xla_flags:
+        return {"kept": "fixed", "why": "every layer's fastest is the fixed kernels'"}
+    step_key = hashlib.sha256(json.dumps(
+        [sorted((entry_key(kernel_layers.Signature.from_key(key), replicas), len(names))
+                for key, names in layers.items()), sorted(table.items()), measured.xla_flags,
+         [getattr(config, name) for name in kernels.OP_FIELDS]]).encode()).hexdigest()
+    cached = cache.entries["steps"].get(step_key)
+    if isinstance(cached, dict) and cached.get("kept") in ("measured", "fixed"):
+        return {**cached, "cached": True}
+    fixed_seconds = time_step(config, {})
+    measured_seconds = time_step(measured, table)
+    budget.timings += 2
+    step = {"measured_seconds": round(measured_seconds, 6), "fixed_seconds": round(fixed_seconds, 6),
+            "kept": "measured" if measured_seconds < fixed_seconds else "fixed"}
+    cache.entries["steps"][step_key] = step
+    return {**step, "cached": False}
