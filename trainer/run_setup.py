@@ -66,6 +66,7 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     import jax
 
     config, task, image_shape, devices = resolved.config, resolved.task, resolved.image_shape, resolved.devices
+    seed(config.seed)
     distribution = device_mesh.make_distribution(config.partition, devices)
     mesh = distribution.device_mesh
     log(
@@ -80,7 +81,6 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     # again): one that compiled for longer (a layout search, a loaded host) would otherwise exceed gloo's
     # 30 s on CPUs.
     distributed.wait_for_the_others("model build")
-    seed(config.seed)
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, resolved.total_steps)
     arguments = compiled_step.step_arguments(task, state, distribution, image_shape)  # the step's, as shapes
@@ -91,12 +91,10 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
-    kernels = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, arguments, log,
-                             run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
+    kernels, jitted = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, arguments, log,
+                                     run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
-    train_step = distributed.RunTogether(
-        program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels.kernels,
-                         kernels.layers), "train step", log)
+    train_step = distributed.RunTogether(jitted, "train step", log)
     found = compiled_step.step_gathers(train_step.jitted, arguments, image_shape[0] // distribution.num_replicas,
                                        keep=train_step.prime)
     if found and not config.allow_gathers:
@@ -132,10 +130,12 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
 
 
 def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
-                   arguments: tuple, log: Callable[[str], None], recorded: dict | None = None) -> kernel_choice.Choice:
-    """The run's kernels (`engine.kernel_choice`): `config.kernels` as set, or measured on the run's device, with the
-    step called on `arguments` (`compiled_step.step_arguments`); `recorded`: the choice the run being resumed
-    recorded (run_record.json's), which it keeps."""
+                   arguments: tuple, log: Callable[[str], None], recorded: dict | None = None
+                   ) -> tuple[kernel_choice.Choice, object]:
+    """The run's kernels (`engine.kernel_choice`) and its train step jitted with them (`program.jit_step`):
+    `config.kernels` as set, or measured on the run's device, with the step called on `arguments`
+    (`compiled_step.step_arguments`); `recorded`: the choice the run being resumed recorded (run_record.json's),
+    which it keeps."""
     import jax
 
     def step_of(kernels, layers):
@@ -151,5 +151,6 @@ def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distr
         placed = placement.place_state(state, distribution)  # a copy for each timing: the step donates it
         return kernel_choice.step_seconds(compiled, arguments, placed)
 
-    return kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
-                                discover, time_step, recorded, log, jax.process_count())
+    chosen = kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
+                                  discover, time_step, recorded, log, jax.process_count())
+    return chosen, step_of(chosen.kernels, chosen.layers)

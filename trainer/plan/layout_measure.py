@@ -66,7 +66,8 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
         found = gathers.of_step(lowered, compiled, replica_batch, weight_shapes)
     gathered = tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found))
     all_to_all = compiled_step.all_to_all_bytes(hlo_text)
-    bound = halo.lower_bound(builder.windows(), dims, distribution.num_replicas)
+    windows = builder.windows()
+    bound = halo.lower_bound(windows, dims, distribution.num_replicas)
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
         - memory.alias_size_in_bytes
     costs = compiled.cost_analysis()
