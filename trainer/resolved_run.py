@@ -101,8 +101,8 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
         log(f"input_partition_dims auto: {','.join(map(str, choice.input_partition_dims))}"
             f"{' (as chosen before for this config and these devices)' if choice.cached else ''}, {choice.reason}")
         config = config_lib.with_dims(config, choice.input_partition_dims)
-    # Before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8".
     warmup_steps, warmup = program.warmup_steps_used(config, total_steps), program.warmup_note(config, total_steps)
+    # Before the split: a resume on clips of 4 frames is told the run's clip length, not to use "depth 8".
     recorded = trained_run.read_record(config.output_dir)
     rerun = run_record.check_rerun(config, recorded, total_steps, len(devices), warmup_steps, continue_with_changes,
                                    log, trained_on=trained_on)
