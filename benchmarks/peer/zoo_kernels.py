@@ -89,7 +89,7 @@ def compile_zoo(network: str, precision: str, size: int, published: bool, sets: 
     devices = targets.devices(targets.parse(target))[:1]
     started = time.perf_counter()
     with target_compile.compile_only(target != "cpu"):
-        compiled, _ = builder.compile((1,) * 5, devices)
+        compiled, _ = builder.compile_layout((1,) * 5, devices)
     seconds = round(time.perf_counter() - started, 1)
     text = compiled.as_text()
     memory = compiled.memory_analysis()
