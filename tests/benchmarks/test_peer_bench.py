@@ -3,8 +3,9 @@
 Fast: the JSON's ratios are the rows' own figures divided, candidates by name run their bfloat16 rows first, and the
 the demo's and the image's locks hold no PyTorch. Slow (each imports torch, or traces a step): the PyTorch side's loss is fullres's own
 (same logits, same labels: the same number), PlainConvUNet and MONAI's UNet are the zoo's ports weight for weight
-(every weight's shape, as a multiset), a fullres row compiles with its candidate's XLA options, a PyTorch row's
-process, and the whole command at tiny sizes on the CPU, every row in its own process, as the device runs it.
+(every weight's shape, as a multiset), a fullres row compiles with its candidate's XLA options, and the whole
+command at tiny sizes on the CPU, every row in its own process, as the device runs it: what each row measured, a
+PyTorch row's peak from its process, a measure row's choice per layer kind, and the ratios.
 """
 
 import importlib.util
@@ -109,49 +110,6 @@ def test_the_pytorch_network_and_the_zoo_port_hold_the_same_weights(network):
     assert found["used"] == sum(int(np.prod(shape)) for shape in keras_shapes)
 
 
-@pytest.mark.slow  # a process importing torch and fullres, and a step: 21 s on the loaded machine
-def test_a_pytorch_row_measures_a_step_and_names_what_cannot_run_here():
-    row = {"side": "torch", "network": "nnunet_plain", "name": "torch eager float32", "tiny": True, "size": 16,
-           "batch_size": 1, "steps": 2, "warmup": 1, "mode": "eager", "precision": "float32", "limit_seconds": 300}
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer", "peer_rows.py"), json.dumps(row)],
-                            capture_output=True, text=True, timeout=600, cwd=REPOSITORY)
-    found = [line for line in result.stdout.splitlines() if line.startswith("ROW_RESULT ")]
-    assert found, result.stdout[-2000:] + result.stderr[-3000:]
-    measured = json.loads(found[-1][len("ROW_RESULT "):])
-    assert measured["status"] == "ok" and measured["steps"] == 2 and measured["median_step_seconds"] > 0, measured
-    assert np.isfinite(measured["loss"]) and measured["peak_bytes"] > 0 and "RSS" in measured["peak_bytes_source"]
-    assert measured["class_balance"] == 0.5 and measured["versions"]["torch"]
-    skipped = load("peer_torch").run({**row, "mode": "nnunet", "precision": "float16"}, class_balance=0.5)
-    assert skipped["status"] == "not_run" and "CUDA only" in skipped["error"]
-
-
-@pytest.mark.slow  # a process importing fullres, tracing a tiny PlainConvUNet's step and stepping it
-def test_a_measure_row_says_what_it_chose_per_layer_kind_and_how_long_it_measured(tmp_path):
-    """The row goes through the choice `fullres train` makes (here with no time to time candidates: every layer
-    keeps the fixed kernels, and no second compile of the step; tests/trainer/parallel/test_kernel_choice.py and
-    test_kernel_choice_run.py time them)."""
-    peer_bench = load("peer_bench")
-    sets = peer_bench.measure_sets(peer_bench.TINY["measure_seconds"])  # --tiny's: no candidate timed
-    row = {"side": "fullres", "network": "nnunet_plain", "name": "fullres float32 measure", "tiny": True, "size": 16,
-           "batch_size": 1, "steps": 2, "warmup": 1, "mode": None, "precision": "float32", "limit_seconds": 600,
-           "sets": sets, "platform": "cpu", "kernel_cache": str(tmp_path / "choices.json")}
-    result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer", "peer_rows.py"), json.dumps(row)],
-                            capture_output=True, text=True, timeout=900, cwd=REPOSITORY)
-    found = [line for line in result.stdout.splitlines() if line.startswith("ROW_RESULT ")]
-    assert found, result.stdout[-2000:] + result.stderr[-3000:]
-    measured = json.loads(found[-1][len("ROW_RESULT "):])
-    assert measured["status"] == "ok" and measured["median_step_seconds"] > 0, measured
-    chosen = measured["kernel_choice"]
-    assert chosen["seconds"] > 0 and chosen["measurements"] == 0 and chosen["step"]["kept"] == "fixed"
-    assert set(chosen["by_kind"]) == {"convolution", "transposed convolution", "normalization"}
-    assert all(set(counts) == {"fixed"} for counts in chosen["by_kind"].values())
-    assert chosen["not_reached"] == sum(sum(counts.values()) for counts in chosen["by_kind"].values())
-    assert len(chosen["log"]) == 1 and chosen["log"][0].startswith("kernels: ") and "not reached" in chosen["log"][0]
-    assert (tmp_path / "choices.json").is_file()  # the command's own cache, not the user's
-    status = peer_bench.table({"rows": [{**row, **measured}], "ratios": []}).splitlines()[2]
-    assert f"measured in {chosen['seconds']:.0f} s: convolution " in status
-
-
 def test_the_ratios_are_the_rows_own_figures_divided():
     peer_bench = load("peer_bench")
     rows = []
@@ -176,9 +134,11 @@ def test_the_ratios_are_the_rows_own_figures_divided():
 @pytest.mark.slow
 def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_run(tmp_path):
     output = tmp_path / "peer.json"
+    user_cache = tmp_path / "user-cache"  # the user's own kernel choices would be written below it
     result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "peer", "peer_bench.py"), "--tiny", "--json",
                              str(output), "--networks", "nnunet_plain", "--limit", "1800"],
-                            capture_output=True, text=True, timeout=1900, cwd=REPOSITORY)
+                            capture_output=True, text=True, timeout=1900, cwd=REPOSITORY,
+                            env={**os.environ, "XDG_CACHE_HOME": str(user_cache)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     written = json.loads(output.read_text())
     rows = {r["name"]: r for r in written["rows"]}
@@ -187,9 +147,25 @@ def test_the_cpu_run_at_tiny_sizes_writes_every_row_with_why_where_one_cannot_ru
         assert rows[name]["median_step_seconds"] > 0 and np.isfinite(rows[name]["loss"]) and rows[name]["peak_bytes"]
     assert rows["fullres float32"]["compile_seconds"] > 0 and rows["fullres float32"]["device_compiler"]["total_bytes"]
     assert rows["torch nnunet float16"]["status"] == "not_run" and "CUDA" in rows["torch nnunet float16"]["error"]
+    torch_row = rows["torch eager float32"]  # PyTorch's side: its peak from the process's RSS, its settings
+    assert torch_row["steps"] == 3 and "RSS" in torch_row["peak_bytes_source"] and torch_row["class_balance"] == 0.5
+    assert torch_row["versions"]["torch"]
+    peer_bench = load("peer_bench")
     for precision in ("float32", "bfloat16"):
+        # A measure row goes through the choice `fullres train` makes, here with no time to time candidates: every
+        # layer keeps the fixed kernels, and no second compile of the step (tests/trainer/parallel/test_kernel_choice.py
+        # and test_kernel_choice_run.py time them).
         measured = rows[f"fullres {precision} [{' '.join(peer_bench_sets())}]"]
-        assert measured["status"] == "ok" and measured["kernel_choice"]["by_kind"], measured
+        assert measured["status"] == "ok" and measured["median_step_seconds"] > 0, measured
+        chosen = measured["kernel_choice"]
+        assert chosen["seconds"] > 0 and chosen["measurements"] == 0 and chosen["step"]["kept"] == "fixed"
+        assert set(chosen["by_kind"]) == {"convolution", "transposed convolution", "normalization"}
+        assert all(set(counts) == {"fixed"} for counts in chosen["by_kind"].values())
+        assert chosen["not_reached"] == sum(sum(counts.values()) for counts in chosen["by_kind"].values())
+        assert len(chosen["log"]) == 1 and chosen["log"][0].startswith("kernels: ") and "not reached" in chosen["log"][0]
+        status = peer_bench.table({"rows": [measured], "ratios": []}).splitlines()[2]
+        assert f"measured in {chosen['seconds']:.0f} s: convolution " in status
+    assert not (user_cache / "fullres" / "kernels" / "choices.json").exists()  # the command's own cache, not the user's
     # A candidate fullres refuses is refused before any row (test_benchmark_arguments.py), not listed as not run.
     assert rows["torch eager float32"]["parameters"] == rows["fullres float32"]["parameters"]
     # One ratio per goal and candidate set: today's rows (no set), then the measure rows' own.
