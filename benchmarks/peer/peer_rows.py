@@ -84,16 +84,13 @@ def measured_kernels(step, config, row: dict) -> dict:
     import collections
 
     from trainer import run_setup
-    from trainer.engine import program
     from trainer.plan import compiled_step
 
     image_shape = (config.batch_size, *compiled_step.example_shape(config, (row["size"],) * 3))
     said = []
     arguments = compiled_step.step_arguments(step.task, step.state, step.distribution, image_shape)
-    choice = run_setup.choose_kernels(config, step.task, step.model, step.optimizer, step.distribution, step.state,
-                                      image_shape, arguments, said.append)
-    step.jitted = program.jit_step(step.task, step.model, step.optimizer, step.distribution, step.state,
-                                   len(image_shape), choice.kernels, choice.layers)
+    choice, step.jitted = run_setup.choose_kernels(config, step.task, step.model, step.optimizer, step.distribution,
+                                                   step.state, image_shape, arguments, said.append)
     record = choice.record
     by_kind = collections.defaultdict(collections.Counter)  # kind -> {value: layers}
     for layer in record["layers"]:
