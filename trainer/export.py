@@ -1,7 +1,8 @@
-"""Export of a trained model: a Keras file and a TensorFlow SavedModel."""
+"""A trained model written out: the Keras file (`save_model`, whole or not at all) and a TensorFlow SavedModel."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -9,6 +10,36 @@ import keras
 
 from common import file_writes
 from trainer import trained_run
+
+
+def save_model(model, path: str) -> None:
+    """`model.save(path)` whole or not at all: saved as `.fullres-partial.NAME` beside it, then renamed.
+
+    A save the disk cuts short (a full disk) removes its partial file and raises; Keras itself would leave
+    a cut-short `model.keras` that predict and evaluate then fail to read.
+    """
+    with file_writes.whole(path) as temporary, _without_tensorflow_unless_imported():
+        model.save(temporary)
+
+
+@contextlib.contextmanager
+def _without_tensorflow_unless_imported():
+    """Keras's serializer asks whether TensorFlow is installed (to recognize its `TensorShape`), which imports it:
+    4.6 CPU-s at the end of every training process. Where this process never imported TensorFlow, no object can
+    be TensorFlow's, so for the save Keras's answer is no."""
+    import sys
+
+    from keras.src.utils import module_utils
+
+    lazy = module_utils.tensorflow
+    unseen = "tensorflow" not in sys.modules and lazy.module is None and lazy._available is None
+    if unseen:
+        lazy._available = False
+    try:
+        yield
+    finally:
+        if unseen:
+            lazy._available = None
 
 
 def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ...]) -> dict:
@@ -22,7 +53,7 @@ def export_model(model: keras.Model, output_dir: str, image_shape: tuple[int, ..
     """
     keras_path = os.path.join(output_dir, "model.keras")
     saved_model_path = os.path.join(output_dir, "saved_model")
-    trained_run.save_model(model, keras_path)
+    save_model(model, keras_path)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(

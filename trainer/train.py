@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from trainer import config as config_lib, export, resolved_run, run_setup, train_loop, trained_run
+from trainer import config as config_lib, export, resolved_run, run_setup, train_loop
 from trainer.data import ct_input
-from trainer.engine import placement, program, run_files
+from trainer.engine import placement, run_files
 
 
 def train(config: config_lib.TrainConfig, log: Callable[[str], None] = print, export_saved_model: bool = True,
@@ -121,13 +121,12 @@ def _finish(run: run_setup.Run, train_seconds: float, export_saved_model: bool, 
     host_state = jax.tree_util.tree_map(np.asarray, run.state)
     if run.is_chief:
         model = task.build_model()
-        optimizer = program.build_optimizer(config, run.schedule)
-        placement.write_state_to_model(host_state, model, optimizer)
+        placement.write_weights_to_model(host_state, model)  # the optimizer's state stays in the checkpoints
         if export_saved_model:
             ct_input.hide_accelerators_from_tensorflow()  # TensorFlow's first use in a training process
             results["model"] = export.export_model(model, config.output_dir, resolved.image_shape)
         else:
-            trained_run.save_model(model, run_files.path(config.output_dir, run_files.MODEL))
+            export.save_model(model, run_files.path(config.output_dir, run_files.MODEL))
             results["model"] = {"keras": run_files.path(config.output_dir, run_files.MODEL)}
         log(f"wrote {run_files.write_metrics(config.output_dir, results)}")
     return results

@@ -6,7 +6,7 @@ of the training scans), a user's network as a copy of its file
 (`model_source.py`), and the weights (`model.keras`); `engine.run_files` reads
 and writes each file. This module turns them into something usable:
 
-* `save_description` and `save_model`: what training writes (at its start, and its end);
+* `save_description`: what training writes at its start (`export.save_model` writes the weights at its end);
 * `open_run`: the config, the task (with the class names the run was trained with) and `model_info.json`;
 * `load_model`: the network rebuilt from the config (fullres's own, or the user's from the run's copy of its
   file) and given the trained weights;
@@ -21,14 +21,12 @@ rebuilt model is the one the trainer compiled.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import zipfile
 import zlib
 from collections.abc import Sequence
 
-from common import file_writes
 from trainer import config as config_lib
 from trainer.engine import placement, run_files
 from trainer.parallel import device_mesh, device_split
@@ -84,36 +82,6 @@ def save_description(run_dir: str, config: config_lib.TrainConfig, task: base.Ta
     run_files.write_train_config(run_dir, config)
     run_files.write_model_info(run_dir, task.name, image_shape, task.class_names, task.preprocessing(),
                                data_modality=task.data_modality())
-
-
-def save_model(model, path: str) -> None:
-    """`model.save(path)` whole or not at all: saved as `.fullres-partial.NAME` beside it, then renamed.
-
-    A save the disk cuts short (a full disk) removes its partial file and raises; Keras itself would leave
-    a cut-short `model.keras` that predict and evaluate then fail to read.
-    """
-    with file_writes.whole(path) as temporary, _without_tensorflow_unless_imported():
-        model.save(temporary)
-
-
-@contextlib.contextmanager
-def _without_tensorflow_unless_imported():
-    """Keras's serializer asks whether TensorFlow is installed (to recognize its `TensorShape`), which imports it:
-    4.6 CPU-s at the end of every training process. Where this process never imported TensorFlow, no object can
-    be TensorFlow's, so for the save Keras's answer is no."""
-    import sys
-
-    from keras.src.utils import module_utils
-
-    lazy = module_utils.tensorflow
-    unseen = "tensorflow" not in sys.modules and lazy.module is None and lazy._available is None
-    if unseen:
-        lazy._available = False
-    try:
-        yield
-    finally:
-        if unseen:
-            lazy._available = None
 
 
 def read_info(run_dir: str) -> dict:

@@ -6,18 +6,18 @@ import os
 import keras
 import pytest
 
-from trainer import export, trained_run
+from trainer import export
 
 
 def test_model_keras_the_disk_cuts_short_is_removed_and_the_previous_one_kept(tmp_path):
     """The issue: a full disk left a cut-short model.keras (Keras writes straight to the file), which predict then
     failed to read. /dev/full, behind the temporary name, stands for the full disk."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-    trained_run.save_model(model, str(tmp_path / "model.keras"))
+    export.save_model(model, str(tmp_path / "model.keras"))
     whole = (tmp_path / "model.keras").read_bytes()
     os.symlink("/dev/full", tmp_path / ".fullres-partial.model.keras")
     with pytest.raises(OSError) as error:
-        trained_run.save_model(model, str(tmp_path / "model.keras"))
+        export.save_model(model, str(tmp_path / "model.keras"))
     assert error.value.errno == errno.ENOSPC
     assert sorted(os.listdir(tmp_path)) == ["model.keras"]
     assert (tmp_path / "model.keras").read_bytes() == whole

@@ -45,13 +45,12 @@ def weights_state(model: keras.Model) -> TrainState:
     return TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables], [])
 
 
-def write_state_to_model(state: TrainState, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
-    """Assigns a `TrainState` back into the Keras variables (for saving and export)."""
+def write_weights_to_model(state: TrainState, model: keras.Model) -> None:
+    """Assigns a `TrainState`'s weights back into the model's Keras variables (for saving and export: the model is
+    not compiled, so `model.keras` holds no optimizer, and the optimizer's state stays in the checkpoints)."""
     for variable, value in zip(model.trainable_variables, state.trainable):
         variable.assign(np.asarray(value))
     for variable, value in zip(model.non_trainable_variables, state.non_trainable):
-        variable.assign(np.asarray(value))
-    for variable, value in zip(optimizer.variables, state.optimizer):
         variable.assign(np.asarray(value))
 
 

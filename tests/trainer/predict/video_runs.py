@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from preprocessing.video import video_clips
-from trainer import presets, trained_run
+from trainer import export, presets
 from trainer.engine import run_files
 from trainer.models import unet
 from trainer.parallel import partitioning
@@ -33,7 +33,7 @@ def write_run(folder: pathlib.Path, dims=(1, 1, 1, 1, 1), levels: int = 2) -> st
     run_files.write_train_config(str(folder), config)
     run_files.write_model_info(str(folder), "segmentation", [*CLIP, 3], CLASSES,
                                video_clips.preprocessing_record(settings))
-    trained_run.save_model(registry.make_task(config).build_model(), run_files.path(str(folder), run_files.MODEL))
+    export.save_model(registry.make_task(config).build_model(), run_files.path(str(folder), run_files.MODEL))
     return str(folder)
 
 
@@ -45,7 +45,7 @@ def write_ct_run(folder: pathlib.Path) -> str:
     run_files.write_model_info(str(folder), "segmentation", [32, 32, 32, 1], CLASSES, {
         "spacing": [1.7, 1.7, 2.25], "orientation": "LPS", "window": [-200.0, 300.0], "modality": "ct",
         "shape": [32, 32, 32]})
-    trained_run.save_model(registry.make_task(config).build_model(), run_files.path(str(folder), run_files.MODEL))
+    export.save_model(registry.make_task(config).build_model(), run_files.path(str(folder), run_files.MODEL))
     return str(folder)
 
 
