@@ -155,19 +155,68 @@ def _figures(row: dict) -> tuple[str, str, str, str]:
             f"{step['seconds']:.3g} s ({step['source']})" if step else "")
 
 
-def table(result: dict) -> list[str]:
-    """The grid as Markdown rows: every row of `ROWS`, computed or said not computed."""
+TARGET_COLUMNS = ("v5e:4x4", "v5e:8x8", "v5p:4x4x4", "h100x1", "h100x8", "h200x1", "h200x8")
+
+
+def _cell(entry: dict | None) -> str:
+    """One row's figures in one cell: the answer, its layout, the device's bytes, the step time, the minutes here."""
+    if entry is None:
+        return "not computed"
+    answer, layout, per_device, step = _figures(entry)
+    minutes = entry["seconds"] / 60
+    took = f"{minutes:.1f} min" + (", over the 15-minute bound" if entry["seconds"] > ROW_SECONDS else "")
+    return ", ".join(part for part in (answer, layout, per_device, step.split(" (")[0]) if part) + f" ({took})"
+
+
+def _compilers(entries: list[dict]) -> str:
+    """The compilers and versions of the computed rows, and their dates, in words."""
+    versions = {}
+    for entry in entries:
+        versions.update(entry.get("compiler_versions") or {})
+    dates = sorted({entry["date"][:10] for entry in entries})
+    named = [f"{name} {versions[name]}" for name in ("libtpu", "jax-cuda12-plugin", "jax") if name in versions]
+    return (f"Computed {' to '.join(dict.fromkeys([dates[0], dates[-1]]))} by {', '.join(named)}; the step is the "
+            "compiler's estimate (a TPU's optimal_seconds, a GPU's roofline); in brackets, the row's time here. "
+            "Compiler figures, not device measurements.") if entries else "Nothing computed yet."
+
+
+def grid(result: dict) -> list[str]:
+    """The full grid as Markdown, every row of `ROWS` computed or said not computed: the goals, the smallest slices,
+    the largest whole cubes (network and precision by target) and the largest volume predict segments whole."""
     done = {r["name"]: r for r in result["rows"]}
-    lines = ["| row | answer | layout | per device | step (compiler's estimate) | computed in | date |",
-             "|---|---|---|---|---|---|---|"]
+
+    def named(name: str) -> dict | None:
+        return done.get(name)
+
+    lines = ["| goal | answer |", "|---|---|"]
+    lines += [f"| {row['name'].removeprefix('goal: ')} | {_cell(named(row['name']))} |"
+              for row in ROWS if row["kind"] == "plan"]
+    lines += ["", "| smallest slice, bfloat16 | v5e | v5p | h100 |", "|---|---|---|---|"]
+    for size in ("512x512x1024", "1024x1024x1024"):
+        lines.append(f"| {size} | " + " | ".join(_cell(named(f"smallest {generation} for {size} bfloat16"))
+                                               for generation in ("v5e", "v5p", "h100")) + " |")
+    lines += ["", "| largest whole cube | " + " | ".join(TARGET_COLUMNS) + " |",
+              "|---" * (len(TARGET_COLUMNS) + 1) + "|"]
+    for model in ("default", "nnunet_plain"):
+        for precision in ("bfloat16", "float32"):
+            lines.append(f"| {'UNet' if model == 'default' else 'PlainConvUNet'}, {precision} | " + " | ".join(
+                _cell(named(f"largest cube {model} {precision} on {target}")) for target in TARGET_COLUMNS) + " |")
+    predict = [row["target"] for row in ROWS if row["kind"] == "predict"]
+    lines += ["", "| largest cube `fullres predict` segments whole, float32 | " + " | ".join(predict) + " |",
+              "|---" * (len(predict) + 1) + "|",
+              "| one device | " + " | ".join(_cell(named(f"predict largest cube on {t}")) for t in predict) + " |"]
+    return lines + ["", _compilers([done[row["name"]] for row in ROWS if row["name"] in done])]
+
+
+def readme_table(result: dict) -> list[str]:
+    """The README's table: the goals and the smallest slices computed, from the same rows as `grid`."""
+    done = {r["name"]: r for r in result["rows"]}
+    lines = ["| question | answer (minutes here) |", "| --- | --- |"]
     for row in ROWS:
         entry = done.get(row["name"])
-        if entry is None:
-            lines.append(f"| {row['name']} | not computed | | | | | |")
-            continue
-        answer, layout, per_device, step = _figures(entry)
-        lines.append(f"| {row['name']} | {answer} | {layout} | {per_device} | {step} | {entry['seconds'] / 60:.1f} min "
-                     f"| {entry['date'][:10]} |")
+        if entry is not None and (row["kind"] == "plan" or (row["kind"] == "smallest" and entry["result"].get(
+                "smallest"))):
+            lines.append(f"| {row['name'].removeprefix('goal: ')} | {_cell(entry)} |")
     return lines
 
 
@@ -182,7 +231,8 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="compute only the rows of this name")
     parser.add_argument("--redo", action="append", default=[], help="compute this row again")
     parser.add_argument("--until", default=None, help="start no row after this UTC time (HH:MM)")
-    parser.add_argument("--table", action="store_true", help="print the grid as Markdown from the JSON and stop")
+    parser.add_argument("--table", action="store_true", help="print the grid as Markdown from the JSON and stop "
+                        "(docs/what-to-rent.md holds it; the README the goals and smallest slices: `readme_table`)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
@@ -196,7 +246,7 @@ def main() -> None:
         with open(RESULTS, encoding="utf-8") as file:
             result = json.load(file)
     if args.table:
-        print("\n".join(table(result)))
+        print("\n".join(grid(result)))
         return
     done = {r["name"] for r in result["rows"] if r["name"] not in args.redo}
     for row in ROWS:

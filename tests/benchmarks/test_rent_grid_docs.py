@@ -1,0 +1,48 @@
+"""The what-to-rent grid in docs/what-to-rent.md and the README's table are the ones `rent_grid.py` renders from
+benchmarks/results/rent_grid.json: a row computed again, or a figure edited by hand, cannot leave them apart."""
+
+import copy
+import importlib.util
+import json
+import os
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _rent_grid():
+    spec = importlib.util.spec_from_file_location(
+        "rent_grid", os.path.join(REPOSITORY, "benchmarks", "partitioning", "rent_grid.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read(*path):
+    with open(os.path.join(REPOSITORY, *path), encoding="utf-8") as file:
+        return file.read()
+
+
+def test_the_docs_grid_and_the_readme_table_are_rendered_from_the_json():
+    grid = _rent_grid()
+    result = json.loads(_read("benchmarks", "results", "rent_grid.json"))
+    rendered = "\n".join(grid.grid(result))
+    assert rendered in _read("docs", "what-to-rent.md"), (
+        "docs/what-to-rent.md's grid differs from the JSON: paste `python3 benchmarks/partitioning/rent_grid.py "
+        "--table` over it")
+    assert "\n".join(grid.readme_table(result)) in _read("README.md")
+    # Every row of the grid has its cell, computed or said not computed, and a row over the bound says so.
+    assert rendered.count("| ") >= len(grid.ROWS)
+    names = {row["name"] for row in result["rows"]}
+    assert rendered.count("not computed") == len([row for row in grid.ROWS if row["name"] not in names])
+
+
+def test_a_row_over_the_bound_or_not_finished_says_so_beside_it():
+    grid = _rent_grid()
+    result = json.loads(_read("benchmarks", "results", "rent_grid.json"))
+    row = copy.deepcopy(next(r for r in result["rows"] if r["kind"] == "plan"))
+    late = {**row, "seconds": grid.ROW_SECONDS + 60.0}
+    assert grid._cell(late).endswith(f"({late['seconds'] / 60:.1f} min, over the 15-minute bound)")
+    unfinished = {**row, "result": {"not_finished": "did not finish within 15 minutes on this machine"}}
+    assert grid._cell(unfinished).startswith("did not finish within 15 minutes")
+    assert "not computed" in "\n".join(grid.grid({"rows": []}))
+    assert grid.grid({"rows": []})[-1] == "Nothing computed yet."
