@@ -7,7 +7,8 @@ UNet and nnU-Net's PlainConvUNet (the zoo's port) in float32 and bfloat16 on sev
 volume `fullres predict` segments whole on one chip. Each row runs in a child process bounded by `ROW_SECONDS`
 (15 minutes: the search's own --max-seconds a minute short of it); a row that does not finish is written as such.
 Rows are appended to benchmarks/results/rent_grid.json with the compilers' versions, the date and the seconds
-taken; a rerun computes only the rows not there (`--redo NAME` computes one again).
+taken; a rerun computes only the rows not there (`--redo NAME` computes one again). `--write-docs` renders the
+grid into docs/what-to-rent.md and the README's table from the JSON.
 
     nice -n 10 uv run --group tpu --group cuda python benchmarks/partitioning/rent_grid.py [--only NAME] [--until HH:MM]
 
@@ -220,6 +221,26 @@ def readme_table(result: dict) -> list[str]:
     return lines
 
 
+def write_docs(result: dict) -> list[str]:
+    """Replaces the grid in docs/what-to-rent.md and the table in the README with those rendered from `result`;
+    returns the files changed."""
+    changed = []
+    for name, lines, last in (("docs/what-to-rent.md", grid(result), ("Computed ", "Nothing computed yet.")),
+                              ("README.md", readme_table(result), None)):
+        path = os.path.join(ROOT, name)
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+        start = text.index(lines[0].split(" |")[0] + " |")
+        end = text.index("\n", next(text.index(word, start) for word in last if word in text[start:])) \
+            if last else text.index("\n\n", start)
+        updated = text[:start] + "\n".join(lines) + text[end:]
+        if updated != text:
+            with open(path, "w", encoding="utf-8") as file:
+                file.write(updated)
+            changed.append(name)
+    return changed
+
+
 def _versions() -> dict:
     from trainer.plan import target_compile
 
@@ -233,6 +254,8 @@ def main() -> None:
     parser.add_argument("--until", default=None, help="start no row after this UTC time (HH:MM)")
     parser.add_argument("--table", action="store_true", help="print the grid as Markdown from the JSON and stop "
                         "(docs/what-to-rent.md holds it; the README the goals and smallest slices: `readme_table`)")
+    parser.add_argument("--write-docs", action="store_true", help="write the grid into docs/what-to-rent.md and the "
+                        "README's table from the JSON, and stop")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, ROOT)
@@ -247,6 +270,9 @@ def main() -> None:
             result = json.load(file)
     if args.table:
         print("\n".join(grid(result)))
+        return
+    if args.write_docs:
+        print("wrote " + (", ".join(write_docs(result)) or "nothing: the docs already hold the grid"))
         return
     done = {r["name"] for r in result["rows"] if r["name"] not in args.redo}
     for row in ROWS:

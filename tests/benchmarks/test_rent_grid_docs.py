@@ -27,8 +27,8 @@ def test_the_docs_grid_and_the_readme_table_are_rendered_from_the_json():
     result = json.loads(_read("benchmarks", "results", "rent_grid.json"))
     rendered = "\n".join(grid.grid(result))
     assert rendered in _read("docs", "what-to-rent.md"), (
-        "docs/what-to-rent.md's grid differs from the JSON: paste `python3 benchmarks/partitioning/rent_grid.py "
-        "--table` over it")
+        "docs/what-to-rent.md's grid differs from the JSON: run `python3 benchmarks/partitioning/rent_grid.py "
+        "--write-docs`")
     assert "\n".join(grid.readme_table(result)) in _read("README.md")
     # Every row of the grid has its cell, computed or said not computed, and a row over the bound says so.
     assert rendered.count("| ") >= len(grid.ROWS)
@@ -46,3 +46,21 @@ def test_a_row_over_the_bound_or_not_finished_says_so_beside_it():
     assert grid._cell(unfinished).startswith("did not finish within 15 minutes")
     assert "not computed" in "\n".join(grid.grid({"rows": []}))
     assert grid.grid({"rows": []})[-1] == "Nothing computed yet."
+
+
+def test_write_docs_replaces_the_grid_and_the_table_and_nothing_else(tmp_path, monkeypatch):
+    grid = _rent_grid()
+    (tmp_path / "docs").mkdir()
+    for name in ("docs/what-to-rent.md", "README.md"):
+        (tmp_path / name).write_text(_read(name), encoding="utf-8")
+    monkeypatch.setattr(grid, "ROOT", str(tmp_path))
+    result = json.loads(_read("benchmarks", "results", "rent_grid.json"))
+    assert grid.write_docs(result) == []  # already written
+    fewer = {**result, "rows": [row for row in result["rows"] if row["kind"] != "smallest"]}
+    assert grid.write_docs(fewer) == ["docs/what-to-rent.md", "README.md"]
+    page, readme = (tmp_path / "docs/what-to-rent.md").read_text(), (tmp_path / "README.md").read_text()
+    assert "\n".join(grid.grid(fewer)) in page and "\n".join(grid.readme_table(fewer)) in readme
+    assert "v5p:2x2x2" not in page and "v5p:2x2x2" not in readme
+    before = _read("docs/what-to-rent.md")
+    assert page.split("| goal | answer |")[0] == before.split("| goal | answer |")[0]
+    assert page.split("not device measurements.\n", 1)[1] == before.split("not device measurements.\n", 1)[1]
