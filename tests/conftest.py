@@ -40,15 +40,15 @@ import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow 
 # start first and the short files fill in around them (longest-processing-time-first); xdist's own order, by the
 # number of tests in a file, left one worker idle for the last minutes. Files not listed keep their order.
 LONGEST_FIRST = (
-    # The target tier (its own session, `-m target tests/trainer/plan`), paired for xdist: a worker whose file has
-    # 2 tests or fewer left takes the next file at once, so the one-test TPU plan (74 s) and the one-test user's
-    # network (44 s) went to one worker together (131 s for the tier, the other worker idle for 40 s). In this
-    # order each worker's first file leads: search then the user's network (~96 s), the plan then the compile
-    # files (~99 s).
-    "tests/trainer/plan/test_target_search.py",  # ~52 s, 4 tests: three GPU compiles, a refusal
-    "tests/trainer/plan/test_target_plan_submit.py",  # ~74 s, 1 test: a TPU plan, cached, estimated and submitted
-    "tests/trainer/plan/test_target_compile.py",  # ~25 s, 4 tests: a refusal, the install sentences
-    "tests/trainer/plan/test_target_user_network.py",  # ~44 s, 1 test: a user's network's TPU plan
+    # The target tier (its own session, `-m target tests/trainer/plan`), longest first (test-seconds measured
+    # 2026-12-07): the smallest-slice search ~51 s, the GPU search ~43 s, the Triton fallback ~42 s, the plan that
+    # says what runs ~39 s, the submitted TPU plan ~38 s; the rest (kernels, cache flags, a user's network, the
+    # compile refusals: 5-22 s each) fill in around them.
+    "tests/trainer/plan/test_target_rent.py",
+    "tests/trainer/plan/test_target_search.py",
+    "tests/trainer/plan/test_gpu_compile_fallback.py",
+    "tests/trainer/plan/test_target_plan_says_what_runs.py",
+    "tests/trainer/plan/test_target_plan_submit.py",
     # The suite.
     "tests/trainer/parallel/test_multiprocess.py",  # ~190 s: 2-process runs, kills and reruns
     "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
@@ -59,6 +59,11 @@ LONGEST_FIRST = (
     "tests/trainer/parallel/test_user_network_parity.py",  # three networks, four compiles each
     "tests/trainer/test_user_model_run.py",  # train a user's network twice, predict in a fresh process
     "tests/pipelines/test_cli.py",  # ~65 s with the disk-full runs
+    "tests/benchmarks/test_peer_bench.py",  # ~60 s (2026-12-07): the tiny side-by-side run, the weights held equal
+    "tests/trainer/test_transposed_network_run.py",  # ~40 s: a user's network with transposed convolutions, split
+    "tests/trainer/plan/test_memory_plan.py",  # ~33 s
+    "tests/trainer/test_attention_network_run.py",  # ~30 s
+    "tests/trainer/plan/test_layout_choice.py",  # ~30 s: train picks a layout, records it and reuses it
     "tests/trainer/predict/test_predict_outputs.py",  # ~35 s: disk-full predicts
     "tests/trainer/predict/test_predict_limits.py",  # predict under a memory limit
     "tests/trainer/predict/test_predict_checks.py",
