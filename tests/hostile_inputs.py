@@ -1,4 +1,4 @@
-"""Inputs a careless copy or a curious folder leaves behind, for the preprocess and predict tests (issue #29).
+"""Inputs a careless copy or a curious folder leaves behind, for the preprocess and predict tests.
 
 Every readable format cut short, as a copy or a download that stopped leaves it; a DICOM series with a missing
 slice; a named pipe with a volume's name; a link back up out of the input folder.

@@ -1,6 +1,6 @@
 """A file is a room you can read in one sitting (STYLE.md 2): no module of fullres's packages is over 360 lines.
 
-The limit was 400 until issue 51: five rooms sat at 398-400 lines, trimmed to fit, so the next change to any of them
+The limit was 400 at first: five rooms sat at 398-400 lines, trimmed to fit, so the next change to any of them
 had nowhere to go. They were split by meaning, and the limit came down to 360: a room that nears it is split by
 meaning before it grows, not trimmed.
 """

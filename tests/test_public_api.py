@@ -57,7 +57,7 @@ def test_train_reaches_fullres_training_with_the_network(tmp_path):
     ({"steps": 2.5}, "fullres.train(steps=2.5): steps must be a whole number, got 2.5; write it like 2."),
 ])
 def test_a_bad_setting_is_named_as_the_argument_given(tmp_path, setting, sentence):
-    """It was named as the internal override ("train override learning_rate must be ..."; issue #51's open items)."""
+    """It was named as the internal override ("train override learning_rate must be ...")."""
     with pytest.raises(ValueError) as refused:
         fullres.train(user_networks.residual_groupnorm, train="/nowhere/data-*", output=str(tmp_path / "run"),
                       **setting)

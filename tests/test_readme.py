@@ -41,7 +41,7 @@ def test_the_readme_python_example_runs_as_a_program(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "segmentation example.py:network [64, 64, 64], 1 channel, batch 1 per replica" in result.stdout
     # The 4-way row: activations split (a quarter and a bit), halo exchanged, nothing all-gathered (then the halo's
-    # ratio to its bound and the all-to-all bytes, issue 31's column).
+    # ratio to its bound and the all-to-all bytes' columns).
     row = re.search(r"^ +4 1,4,1,1,1 .* (\d+) +([\d.]+) (B|KiB|MiB) +[\d.]+ +[\d.]+ (B|KiB|MiB) *$", result.stdout,
                     re.MULTILINE)
     assert row and row.group(1) == "0" and float(row.group(2)) > 0, result.stdout[-2000:]

@@ -203,9 +203,9 @@ def from_dict(values: dict) -> TrainConfig:
     if unknown:
         raise ValueError(f"unknown training settings {sorted(unknown)}; was the model trained by a newer fullres?")
     values.update({key: tuple(values[key]) for key in ("image_size", "patch_size") if values.get(key) is not None})
-    values["kernels"] = kernels.from_dict(values.get("kernels"))  # absent from runs before issue 49: XLA's own
-    values.setdefault("class_balance", 0.0)  # absent from runs before issue 44: the plain cross-entropy they trained
-    if "augmentation" in values:  # absent from runs before issue 31: the default (flips), what they trained with
+    values["kernels"] = kernels.from_dict(values.get("kernels"))  # absent from runs before kernel choice: XLA's own
+    values.setdefault("class_balance", 0.0)  # absent from older runs: the plain cross-entropy they trained
+    if "augmentation" in values:  # absent from older runs: the default (flips), what they trained with
         values["augmentation"] = augment_recipe.AugmentationConfig(
             **{k: tuple(v) if isinstance(v, list) else v for k, v in values["augmentation"].items()})
     model_type = user_model.UserModelConfig if "function" in model_values else MODEL_TYPES[task]

@@ -2,7 +2,7 @@
 the compilers the plan modelled against the device's, and the autotuning choice of each row.
 
 A plan file (`device_plan.py`) holds, per row, the target compiler's figure (`compiler_total_bytes`; files written
-before issue 50 hold it as `total_bytes`) and the plan's total. The device check recomputes the total from the
+before the device's terms hold it as `total_bytes`) and the plan's total. The device check recomputes the total from the
 compiler's figure and the terms the row measured of its own program (`state_bytes`, the convolutions' tensors, the
 weights placed before compiling, whether it autotuned), through the same `device_bytes.planned` the plan uses, so
 a row run without autotuning is planned without workspace, and a file written before the terms existed is read
@@ -72,7 +72,7 @@ def _version(text: str, name: str) -> str | None:
 
 
 def plan_versions(plan: dict | None) -> dict:
-    """The compilers a plan file modelled: its `compiler_versions`, or (files written before issue 50) those named
+    """The compilers a plan file modelled: its `compiler_versions`, or (files written before the device's terms) those named
     in its `source`."""
     if not plan:
         return {}

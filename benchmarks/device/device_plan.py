@@ -10,7 +10,7 @@ plan` leaves a size uncompiled for the target only where its CPU figure is over 
 bfloat16), far past any size walked here; such a row says so and does not fit. Then `fullres predict`'s pass of
 one 256³ volume, the program predict compiles (`plan.predict_plan`). Each row's `total_bytes` is the device's
 (`plan.device_bytes`: the compiler's figure, `compiler_total_bytes`, and what the device adds, `device_terms`;
-rows written before issue 50 hold the compiler's figure alone there), and the file names the compilers it
+rows written before the device's terms hold the compiler's figure alone there), and the file names the compilers it
 modelled (`compiler_versions`). A rerun keeps the rows it has (rows
 written before the GPU pre-filter was loosened, 2026-11-27, carry the target's figures in `target_*` and a note).
 

@@ -11,7 +11,7 @@ demo's held-out cases as they are, and on the same cases **shifted** as scans fr
   32³ crop cuts the body's edge);
 * noise: Gaussian, σ 30 HU, on top of the cases' own 20 HU.
 
-Recipes (`--augmentation`, `trainer.augment.recipe`): `none`, `flips` (fullres's recipe before issue 31),
+Recipes (`--augmentation`, `trainer.augment.recipe`): `none`, `flips` (fullres's first recipe),
 `intensity` (nnU-Net's intensity augmentations, no mirroring or resampling), `nnunet` (the whole set); each
 with and without `--deep-supervision`. Runs go one after another (each a `fullres train` process on 2 virtual
 CPU devices, the volume split 1,2,1,1,1 as in the demo), so a busy machine slows them alike; the table reports
@@ -96,7 +96,7 @@ def prepare(work: str, log) -> dict:
 
 def evaluate(run: str, records: str) -> float:
     """Foreground Dice of the run on `records` (a process of its own, on the run's own partitioning); the shifted set
-    is preprocessed at another spacing on purpose, so it is scored across preprocessings (issue #43 refuses that
+    is preprocessed at another spacing on purpose, so it is scored across preprocessings (training refuses that
     otherwise)."""
     script = ("import json, sys; from trainer import evaluate; "
               "print(json.dumps(evaluate.evaluate_trained(sys.argv[1], sys.argv[2], log=lambda line: None, "

@@ -9,7 +9,7 @@ loss, deep supervision) on that network; a preset with deep supervision gets
 one level more, which deep supervision needs (docs/recipe.md). Reported per
 (data, preset, arm): the median, minimum and maximum of the score over seeds,
 and the share of seeds that converged: foreground mean Dice ≥ 0.85 on the
-demo's data, look-alike mean Dice ≥ 0.9 on the context task (issue 44's bars).
+demo's data, look-alike mean Dice ≥ 0.9 on the context task (the learning bars).
 
     uv run python benchmarks/learning/seed_sweep.py [--seeds 0,1,2,3,4] [--data demo,context] [--arms whole,patch24,patch16]
         [--presets demo,default,nnunet] [--steps 300] [--set KEY=VALUE ...] [--tag NAME]

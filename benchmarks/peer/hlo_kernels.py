@@ -1,4 +1,4 @@
-"""Where a training step's time goes, per layer kind: its convolutions in the GPU compiler's optimized HLO (issue 49).
+"""Where a training step's time goes, per layer kind: its convolutions in the GPU compiler's optimized HLO.
 
 For every convolution of the step (forward, input gradient, weight gradient) the compiled program says how the GPU
 runs it: a cuDNN call (`custom-call` to `__cudnn$convForward`, `convBiasActivationForward`, `convBackwardInput`,

@@ -1,4 +1,4 @@
-"""The same networks under PyTorch and under fullres's training step, side by side, in one command (issue 49).
+"""The same networks under PyTorch and under fullres's training step, side by side, in one command.
 
 Networks: nnU-Net's default 3d_fullres PlainConvUNet (dynamic-network-architectures) and MONAI's UNet (monai), each
 against the zoo's Keras port of the same configuration (`tests/trainer/zoo/`) in the step `fullres train` runs.
@@ -9,13 +9,13 @@ optimizer (Adam), same precision. Rows per network, in the order they run:
   `kernels.choose=measure` (each layer's fastest exact kernel, timed on the device at the row's first compile, within
   `MEASURE_SECONDS`, from a cache of the command's own: the first run's cost) · then fullres once per `--candidate`
   (a list of `--set` strings, e.g. "kernels.norm=fused kernels.conv_transpose=subpixel") or per name of
-  `--candidates` (issue 49's, `zoo_kernels.CANDIDATES`, e.g. `taps,subpixel,fused,conv_nhwc,all`): every
+  `--candidates` (the kernel candidates, `zoo_kernels.CANDIDATES`, e.g. `taps,subpixel,fused,conv_nhwc,all`): every
   candidate's bfloat16 row first (where the gap is widest), then their float32 rows.
 Per row: median step time, the allocator's peak (torch.cuda.max_memory_allocated; JAX's peak_bytes_in_use; on a CPU
 the process's peak RSS, marked so), compile seconds (fullres: lower + compile; torch.compile: its first step), the
 first step. Each row runs in its own process (`peer_rows.py`) under a time limit; what does not fit the command's
 `--limit` is listed as not run, and so is what cannot run here, with why. The JSON's `ratios` are fullres ÷ PyTorch
-for issue 49's goals. `--trace-dir` adds JAX's profiler to fullres's rows: the kernels' time per convolution kind.
+for the speed goals. `--trace-dir` adds JAX's profiler to fullres's rows: the kernels' time per convolution kind.
 
 On a GPU (the device machine; docs/device-check.md, "Running it on a lent GPU", gives the one call with device_check):
     python3 benchmarks/peer/peer_bench.py --json $OUT/peer_bench.json --trace-dir $OUT/traces --candidates taps,subpixel,fused,conv_nhwc,all --limit 360
@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), "device"))  # result_file: where the JSON goes, checked first
 import peer_checks  # noqa: E402
 import result_file  # noqa: E402
-import zoo_kernels  # noqa: E402  (issue 49's candidates by name: the same names as its HLO counts)
+import zoo_kernels  # noqa: E402  (the kernel candidates by name: the same names as its HLO counts)
 
 ROWS = os.path.join(HERE, "peer_rows.py")
 GPU = {"tiny": False, "size": 128, "batch_size": 2, "steps": 15, "warmup": 3, "row_limit": 120, "limit": 600,
@@ -62,7 +62,7 @@ def measure_sets(seconds: float = MEASURE_SECONDS) -> list[str]:
 
 MEASURE = measure_sets()
 MIN_ROW_SECONDS = 10  # a row is not started with less of the command's time left
-# Issue 49's goals: (name, numerator row, denominator row, at most).
+# The speed goals: (name, numerator row, denominator row, at most).
 GOALS = (("fullres float32 ÷ torch eager float32", "fullres float32", "torch eager float32", 1.0),
          ("fullres bfloat16 ÷ torch eager bfloat16", "fullres bfloat16", "torch eager bfloat16", 1.0),
          ("fullres bfloat16 ÷ fullres float32", "fullres bfloat16", "fullres float32", 0.6),
@@ -134,7 +134,7 @@ def run_row(spec: dict, limit: float) -> dict:
 
 
 def ratios(rows: list[dict]) -> list[dict]:
-    """Issue 49's goals per network (and per candidate where one ran): step time and peak bytes, fullres ÷ the other."""
+    """The speed goals per network (and per candidate where one ran): step time and peak bytes, fullres ÷ the other."""
     out = []
     for network in dict.fromkeys(r["network"] for r in rows):
         ran = [r for r in rows if r["network"] == network and r["status"] == "ok"]
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--candidate", action="append", default=[], metavar="SETS",
                         help="fullres rows with these --set strings, space-separated (repeatable: one row pair each)")
     parser.add_argument("--candidates", metavar="NAMES",
-                        help="issue 49's candidates by name, comma-separated (after any --candidate): "
+                        help="the kernel candidates by name, comma-separated (after any --candidate): "
                              + ", ".join(zoo_kernels.CANDIDATES))
     parser.add_argument("--limit", type=float, help="seconds for every row together (default 600; --tiny 1800)")
     parser.add_argument("--trace-dir", help="JAX profiler traces of fullres's baseline rows go here (a GPU's kernels)")
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
             # and the rows it did not reach are listed as not run.
             unreached = [{**r, "status": "not_run", "error": "not reached: the command was stopped before this row"}
                          for r in planned[len(rows):]]
-            result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step (issue 49)",
+            result = {"about": "peer_bench: the same networks under PyTorch and fullres's training step",
                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                       "command": " ".join(["python benchmarks/peer/peer_bench.py",
                                            *(argv if argv is not None else sys.argv[1:])]),

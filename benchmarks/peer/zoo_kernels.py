@@ -8,7 +8,7 @@ configuration unless `--published`) for the target, float32 and bfloat16, with J
 group; nothing runs), and prints one table per network and precision: each convolution's layer kind, direction and
 how the GPU runs it, with the layout changes and converts beside it (docs/speed.md). `--set` (repeatable) compiles
 with those training settings; a setting this checkout does not know is a row's error. `--candidates` compiles each
-network and precision once per named candidate of issue 49 (`CANDIDATES`, the `kernels.*` settings of
+network and precision once per named kernel candidate (`CANDIDATES`, the `kernels.*` settings of
 `trainer/parallel/kernels.py`; `peer_bench.py --candidates` times the same names) and gives each row its per-device
 bytes against the `xla` row's (`bytes_vs_xla`) and its op counts (`hlo_kernels.op_counts`):
 
@@ -30,7 +30,7 @@ import hlo_kernels  # noqa: E402
 
 
 ZOO = ("nnunet_plain", "nnunet_resenc", "monai_unet", "segresnet", "mednext", "swin_unetr")
-# Issue 49's candidates by name: the `--set` strings of each (XLA's own ops: `xla`).
+# The kernel candidates by name: the `--set` strings of each (XLA's own ops: `xla`).
 CANDIDATES = {
     "xla": [],
     "taps": ["kernels.conv_weight_grad=taps"],
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     parser.add_argument("--size", type=int, default=32, help="voxels a side (batch 1)")
     parser.add_argument("--published", action="store_true", help="the published configurations, not `tiny`")
     parser.add_argument("--set", action="append", default=[], dest="sets", help="a training setting, e.g. kernels.norm=fused")
-    parser.add_argument("--candidates", help=f"names of issue 49's candidates, comma-separated: {', '.join(CANDIDATES)}")
+    parser.add_argument("--candidates", help=f"names of the kernel candidates, comma-separated: {', '.join(CANDIDATES)}")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
     try:

@@ -1,7 +1,7 @@
 """benchmarks/device/device_check.py: the GPU check stays runnable, its JSON checks, and a part that fails does not stop the rest.
 
-The CPU run at tiny sizes (the script as the device runs it, every part in its own process) is in the fast tier
-(issue 46): 9 s on the 2-core machine when it is quiet (2026-11-27), 32-78 s while six other jobs shared it. The
+The CPU run at tiny sizes (the script as the device runs it, every part in its own process) is in the fast tier:
+9 s on the 2-core machine when it is quiet (2026-11-27), 32-78 s while six other jobs shared it. The
 other tests drive the same orchestration with rows answered by stand-in processes, and the JSON checker.
 """
 
@@ -211,7 +211,7 @@ def test_the_largest_cube_follows_the_target_compiler_past_the_plans_cpu_pre_fil
                   "or name a file in a folder that exists"),
 ])
 def test_an_output_that_cannot_be_written_is_refused_before_any_row_runs(tmp_path, capsys, where, said):
-    """A read-only place or a path under a file failed only after every row had run (issue #51): a whole GPU
+    """A read-only place or a path under a file failed only after every row had run: a whole GPU
     measurement lost. A folder was a traceback."""
     device_check = load()
     folder, notes = tmp_path / "results", tmp_path / "notes.txt"

@@ -1,4 +1,4 @@
-"""benchmarks/peer/peer_bench.py: the same networks under PyTorch and fullres, side by side (issue 49).
+"""benchmarks/peer/peer_bench.py: the same networks under PyTorch and fullres, side by side.
 
 Fast: the JSON's ratios are the rows' own figures divided, candidates by name run their bfloat16 rows first, and the
 the demo's and the image's locks hold no PyTorch. Slow (each imports torch, or traces a step): the PyTorch side's loss is fullres's own

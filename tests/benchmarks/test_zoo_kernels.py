@@ -1,4 +1,4 @@
-"""benchmarks/peer/zoo_kernels.py's candidates: issue 49's names, the op counts of a compiled step, bytes against XLA's.
+"""benchmarks/peer/zoo_kernels.py's candidates: their names, the op counts of a compiled step, bytes against XLA's.
 
 The compiles themselves (the GPU compiler's program, per layer kind and direction) are
 tests/trainer/plan/test_hlo_kernels.py's (target tier); these read text and rows, in milliseconds.

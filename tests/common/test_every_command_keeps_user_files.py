@@ -1,4 +1,4 @@
-"""Every command that writes files keeps a user's file that lies where it would write (issue #23, item 1).
+"""Every command that writes files keeps a user's file that lies where it would write.
 
 One case per command: a user's file sits at a path the command writes (or in
 the folder it writes into); the command must exit non-zero with one sentence

@@ -1,4 +1,4 @@
-"""`pipeline run --local` and `pipeline submit` check every parameter before anything starts (issue #29 item 1).
+"""`pipeline run --local` and `pipeline submit` check every parameter before anything starts.
 
 Each bad parameter gets one sentence, in the words of the command its step runs, no traceback; a local run
 creates no pipeline root and starts no step; a submission without Google credentials names the parameter (so the
@@ -62,7 +62,7 @@ LOCAL = [  # (parameters beyond the good inputs, the sentence)
      "--param accelerator_count -2 must be 1 or more: the accelerators each host gets (Vertex AI machines carry 1, "
      "2, 4, 8, 16 GPUs; a TPU slice is its topology)."),
     (["--param", "replica_count=0"], "--param replica_count 0 must be 1 or more."),
-    # A user's network (issue #32's model_code/model_function), judged as the train step would judge it.
+    # A user's network (model_code/model_function), judged as the train step would judge it.
     (["--param", "model_function=build"],
      "model_code (the text of your network's Python file) and model_function (the function in it that returns the "
      "network) go together; pass both (fullres pipeline run --model FILE.py:FUNCTION sets them), or neither for the "
@@ -223,14 +223,14 @@ def test_a_network_file_that_does_not_parse_is_refused_before_anything_starts(sc
     root = tmp_path / "root"
     result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root),
                                           "--model", f"{network}:build", *_inputs(scans)])
-    assert _one_sentence(result) == (  # the user's file, not the parameter the CLI made of it (issue #43 item 6)
+    assert _one_sentence(result) == (  # the user's file, not the parameter the CLI made of it
         f"--model {network}:build: {network} is not Python the train step can import (line 5): '(' was never closed; "
         "fix the file and pass it again.")
     assert not root.exists()
 
 
 def test_a_network_file_that_is_a_folder_is_called_a_folder(scans, tmp_path):
-    """`--model dir.py:build` where dir.py is a folder said "dir.py does not exist" (issue #43 item 6: as train says)."""
+    """`--model dir.py:build` where dir.py is a folder said "dir.py does not exist" (as train says)."""
     folder = tmp_path / "dir.py"
     folder.mkdir()
     root = tmp_path / "root"
@@ -267,7 +267,7 @@ def test_a_network_that_breaks_the_contract_is_refused_before_anything_starts_na
 
 def test_a_network_passed_as_model_code_that_raises_is_refused_before_anything_starts(scans, tmp_path):
     """`--param model_code` (not `--model FILE`) was only parsed before the run: a function that raises was found
-    by the train step, after both preprocessing steps had run (issue #51). It is built first, as `--model` is."""
+    by the train step, after both preprocessing steps had run. It is built first, as `--model` is."""
     code = "def build(num_classes, in_channels):\n    raise RuntimeError('no network today')\n"
     root = tmp_path / "root"
     result = CliRunner().invoke(cli.app, ["pipeline", "run", "--local", "--pipeline-root", str(root), *_inputs(scans),

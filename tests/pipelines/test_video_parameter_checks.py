@@ -1,4 +1,4 @@
-"""The video pipeline's clip parameters are judged one at a time (issue 51): `clip_length=0` was refused together
+"""The video pipeline's clip parameters are judged one at a time: `clip_length=0` was refused together
 with the default `clip_stride 0`, which means clips side by side and is valid."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""`fullres preprocess ct` on a folder a careless copy left behind (issue #29 items 2 and 4), in one command run.
+"""`fullres preprocess ct` on a folder a careless copy left behind, in one command run.
 
 Beside one good scan: every format cut short (NIfTI, .nii.gz, NRRD raw and gzip, MHA, MHD), a DICOM series with
 a slice cut short, a named pipe called `pipe.nii.gz` (reading it blocks for ever) and `up -> ..`, a link out of

@@ -1,4 +1,4 @@
-"""The last tracebacks of `fullres train` become sentences (issue #43 item 6): `--output` under a regular file,
+"""The last tracebacks of `fullres train` become sentences: `--output` under a regular file,
 `--virtual-devices -1` (and 0, which was taken as unset), `--model dir.py:build` where dir.py is a folder. Each in
 a process of its own, as users meet them; each refused before anything is written."""
 

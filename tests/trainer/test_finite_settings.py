@@ -1,4 +1,4 @@
-"""Every numeric setting is finite before anything runs (issue #43 item 3): nan passes every `<` a range check makes,
+"""Every numeric setting is finite before anything runs: nan passes every `<` a range check makes,
 so `--set augmentation.scale=nan,nan` trained on destroyed examples and exited 0."""
 
 import math

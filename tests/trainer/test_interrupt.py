@@ -1,4 +1,4 @@
-"""Ctrl-C stops a run as SIGTERM does (issue #51): the step ends, its checkpoint is written, the run exits with the
+"""Ctrl-C stops a run as SIGTERM does: the step ends, its checkpoint is written, the run exits with the
 resume status 75, and a rerun resumes. It printed a KeyboardInterrupt's traceback, exited 130 and wrote no
 checkpoint; a second Ctrl-C printed JAX's exit-time traceback."""
 

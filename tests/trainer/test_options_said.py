@@ -1,4 +1,4 @@
-"""Options that did nothing, silently (issue #51): `--warmup-steps 50` in a 2-step run was cut to 1 while
+"""Options that did nothing, silently: `--warmup-steps 50` in a 2-step run was cut to 1 while
 train_config.json recorded 50; `--no-augment --augmentation nnunet` was accepted and trained without augmentation;
 `--input-cache on` with more data than memory said nothing. Now the cut is said and the warm-up used recorded, the
 contradiction refused with the folders untouched, and the cache's excess warned with both sizes."""

@@ -1,4 +1,4 @@
-"""A resume may change the device count where the run's partition allows it (issue #43): the log says so and the
+"""A resume may change the device count where the run's partition allows it: the log says so and the
 run's record keeps it; a device count the partition cannot use is refused in a sentence before anything is written."""
 
 import json

@@ -41,7 +41,7 @@ def test_partitioned_training_writes_every_output(segmentation_run):
         info = json.load(file)
     with open(os.path.join(os.path.dirname(config.train_data), "summary.json")) as file:
         recorded = json.load(file)["preprocessing"]  # the demo records' summary.json, as a conversion writes it
-    assert info["preprocessing"] == recorded and recorded["spacing"] == [1.5, 1.5, 2.5]  # never null (issue #23)
+    assert info["preprocessing"] == recorded and recorded["spacing"] == [1.5, 1.5, 2.5]  # never null
     assert [s for s, _ in saved["loss_history"]] == list(range(5, 41, 5))
     events = os.listdir(os.path.join(output, "tensorboard"))
     assert any(name.startswith("events.out.tfevents") for name in events)

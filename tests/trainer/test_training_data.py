@@ -1,4 +1,4 @@
-"""How `fullres train` names its data, and what it refuses before it writes its run folder (issue #23, items 2 and 3).
+"""How `fullres train` names its data, and what it refuses before it writes its run folder.
 
 A data set is a folder a conversion wrote: its records, `summary.json` (written
 last) and, for named classes, `label_map.json`. `--train` and `--eval` take

@@ -1,4 +1,4 @@
-"""`fullres train` on video clips, through the CLI (issue 51): a rerun on other videos with the same clip settings is
+"""`fullres train` on video clips, through the CLI: a rerun on other videos with the same clip settings is
 refused by the run's data fingerprint; held-out clips without masks, or held-out data of another kind, are refused
 in one sentence that says what they are. Each refusal leaves the folders byte-identical."""
 

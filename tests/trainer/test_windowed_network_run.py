@@ -1,4 +1,4 @@
-"""A network with 4×4×4 attention windows trains (issue #51): the receptive-field probe fed it inputs thinner than
+"""A network with 4×4×4 attention windows trains: the receptive-field probe fed it inputs thinner than
 its windows tile, and `fullres train` ended in a reshape's traceback even on one device."""
 
 import os

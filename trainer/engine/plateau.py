@@ -1,6 +1,6 @@
 """The plateau warning: a training loss that has stopped moving while a foreground class is still not found.
 
-A whole-volume run can settle with a small organ never learned (issue 44: the
+A whole-volume run can settle with a small organ never learned (the
 kidney of the demo's data, Dice 0.000, the loss flat at about 0.55): the Dice
 term of a class the network has pushed to a probability near zero has almost
 no gradient, and the run goes on for its remaining steps without a sign. The

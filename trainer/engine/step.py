@@ -50,7 +50,7 @@ def _loss_grads_and_metrics(model: keras.Model, loss_fn: LossFn, batch_metrics):
         if metrics:
             # The metrics are computed before the loss reads the logits, so the logits die where they did without
             # them: left to XLA's scheduler, the per-class Dice kept the full-resolution logits (C × 4 bytes a voxel)
-            # live through the step's peak, +1.5 % a device at 256³ on 64 (issue 53; docs/planning.md).
+            # live through the step's peak, +1.5 % a device at 256³ on 64 (docs/planning.md).
             logits, metrics = jax.lax.optimization_barrier((logits, metrics))
         return loss_fn(logits, labels), (non_trainable, metrics)
 

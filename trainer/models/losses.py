@@ -31,7 +31,7 @@ def dice_cross_entropy(logits: jax.Array, labels: jax.Array, dice_weight: float 
     vanishing gradient (through the softmax, ∂p/∂z = p(1 − p)), so a small organ
     the first steps suppress is then learned from the cross-entropy alone, where
     its share of a whole volume's voxels is under 1 %; the weights give it back
-    a share (issue 44; docs/recipe.md).
+    a share (docs/recipe.md).
 
     Args:
         logits: (B, [D,] H, W, C) float logits; computed in float32 whatever their dtype.

@@ -1,7 +1,7 @@
 """Kernels fullres computes itself: exact reformulations of the ops XLA computes slowly on GPUs, chosen per run.
 
-Issue #49 measured nnU-Net's PlainConvUNet 2.8× (float32) to 7.6× (bfloat16) slower per step under fullres than
-under PyTorch on one H200, where XLA's GPU compiler handles 3D weight gradients in bfloat16, transposed
+On one H200, nnU-Net's PlainConvUNet measured 2.8× (float32) to 7.6× (bfloat16) slower per step under fullres than
+under PyTorch, where XLA's GPU compiler handles 3D weight gradients in bfloat16, transposed
 convolutions and instance norm badly (jax-ml/jax#31662, openxla/xla#34273, jax-ml/jax#8537). Each candidate
 here computes the same values as Keras's own op, behind the user's unchanged layers and weights, as the split ops
 do (`split_ops`): the ops are swapped while the training step is traced, nothing is stored in the model.

@@ -4,7 +4,7 @@ the device's).
 `compiled.memory_analysis()` counts one executable's buffers: its arguments, outputs and temporaries (the
 convolutions' cuDNN workspace among them, as each custom call's `u8[N]` scratch). It does not count what the
 process holds beside the executable, nor what the compiler allocates while it compiles. Measured on one H200
-(JAX 0.11.2, CUDA 13; issue 50): the allocator's peak was 1.27× the plan (default UNet 128³ float32), 1.37×
+(JAX 0.11.2, CUDA 13): the allocator's peak was 1.27× the plan (default UNet 128³ float32), 1.37×
 (bfloat16) and 1.76× (predict, 256³). The terms, each named in the plan's JSON (`Terms.to_json`):
 
 * workspace: a compile for a GPU without one (`fullres plan --target`) autotunes nothing, so every cuDNN
@@ -45,16 +45,16 @@ GPU_MARGIN = 1.05
 GPU_MEMORY_FRACTION = float(trainer.GPU_MEMORY_FRACTION)
 MEMORY_FRACTION_VARIABLE = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 # Seconds of autotuning per second of the roofline step: the 512³ float32 step (roofline 0.584 s) had not compiled
-# after 450 s on an H200 (issue 50), so at least 771 (450 ÷ 0.584, up); a compile on the device takes at least this.
+# after 450 s on an H200, so at least 771 (450 ÷ 0.584, up); a compile on the device takes at least this.
 AUTOTUNE_SECONDS_PER_ROOFLINE_SECOND = 771
-LONG_COMPILE_SECONDS = 180  # issue 50: the first step at the largest cube should compile within 3 minutes
+LONG_COMPILE_SECONDS = 180  # the first step at the largest cube should compile within 3 minutes
 MARGIN_WHY = ("covers what the terms do not: the spread of the workspace (0.52-1.04× the largest convolution tensor, "
               "counted at 1.0), the compiler's version (the plan compiles with the locked jax, the device may run "
               "another) and the allocator's rounding; set so that the device's peak ÷ the plan is 0.97-0.98 on the "
               "rows measured on an H200 (`device_bytes.MEASURED`)")
 
 # The rows the terms and the margin were set from: one H200, JAX 0.11.2 with its CUDA 13 plug-in, 2026-11-28
-# (issue 50; benchmarks/device/device_check.py as shipped then). The compiler's figure is the deviceless plan's (jax 0.10.2,
+# (benchmarks/device/device_check.py as shipped then). The compiler's figure is the deviceless plan's (jax 0.10.2,
 # benchmarks/results/device_plan_h100x1.json); state, weights and convolution tensors are those of the program run.
 MEASURED = (
     {"row": "train, default UNet 128³ float32", "program": "train", "compiler_bytes": 2138885880,

@@ -7,7 +7,7 @@ returns float32 probabilities (`inference.make_forward(..., "probabilities")`, l
 devices or a target's (compile only), and adds what the device holds beside it (`device_bytes`: the loaded
 weights stay on the device beside their placed copy; the autotuning runs after they are placed).
 
-Before (issue 50), `benchmarks/device/device_plan.py` sized predict through its own copy of the pass, given the training
+Before, `benchmarks/device/device_plan.py` sized predict through its own copy of the pass, given the training
 state; `jax.jit` leaves the unused optimizer slots out, so its compiler figure was the same (4,650,203,760 bytes
 at 256³ for the default UNet), but nothing counted the weights held beside it, nor the workspace.
 """

@@ -1,4 +1,4 @@
-"""A cut-short volume is a dead letter in every format; a named pipe is never opened (issue #29 items 2 and 4).
+"""A cut-short volume is a dead letter in every format; a named pipe is never opened.
 
 ITK's NIfTI reader fills a cut-short `.nii` or `.nii.gz` with zeros without a word (the regression: a scan cut at
 60% was converted with its last 40% as 0 HU). Each format is written whole and read back through the reader

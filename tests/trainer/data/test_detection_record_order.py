@@ -1,4 +1,4 @@
-"""Detection reads its records in the order of their image ids, not of its shards (issue #51's open items), as CT
+"""Detection reads its records in the order of their image ids, not of its shards, as CT
 reads case ids (test_record_order.py): Beam puts each record in a shard of its own choosing, so two preprocessings
 of the same images gave two runs of one seed different orders. The same six images written as two shardings read
 in one order, with and without the seeded shuffle."""

@@ -1,4 +1,4 @@
-"""The plateau warning (issue 44): a flat loss while a foreground class scores no Dice is said once; a run still
+"""The plateau warning: a flat loss while a foreground class scores no Dice is said once; a run still
 learning, or flat with every class found, is left alone."""
 
 import functools

@@ -1,4 +1,4 @@
-"""A finished run whose `checkpoints/` was deleted is not resumed from step 1 (issue #51): `fullres train --output RUN`
+"""A finished run whose `checkpoints/` was deleted is not resumed from step 1: `fullres train --output RUN`
 again would have printed "resuming", trained from nothing and overwritten the run's `model.keras`. It is refused in
 one sentence naming the model, the missing checkpoints and the fix, with the folder left byte for byte as it was."""
 

@@ -1,4 +1,4 @@
-"""The class-balanced cross-entropy of whole-volume runs (issue 44): its weights, its default, its checks."""
+"""The class-balanced cross-entropy of whole-volume runs: its weights, its default, its checks."""
 
 import math
 
@@ -39,7 +39,7 @@ def test_the_recipe_balances_whole_volumes_and_leaves_patches_and_a_given_value_
     assert losses.class_balance(0.25, whole_volumes=True) == 0.25
     assert config_resolution.resolve(preset="demo", overrides={"class_balance": "1"}).class_balance == 1.0
     old_run = config_lib.to_dict(presets.demo())
-    del old_run["class_balance"]  # a train_config.json from before issue 44: it trained the plain cross-entropy
+    del old_run["class_balance"]  # a train_config.json from before the class balance: it trained the plain cross-entropy
     assert config_lib.from_dict(old_run).class_balance == 0.0
 
 

@@ -1,4 +1,4 @@
-"""A user's network that breaks the contract is told what it does (issue #51): a network returning a dict was told
+"""A user's network that breaks the contract is told what it does: a network returning a dict was told
 it "returns 1 outputs"; one built for 3-channel inputs against 1-channel data was told to change its input size.
 Through `fullres train`, refused before anything is written."""
 

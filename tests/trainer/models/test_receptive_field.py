@@ -53,7 +53,7 @@ def test_a_narrow_unet_is_not_measured_through_one_inputs_dead_relus():
 
 def test_a_network_of_a_fixed_input_size_is_probed_at_that_size(monkeypatch):
     """A network built for exactly the data's shape takes nothing else: the per-axis probe's thin inputs failed in
-    Keras (issue #43 item 6). Volumes above the whole-volume limit are measured per axis, so the limit is lowered."""
+    Keras. Volumes above the whole-volume limit are measured per axis, so the limit is lowered."""
     monkeypatch.setattr(receptive_field, "WHOLE_VOLUME_VOXELS", 100)
     keras.utils.set_random_seed(0)
     inputs = keras.Input((12, 10, 14, 1))  # fixed: the data's shape
@@ -66,7 +66,7 @@ def test_a_network_of_a_fixed_input_size_is_probed_at_that_size(monkeypatch):
 
 def test_a_network_of_attention_windows_is_probed_at_sizes_its_windows_tile(monkeypatch):
     """Windows of 4 at a quarter of the resolution need 16 voxels across; the strides alone say 4, and the probe's
-    8-voxel-thin inputs failed in the windows' reshape (issue #51). It is probed at 16 (a divisor of 32) instead."""
+    8-voxel-thin inputs failed in the windows' reshape. It is probed at 16 (a divisor of 32) instead."""
     from tests.trainer import user_networks
 
     monkeypatch.setattr(receptive_field, "WHOLE_VOLUME_VOXELS", 0)  # axis by axis, as a larger volume is measured

@@ -1,4 +1,4 @@
-"""`fullres train --local-processes N` prints a refusal once, from process 0 (issue #51): every process refuses the
+"""`fullres train --local-processes N` prints a refusal once, from process 0: every process refuses the
 same data in the same sentence, and each was printed, once a process. A refusal of another process's own is still
 printed, and the launcher does not offer to resume a run that was refused."""
 

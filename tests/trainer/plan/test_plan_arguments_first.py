@@ -1,5 +1,5 @@
-"""Every `fullres plan` argument is checked before the first compile (issue #43 item 8): `--partitions 1,2,3` on a
-volume 3 cannot divide compiled 1 and 2 (about 20 s here) before refusing 3. Since issue 45's follow-up an N that
+"""Every `fullres plan` argument is checked before the first compile: `--partitions 1,2,3` on a
+volume 3 cannot divide compiled 1 and 2 (about 20 s here) before refusing 3. Since then an N that
 cannot divide no longer ends the plan: it is said before the first compile and the other N are planned."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""`fullres plan` goes on past an N its default layout cannot divide (issue 45's follow-up).
+"""`fullres plan` goes on past an N its default layout cannot divide.
 
 Before: `fullres plan --image-size 64,1080,1920 --in-channels 3` (the issue's 1080p clip) stopped at N=16 with
 "--partitions 16 (split 1,16,1,1,1): depth 64 ... does not divide by 16" and planned nothing, though width splits

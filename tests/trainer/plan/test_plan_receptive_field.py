@@ -1,4 +1,4 @@
-"""`fullres plan` on a network whose receptive-field probe cannot run on this host (issue 52: UNETR at 256³, a fixed
+"""`fullres plan` on a network whose receptive-field probe cannot run on this host (UNETR at 256³, a fixed
 input size, asked the CPU for 174 GiB) plans on and says why the field is missing; it ended in a traceback."""
 
 import jax

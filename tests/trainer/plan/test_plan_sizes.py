@@ -1,4 +1,4 @@
-"""`fullres plan` refuses sizes no model can be built for, in one sentence, before building one (issue #23 item 9)."""
+"""`fullres plan` refuses sizes no model can be built for, in one sentence, before building one."""
 
 import json
 

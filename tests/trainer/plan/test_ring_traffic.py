@@ -1,4 +1,4 @@
-"""`fullres plan` knows attention (issue 52): the ring's collective-permutes are its own column, not halo, and each
+"""`fullres plan` knows attention: the ring's collective-permutes are its own column, not halo, and each
 device's block of attention scores is reported beside them."""
 
 import jax

@@ -1,4 +1,4 @@
-"""The training step's bytes a device, at a fixed small size, against the figures recorded here (issue 53).
+"""The training step's bytes a device, at a fixed small size, against the figures recorded here.
 
 The per-class Dice the step reports (for the plateau warning) once kept the full-resolution logits live through the
 step's peak: +1.5 % a device at 256³ split 1,8,8,1,1 and E at 512³ on 64 devices from 0.953 to 0.934, with no test
@@ -9,7 +9,7 @@ seconds, and fails where a figure moves by more than 1 %.
 The figures are XLA:CPU's `memory_analysis().temp_size_in_bytes` with the locked jax (0.10.2), measured on this
 project's machine on 2026-11-28 with the metrics computed before the loss (`engine.step`'s optimization barrier).
 They are that figure because the same step without any batch metric measures 4,509,312 (split) and 16,011,520 (one
-device) bytes: the metric costs what it did before issue 53's cause, 264 and 128 bytes. With the metric placed by
+device) bytes: the metric costs what it did before its cause was found, 264 and 128 bytes. With the metric placed by
 XLA's scheduler (the barrier removed) they were 4,640,584 and 16,535,872 (+2.9 %, +3.3 %). A move of more than 1 % either
 way is a change to understand: a regression to fix, or an improvement (or a jax upgrade) to record here, with why.
 """

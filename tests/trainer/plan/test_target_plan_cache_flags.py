@@ -1,4 +1,4 @@
-"""The plan cache's key holds the compiler flags of the environment (issue #51's open items): a plan for a target
+"""The plan cache's key holds the compiler flags of the environment: a plan for a target
 made under other `XLA_FLAGS` read back the figures compiled under the first, though a flag can change what the
 compile needs. Two plans of one step under two flags: the second compiles again."""
 

@@ -34,7 +34,7 @@ def test_the_search_prunes_by_the_cpu_figure_before_compiling_for_the_target():
     # A GPU layout is left uncompiled only where its CPU figure times the GPU compiler's least measured share of it
     # (with a margin: `LEAST_SHARE_OF_CPU`) exceeds the memory. The budget lies between that share of the CPU figures
     # of the one-axis splits (659.8-667.8 KiB) and of the two-axis ones (688.4 KiB), as measured after the step took
-    # its inputs as int16 and uint8 (issue 28; before: 674.6 and 705.7 KiB).
+    # its inputs as int16 and uint8 (before: 674.6 and 705.7 KiB).
     share = target_search.LEAST_SHARE_OF_CPU["cuda"]
     assert share < 1  # XLA's GPU compiler lays out less than the CPU's bytes for bfloat16 steps (docs/plan-targets.md)
     budget = int(678 * 1024 * share)

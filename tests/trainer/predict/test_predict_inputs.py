@@ -1,4 +1,4 @@
-"""`fullres predict` on a folder a careless copy left behind (issue #29 items 2, 3, 4 and 6), in one command run.
+"""`fullres predict` on a folder a careless copy left behind, in one command run.
 
 Beside one good scan: every format cut short (NIfTI, .nii.gz, NRRD raw and gzip, MHA, MHD) and a DICOM series
 with a slice cut short, a named pipe called `pipe.nii.gz`, `up -> ..` (a link out of the folder to a tree with a

@@ -1,4 +1,4 @@
-"""No two files `fullres predict` writes share a name (issue #43 item 4): a clash between scans, or between a scan
+"""No two files `fullres predict` writes share a name: a clash between scans, or between a scan
 and another's probability maps, is refused before anything is written."""
 
 import json

@@ -1,4 +1,4 @@
-"""Predicting from a run that has not finished (issue #51): it was called "not a fullres run". A run still training
+"""Predicting from a run that has not finished: it was called "not a fullres run". A run still training
 (its lock held) is said to be training, by which process; one that stopped before its end is told to resume. The
 output folder is not made."""
 

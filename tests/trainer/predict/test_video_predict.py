@@ -90,7 +90,7 @@ def test_a_video_that_does_not_fit_one_pass_goes_in_overlapping_clips(video_run,
 
 
 def test_the_evaluation_report_shows_clips_in_their_own_colours(video_run, tmp_path):
-    """The pipeline's evaluate step on clips (issue 45's follow-up): the report drew a clip's red channel in grey; a
+    """The pipeline's evaluate step on clips: the report drew a clip's red channel in grey; a
     browser now shows each view's background in the frames' own colour (blue here) and names frames, not axial."""
     import numpy as np
 

@@ -1,4 +1,4 @@
-"""`fullres predict` with a video model, through the CLI (issue 51): each mask carries its own frame's name (after a
+"""`fullres predict` with a video model, through the CLI: each mask carries its own frame's name (after a
 gap, with unpadded names, in YouTube-VOS's every-fifth-frame folders); the split changes no mask; a second predict
 into its own output folder works; CT-only options are refused. The run is written untrained (`video_runs`)."""
 
@@ -67,7 +67,7 @@ def test_each_mask_is_named_after_its_own_frame(run, tmp_path):
 
 @pytest.mark.slow  # predicts a plain folder of frames and a folder of two such folders (about 8 s)
 def test_a_plain_folder_of_frames_is_a_video(run, tmp_path):
-    """Issue 51 item 2: what `ffmpeg -i clip.mp4 frames/%05d.jpg` writes was refused ("holds no video ... or frame
+    """What `ffmpeg -i clip.mp4 frames/%05d.jpg` writes was refused ("holds no video ... or frame
     folder"); now it is one video, named after the folder, with a mask per frame and the overlay."""
     video_runs.write_frames(tmp_path / "frames", [f"{t:05d}.jpg" for t in range(1, 11)])
     code, _, said = _predict("--model", run, "--input", str(tmp_path / "frames"), "--output", str(tmp_path / "one"))

@@ -150,7 +150,7 @@ def test_scores_across_preprocessings_say_so_under_the_title(build, tmp_path):
 
 def test_a_three_channel_volume_that_is_not_a_clip_shows_in_grey(tmp_path):
     """Three channels of a CT or an MR (modalities, windows) are not red, green and blue: the report drew any
-    3-channel volume in colour (issue #51's open items); only a clip's frames are. Each view shows channel 0, grey."""
+    3-channel volume in colour; only a clip's frames are. Each view shows channel 0, grey."""
     sample = _clip_sample()
     sample.pop("video")
     page = report.segmentation_report({"dice_per_class": [0.99, 0.8], "dice_mean": 0.8, "cases": 1}, [sample],

@@ -1,4 +1,4 @@
-"""A segmentation run's class names come from its training data's label_map.json (issue #43 item 7): they reach
+"""A segmentation run's class names come from its training data's label_map.json: they reach
 model_info.json, and from there predict's summary and the DICOM SEG's segment labels (which said class_1, class_2)."""
 
 import json

@@ -1,4 +1,4 @@
-"""Attention split in space (issue 42, item 4): Swin's window attention whose windows tile each device's block
+"""Attention split in space: Swin's window attention whose windows tile each device's block
 splits with no all-gather; shifted windows (`keras.ops.roll` on a split axis) cross the blocks with halo
 exchanges (collective-permutes), not gathers. Global self-attention over all tokens (UNETR's ViT,
 `keras.layers.MultiHeadAttention`) splits as a ring (test_ring_attention.py); what still gathers (a `Flatten` into

@@ -1,4 +1,4 @@
-"""Global self-attention over a volume's tokens, split in space (issue 52): `keras.layers.MultiHeadAttention` over
+"""Global self-attention over a volume's tokens, split in space: `keras.layers.MultiHeadAttention` over
 every token, as UNETR's ViT, computes as a ring (`trainer/parallel/ring_attention.py`): the split training step
 all-gathers no activation, its keys and values travel by collective-permutes, and it equals the one-device step
 to float64 rounding (≤ 1e-12) split 2, 4 and 2×2, float32 within the zoo's 1e-5; each device's attention scores

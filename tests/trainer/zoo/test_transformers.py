@@ -1,4 +1,4 @@
-"""The transformers that ring attention unlocks (issue 52), ported from their published configurations: MONAI's
+"""The transformers that ring attention unlocks, ported from their published configurations: MONAI's
 UNETR (a ViT on 16³ patches, global attention over all the volume's tokens, its convolutional decoder) split along
 depth, and TimeSformer's divided space-time attention on a clip split over time (its attention over time a ring,
 over space each device's own). Each split step gathers no activation and equals the one-device step to float64
