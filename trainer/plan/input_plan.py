@@ -69,22 +69,29 @@ def check_kind(data: str) -> None:
                      f"clips only (the records of fullres preprocess ct or video); {fix}, or pass CT or clip records.")
 
 
+def _words(data: str) -> tuple[str, str]:
+    """What the records' examples and their first axis are called: ("clips", "frames") or ("volumes", "depths")."""
+    from preprocessing.records import data_set, tfrecord_schema as schema
+
+    return ("clips", "frames") if data_set.resolve(data, "--data").kind == schema.VIDEO_RECORDS else ("volumes", "depths")
+
+
 def check_shape(data: str, volume: Sequence[int]) -> None:
-    """Refuses records of another size than the planned volumes (D, H, W), before anything is compiled.
+    """Refuses records of another size than the planned volumes or clips (D, H, W), before anything is compiled.
 
     Raises:
         ValueError: one sentence naming both sizes and the --image-size to plan with.
     """
     records = ct_input.CtRecords(data)
     try:
-        _check_shape(data, records, tuple(volume))
+        _check_shape(data, records, tuple(volume), _words(data)[0])
     finally:
         records.close()
 
 
-def _check_shape(data: str, records, volume: tuple[int, ...]) -> None:
+def _check_shape(data: str, records, volume: tuple[int, ...], examples: str) -> None:
     if tuple(records.shape) != volume:
-        raise ValueError(f"--data {data} holds volumes of {'x'.join(map(str, records.shape))} but the plan is for "
+        raise ValueError(f"--data {data} holds {examples} of {'x'.join(map(str, records.shape))} but the plan is for "
                          f"{'x'.join(map(str, volume))}; plan with --image-size "
                          f"{','.join(map(str, records.shape))}, or pass records of that size.")
 
@@ -111,9 +118,10 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
     """
     patch = None if volume is None or tuple(volume) == tuple(image_shape[1:-1]) else tuple(image_shape[1:-1])
     volume = tuple(volume or image_shape[1:-1])
+    examples, along = _words(data)
     records = ct_input.CtRecords(data)
     try:
-        _check_shape(data, records, volume)
+        _check_shape(data, records, volume, examples)
         share = placed_share(dims, image_shape, devices, processes)
         start, stop = share.depth_of(image_shape[1])
         plane = patch[1:] if patch else records.shape[1:]
@@ -122,7 +130,7 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
         share_bytes = (stop - start) * math.prod(plane) * records.layout(0).voxel_bytes
         cores = batches.usable_cores()
         crops = f" of {'x'.join(map(str, patch))} crops" if patch else ""
-        log(f"measuring this host's input from {data}: depths {start}-{stop - 1}{crops} of {records.shape[0]} "
+        log(f"measuring this host's input from {data}: {along} {start}-{stop - 1}{crops} of {records.shape[0]} "
             f"({sizes.human_bytes(share_bytes)} an example), {len(records)} examples, {cores} core(s) ...")
         read = input_rate.measure(records, share.depth, cached=False, patch=patch)
         one_core = input_rate.measure(records, share.depth, cached=False, cores=1, patch=patch) if cores > 1 else read
@@ -137,8 +145,8 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
     rows = len(share.rows)
     needed = rows / step_seconds if step_seconds else None
     rate = cached if cache_on else read
-    result = {"share": {"rows": list(share.rows), "depth": [start, stop], "bytes_per_example": share_bytes,
-                        "patch": list(patch) if patch else None},
+    result = {"share": {"rows": list(share.rows), "depth": [start, stop], "along": along,
+                        "bytes_per_example": share_bytes, "patch": list(patch) if patch else None},
               "processes": processes, "examples": count, "compressed": compressed,
               "records": read.to_json(), "one_core": one_core.to_json(), "cache": cached.to_json(),
               "cache_chosen": cache_on, "cache_reason": cache_reason,
@@ -157,7 +165,7 @@ def _line(result: dict, rate: input_rate.Rate, needed: float | None, step_second
           per_core: float) -> str:
     share, records, cached = result["share"], result["records"], result["cache"]
     crops = f" of {'x'.join(map(str, share['patch']))} crops" if share.get("patch") else ""
-    what = (f"input: one process's share (rows {','.join(map(str, share['rows']))}, depths {share['depth'][0]}-"
+    what = (f"input: one process's share (rows {','.join(map(str, share['rows']))}, {share['along']} {share['depth'][0]}-"
             f"{share['depth'][1] - 1}{crops}, {sizes.human_bytes(share['bytes_per_example'])} an example) from "
             f"{'GZIP' if result['compressed'] else 'uncompressed'} records: {records['examples_per_second']:.1f}/s "
             f"({records['mib_per_second']:.0f} MiB/s) on {cores} core(s), {per_core:.1f}/s on 1"

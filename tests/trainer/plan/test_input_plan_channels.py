@@ -39,6 +39,21 @@ def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path):
         expected = rate["examples_per_second"] * share["bytes_per_example"] / 2**20
         assert abs(rate["mib_per_second"] - expected) <= 0.05 + 0.01 * expected, rate
     assert f"{share['bytes_per_example'] // 1024}.0 KiB an example" in planned["line"]
+    assert share["along"] == "frames" and f"frames 0-{CLIP[0] - 1}" in planned["line"]  # a clip's axis: its frames
+    assert "depths" not in planned["line"]
+
+
+def test_clip_records_of_another_size_are_refused_as_clips(tmp_path):
+    from trainer.plan import input_plan
+
+    video_makers.write_motion_clip_records(str(tmp_path / "data-00000-of-00001.tfrecord"), CLIP)
+    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
+    dataset_files.write_summary(str(tmp_path), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
+                                                "label_values": {"0": 2, "1": 2, "2": 2},
+                                                "preprocessing": video_clips.preprocessing_record(settings)})
+    with pytest.raises(ValueError) as refused:
+        input_plan.check_shape(str(tmp_path), (16, 16, 16))
+    assert str(refused.value).startswith(f"--data {tmp_path} holds clips of 8x16x16 but the plan is for 16x16x16; ")
 
 
 @pytest.mark.slow  # two compiles of the smoke UNet and their input measurements: about 40 s here
