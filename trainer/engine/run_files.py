@@ -101,6 +101,15 @@ def holds_run(run_dir: str) -> bool:
         and any(os.path.exists(path(run_dir, name)) for name in own_files)
 
 
+def done_steps(run_dir: str) -> int:
+    """The step of the run's newest checkpoint; 0 when it has none."""
+    from trainer.engine import checkpoints  # JAX and Orbax: only where a run folder is judged
+
+    directory = path(run_dir, CHECKPOINTS)
+    steps = checkpoints.list_steps(directory) if os.path.isdir(directory) or "://" in run_dir else []
+    return steps[-1] if steps else 0
+
+
 def check_resumable(run_dir: str) -> None:
     """Refuses to resume a run whose `train_config.json` is damaged, naming it (without this, the run's own files
     would be called foreign: a directory is a run by its readable `train_config.json`).

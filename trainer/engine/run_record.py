@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from common import parsing
 from preprocessing.records import dataset_files
-from trainer.engine import checkpoints, run_data, run_files
+from trainer.engine import run_data, run_files
 
 if TYPE_CHECKING:
     from trainer import config as config_lib
@@ -94,13 +94,6 @@ def _settings(values: dict) -> dict:
             if key not in MAY_CHANGE and key.partition(".")[0] not in MAY_CHANGE and key not in _PATHS}
 
 
-def _done_steps(run_dir: str) -> int:
-    """The step of the run's newest checkpoint; 0 when it has none."""
-    directory = run_files.path(run_dir, run_files.CHECKPOINTS)
-    steps = checkpoints.list_steps(directory) if os.path.isdir(directory) or "://" in run_dir else []
-    return steps[-1] if steps else 0
-
-
 def check_resumable(run_dir: str) -> None:
     """`run_files.check_resumable`, and a finished run whose checkpoints are gone is refused: a rerun would start at
     step 1 and overwrite the model it holds.
@@ -112,7 +105,7 @@ def check_resumable(run_dir: str) -> None:
 
     run_files.check_resumable(run_dir)
     model = run_files.path(run_dir, run_files.MODEL)
-    if "://" in run_dir or not os.path.isfile(model) or not run_files.holds_run(run_dir) or _done_steps(run_dir):
+    if "://" in run_dir or not os.path.isfile(model) or not run_files.holds_run(run_dir) or run_files.done_steps(run_dir):
         return
     kept = run_files.path(run_dir, run_files.CHECKPOINTS)
     raise output_guard.OutputRefused(
@@ -157,7 +150,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
             "eval_path": absolute(config.eval_data)}
     if recorded.train_config is None:  # no run here yet
         return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
-    done = _done_steps(run_dir)
+    done = run_files.done_steps(run_dir)
     if total_steps < done:
         asked = (f"--epochs {config.epochs} ({total_steps} steps)" if config.epochs is not None
                  else f"--steps {total_steps}")
