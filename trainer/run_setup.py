@@ -83,7 +83,6 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     distributed.wait_for_the_others("model build")
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, resolved.total_steps)
-    arguments = compiled_step.step_arguments(task, state, distribution, image_shape)  # the step's, as shapes
     compiled_step.check_thin_shards(config, model, state, image_shape)  # where XLA differentiates wrongly
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
     # the others go on to the gather check, and the barrier before placing the state waits for this one.
@@ -91,8 +90,8 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
-    kernels, jitted = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, arguments, log,
-                                     run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
+    kernels, jitted, arguments = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log,
+                                                run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
     # The step as the compiler compiles it, read for activation all-gathers before anything is written.
     train_step = distributed.RunTogether(jitted, "train step", log)
     found = compiled_step.step_gathers(train_step.jitted, arguments, image_shape[0] // distribution.num_replicas,
@@ -130,13 +129,14 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
 
 
 def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
-                   arguments: tuple, log: Callable[[str], None], recorded: dict | None = None
-                   ) -> tuple[kernel_choice.Choice, object]:
-    """The run's kernels (`engine.kernel_choice`) and its train step jitted with them (`program.jit_step`):
-    `config.kernels` as set, or measured on the run's device, with the step called on `arguments`
-    (`compiled_step.step_arguments`); `recorded`: the choice the run being resumed recorded (run_record.json's),
-    which it keeps."""
+                   log: Callable[[str], None], recorded: dict | None = None
+                   ) -> tuple[kernel_choice.Choice, object, tuple]:
+    """The run's kernels (`engine.kernel_choice`), its train step jitted with them (`program.jit_step`) and what the
+    step is called with, as shapes (`program.step_arguments`): `config.kernels` as set, or measured on the run's
+    device; `recorded`: the choice the run being resumed recorded (run_record.json's), which it keeps."""
     import jax
+
+    arguments = program.step_arguments(task, state, distribution, image_shape)
 
     def step_of(kernels, layers):
         return program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels, layers)
@@ -153,4 +153,4 @@ def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distr
 
     chosen = kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
                                   discover, time_step, recorded, log, jax.process_count())
-    return chosen, step_of(chosen.kernels, chosen.layers)
+    return chosen, step_of(chosen.kernels, chosen.layers), arguments

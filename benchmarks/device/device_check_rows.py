@@ -87,11 +87,12 @@ class Step:
 
     def compile(self, size: int):
         """(compiled step, its arguments' shapes, image shape, seconds) for size³ examples."""
+        from trainer.engine import program
         from trainer.plan import compiled_step
 
         shape = compiled_step.example_shape(self.config, (size,) * 3)
         image_shape = (self.config.batch_size, *shape)  # (B, D, H, W, 1)
-        arguments = compiled_step.step_arguments(self.task, self.state, self.distribution, image_shape)
+        arguments = program.step_arguments(self.task, self.state, self.distribution, image_shape)
         started = time.perf_counter()
         compiled = self.jitted.lower(*arguments).compile()
         return compiled, arguments, image_shape, time.perf_counter() - started

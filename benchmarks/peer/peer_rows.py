@@ -88,9 +88,8 @@ def measured_kernels(step, config, row: dict) -> dict:
 
     image_shape = (config.batch_size, *compiled_step.example_shape(config, (row["size"],) * 3))
     said = []
-    arguments = compiled_step.step_arguments(step.task, step.state, step.distribution, image_shape)
-    choice, step.jitted = run_setup.choose_kernels(config, step.task, step.model, step.optimizer, step.distribution,
-                                                   step.state, image_shape, arguments, said.append)
+    choice, step.jitted, _ = run_setup.choose_kernels(config, step.task, step.model, step.optimizer,
+                                                      step.distribution, step.state, image_shape, said.append)
     record = choice.record
     by_kind = collections.defaultdict(collections.Counter)  # kind -> {value: layers}
     for layer in record["layers"]:

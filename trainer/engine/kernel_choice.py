@@ -118,7 +118,7 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
 
 def step_seconds(compiled, arguments, state, steps: int = 3) -> float:
     """The median of `steps` timed runs of the compiled train step (after one untimed) on `state` (placed, a copy:
-    the step donates it) and a batch of zeros laid out as `arguments` (`compiled_step.step_arguments`) say."""
+    the step donates it) and a batch of zeros laid out as `arguments` (`program.step_arguments`) say."""
     import jax
     import numpy as np
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import keras
+import numpy as np
 
 from trainer import config as config_lib
 from trainer.engine import placement, step
@@ -119,3 +120,15 @@ def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, 
                                image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
                                input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels,
                                layers=layers)
+
+
+def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
+    """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
+    (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
+    (`compiled_step.StepBuilder.lower_layout`, and training's kernel choice and gather check) without any input."""
+    import jax
+
+    state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                                   state, placement.state_shardings(state, distribution))
+    number = jax.ShapeDtypeStruct((), np.int32, sharding=distribution.replicated_layout(0).backend_layout)
+    return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), number)

@@ -18,12 +18,11 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-import numpy as np
 
 from common import parsing
 from trainer import config as config_lib
 from trainer import config_resolution, presets
-from trainer.engine import placement, program
+from trainer.engine import program
 from trainer.models import user_model
 from trainer.parallel import device_mesh, halo, partitioning, thin_shards, xla_compile
 from trainer.plan import gathers, ring_traffic
@@ -128,9 +127,10 @@ class StepBuilder:
                               self.config.batch_size, self.dimension_names)
         self.check_thin_shards(dims)
         distribution = device_mesh.make_distribution(partition, devices)
+        arguments = program.step_arguments(self.task, self.state, distribution, self.image_shape)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),
                                       self.config.kernels)
-        return train_step.lower(*step_arguments(self.task, self.state, distribution, self.image_shape)), distribution
+        return train_step.lower(*arguments), distribution
 
     def check_thin_shards(self, dims: tuple[int, ...]) -> None:
         """Refuses `dims` where XLA would compute this network's gradient wrongly (`thin_shards.check`)."""
@@ -156,22 +156,10 @@ def check_thin_shards(config: config_lib.TrainConfig, model, state, image_shape:
         thin_shards.check_model(model, state, config.partition.input_partition_dims, image_shape)
 
 
-def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
-    """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
-    (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
-    (`StepBuilder.lower_layout`, and training's gather check) without any input."""
-    import jax
-
-    state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                                   state, placement.state_shardings(state, distribution))
-    step = jax.ShapeDtypeStruct((), np.int32, sharding=distribution.replicated_layout(0).backend_layout)
-    return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), step)
-
-
 def step_gathers(train_step, arguments: tuple, replica_batch: int,
                  keep: Callable | None = None) -> list[gathers.Gather]:
     """The activation all-gathers of the jitted `train_step` (`program.jit_step`) as its compiler compiles it, for
-    `arguments` (`step_arguments`) of `replica_batch` examples a replica.
+    `arguments` (`program.step_arguments`) of `replica_batch` examples a replica.
 
     Training asks this before its first step, and passes `keep` (`distributed.RunTogether.prime`), which gets the
     compiled step and its arguments' shapes: the first step then runs it rather than compiling it again. (In one
