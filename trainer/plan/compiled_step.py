@@ -18,7 +18,6 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-
 from common import parsing
 from trainer import config as config_lib
 from trainer import config_resolution, presets
