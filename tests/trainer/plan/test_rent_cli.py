@@ -47,3 +47,18 @@ def test_largest_without_a_target_answers_on_the_cpu_against_the_memory_given():
     best, miss = found["largest"], found["next_searched"]
     assert best["size"][1:] == [16, 16] and best["row"]["total_bytes"] <= 4 * 2**20 < miss["row"]["total_bytes"]
     assert miss["size"][0] == best["size"][0] + found["multiple"]  # the edge, one multiple apart
+
+
+def test_a_step_time_the_tpu_compiler_gives_as_negative_gives_way_to_the_roofline():
+    """libtpu 0.0.42.1's optimal_seconds for 1024³ over v5e:16x16 was -83.8 s: not a time to show a user."""
+    import types
+
+    from trainer.plan import rent
+
+    estimate = {"seconds": 0.52, "bound": "memory"}
+    negative = types.SimpleNamespace(compiler_seconds=-83.8, estimate=estimate)
+    assert rent.step_time(negative) == {
+        "seconds": 0.52, "source": "roofline (memory-bound); the TPU compiler's optimal_seconds, -83.8 s, is no time"}
+    assert rent.step_time(types.SimpleNamespace(compiler_seconds=0.4, estimate=estimate))["seconds"] == 0.4
+    assert rent.step_time(types.SimpleNamespace(compiler_seconds=None, estimate=estimate))["source"] == \
+        "roofline (memory-bound)"
