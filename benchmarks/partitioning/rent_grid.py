@@ -125,6 +125,18 @@ def _gib(count) -> str:
     return "" if count is None else f"{count / 2**30:.1f} GiB"
 
 
+def _step(planned: dict) -> str:
+    """The step time of a row as `rent.step_time` gives it now, from the row's JSON (a row computed before a rule
+    changed, e.g. a negative optimal_seconds set aside, reads as the rule says)."""
+    import types
+
+    from trainer.plan import rent
+
+    step = rent.step_time(types.SimpleNamespace(compiler_seconds=planned.get("compiler_seconds"),
+                                                estimate=planned.get("estimate")))
+    return f"{step['seconds']:.3g} s ({step['source']})" if step else ""
+
+
 def _figures(row: dict) -> tuple[str, str, str, str]:
     """(answer, layout, per-device bytes of the device's memory, step time) of one computed row, for the table."""
     found = row["result"]
@@ -132,16 +144,14 @@ def _figures(row: dict) -> tuple[str, str, str, str]:
         return found.get("not_finished") or f"failed: {found['error']}", "", "", ""
     if row["kind"] == "plan":
         top = found["row"] or {}
-        step = found.get("step_time") or {}
         answer = "fits" if found["fits"] else "does not fit"
         return (answer, ",".join(map(str, top.get("input_partition_dims", []))), _gib(top.get("total_bytes")),
-                f"{step['seconds']:.3g} s ({step['source']})" if step else "")
+                _step(top) if top else "")
     if row["kind"] == "predict":
         best = found["largest"] or {}
         return (f"{best['side']}³" if best else "none searched fits", "1 device", _gib(best.get("total_bytes")), "")
     key = "smallest" if row["kind"] == "smallest" else "largest"
     best = found[key]
-    step = found.get("step_time") or {}
     if best is None and key == "smallest" and found.get("not_searched"):
         missed = [p["target"] for p in found["points"] if p["fits"] is False]
         return (f"not {missed[-1] if missed else 'any searched'} or smaller; {found['not_searched'][0]} to "
@@ -152,8 +162,7 @@ def _figures(row: dict) -> tuple[str, str, str, str]:
     if key == "largest" and found.get("not_searched"):
         answer += " (larger: not searched)"
     layout = ",".join(map(str, best["row"]["input_partition_dims"]))
-    return (answer, layout, _gib(best["row"]["total_bytes"]),
-            f"{step['seconds']:.3g} s ({step['source']})" if step else "")
+    return answer, layout, _gib(best["row"]["total_bytes"]), _step(best["row"])
 
 
 TARGET_COLUMNS = ("v5e:4x4", "v5e:8x8", "v5p:4x4x4", "h100x1", "h100x8", "h200x1", "h200x8")
@@ -166,6 +175,8 @@ def _cell(entry: dict | None) -> str:
     answer, layout, per_device, step = _figures(entry)
     minutes = entry["seconds"] / 60
     took = f"{minutes:.1f} min" + (", over the 15-minute bound" if entry["seconds"] > ROW_SECONDS else "")
+    if "is no time" in step:  # a TPU row whose compiler's estimate was set aside: the roofline's figure, said so
+        step = step.split(" (")[0] + " roofline"
     return ", ".join(part for part in (answer, layout, per_device, step.split(" (")[0]) if part) + f" ({took})"
 
 
@@ -177,7 +188,8 @@ def _compilers(entries: list[dict]) -> str:
     dates = sorted({entry["date"][:10] for entry in entries})
     named = [f"{name} {versions[name]}" for name in ("libtpu", "jax-cuda12-plugin", "jax") if name in versions]
     return (f"Computed {' to '.join(dict.fromkeys([dates[0], dates[-1]]))} by {', '.join(named)}; the step is the "
-            "compiler's estimate (a TPU's optimal_seconds, a GPU's roofline); in brackets, the row's time here. "
+            "compiler's estimate (a TPU's optimal_seconds, a GPU's roofline; \"roofline\" on a TPU row: libtpu's was no time); "
+            "in brackets, the row's time here. "
             "Compiler figures, not device measurements.") if entries else "Nothing computed yet."
 
 
@@ -209,15 +221,29 @@ def grid(result: dict) -> list[str]:
     return lines + ["", _compilers([done[row["name"]] for row in ROWS if row["name"] in done])]
 
 
+def _brief(generation: str, entry: dict | None) -> str:
+    """A smallest-slice row in a few words, for the README: the slice and its bytes per device, or how far it got."""
+    if entry is None:
+        return f"{generation}: not computed"
+    answer, _, per_device, _ = _figures(entry)
+    if per_device:
+        return f"{answer} ({per_device}{', over 15 min' if entry['seconds'] > ROW_SECONDS else ''})"
+    if "not searched" in answer:  # the smaller slices do not fit; the time ran out before the larger ones
+        return f"{generation}: {answer.split(';')[0]}, the rest not searched in 15 min"
+    return f"{generation}: {answer}"
+
+
 def readme_table(result: dict) -> list[str]:
-    """The README's table: the goals and the smallest slices computed, from the same rows as `grid`."""
+    """The README's table, from the same rows as `grid`: the goals, and the smallest slice of each generation."""
     done = {r["name"]: r for r in result["rows"]}
-    lines = ["| question | answer (minutes here) |", "| --- | --- |"]
+    lines = ["| bfloat16, default UNet | answer |", "| --- | --- |"]
     for row in ROWS:
-        entry = done.get(row["name"])
-        if entry is not None and (row["kind"] == "plan" or (row["kind"] == "smallest" and entry["result"].get(
-                "smallest"))):
-            lines.append(f"| {row['name'].removeprefix('goal: ')} | {_cell(entry)} |")
+        if row["kind"] == "plan":
+            lines.append(f"| {row['name'].removeprefix('goal: ')} | {_cell(done.get(row['name']))} |")
+    for size in ("512x512x1024", "1024x1024x1024"):
+        cells = [_brief(generation, done.get(f"smallest {generation} for {size} bfloat16"))
+                 for generation in ("v5e", "v5p", "h100")]
+        lines.append(f"| smallest slice for {size} | {'; '.join(cells)} |")
     return lines
 
 
