@@ -158,9 +158,11 @@ def _figures(row: dict) -> tuple[str, str, str, str]:
                 f"{found['not_searched'][-1]}: not searched", "", "", "")
     if best is None:
         return ("none searched fits" + (", some not searched" if found.get("not_searched") else ""), "", "", "")
-    answer = best["target"] if key == "smallest" else "x".join(map(str, best["size"]))
+    size = best.get("size") or []
+    answer = best["target"] if key == "smallest" else (
+        f"{size[0]}³" if len(set(size)) == 1 else "x".join(map(str, size)))
     if key == "largest" and found.get("not_searched"):
-        answer += " (larger: not searched)"
+        answer = "≥" + answer  # the largest reached: larger sizes were not searched in the time
     layout = ",".join(map(str, best["row"]["input_partition_dims"]))
     return answer, layout, _gib(best["row"]["total_bytes"]), _step(best["row"])
 
@@ -187,10 +189,9 @@ def _compilers(entries: list[dict]) -> str:
         versions.update(entry.get("compiler_versions") or {})
     dates = sorted({entry["date"][:10] for entry in entries})
     named = [f"{name} {versions[name]}" for name in ("libtpu", "jax-cuda12-plugin", "jax") if name in versions]
-    return (f"Computed {' to '.join(dict.fromkeys([dates[0], dates[-1]]))} by {', '.join(named)}; the step is the "
-            "compiler's estimate (a TPU's optimal_seconds, a GPU's roofline; \"roofline\" on a TPU row: libtpu's was no time); "
-            "in brackets, the row's time here. "
-            "Compiler figures, not device measurements.") if entries else "Nothing computed yet."
+    return (f"Computed {' to '.join(dict.fromkeys([dates[0], dates[-1]]))} by {', '.join(named)}; step: a TPU's "
+            "optimal_seconds or a GPU's roofline (\"roofline\" on a TPU: libtpu's was no time); in brackets, the "
+            "row's time here. Compiler figures, not device measurements.") if entries else "Nothing computed yet."
 
 
 def grid(result: dict) -> list[str]:
