@@ -174,6 +174,8 @@ def _cell(entry: dict | None) -> str:
     """One row's figures in one cell: the answer, its layout, the device's bytes, the step time, the minutes here."""
     if entry is None:
         return "not computed"
+    if "not_finished" in entry["result"]:
+        return f"not finished in {ROW_SECONDS // 60} min here"
     answer, layout, per_device, step = _figures(entry)
     minutes = entry["seconds"] / 60
     took = f"{minutes:.1f} min" + (", over the 15-minute bound" if entry["seconds"] > ROW_SECONDS else "")
