@@ -250,6 +250,14 @@ def readme_table(result: dict) -> list[str]:
     return lines
 
 
+def _block_end(text: str, start: int, last_words: tuple[str, ...] | None) -> int:
+    """Where the rendered block that begins at `start` ends: the end of its first line that begins with one of
+    `last_words`, or, without them, its first blank line."""
+    if last_words is None:
+        return text.index("\n\n", start)
+    return text.index("\n", min(text.index(word, start) for word in last_words if word in text[start:]))
+
+
 def write_docs(result: dict) -> list[str]:
     """Replaces the grid in docs/what-to-rent.md and the table in the README with those rendered from `result`;
     returns the files changed."""
@@ -260,9 +268,7 @@ def write_docs(result: dict) -> list[str]:
         with open(path, encoding="utf-8") as file:
             text = file.read()
         start = text.index(lines[0].split(" |")[0] + " |")
-        end = text.index("\n", next(text.index(word, start) for word in last if word in text[start:])) \
-            if last else text.index("\n\n", start)
-        updated = text[:start] + "\n".join(lines) + text[end:]
+        updated = text[:start] + "\n".join(lines) + text[_block_end(text, start, last):]
         if updated != text:
             with open(path, "w", encoding="utf-8") as file:
                 file.write(updated)

@@ -17,15 +17,20 @@ from tests.preprocessing.video import video_makers
 CLIP = (8, 16, 16)
 
 
+def _write_clips(folder) -> None:
+    """Two clips of CLIP's size as `fullres preprocess video` leaves them: one shard and its summary.json."""
+    video_makers.write_motion_clip_records(str(folder / "data-00000-of-00001.tfrecord"), CLIP)
+    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
+    dataset_files.write_summary(str(folder), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
+                                              "label_values": {"0": 2, "1": 2, "2": 2},
+                                              "preprocessing": video_clips.preprocessing_record(settings)})
+
+
 @pytest.mark.slow  # one compile of the smoke UNet and three 2 s input measurements: 19 s here
 def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path):
     from pipelines import cli
 
-    video_makers.write_motion_clip_records(str(tmp_path / "data-00000-of-00001.tfrecord"), CLIP)
-    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
-    dataset_files.write_summary(str(tmp_path), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
-                                                "label_values": {"0": 2, "1": 2, "2": 2},
-                                                "preprocessing": video_clips.preprocessing_record(settings)})
+    _write_clips(tmp_path)
     result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--in-channels", "3", "--image-size",
                                           ",".join(map(str, CLIP)), "--input-partition-dims", "1,2,1,1,1",
                                           "--data", str(tmp_path), "--json"])
@@ -46,11 +51,7 @@ def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path):
 def test_clip_records_of_another_size_are_refused_as_clips(tmp_path):
     from trainer.plan import input_plan
 
-    video_makers.write_motion_clip_records(str(tmp_path / "data-00000-of-00001.tfrecord"), CLIP)
-    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
-    dataset_files.write_summary(str(tmp_path), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
-                                                "label_values": {"0": 2, "1": 2, "2": 2},
-                                                "preprocessing": video_clips.preprocessing_record(settings)})
+    _write_clips(tmp_path)
     with pytest.raises(ValueError) as refused:
         input_plan.check_shape(str(tmp_path), (16, 16, 16))
     assert str(refused.value).startswith(f"--data {tmp_path} holds clips of 8x16x16 but the plan is for 16x16x16; ")
@@ -62,11 +63,7 @@ def test_a_plan_of_clip_records_sizes_the_three_channel_network_train_builds(tmp
     plan of the same records sized a 1-channel network unless told --in-channels 3. It resolves them the same way."""
     from pipelines import cli
 
-    video_makers.write_motion_clip_records(str(tmp_path / "data-00000-of-00001.tfrecord"), CLIP)
-    settings = video_clips.VideoPreprocessConfig(clip_length=CLIP[0], size=CLIP[1:])
-    dataset_files.write_summary(str(tmp_path), {"ok": 2, "failed": 0, "shards": ["data-00000-of-00001.tfrecord"],
-                                                "label_values": {"0": 2, "1": 2, "2": 2},
-                                                "preprocessing": video_clips.preprocessing_record(settings)})
+    _write_clips(tmp_path)
 
     def plan(*arguments):
         result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--image-size", ",".join(map(str, CLIP)),
