@@ -115,16 +115,30 @@ class StepBuilder:
         self._split_windows: dict = {}  # dims -> thin_shards.model_windows
 
     def compile_layout(self, dims: tuple[int, ...], devices):
-        """Lowers and compiles the train step for `dims` on `devices`; returns (compiled, distribution)."""
+        """Checks `dims` for `devices` (`check_layout`), lowers and compiles the train step; returns (compiled,
+        distribution)."""
+        self.check_layout(dims, len(devices))
         lowered, distribution = self.lower_layout(dims, devices)
         return lowered.compile(), distribution
 
-    def lower_layout(self, dims: tuple[int, ...], devices):
-        """Lowers the train step for `dims` on `devices`; returns (lowered, distribution)."""
-        partition = self.config.partition.for_dims(dims)
-        partitioning.validate(partition, self.image_shape, len(devices), self.config.model.downsampling_levels,
-                              self.config.batch_size, self.dimension_names)
+    def check_layout(self, dims: tuple[int, ...], num_devices: int) -> None:
+        """Refuses `dims` on `num_devices` where they cannot divide the volume or the batch (`partitioning.validate`)
+        or where XLA would compute this network's gradient wrongly (`check_thin_shards`).
+
+        Raises:
+            partitioning.PartitionError: one sentence naming the dimension and the fix.
+        """
+        partitioning.validate(self.config.partition.for_dims(dims), self.image_shape, num_devices,
+                              self.config.model.downsampling_levels, self.config.batch_size, self.dimension_names)
         self.check_thin_shards(dims)
+
+    def lower_layout(self, dims: tuple[int, ...], devices):
+        """Lowers the train step for `dims` on `devices`; returns (lowered, distribution).
+
+        `dims` are checked already, by `check_layout` or by the search that pruned them (`layout_search.prune`), so
+        they are not checked again here.
+        """
+        partition = self.config.partition.for_dims(dims)
         distribution = device_mesh.make_distribution(partition, devices)
         arguments = program.step_arguments(self.task, self.state, distribution, self.image_shape)
         train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),
@@ -189,4 +203,6 @@ def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices
 
 def lower_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
     """`compile_step` before compiling: (the lowered step, its distribution)."""
-    return StepBuilder(config, tuple(shape)).lower_layout(config.partition.input_partition_dims, devices)
+    builder = StepBuilder(config, tuple(shape))
+    builder.check_layout(config.partition.input_partition_dims, len(devices))
+    return builder.lower_layout(config.partition.input_partition_dims, devices)

@@ -21,6 +21,7 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
             compile_only: bool = False, cache: target_compile.PlanCache | None = None) -> PlanRow | target_compile.Refusal:
     """Compiles `dims` on `devices` and reads the compiler's figures; a `Refusal` where it runs out of memory.
 
+    `dims` are checked already (`StepBuilder.check_layout`, or pruned by `layout_search.prune`).
     `compile_only`: the devices are a target's (`targets.devices`), not this process's.
     `cache`: figures of a step compiled before (the same lowered program for the same compiler) are read back.
     """
@@ -101,5 +102,6 @@ def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
         raise ValueError(f"--target {target.name} has {len(devices)} devices; the layout {list(dims)} needs "
                          f"{math.prod(dims)}.")
     builder = compiled_step.StepBuilder(config, tuple(shape))
+    builder.check_layout(dims, math.prod(dims))
     return measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
                    compile_only=target.platform != "cpu")
