@@ -59,8 +59,10 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
     replica_batch = builder.config.batch_size // distribution.num_replicas
     hlo_text = compiled.as_text()  # the whole program as text: made once, read for each kind of collective
     weight_shapes = gathers.weight_shapes(builder.state)
-    found, halo_bytes = compiled_step.communication(hlo_text, replica_batch, weight_shapes)
-    ring_bytes = ring_traffic.permute_bytes(hlo_text)[1]  # ring attention's permutes, which the halo leaves out
+    # What `compiled_step.communication` reads, with ring attention's permutes (which the halo leaves out) from the
+    # same pass over the text.
+    halo_bytes, ring_bytes = ring_traffic.permute_bytes(hlo_text)
+    found = gathers.activation_gathers(hlo_text, replica_batch, weight_shapes)
     if found and not compile_only:
         found = gathers.of_step(lowered, compiled, replica_batch, weight_shapes)
     gathered = tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found))
