@@ -13,7 +13,7 @@ left as it was:
 6. the resume: a rerun keeps to what the run means (`run_record.check_rerun`);
 7. the partition against the data's shape, the devices and the batch (`partitioning.validate`).
 
-It returns a `ResolvedRun`: the config with its partition resolved, the task, the shapes and steps, and what the
+It returns a `ResolvedRun`: the config with its partition resolved, the task, the shapes, steps and warm-up, and what the
 run's record will say. Set-up and the loop trust it and check none of it again; what they can still refuse is
 what only the built program shows (a split XLA would differentiate wrongly for a user's network, all-gathered
 activations, a checkpoint written by another configuration).
@@ -42,6 +42,7 @@ class ResolvedRun:
     task: object  # tasks.base.Task, made for `config`
     num_examples: int
     total_steps: int  # from `steps`, or `epochs` over the examples
+    warmup_steps: int  # the warm-up it takes: `config.warmup_steps` cut to end before the last step (`program`)
     image_shape: tuple[int, ...]  # one global batch: (B, D, H, W, C) or (B, H, W, C)
     devices: tuple  # jax.devices(): the run's, all processes'
     choice: layout_choice.LayoutChoice | None  # "auto": the layout chosen and why; None where it was given
@@ -113,5 +114,5 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     dimension_names = registry.dimension_names(task)  # a clip's first axis: its length
     partitioning.validate(config.partition, image_shape, len(devices), config.model.downsampling_levels,
                           config.batch_size, dimension_names)
-    return ResolvedRun(config, task, num_examples, total_steps, image_shape, devices, choice, rerun, eval_note,
-                       () if warmup is None else (warmup,))
+    return ResolvedRun(config, task, num_examples, total_steps, warmup_steps, image_shape, devices, choice, rerun,
+                       eval_note, () if warmup is None else (warmup,))

@@ -82,7 +82,8 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     # 30 s on CPUs.
     distributed.wait_for_the_others("model build")
     with distribution.scope():
-        model, optimizer, schedule, state = program.build_model(config, task, resolved.total_steps)
+        model, optimizer, schedule, state = program.build_model(config, task, resolved.total_steps,
+                                                                 resolved.warmup_steps)
     compiled_step.check_thin_shards(config, model, state, image_shape)  # where XLA differentiates wrongly
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
     # the others go on to the gather check, and the barrier before placing the state waits for this one.

@@ -69,9 +69,12 @@ def warmup_note(config: config_lib.TrainConfig, total_steps: int) -> str | None:
             "or fewer, or more --steps, to make them agree.")
 
 
-def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int):
-    """Linear warm-up to the peak rate, then cosine decay to 0, poly decay to 0 (nnU-Net's), or constant."""
-    warmup = warmup_steps_used(config, total_steps)
+def learning_rate_schedule(config: config_lib.TrainConfig, total_steps: int, warmup: int | None = None):
+    """Linear warm-up to the peak rate, then cosine decay to 0, poly decay to 0 (nnU-Net's), or constant.
+
+    `warmup`: the warm-up steps, as the run resolved them (`warmup_steps_used`, which None asks).
+    """
+    warmup = warmup_steps_used(config, total_steps) if warmup is None else warmup
     if config.schedule == "poly":
         return PolyDecay(config.learning_rate, total_steps, warmup_steps=warmup)
     return keras.optimizers.schedules.CosineDecay(
@@ -95,15 +98,16 @@ def build_optimizer(config: config_lib.TrainConfig, schedule) -> keras.optimizer
     return keras.optimizers.Adam(schedule, weight_decay=decay)
 
 
-def build_model(config: config_lib.TrainConfig, task, total_steps: int):
+def build_model(config: config_lib.TrainConfig, task, total_steps: int, warmup_steps: int | None = None):
     """The model, optimizer, learning-rate schedule and initial `TrainState` of a run (`fullres plan` builds the same).
 
     Variables land where the caller's scope puts them: training builds inside
     its distribution's scope (replicated on the mesh); planning needs only
-    their shapes and builds them once, on one device.
+    their shapes and builds them once, on one device. `warmup_steps`: the warm-up a training run resolved
+    (`resolved_run.ResolvedRun.warmup_steps`); None works it out (`warmup_steps_used`).
     """
     model = task.build_model()
-    schedule = learning_rate_schedule(config, total_steps)
+    schedule = learning_rate_schedule(config, total_steps, warmup_steps)
     optimizer = build_optimizer(config, schedule)
     return model, optimizer, schedule, placement.initial_state(model, optimizer)
 
