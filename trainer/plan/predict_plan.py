@@ -35,7 +35,9 @@ def predict_bytes(config: config_lib.TrainConfig, volume: tuple[int, ...], targe
 
     Returns:
         {"padded_shape", "compiler_total_bytes" (memory_analysis), "argument_bytes", "output_bytes",
-        "total_bytes" (the device's: `device_bytes.planned`), "device_terms", "fits"}.
+        "total_bytes" (the device's: `device_bytes.planned`), "device_terms", "fits"}. Where the target's
+        compiler refuses the pass for its memory (a TPU's RESOURCE_EXHAUSTED), "fits" is False, the bytes are the
+        ones the compiler says it needed, and "refused" holds those and the bytes it had.
     """
     import jax
 
@@ -53,7 +55,16 @@ def predict_bytes(config: config_lib.TrainConfig, volume: tuple[int, ...], targe
         shapes = jax.tree_util.tree_map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), weights,
                                         placement.state_shardings(weights, distribution))
         forward = inference.make_forward(model, distribution, shapes, len(batch_shape), "probabilities")
-        compiled, _ = xla_compile.compile(inference.lower_predict(forward, shapes, distribution, batch_shape))
+        lowered = inference.lower_predict(forward, shapes, distribution, batch_shape)
+        try:
+            compiled, _ = xla_compile.compile(lowered)
+        except Exception as error:  # a TPU compiler refuses a pass over its memory rather than sizing it
+            refused = targets.out_of_memory(str(error))
+            if refused is None:
+                raise
+            return {"padded_shape": list(spatial), "compiler_total_bytes": refused[0], "argument_bytes": None,
+                    "output_bytes": None, "total_bytes": refused[0], "device_terms": None, "fits": False,
+                    "refused": {"needed_bytes": refused[0], "available_bytes": refused[1]}}
     memory = compiled.memory_analysis()
     total = (memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
              - memory.alias_size_in_bytes)

@@ -58,3 +58,26 @@ def test_on_a_gpu_predict_counts_the_autotuning_of_its_largest_convolution_after
     assert terms.workspace_bytes == 400 and terms.step_peak_bytes == 1410
     assert terms.autotuning_peak_bytes == 10 + 10 + 1000 + 400
     assert terms.total_bytes == math.ceil(1420 * device_bytes.GPU_MARGIN)
+
+
+def test_a_pass_the_targets_compiler_refuses_for_its_memory_does_not_fit_and_says_what_it_needed(monkeypatch):
+    # The TPU compiler refuses a pass over its memory (RESOURCE_EXHAUSTED) rather than sizing it; the bisection of
+    # the largest volume must read that as "does not fit", not stop on an error.
+    from trainer.parallel import xla_compile
+
+    def refuse(lowered):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 100.58G of 15.75G hbm. "
+                           "Exceeded hbm capacity by 84.83G.")
+
+    monkeypatch.setattr(xla_compile, "compile", refuse)
+    found = predict_plan.predict_bytes(_tiny(), (16, 16, 16, 1), targets.parse("cpu"))
+    assert found["fits"] is False
+    assert found["refused"] == {"needed_bytes": round(100.58 * 2**30), "available_bytes": round(15.75 * 2**30)}
+    assert found["total_bytes"] == found["refused"]["needed_bytes"]
+
+    def fail(lowered):
+        raise RuntimeError("INVALID_ARGUMENT: a bug, not the memory")
+
+    monkeypatch.setattr(xla_compile, "compile", fail)
+    with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):
+        predict_plan.predict_bytes(_tiny(), (16, 16, 16, 1), targets.parse("cpu"))
