@@ -18,12 +18,12 @@ def test_a_users_network_is_planned_on_a_tpu_slice(tmp_path):
     environment = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     environment["FULLRES_PLAN_CACHE"] = str(tmp_path / "cache")
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "plan", "--model", NETWORK, "--image-size", "16,4,4",
+        [sys.executable, "-m", "pipelines.cli", "plan", "--model", NETWORK, "--image-size", "16,16,16",
          "--partitions", "4", "--target", "v5e:2x2", "--json"],
         capture_output=True, text=True, env=environment, cwd=REPOSITORY, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     plan = json.loads(result.stdout)
-    assert plan["header"].startswith("segmentation user_networks.py:residual_groupnorm [16, 4, 4]")
+    assert plan["header"].startswith("segmentation user_networks.py:residual_groupnorm [16, 16, 16]")
     (row,) = plan["rows"]
     assert row["input_partition_dims"] == [1, 4, 1, 1, 1] and row["fits"]
     assert row["total_bytes"] > 0 and row["total_bytes"] != row["cpu_total_bytes"]  # the TPU compiler's own figure
