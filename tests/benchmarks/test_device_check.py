@@ -152,8 +152,9 @@ def test_a_row_that_hangs_or_runs_out_of_memory_is_reported_with_the_plan_and_th
     assert device_check.check(result) == []
 
 
+@pytest.mark.slow  # four row processes, each importing JAX and compiling: 9 s quiet, 12 s beside other work
 def test_the_cpu_run_at_tiny_sizes_measures_every_part_and_its_json_checks(tmp_path):
-    """The script as the device runs it, on this CPU (four row processes): 9 s on the quiet 2-core machine."""
+    """The script as the device runs it, on this CPU (four row processes)."""
     out = tmp_path / "tiny.json"
     done = subprocess.run([sys.executable, SCRIPT, "--tiny", "--json", str(out)], capture_output=True, text=True,
                           timeout=600, cwd=REPOSITORY)
