@@ -5,7 +5,8 @@ Rows, in the order they are computed (`ROWS`): the two goals (1024³ bfloat16 fo
 1024³ (`fullres plan --target GENERATION`), then the largest whole cube (`fullres plan --largest`) for the default
 UNet and nnU-Net's PlainConvUNet (the zoo's port) in float32 and bfloat16 on seven targets, then the largest
 volume `fullres predict` segments whole on one chip. Each row runs in a child process bounded by `ROW_SECONDS`
-(15 minutes: the search's own --max-seconds a minute short of it); a row that does not finish is written as such.
+(15 minutes: the search's own --max-seconds a minute short of it); a row that does not finish is written as such,
+with the largest size its log had found to fit.
 Rows are appended to benchmarks/results/rent_grid.json with the compilers' versions, the date and the seconds
 taken; a rerun computes only the rows not there (`--redo NAME` computes one again). `--write-docs` renders the
 grid into docs/what-to-rent.md and the README's table from the JSON.
@@ -22,6 +23,7 @@ import datetime
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "rent_grid.json")
 ROW_SECONDS = 900
 PLAIN = "tests/trainer/zoo/nnunet_plain.py:build"
+_SIZE_LOGGED = re.compile(r"^\[[^\]]+\] (\d+(?:x\d+)+): (fits|does not fit)", re.MULTILINE)
 
 
 def _rows() -> list[dict]:
@@ -121,6 +124,21 @@ def predict_largest(row: dict, max_seconds: float) -> dict:
             "points": list(edge.points.values())}
 
 
+def reached(log: str | bytes | None) -> dict:
+    """How far a row cut at the time bound got, from its search's log (`largest_volume.SizeProbe`'s lines): the
+    largest size it found to fit and the smallest it found not to, each None where none was logged."""
+    text = log.decode(errors="replace") if isinstance(log, bytes) else log or ""
+    logged = [([int(n) for n in size.split("x")], verdict == "fits") for size, verdict in _SIZE_LOGGED.findall(text)]
+    fitted = [size for size, fits in logged if fits]
+    missed = [size for size, fits in logged if not fits]
+    return {"fitted": max(fitted, key=math.prod) if fitted else None,
+            "not_fitted": min(missed, key=math.prod) if missed else None}
+
+
+def _size(size: list[int]) -> str:
+    return f"{size[0]}³" if len(set(size)) == 1 else "x".join(map(str, size))
+
+
 def _gib(count) -> str:
     return "" if count is None else f"{count / 2**30:.1f} GiB"
 
@@ -159,8 +177,7 @@ def _figures(row: dict) -> tuple[str, str, str, str]:
     if best is None:
         return ("none searched fits" + (", some not searched" if found.get("not_searched") else ""), "", "", "")
     size = best.get("size") or []
-    answer = best["target"] if key == "smallest" else (
-        f"{size[0]}³" if len(set(size)) == 1 else "x".join(map(str, size)))
+    answer = best["target"] if key == "smallest" else _size(size)
     if key == "largest" and found.get("not_searched"):
         answer = "≥" + answer  # the largest reached: larger sizes were not searched in the time
     layout = ",".join(map(str, best["row"]["input_partition_dims"]))
@@ -175,7 +192,8 @@ def _cell(entry: dict | None) -> str:
     if entry is None:
         return "not computed"
     if "not_finished" in entry["result"]:
-        return f"not finished in {ROW_SECONDS // 60} min here"
+        fitted = entry["result"].get("fitted") if entry["kind"] == "largest" else None
+        return (f"≥{_size(fitted)} fits; " if fitted else "") + f"not finished in {ROW_SECONDS // 60} min here"
     answer, layout, per_device, step = _figures(entry)
     minutes = entry["seconds"] / 60
     took = f"{minutes:.1f} min" + (", over the 15-minute bound" if entry["seconds"] > ROW_SECONDS else "")
@@ -322,8 +340,9 @@ def main() -> None:
                                    text=True, timeout=ROW_SECONDS, cwd=ROOT)
             found = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {
                 "error": (child.stderr.strip().splitlines() or ["?"])[-1][:500]}
-        except subprocess.TimeoutExpired:
-            found = {"not_finished": f"did not finish within {ROW_SECONDS // 60} minutes on this machine"}
+        except subprocess.TimeoutExpired as cut:  # what its log says it found before the bound is kept
+            found = {"not_finished": f"did not finish within {ROW_SECONDS // 60} minutes on this machine",
+                     **reached(cut.stderr)}
         entry = {**row, "result": found, "seconds": round(time.perf_counter() - started, 1),
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                  "compiler_versions": _versions()}

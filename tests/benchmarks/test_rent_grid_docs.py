@@ -64,3 +64,21 @@ def test_write_docs_replaces_the_grid_and_the_table_and_nothing_else(tmp_path, m
     before = _read("docs/what-to-rent.md")
     assert page.split("| goal | answer |")[0] == before.split("| goal | answer |")[0]
     assert page.split("not device measurements.\n", 1)[1] == before.split("not device measurements.\n", 1)[1]
+
+
+def test_a_row_cut_at_the_bound_keeps_the_largest_size_its_log_found_to_fit():
+    grid = _rent_grid()
+    log = ("searching 31 sizes (128 to 4096 voxels along depth, height, width)\n"
+           "[v5e:4x4 1/6] compiling 1,1,4,4,1 ...\n"
+           "[v5e:4x4] 256x256x256: fits (753 s)\n"
+           "[v5e:4x4] 128x128x128: fits (from the plan cache)\n"
+           "[v5e:4x4] 512x512x512: does not fit, needs 30.1 GiB of 15.75 GiB (40 s)\n").encode()
+    assert grid.reached(log) == {"fitted": [256, 256, 256], "not_fitted": [512, 512, 512]}
+    assert grid.reached(None) == {"fitted": None, "not_fitted": None}
+    result = json.loads(_read("benchmarks", "results", "rent_grid.json"))
+    row = copy.deepcopy(next(r for r in result["rows"] if r["kind"] == "largest"))
+    cut = {**row, "result": {"not_finished": "did not finish within 15 minutes on this machine", **grid.reached(log)}}
+    assert grid._cell(cut) == "≥256³ fits; not finished in 15 min here"
+    nothing = {**row, "result": {"not_finished": "did not finish within 15 minutes on this machine",
+                                 **grid.reached(b"searching 31 sizes\n")}}
+    assert grid._cell(nothing) == "not finished in 15 min here"
