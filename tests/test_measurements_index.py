@@ -5,13 +5,13 @@ row; a file without an entry, an entry without its file, or a result without a d
 sentence naming what to add; a changed figure in a JSON changes the page.
 """
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 
 import pytest
+
+from tests import files
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPOSITORY, "docs")
@@ -19,11 +19,7 @@ RESULTS = os.path.join(REPOSITORY, "benchmarks", "results")
 
 
 def load(name: str):
-    sys.path.insert(0, DOCS)  # the index imports its catalogue as the command runs it
-    spec = importlib.util.spec_from_file_location(name, os.path.join(DOCS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return files.load_script("docs", f"{name}.py", with_its_folder=True)  # the index imports its catalogue
 
 
 @pytest.fixture(scope="module")

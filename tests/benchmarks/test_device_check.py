@@ -6,7 +6,6 @@ other tests drive the same orchestration with rows answered by stand-in processe
 """
 
 import datetime
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,15 +15,14 @@ import time
 
 import pytest
 
+from tests import files
+
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPOSITORY, "benchmarks", "device", "device_check.py")
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return files.load_script("benchmarks", "device", "device_check.py")
 
 
 def test_help_lists_the_parts_and_their_time_limits(capsys):
@@ -231,11 +229,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_row_runs(tmp_pat
 
 
 def _plan_helpers():
-    spec = importlib.util.spec_from_file_location("device_check_plan", os.path.join(REPOSITORY, "benchmarks",
-                                                                                     "device", "device_check_plan.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return files.load_script("benchmarks", "device", "device_check_plan.py")
 
 
 def test_the_device_check_sets_the_devices_compiler_beside_the_one_the_plan_modelled():
@@ -277,10 +271,7 @@ def test_the_largest_cube_compiles_without_autotuning_where_autotuning_alone_wou
 
 
 def test_the_rows_read_the_workspace_the_devices_autotuner_gave_each_convolution():
-    spec = importlib.util.spec_from_file_location("device_readings", os.path.join(REPOSITORY, "benchmarks",
-                                                                                   "device", "device_readings.py"))
-    rows = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rows)
+    rows = files.load_script("benchmarks", "device", "device_readings.py")
 
     class Compiled:
         def __init__(self, text):

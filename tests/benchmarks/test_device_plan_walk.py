@@ -2,19 +2,13 @@
 fake plan whose bytes grow with the voxels, the points it saves hold the edge (the largest cube 32 apart that fits
 and the next that does not), in fewer plans than a walk 32 at a time."""
 
-import importlib.util
-import os
+from tests import files
 
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPOSITORY, "benchmarks", "device", "device_plan.py")
 LIMIT = 20 * 2**30
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("device_plan", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return files.load_script("benchmarks", "device", "device_plan.py")
 
 
 def test_the_largest_cube_is_found_by_the_products_search_and_every_point_saved(monkeypatch):

@@ -8,7 +8,6 @@ command at tiny sizes on the CPU, every row in its own process, as the device ru
 PyTorch row's peak from its process, a measure row's choice per layer kind, and the ratios.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -20,17 +19,16 @@ import jax
 import numpy as np
 import pytest
 
+from tests import files
+
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARKS = os.path.join(REPOSITORY, "benchmarks")  # peer/ and device/ below it
 
 
 def load(name: str):
     folder = "device" if name.startswith("device_") else "peer"
-    sys.path.insert(0, os.path.join(BENCHMARKS, folder))  # the scripts import one another as the command runs them
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, folder, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # The scripts import one another as the command runs them.
+    return files.load_script("benchmarks", folder, f"{name}.py", with_its_folder=True)
 
 
 def test_the_test_environment_has_pytorch_and_neither_the_demo_nor_the_image_does():

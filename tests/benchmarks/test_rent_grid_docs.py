@@ -2,19 +2,16 @@
 benchmarks/results/rent_grid.json: a row computed again, or a figure edited by hand, cannot leave them apart."""
 
 import copy
-import importlib.util
 import json
 import os
+
+from tests import files
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _rent_grid():
-    spec = importlib.util.spec_from_file_location(
-        "rent_grid", os.path.join(REPOSITORY, "benchmarks", "partitioning", "rent_grid.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return files.load_script("benchmarks", "partitioning", "rent_grid.py")
 
 
 def _read(*path):

@@ -4,21 +4,13 @@ The compiles themselves (the GPU compiler's program, per layer kind and directio
 tests/trainer/plan/test_hlo_kernels.py's (target tier); these read text and rows, in milliseconds.
 """
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks", "peer")
+from tests import files
 
 
 def load(name: str):
-    sys.path.insert(0, BENCHMARKS)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return files.load_script("benchmarks", "peer", f"{name}.py", with_its_folder=True)
 
 
 # An optimized GPU HLO's shape, cut down: a cuDNN forward and weight gradient, a Triton GEMM fusion whose inside

@@ -6,12 +6,12 @@ check the refusal as a user meets it: `fullres plan` (the CLI and `fullres.plan`
 naming the layer, the axis, its voxels per device and the fix, and compiles the safe neighbour.
 """
 
-import importlib.util
 import os
 
 import pytest
 from typer.testing import CliRunner
 
+from tests import files
 from trainer.parallel import halo, partitioning, thin_shards
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -20,11 +20,7 @@ WIDE = f"{NETWORKS}:wide_kernels"
 
 
 def _mapper():
-    spec = importlib.util.spec_from_file_location(
-        "gspmd_min_voxels", os.path.join(REPOSITORY, "benchmarks", "partitioning", "gspmd_min_voxels.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return files.load_script("benchmarks", "partitioning", "gspmd_min_voxels.py")
 
 
 @pytest.mark.parametrize("shape, parts, layers, wrong", [
