@@ -50,9 +50,10 @@ def placed_share(dims: Sequence[int], image_shape: Sequence[int], devices: int, 
     return placement.share_of_blocks(blocks, tuple(image_shape))
 
 
-def check_kind(data: str) -> None:
+def check_kind(data: str) -> str:
     """Refuses `--data` that are not records this module measures (CT volumes or video clips), before anything is
     compiled: detection's images with boxes are read by another input, whose rate this plan does not measure.
+    Returns the records' kind (`tfrecord_schema.CT_RECORDS` or `VIDEO_RECORDS`), for `check_shape` and `plan_input`.
 
     Raises:
         FileNotFoundError, ValueError: `data_set.resolve`'s sentences (nothing there, records of mixed data sets).
@@ -62,21 +63,23 @@ def check_kind(data: str) -> None:
 
     kind = data_set.resolve(data, "--data").kind
     if kind in (schema.CT_RECORDS, schema.VIDEO_RECORDS):
-        return
+        return kind
     fix = ("leave --data out to plan the detection step without measuring its input" if kind == schema.DETECTION_RECORDS
            else "convert the scans again with this fullres's fullres preprocess ct")
     raise ValueError(f"--data {data} holds {kind}, but fullres plan --data measures the input of CT volumes or video "
                      f"clips only (the records of fullres preprocess ct or video); {fix}, or pass CT or clip records.")
 
 
-def _words(data: str) -> tuple[str, str]:
-    """What the records' examples and their first axis are called: ("clips", "frames") or ("volumes", "depths")."""
+def _words(data: str, kind: str | None) -> tuple[str, str]:
+    """What the records' examples and their first axis are called: ("clips", "frames") or ("volumes", "depths").
+    `kind`: the records' kind as `check_kind` found it; None: found here."""
     from preprocessing.records import data_set, tfrecord_schema as schema
 
-    return ("clips", "frames") if data_set.resolve(data, "--data").kind == schema.VIDEO_RECORDS else ("volumes", "depths")
+    kind = kind or data_set.resolve(data, "--data").kind
+    return ("clips", "frames") if kind == schema.VIDEO_RECORDS else ("volumes", "depths")
 
 
-def check_shape(data: str, volume: Sequence[int]) -> None:
+def check_shape(data: str, volume: Sequence[int], kind: str | None = None) -> None:
     """Refuses records of another size than the planned volumes or clips (D, H, W), before anything is compiled.
 
     Raises:
@@ -84,7 +87,7 @@ def check_shape(data: str, volume: Sequence[int]) -> None:
     """
     records = ct_input.CtRecords(data)
     try:
-        _check_shape(data, records, tuple(volume), _words(data)[0])
+        _check_shape(data, records, tuple(volume), _words(data, kind)[0])
     finally:
         records.close()
 
@@ -98,7 +101,7 @@ def _check_shape(data: str, records, volume: tuple[int, ...], examples: str) -> 
 
 def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devices: int, processes: int,
                step_seconds: float | None, log: Callable[[str], None] = lambda line: None,
-               volume: Sequence[int] | None = None) -> dict:
+               volume: Sequence[int] | None = None, kind: str | None = None) -> dict:
     """Measures this host's input for one process of the layout `dims` and compares it with the step.
 
     Args:
@@ -108,6 +111,7 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
         volume: the volumes' (D, H, W) when the batch holds crops of them (patches, read as `fullres train
             --patch-size` reads them); None: the batch holds whole volumes.
         step_seconds: the step's estimate (None: no estimate, as on `cpu`).
+        kind: the records' kind as `check_kind` found it (None: found again here).
 
     Returns:
         The JSON `fullres plan --json` carries as `input`, with `line` (what the plan prints) and `host` (what a
@@ -118,7 +122,7 @@ def plan_input(data: str, dims: Sequence[int], image_shape: Sequence[int], devic
     """
     patch = None if volume is None or tuple(volume) == tuple(image_shape[1:-1]) else tuple(image_shape[1:-1])
     volume = tuple(volume or image_shape[1:-1])
-    examples, along = _words(data)
+    examples, along = _words(data, kind)
     records = ct_input.CtRecords(data)
     try:
         _check_shape(data, records, volume, examples)

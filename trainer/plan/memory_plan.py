@@ -287,9 +287,10 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         raise ValueError(f"--input-partition-dims {','.join(map(str, layouts_to_try))} has {len(layouts_to_try)} "
                          f"entries; this model's inputs have {len(shape) + 1} (batch, {len(shape) - 1} spatial, "
                          f"channels), e.g. {','.join(map(str, compiled_step.default_partition_dims(4, len(shape) + 1)))}.")
+    kind = None
     if data is not None:  # named before the first compile, as every other argument (it is read after them)
-        input_plan.check_kind(data)  # CT or clip records: the input this plan measures
-        input_plan.check_shape(data, volume[:-1])  # the records' size too: found after every compile, it was
+        kind = input_plan.check_kind(data)  # CT or clip records: the input this plan measures
+        input_plan.check_shape(data, volume[:-1], kind)  # the records' size too: found after every compile, it was
     limit = sizes.parse_bytes(device_memory) if device_memory else targets.memory_per_device(on)
     started = time.perf_counter()
     if on.platform == "cpu":
@@ -335,7 +336,7 @@ def run(*, model: str | None = None, preset: str = "default", settings: dict | N
         step_seconds = (row.estimate or {}).get("seconds")
         planned_input = input_plan.plan_input(data, row.input_partition_dims, (devices // row.partitions
                                               * config.batch_size, *shape), devices, processes, step_seconds, log,
-                                              volume=volume[:-1])
+                                              volume=volume[:-1], kind=kind)
         if found is not None:
             found = {**found, "host": planned_input["host"]}
     compiler = None if on.platform == "cpu" else device_bytes.plan_json(on.platform, target_compile.compiler_versions(),

@@ -27,10 +27,13 @@ def _write_clips(folder) -> None:
 
 
 @pytest.mark.slow  # one compile of the smoke UNet and three 2 s input measurements: 19 s here
-def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path):
+def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path, monkeypatch):
     from pipelines import cli
+    from preprocessing.records import data_set
 
     _write_clips(tmp_path)
+    resolve, kinds = data_set.resolve, []  # the records' kind is found once, before the compile, and passed on
+    monkeypatch.setattr(data_set, "resolve", lambda *a, **k: kinds.append(a[0]) or resolve(*a, **k))
     result = CliRunner().invoke(cli.app, ["plan", "--preset", "smoke", "--in-channels", "3", "--image-size",
                                           ",".join(map(str, CLIP)), "--input-partition-dims", "1,2,1,1,1",
                                           "--data", str(tmp_path), "--json"])
@@ -46,6 +49,7 @@ def test_a_clip_plans_share_counts_three_uint8_channels_and_the_label(tmp_path):
     assert f"{share['bytes_per_example'] // 1024}.0 KiB an example" in planned["line"]
     assert share["along"] == "frames" and f"frames 0-{CLIP[0] - 1}" in planned["line"]  # a clip's axis: its frames
     assert "depths" not in planned["line"]
+    assert kinds == [str(tmp_path)]
 
 
 def test_clip_records_of_another_size_are_refused_as_clips(tmp_path):
