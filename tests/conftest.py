@@ -40,16 +40,16 @@ import trainer  # noqa: E402,F401  (chooses the Keras backend before TensorFlow 
 # start first and the short files fill in around them (longest-processing-time-first); xdist's own order, by the
 # number of tests in a file, left one worker idle for the last minutes. Files not listed keep their order.
 LONGEST_FIRST = (
-    # The target tier (its own session, `-m target tests/trainer/plan`), longest first (test-seconds measured
-    # 2026-12-07, beside one other process): the GPU search ~60 s, the Triton fallback ~45 s, the TPU kernels ~30 s,
-    # the plan that says what runs ~28 s, the submitted TPU plan ~26 s, the smallest-slice search ~24 s; the rest
-    # (cache flags, a user's network, the compile refusals: 5-16 s each) fill in around them.
+    # The target tier (its own session, `-m target tests/trainer/plan`), longest first (test-seconds in the clean-clone
+    # run of 2026-12-07, 132 s in all): the GPU search ~50 s, the Triton fallback ~43 s, the TPU kernels ~25 s, the
+    # smallest-slice search ~22 s, the submitted TPU plan ~20 s, the plan that says what runs ~16 s; the rest (cache
+    # flags, a user's network, the compile refusals: 5-15 s each) fill in around them.
     "tests/trainer/plan/test_target_search.py",
     "tests/trainer/plan/test_gpu_compile_fallback.py",
     "tests/trainer/plan/test_target_kernels.py",
-    "tests/trainer/plan/test_target_plan_says_what_runs.py",
-    "tests/trainer/plan/test_target_plan_submit.py",
     "tests/trainer/plan/test_target_rent.py",
+    "tests/trainer/plan/test_target_plan_submit.py",
+    "tests/trainer/plan/test_target_plan_says_what_runs.py",
     # The suite.
     "tests/trainer/parallel/test_multiprocess.py",  # ~190 s: 2-process runs, kills and reruns
     "tests/container/test_container_image.py",  # ~340 s: the image, the DockerRunner pipeline
