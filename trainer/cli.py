@@ -270,7 +270,7 @@ def plan(
 
             jax.config.update("jax_platforms", "cpu")
     from trainer.engine import recorded_settings
-    from trainer.plan import memory_plan
+    from trainer.plan import memory_plan, plan_text
 
     flags = {"precision": precision, "remat": remat, "batch_size": batch_size, "model.num_levels": num_levels,
              "model.base_filters": base_filters, "model.in_channels": in_channels, "model.stem": stem, "model.encoder": encoder,
@@ -292,7 +292,7 @@ def plan(
     if json_output:
         typer.echo(json.dumps(plan.to_json(), indent=2))
         return
-    typer.echo("\n".join([*memory_plan.table(plan.results, plan.header, budget), *memory_plan.launch_lines(plan)]))
+    typer.echo("\n".join([*plan_text.table(plan.results, plan.header, budget), *plan_text.launch_lines(plan)]))
 
 
 def main(argv: list[str] | None = None) -> None:

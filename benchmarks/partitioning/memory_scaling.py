@@ -45,7 +45,7 @@ def _device_count(argv: list[str]) -> int:
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={_device_count(sys.argv)}"  # before JAX starts
 
 from trainer.models import unet  # noqa: E402
-from trainer.plan import compiled_step, layout_search, memory_plan  # noqa: E402
+from trainer.plan import compiled_step, layout_search, plan_text  # noqa: E402
 
 
 def _unet(model: str) -> dict:
@@ -71,7 +71,7 @@ def run_layout_search(cases: list[str], output: str | None) -> None:
                 count, len(shape) + 1)), None)
             print(f"\n{model} {list(size)} N={count}: {len(search.rows)} layouts compiled, {len(search.pruned)} pruned, "
                   f"{seconds:.0f} s")
-            print("\n".join(memory_plan.table([search], "ranked:")), flush=True)
+            print("\n".join(plan_text.table([search], "ranked:")), flush=True)
             results.append({"model": model, "image_size": list(size), "partitions": count,
                             "search_seconds": round(seconds, 1), "pruned": [list(d) for d, _ in search.pruned],
                             "best": best.to_json(), "one_d": one_d.to_json() if one_d else None,

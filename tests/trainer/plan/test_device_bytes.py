@@ -8,7 +8,7 @@ import math
 import pytest
 
 import trainer
-from trainer.plan import device_bytes, memory_plan, target_compile, targets
+from trainer.plan import device_bytes, memory_plan, plan_text, target_compile, targets
 
 
 def _plan(measured: dict, **changes):
@@ -73,7 +73,7 @@ def test_the_plan_says_which_compiler_it_modelled_and_its_margin_with_why():
     assert f"jax {versions['jax']}" in device_bytes.versions_line(versions)
     plan = memory_plan.Plan([], "header", "h100x1", 1, None, compiler=said)
     assert plan.to_json()["compiler"]["compiler_versions"] == versions
-    lines = memory_plan.launch_lines(plan)
+    lines = plan_text.launch_lines(plan)
     assert lines[0].startswith(f"modelled with jax {versions['jax']}") and "1.05 margin" in lines[1]
 
 

@@ -17,7 +17,7 @@ from trainer.engine import placement, step
 from trainer.models import losses
 from trainer.parallel import device_mesh, partitioning
 from common import sizes
-from trainer.plan import compiled_step, gathers, layout_search, memory_plan, plan_row
+from trainer.plan import compiled_step, gathers, layout_search, memory_plan, plan_row, plan_text
 
 SMALL_RETINANET = {"model.stackwise_num_blocks": "1,1,1,1", "model.stackwise_num_filters": "64,32,32,32",
                    "model.head_filters": 32, "model.head_conv_layers": 2, "image_size": "256,256"}
@@ -288,5 +288,5 @@ def test_the_launch_says_the_cores_each_host_needs_to_feed_its_devices(cores, sa
              "hosts": 4, "host": {"cores_for_input": cores, "cache_bytes_per_process": 96 * 2**20},
              "vertex": {}, "parameters": {"input_partition_dims": "1,16,1,1,1"}}
     plan = memory_plan.Plan([], "header", "v5e:4x4", None, found)
-    (line,) = [line for line in memory_plan.launch_lines(plan) if line.startswith("each host:")]
+    (line,) = [line for line in plan_text.launch_lines(plan) if line.startswith("each host:")]
     assert line.startswith(said) and line.endswith("96.0 MiB of memory for the decoded cache")

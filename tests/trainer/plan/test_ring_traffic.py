@@ -4,7 +4,7 @@ device's block of attention scores is reported beside them."""
 import jax
 
 from tests.trainer.zoo import test_ring_attention
-from trainer.plan import compiled_step, layout_measure, layout_search, memory_plan, plan_row, ring_traffic
+from trainer.plan import compiled_step, layout_measure, layout_search, plan_row, plan_text, ring_traffic
 
 NETWORK = "tests/trainer/zoo/test_ring_attention.py:flat_tokens"  # 32 tokens, 2 heads of 4, float32
 
@@ -51,7 +51,7 @@ def test_the_table_shows_the_ring_beside_the_halo_only_where_attention_splits():
 
     def table(row):
         search = layout_search.Search(2, [row], [], 0.0)
-        return memory_plan.table([search], "header")
+        return plan_text.table([search], "header")
 
     header, line = table(attention)[1:3]
     assert "ring/step" in header and "scores" in header and line.count("2.0 KiB") == 2
