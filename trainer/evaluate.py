@@ -6,6 +6,7 @@ COCO AP), through the one forward pass (`engine.inference`).
 
 from __future__ import annotations
 
+from preprocessing.records import data_set
 from trainer import trained_run
 from trainer.engine import run_data, run_files
 
@@ -34,7 +35,8 @@ def evaluate_trained(model_dir: str, pattern: str, report_path: str | None = Non
     run = trained_run.open_run(model_dir)
     run.task.check_data(pattern, "--eval", training=False)  # before the model is placed: one sentence, no traceback
     note = run_data.check_eval(run_data.trained_fingerprint(trained_run.read_record(model_dir)),
-                                 f"{run_files.path(model_dir, run_files.RUN_RECORD)}", pattern, across_preprocessings)
+                                 f"{run_files.path(model_dir, run_files.RUN_RECORD)}", pattern,
+                                 data_set.fingerprint(pattern), across_preprocessings)
     task = run.task
     names = task.report_class_names(class_names)  # checked before the (long) evaluation
     loaded, split = _load_on_devices_present(run, log)

@@ -4,11 +4,13 @@
 a run is checked for before it starts is asked in `resolve`, in this order, each refusal one sentence, every folder
 left as it was:
 
-1. the devices: a split the devices present cannot hold (a resume: by the device counts its run fits);
-2. the data: records the task can use (`Task.check_data`), held-out data preprocessed as the training data;
+1. the run folder and the devices (`resume_check`): a damaged run, a model without its checkpoints, a split the
+   devices present cannot hold (a resume: by the device counts its run fits);
+2. the data: records the task can use (`Task.check_data`), held-out data preprocessed as the training data (each
+   data set's fingerprint read once: `data_set.fingerprint`);
 3. the network: a user's file, function and output, and its measured downsampling;
-4. the output: a damaged run, a model without its checkpoints, a folder fullres did not write or one that
-   overlaps the data (`output_guard`), a folder another run is writing (its lock, held from here to the end);
+4. the output: a folder another run is writing (its lock, taken first and held from here to the end), a folder
+   fullres did not write or one that overlaps the data (`output_guard`);
 5. the partition: "auto" chosen for the devices present and the data's shape (`layout_choice`);
 6. the resume: a rerun keeps to what the run means (`run_record.check_rerun`);
 7. the partition against the data's shape, the devices and the batch (`partitioning.validate`).
@@ -27,8 +29,9 @@ import math
 from collections.abc import Callable, Sequence
 
 from common import output_guard, output_lock
+from preprocessing.records import data_set
 from trainer import config as config_lib, trained_run
-from trainer.engine import program, resume_devices, run_data, run_record
+from trainer.engine import program, resume_check, run_data, run_record
 from trainer.parallel import partitioning
 from trainer.plan import layout_choice
 from trainer.tasks import registry
@@ -74,23 +77,23 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     if not config.train_data or not config.output_dir:
         raise ValueError("TrainConfig needs train_data (a TFRecord pattern) and output_dir.")
     devices = tuple(jax.devices())
-    resume_devices.check(config, len(devices))  # a split the devices cannot hold is named before the data are read
+    resume_check.check(config, len(devices))  # the run folder a rerun resumes, and a split the devices cannot hold
     # The data are judged before the output: a run refused for its data leaves no run folder behind.
     task = registry.make_task(config, class_names)
     task.check_data(config.train_data, "--train", training=True)
-    trained_on = eval_note = None  # the training data's fingerprint: read here for --eval, else by the resume check
+    trained_on = data_set.fingerprint(config.train_data)  # the data as their preprocessing recorded them, read once
+    eval_note = None
     if config.eval_data:
         task.check_data(config.eval_data, "--eval", training=False)
-        trained_on = run_data.data_fingerprint(config.train_data)
-        eval_note = run_data.check_eval(trained_on, f"--train {config.train_data}", config.eval_data,
+        held_out = data_set.fingerprint(config.eval_data)
+        eval_note = run_data.check_eval(trained_on, f"--train {config.train_data}", config.eval_data, held_out,
                                         eval_across_preprocessings)
-    # The network's own checks (a user's: its file, its function, its output; measured downsampling).
-    partitioning.per_axis(config.model.downsampling_levels, config.model.spatial_dims)
-    run_record.check_resumable(config.output_dir)  # a damaged train_config.json, or a model without checkpoints
+    # The network's own checks: a user's network is loaded and measured here (its file, its function, its output).
+    levels = config.model.downsampling_levels
+    if jax.process_index() == 0:  # the lock first, as every command takes it: no other run writes the folder judged
+        held.enter_context(output_lock.lock(config.output_dir))
     output_guard.check_run_directory(config.output_dir, {"training data": config.train_data,
                                                          "evaluation data": config.eval_data})
-    if jax.process_index() == 0:
-        held.enter_context(output_lock.lock(config.output_dir))
     num_examples = task.num_examples()
     total_steps = config.steps if config.epochs is None else config.epochs * math.ceil(
         num_examples / config.batch_size)
@@ -112,7 +115,6 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     if choice is not None or kept_names:  # the task of the run as resolved: its chosen split, its names
         task = registry.make_task(config, named if kept_names else class_names)
     dimension_names = registry.dimension_names(task)  # a clip's first axis: its length
-    partitioning.validate(config.partition, image_shape, len(devices), config.model.downsampling_levels,
-                          config.batch_size, dimension_names)
+    partitioning.validate(config.partition, image_shape, len(devices), levels, config.batch_size, dimension_names)
     return ResolvedRun(config, task, num_examples, total_steps, warmup_steps, image_shape, devices, choice, rerun,
                        eval_note, () if warmup is None else (warmup,))

@@ -207,6 +207,17 @@ def examples(data: DataSet) -> str | None:
     return f"{len(ids)} ({ids[0]} ... {ids[-1]}, ids sha256 {digest})" if ids else "0"
 
 
+def fingerprint(value: str) -> dict:
+    """What the preprocessing of the data set `value` names recorded (`resolve`): its record kind, `summary.json`'s
+    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none);
+    and which examples it holds (`examples`: other scans or videos with the same settings are other data). A run
+    keeps its training data's (`run_record`), and held-out data are compared with it (`run_data.check_eval`)."""
+    data = resolve(value)
+    found = examples(data)
+    recorded = {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
+    return recorded if found is None else {**recorded, "examples": found}
+
+
 def channels(value: str) -> int | None:
     """The input channels of the records `value` names (`resolve`): 3 for video clips (RGB frames), 1 for CT
     volumes; None for other records, or data `resolve` refuses (the trainer's data check then names why)."""

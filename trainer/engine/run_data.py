@@ -1,7 +1,8 @@
 """The data a run trained on, as their preprocessing recorded them, and whether other data are the same kind of data.
 
-A data set's fingerprint is its record kind, `summary.json`'s `preprocessing` (spacing, orientation, window,
-modality, shape; a clip's length, stride and size), `label_map.json`, and which examples it holds. `run_record`
+A data set's fingerprint (`data_set.fingerprint`) is its record kind, `summary.json`'s `preprocessing` (spacing,
+orientation, window, modality, shape; a clip's length, stride and size), `label_map.json`, and which examples it
+holds. `run_record`
 keeps the training data's fingerprint and refuses a rerun on other data; `check_eval` refuses held-out data
 preprocessed otherwise, whose scores would not be the model's.
 """
@@ -10,19 +11,6 @@ from __future__ import annotations
 
 import json
 
-from preprocessing.records import data_set
-
-
-def data_fingerprint(pattern: str) -> dict:
-    """What the preprocessing of the data set `pattern` names recorded: its record kind, `summary.json`'s
-    `preprocessing` (spacing, orientation, window, modality, shape) and `label_map.json` (None where it has none);
-    and which examples it holds (`data_set.examples`: other scans or videos with the same settings are other data)."""
-    data = data_set.resolve(pattern)
-    fingerprint = {"kind": data.kind, "preprocessing": data.preprocessing, "label_map": data.label_map}
-    found = data_set.examples(data)
-    return fingerprint if found is None else {**fingerprint, "examples": found}
-
-
 def shown(value) -> str:
     if value is None:
         return "none"
@@ -30,7 +18,7 @@ def shown(value) -> str:
 
 
 def trained_fingerprint(recorded) -> dict:
-    """The fingerprint of the data a run (`trained_run.Record`) trained on last (`data_fingerprint`); for a run from
+    """The fingerprint of the data a run (`trained_run.Record`) trained on last (`data_set.fingerprint`); for a run from
     before run_record.json, what its model_info.json kept of them (summary.json's preprocessing), else {}."""
     lines = [line for line in recorded.history if "fingerprint" in line]
     if lines:
@@ -67,13 +55,13 @@ def differences(trained: dict, other: dict, ignore: tuple[str, ...] = ()) -> lis
 EVAL_OPTION = "--eval-across-preprocessings"
 
 
-def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = False) -> str | None:
+def check_eval(trained: dict, trained_from: str, eval_data: str, held_out: dict, across: bool = False) -> str | None:
     """Refuses held-out data preprocessed otherwise than the training data (`differences`; the shape aside: a
     volume's padding or crop does not change what a voxel is), whose scores would not be the model's.
 
     Args:
         trained: the training data's fingerprint; `trained_from`: where it comes from, for the sentence.
-        eval_data: the held-out data (`--eval`).
+        eval_data: the held-out data (`--eval`); `held_out`: their fingerprint (`data_set.fingerprint`).
         across: score them anyway (`--eval-across-preprocessings`).
 
     Returns:
@@ -82,7 +70,7 @@ def check_eval(trained: dict, trained_from: str, eval_data: str, across: bool = 
     Raises:
         ValueError: they differ and `across` is False.
     """
-    found = differences(trained, data_fingerprint(eval_data), ignore=("shape", "examples"))  # held out: other cases
+    found = differences(trained, held_out, ignore=("shape", "examples"))  # held out: other cases
     if not found:
         return None
     key, was, now = found[0]

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from common import file_writes, output_guard, output_lock
@@ -127,6 +128,23 @@ def check_resumable(run_dir: str) -> None:
         raise output_guard.OutputRefused(_damaged(file_path, problem, "resume the run"))
 
 
+def check_model_kept(run_dir: str) -> None:
+    """Refuses a finished run whose checkpoints are gone: a rerun would start at step 1 and overwrite the model it
+    holds (asked after `check_resumable`).
+
+    Raises:
+        output_guard.OutputRefused: the sentence names the model, the missing checkpoints and the fix.
+    """
+    model = path(run_dir, MODEL)
+    if "://" in run_dir or not os.path.isfile(model) or not holds_run(run_dir) or done_steps(run_dir):
+        return
+    kept = path(run_dir, CHECKPOINTS)
+    raise output_guard.OutputRefused(
+        f"--output {run_dir} holds a trained model ({model}) but no checkpoint ({kept} is "
+        f"{'empty' if os.path.isdir(kept) else 'missing'}), so a rerun would train from step 1 and overwrite that "
+        f"model; put the run's checkpoints back into {kept} to resume it, or train into a new --output.")
+
+
 def read_train_config_dict(run_dir: str) -> dict | None:
     """`train_config.json` as written (paths as the run gave them), or None where it is missing or damaged."""
     file_path = path(run_dir, TRAIN_CONFIG)
@@ -200,6 +218,14 @@ def not_a_run(run_dir: str) -> str | None:
                 f"with `fullres train --output {run_dir}` (it goes on from its newest checkpoint), then predict.")
     return (f"--model {run_dir} is not a fullres run (it lacks {MODEL_INFO} or {MODEL}); "
             "pass the output directory of `fullres train`.")
+
+
+def save_description(run_dir: str, config: config_lib.TrainConfig, task, image_shape: Sequence[int]) -> None:
+    """What a run is, written when training starts: its config (with a copy of a user's network) and model_info.json
+    of its task (`tasks.base.Task`); `export.save_model` writes the weights at its end."""
+    write_train_config(run_dir, config)
+    write_model_info(run_dir, task.name, image_shape, task.class_names, task.preprocessing(),
+                     data_modality=task.data_modality())
 
 
 def write_model_info(run_dir: str, task: str, image_shape, class_names: list[str] | None,

@@ -86,37 +86,17 @@ def source_hash(file_path: str) -> str:
         return hashlib.sha256(file.read()).hexdigest()
 
 
-def _settings(values: dict) -> dict:
-    """The defining settings of a TrainConfig dict (`config.to_dict`, or train_config.json) as dotted keys, JSON
+def _settings(*values: dict) -> list[dict]:
+    """The defining settings of each TrainConfig dict (`config.to_dict`, or train_config.json) as dotted keys, JSON
     values (tuples as lists)."""
-    flat = parsing.flatten(json.loads(json.dumps(values)))
-    return {key: value for key, value in flat.items()
-            if key not in MAY_CHANGE and key.partition(".")[0] not in MAY_CHANGE and key not in _PATHS}
-
-
-def check_resumable(run_dir: str) -> None:
-    """`run_files.check_resumable`, and a finished run whose checkpoints are gone is refused: a rerun would start at
-    step 1 and overwrite the model it holds.
-
-    Raises:
-        output_guard.OutputRefused: the sentence names the model, the missing checkpoints and the fix.
-    """
-    from common import output_guard
-
-    run_files.check_resumable(run_dir)
-    model = run_files.path(run_dir, run_files.MODEL)
-    if "://" in run_dir or not os.path.isfile(model) or not run_files.holds_run(run_dir) or run_files.done_steps(run_dir):
-        return
-    kept = run_files.path(run_dir, run_files.CHECKPOINTS)
-    raise output_guard.OutputRefused(
-        f"--output {run_dir} holds a trained model ({model}) but no checkpoint ({kept} is "
-        f"{'empty' if os.path.isdir(kept) else 'missing'}), so a rerun would train from step 1 and overwrite that "
-        f"model; put the run's checkpoints back into {kept} to resume it, or train into a new --output.")
+    return [{key: value for key, value in parsing.flatten(json.loads(json.dumps(each))).items()
+             if key not in MAY_CHANGE and key.partition(".")[0] not in MAY_CHANGE and key not in _PATHS}
+            for each in values]
 
 
 def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devices: int, warmup_steps: int,
                 continue_with_changes: bool = False, log: Callable[[str], None] = print, *,
-                trained_on: dict | None = None) -> dict:
+                trained_on: dict) -> dict:
     """Refuses a rerun into `config.output_dir` that would change what the run there means; nothing is written.
 
     Args:
@@ -127,7 +107,7 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
         warmup_steps: the warm-up it takes (`program.warmup_steps_used`).
         continue_with_changes: go on under the changed settings (the history records them) instead of refusing.
         log: where the settings that change freely, and a change continued with, are said.
-        trained_on: the training data's fingerprint (`run_data.data_fingerprint`), where the caller has it.
+        trained_on: the training data's fingerprint (`data_set.fingerprint` of `config.train_data`).
 
     Returns:
         The history line `record` writes once training starts: `{"event": "started" | "resumed" | "continued with
@@ -142,14 +122,12 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
     from trainer.models import user_model
 
     run_dir = config.output_dir
-    fingerprint = run_data.data_fingerprint(config.train_data) if trained_on is None else trained_on
-    data_changes = run_data.differences(run_data.trained_fingerprint(recorded), fingerprint)  # read once a run is there
     source = source_hash(config.model.file) if isinstance(config.model, user_model.UserModelConfig) else None
     line = {"event": "started", "step": 0, "steps": total_steps, "warmup_steps": warmup_steps, "devices": devices,
             "data": config.train_data, "data_path": absolute(config.train_data),
-            "eval_path": absolute(config.eval_data)}
+            "eval_path": absolute(config.eval_data), "fingerprint": trained_on, "model_source_sha256": source}
     if recorded.train_config is None:  # no run here yet
-        return {**line, "fingerprint": fingerprint, "model_source_sha256": source}
+        return line
     done = run_files.done_steps(run_dir)
     if total_steps < done:
         asked = (f"--epochs {config.epochs} ({total_steps} steps)" if config.epochs is not None
@@ -158,7 +136,10 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
             f"nothing to train: the run in {run_dir} is at step {done} of the {total_steps} that {asked} asks for; "
             f"pass --steps {done} or more to go on training it, or a new --output to train {total_steps} steps "
             "from the start.")
-    changes = _changes(recorded, config, data_changes, source)
+    freely: list[str] = []  # said only once the rerun is not refused
+    _log_changed_freely(recorded.train_config, config, total_steps, devices, (recorded.history or [{}])[-1],
+                        freely.append)
+    changes = _changes(recorded, config, trained_on, source)
     if changes and not continue_with_changes:
         key, (before, now, where) = next(iter(changes.items()))
         more = f" (and {', '.join(list(changes)[1:])} differ too)" if len(changes) > 1 else ""
@@ -167,9 +148,9 @@ def check_rerun(config: config_lib.TrainConfig, recorded, total_steps: int, devi
             f"{more}; a rerun only resumes the run as it was, so leave out or pass the run's own {_fix(key)}, train into a new "
             f"--output, or pass {CONTINUE_OPTION} to go on from step {done} under the new setting (the run's "
             f"{run_files.RUN_RECORD} then records the change).")
-    _log_changed_freely(recorded.train_config, config, total_steps, devices, (recorded.history or [{}])[-1], log)
-    line = {**line, "event": "continued with changes" if changes else "resumed", "step": done,
-            "fingerprint": fingerprint, "model_source_sha256": source}
+    for said in freely:
+        log(said)
+    line = {**line, "event": "continued with changes" if changes else "resumed", "step": done}
     if changes:
         line["changed"] = {key: [before, now] for key, (before, now, _) in changes.items()}
         log(f"continuing the run from step {done} with changed settings ({CONTINUE_OPTION}): " + "; ".join(
@@ -187,36 +168,38 @@ def _fix(key: str) -> str:
     return f"setting ({option(key)})"
 
 
-def _changes(recorded, config: config_lib.TrainConfig, data_changes: list[tuple[str, object, object]],
+def _changes(recorded, config: config_lib.TrainConfig, trained_on: dict,
              source: str | None) -> dict[str, tuple[object, object, str]]:
-    """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs;
-    `data_changes`: how the training data differ from the run's (`run_data.differences`)."""
+    """{what: (the run's value, the rerun's, where the rerun's comes from)} of every defining setting that differs:
+    the training data first (`run_data.differences` of the run's fingerprint and `trained_on`), then the settings,
+    then a user's network."""
     from trainer import config as config_lib
 
+    values = config_lib.to_dict(config)
+    named = recipe_name(recorded.train_config.get("augmentation")), recipe_name(values["augmentation"])
+    copy = run_files.path(recorded.directory, run_files.MODEL_SOURCE)
+    copied = source_hash(copy) if source is not None and os.path.isfile(copy) else None
+    before, after = _settings(recorded.train_config, values)
+    data_changes = run_data.differences(run_data.trained_fingerprint(recorded), trained_on)
     changes: dict[str, tuple[object, object, str]] = {}
     summary = f" (--train {config.train_data}: its {dataset_files.SUMMARY} and {dataset_files.LABEL_MAP})"
     for key, was, now in data_changes:
         where = (f" (--train {config.train_data} holds other cases than the run trained on: its case ids differ)"
                  if key == "examples" else summary)
         changes[f"training data {key}"] = (was, now, where)
-    values = config_lib.to_dict(config)
-    before, after = _settings(recorded.train_config), _settings(values)
     differ = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
     recipe = [key for key in differ if key.startswith("augmentation.")]
     if recipe:  # the recipe as a whole: a preset's name where it is one, else the fields that differ
-        was_named = recipe_name(recorded.train_config.get("augmentation"))
-        now_named = recipe_name(values["augmentation"])
-        if was_named and now_named:
-            changes["augmentation"] = (was_named, now_named, " (--augmentation)")
+        if all(named):
+            changes["augmentation"] = (*named, " (--augmentation)")
         else:
             changes["augmentation"] = ({key[13:]: before.get(key) for key in recipe},
                                        {key[13:]: after.get(key) for key in recipe}, " (--set augmentation.FIELD)")
     for key in differ:
         if key not in recipe:
             changes[key] = (before.get(key), after.get(key), f" ({option(key)})")
-    copy = run_files.path(recorded.directory, run_files.MODEL_SOURCE)
-    if source is not None and os.path.isfile(copy) and source_hash(copy) != source:
-        changes["model source"] = (f"sha256 {source_hash(copy)[:12]}", f"sha256 {source[:12]}",
+    if copied is not None and copied != source:
+        changes["model source"] = (f"sha256 {copied[:12]}", f"sha256 {source[:12]}",
                                    f" ({config.model.file}; the run's copy is {copy})")
     return changes
 

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipelines import cli
+from preprocessing.records import data_set
 from tests.files import snapshot
 from trainer import trained_run
 from trainer import config_resolution
@@ -92,7 +93,8 @@ def _recorded_run(run, config):
     run.mkdir()
     run_files.write_train_config(str(run), config)
     run_record.record(str(run), run_record.check_rerun(config, trained_run.read_record(str(run)), config.steps, 8,
-                                                           program.warmup_steps_used(config, config.steps)))
+                                                           program.warmup_steps_used(config, config.steps),
+                                                           trained_on=data_set.fingerprint(config.train_data)))
 
 
 def _bare(run, given=("output_dir", "steps"), overrides=None):
@@ -101,7 +103,8 @@ def _bare(run, given=("output_dir", "steps"), overrides=None):
     rerun = recorded_settings.fill(str(run), set(given), "segmentation", None, None)
     config = config_resolution.resolve(rerun.task, "default", rerun.train_data, str(run), rerun.eval_data, overrides=overrides,
                                 recorded=rerun.base)
-    line = run_record.check_rerun(config, trained_run.read_record(str(run)), 9, 8, program.warmup_steps_used(config, 9))
+    line = run_record.check_rerun(config, trained_run.read_record(str(run)), 9, 8, program.warmup_steps_used(config, 9),
+                                  trained_on=data_set.fingerprint(config.train_data))
     return rerun, config, line
 
 
@@ -220,6 +223,6 @@ def test_a_bare_resume_from_elsewhere_says_no_eval_change_and_a_shorter_schedule
                                  overrides={"steps": 9}, recorded=rerun.base)
     lines = []
     run_record.check_rerun(resumed, trained_run.read_record(str(run)), 9, 8, program.warmup_steps_used(resumed, 9),
-                           log=lines.append)
+                           log=lines.append, trained_on=data_set.fingerprint(resumed.train_data))
     assert resumed.eval_data == demo_data["eval"]
     assert lines == ["resuming with 9 steps in all (was 12; the learning-rate schedule is shortened to the new end)"]

@@ -1,9 +1,10 @@
 """A resume on a device count its run's batch and split do not divide over is refused by the device counts that
-fit (`engine.resume_devices`), not told to change the batch, which the resume itself would refuse."""
+fit (`engine.resume_check`), not told to change the batch, which the resume itself would refuse."""
 
 from typer.testing import CliRunner
 
 from pipelines import cli
+from preprocessing.records import data_set
 from tests.files import snapshot
 from trainer import trained_run
 from trainer import presets
@@ -28,7 +29,8 @@ def test_a_resume_on_devices_its_batch_does_not_divide_over_names_the_device_cou
     run.mkdir()
     run_files.write_train_config(str(run), config)
     run_record.record(str(run), run_record.check_rerun(config, trained_run.read_record(str(run)), 2, 4,
-                                                       program.warmup_steps_used(config, 2)))
+                                                       program.warmup_steps_used(config, 2),
+                                                       trained_on=data_set.fingerprint(config.train_data)))
     before = snapshot(run)
     refused = _train("--output", str(run), "--steps", "4")
     assert refused.exit_code == 2, refused.output

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from preprocessing.records import data_set
 from preprocessing.ct import demo_ct
 from trainer import config as config_lib, evaluate, train
 from trainer import presets
@@ -147,7 +148,8 @@ def test_another_network_file_or_partition_is_refused_by_what_the_run_records(de
     config = presets.smoke(train_data=demo_data["train"], output_dir=str(run),
                               model=user_model.UserModelConfig(str(mine), "build"))
     with pytest.raises(run_record.RunChanged) as refused:
-        run_record.check_rerun(config, _recorded(run, config), 6, 8, program.warmup_steps_used(config, 6))
+        run_record.check_rerun(config, _recorded(run, config), 6, 8, program.warmup_steps_used(config, 6),
+                               trained_on=data_set.fingerprint(config.train_data))
     copy, theirs = run_record.source_hash(str(run / "model_source.py")), run_record.source_hash(str(mine))
     assert str(refused.value).startswith(
         f"--output {run} was trained with model source \"sha256 {copy[:12]}\" but this rerun has \"sha256 "
@@ -157,8 +159,10 @@ def test_another_network_file_or_partition_is_refused_by_what_the_run_records(de
     (run / "model_source.py").write_text(mine.read_text())
     with pytest.raises(run_record.RunChanged, match=r"trained with partition.input_partition_dims \[1, 1, 1, 1, 1\] but "
                                                     r"this rerun has \[1, 2, 1, 1, 1\] \(--input-partition-dims\)"):
-        run_record.check_rerun(split, _recorded(run, config), 6, 8, program.warmup_steps_used(split, 6))
-    line = run_record.check_rerun(config, _recorded(run, config), 6, 8, program.warmup_steps_used(config, 6))  # the same run: resumed, nothing changed
+        run_record.check_rerun(split, _recorded(run, config), 6, 8, program.warmup_steps_used(split, 6),
+                               trained_on=data_set.fingerprint(split.train_data))
+    line = run_record.check_rerun(config, _recorded(run, config), 6, 8, program.warmup_steps_used(config, 6),
+                                  trained_on=data_set.fingerprint(config.train_data))  # the same run: resumed, nothing changed
     assert line["event"] == "resumed" and "changed" not in line and line["model_source_sha256"] == theirs
 
 

@@ -1,9 +1,12 @@
-"""A resume on a device count its run cannot go on over is refused by the device counts that fit the run.
+"""What a rerun into a run's folder is checked for first of all a run's checks, before the data are read.
 
-A new run whose global batch does not divide over its replicas is told to change the batch (`partitioning.validate`);
-a resume cannot change it (the batch and the split are what the run means: `run_record.check_rerun`), so its
-sentence names the device counts over which the run's own batch and split do divide, and a new `--output` for
-another batch. `resolved_run.resolve` asks it first of all a run's checks.
+* A damaged `train_config.json` (`run_files.check_resumable`: otherwise the run's own files would be called
+  foreign) and a trained model whose checkpoints are gone (`run_files.check_model_kept`: a rerun would train from
+  step 1 and overwrite it).
+* A split the devices present cannot hold (`partitioning.validate_devices`). A new run whose global batch does not
+  divide over its replicas is told to change the batch (`partitioning.validate`); a resume cannot change it (the
+  batch and the split are what the run means: `run_record.check_rerun`), so its sentence names the device counts
+  over which the run's own batch and split do divide, and a new `--output` for another batch.
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ from trainer.parallel import partitioning
 
 
 def check(config: config_lib.TrainConfig, num_devices: int) -> None:
-    """`partitioning.validate_devices`, and for resuming the run in `config.output_dir` on `num_devices` devices
-    where its batch and split do not fit them, this module's sentence instead; nothing more for a new run, an auto
-    split, or a rerun that changes the batch or the split (the rerun check names that change).
+    """The run folder `config.output_dir` is one a rerun can resume (or holds no run), and the split fits
+    `num_devices` devices: `partitioning.validate_devices`, and for resuming a run whose batch and split do not fit
+    them, this module's sentence instead; nothing more for an auto split, or a rerun that changes the batch or the
+    split (the rerun check names that change).
 
     Raises:
+        output_guard.OutputRefused: a damaged train_config.json, or a trained model without its checkpoints.
         partitioning.PartitionError: one sentence naming the run's batch, split and device count, and the fix.
     """
+    run_files.check_resumable(config.output_dir)
+    run_files.check_model_kept(config.output_dir)
     if config.partition.is_auto:
         return
     _check_resume(config, num_devices)
