@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainer import config as config_lib, resolved_run, trained_run
-from trainer.engine import checkpoints, kernel_choice, placement, program, run_files, run_record, scalars
-from trainer.parallel import device_mesh, distributed, xla_compile
-from trainer.parallel import kernels as kernels_lib
-from trainer.plan import compiled_step, gathers, layout_choice
+from trainer import resolved_run
+from trainer.engine import checkpoints, kernel_choice, placement, program, run_files, run_record, scalars, step
+from trainer.models import user_model
+from trainer.parallel import device_mesh, distributed, thin_shards, xla_compile
+from trainer.plan import gathers, layout_choice
 
 
 @dataclasses.dataclass
@@ -84,19 +84,26 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     with distribution.scope():
         model, optimizer, schedule, state = program.build_model(config, task, resolved.total_steps,
                                                                  resolved.warmup_steps)
-    compiled_step.check_thin_shards(config, model, state, image_shape)  # where XLA differentiates wrongly
+    if isinstance(config.model, user_model.UserModelConfig):  # a split where XLA would differentiate it wrongly
+        thin_shards.check_model(model, state, config.partition.input_partition_dims, image_shape)
     # Measured on the network as built, by the process that says it: on this host's devices alone, no collective;
     # the others go on to the gather check, and the barrier before placing the state waits for this one.
     field = task.receptive_field(model) if jax.process_index() == 0 else None
     if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
-    kernels, jitted, arguments = choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log,
+    kernels, jitted, arguments = step.choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log,
                                                 run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
-    # The step as the compiler compiles it, read for activation all-gathers before anything is written.
+    # The step as the compiler compiles it, read for activation all-gathers before anything is written. The first
+    # step runs this executable (`prime`) rather than compiling it again: in several processes JAX's persistent
+    # cache would not serve it back (a process reads only what was written under its own key, and JAX writes from
+    # process 0 alone except on CPU: `distributed._cache_cpu_programs_of_every_process`).
     train_step = distributed.RunTogether(jitted, "train step", log)
-    found = compiled_step.step_gathers(train_step.jitted, arguments, image_shape[0] // distribution.num_replicas,
-                                       keep=train_step.prime)
+    lowered = jitted.lower(*arguments)
+    compiled, options = xla_compile.compile(lowered)
+    train_step.prime(compiled, *arguments, options=options)
+    found = gathers.of_step(lowered, compiled, image_shape[0] // distribution.num_replicas,
+                            gathers.weight_shapes(arguments[0]))
     if found and not config.allow_gathers:
         gathers.refuse(found, config.partition.input_partition_dims)
     if found:
@@ -116,7 +123,7 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     os.makedirs(config.output_dir, exist_ok=True)
     is_chief = jax.process_index() == 0
     if is_chief:
-        trained_run.save_description(config.output_dir, config, task, image_shape[1:])
+        run_files.save_description(config.output_dir, config, task, image_shape[1:])
         run_record.record(config.output_dir, {**resolved.rerun, "step": start_step})
         if kernels.record is not None:
             run_record.record_kernel_choice(config.output_dir, kernels.record)
@@ -127,31 +134,3 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
         held.callback(writer.close)
     return Run(resolved, distribution, model, optimizer, schedule, state, start_step, checkpointer,
                run_files.read_history(config.output_dir, start_step), is_chief, train_step, writer)
-
-
-def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
-                   log: Callable[[str], None], recorded: dict | None = None
-                   ) -> tuple[kernel_choice.Choice, object, tuple]:
-    """The run's kernels (`engine.kernel_choice`), its train step jitted with them (`program.jit_step`) and what the
-    step is called with, as shapes (`program.step_arguments`): `config.kernels` as set, or measured on the run's
-    device; `recorded`: the choice the run being resumed recorded (run_record.json's), which it keeps."""
-    import jax
-
-    arguments = program.step_arguments(task, state, distribution, image_shape)
-
-    def step_of(kernels, layers):
-        return program.jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels, layers)
-
-    def discover():
-        with kernels_lib.recording() as found:
-            step_of(config.kernels, None).trace(*arguments)
-        return found
-
-    def time_step(kernels, layers):
-        compiled, _ = xla_compile.compile(step_of(kernels, layers).lower(*arguments))
-        placed = placement.place_state(state, distribution)  # a copy for each timing: the step donates it
-        return kernel_choice.step_seconds(compiled, arguments, placed)
-
-    chosen = kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
-                                  discover, time_step, recorded, log, jax.process_count())
-    return chosen, step_of(chosen.kernels, chosen.layers), arguments

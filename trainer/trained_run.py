@@ -4,9 +4,9 @@
 `model_info.json`: the task, the input shape, the class names, the preprocessing
 of the training scans), a user's network as a copy of its file
 (`model_source.py`), and the weights (`model.keras`); `engine.run_files` reads
-and writes each file. This module turns them into something usable:
+and writes each file (`run_files.save_description`: what training writes at its start). This module turns them
+into something usable:
 
-* `save_description`: what training writes at its start (`export.save_model` writes the weights at its end);
 * `open_run`: the config, the task (with the class names the run was trained with) and `model_info.json`;
 * `load_model`: the network rebuilt from the config (fullres's own, or the user's from the run's copy of its
   file) and given the trained weights;
@@ -74,14 +74,6 @@ def read_record(run_dir: str) -> Record:
     info = read_info(run_dir) if os.path.isfile(run_files.path(run_dir, run_files.MODEL_INFO)) else {}
     return Record(run_dir, run_files.read_train_config_dict(run_dir), info,
                   run_files.read_run_record(run_dir).get("history") or [])
-
-
-def save_description(run_dir: str, config: config_lib.TrainConfig, task: base.Task, image_shape: Sequence[int]
-                     ) -> None:
-    """What a run is, written when training starts: its config (with a copy of a user's network) and model_info.json."""
-    run_files.write_train_config(run_dir, config)
-    run_files.write_model_info(run_dir, task.name, image_shape, task.class_names, task.preprocessing(),
-                               data_modality=task.data_modality())
 
 
 def read_info(run_dir: str) -> dict:

@@ -7,8 +7,8 @@ back as one line on stdout, `ROW_RESULT {...}`. Figures are plain units: bytes, 
 
 What each part runs (nothing here is a copy of fullres's code; each calls the code `fullres` runs):
 
-* train: the step `fullres train` runs (`engine.program.build_model` and `jit_step`, the config resolved by
-  `compiled_step.plan_config` as `fullres plan` resolves it), on one device, on a synthetic batch held on the
+* train: the step `fullres train` runs (`engine.program.build_model` and `engine.step.jit_step`, the config
+  resolved by `compiled_step.plan_config` as `fullres plan` resolves it), on one device, on a synthetic batch held on the
   device, so the time is the device's alone. Lowered and compiled ahead, so the compiler's own figures
   (`memory_analysis`, `cost_analysis`) are read before anything runs. With `fit` (the largest cube), sizes are
   compiled from the largest down until the compiler's figure fits the allocator's limit, then run.
@@ -73,7 +73,7 @@ class Step:
     def __init__(self, row: dict, config=None):
         import jax
 
-        from trainer.engine import program
+        from trainer.engine import program, step
         from trainer.parallel import device_mesh
         from trainer.tasks import registry
 
@@ -82,17 +82,17 @@ class Step:
         self.distribution = device_mesh.make_distribution(self.config.partition, jax.devices()[:1])
         with self.distribution.scope():
             self.model, self.optimizer, _, self.state = program.build_model(self.config, self.task, self.config.steps)
-        self.jitted = program.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5,
-                                       self.config.kernels)
+        self.jitted = step.jit_step(self.task, self.model, self.optimizer, self.distribution, self.state, 5,
+                                    self.config.kernels)
 
     def compile(self, size: int):
         """(compiled step, its arguments' shapes, image shape, seconds) for size³ examples."""
-        from trainer.engine import program
+        from trainer.engine import step
         from trainer.plan import compiled_step
 
         shape = compiled_step.example_shape(self.config, (size,) * 3)
         image_shape = (self.config.batch_size, *shape)  # (B, D, H, W, 1)
-        arguments = program.step_arguments(self.task, self.state, self.distribution, image_shape)
+        arguments = step.step_arguments(self.task, self.state, self.distribution, image_shape)
         started = time.perf_counter()
         compiled = self.jitted.lower(*arguments).compile()
         return compiled, arguments, image_shape, time.perf_counter() - started

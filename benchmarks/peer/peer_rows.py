@@ -79,17 +79,17 @@ def fullres_row(row: dict) -> dict:
 
 
 def measured_kernels(step, config, row: dict) -> dict:
-    """The row's kernels measured on its device (`run_setup.choose_kernels`, as `fullres train` measures them), set
+    """The row's kernels measured on its device (`step.choose_kernels`, as `fullres train` measures them), set
     into `step`'s jitted step; what they cost and what they chose, per layer kind."""
     import collections
 
-    from trainer import run_setup
+    from trainer.engine import step as step_lib
     from trainer.plan import compiled_step
 
     image_shape = (config.batch_size, *compiled_step.example_shape(config, (row["size"],) * 3))
     said = []
-    choice, step.jitted, _ = run_setup.choose_kernels(config, step.task, step.model, step.optimizer,
-                                                      step.distribution, step.state, image_shape, said.append)
+    choice, step.jitted, _ = step_lib.choose_kernels(config, step.task, step.model, step.optimizer,
+                                                     step.distribution, step.state, image_shape, said.append)
     record = choice.record
     by_kind = collections.defaultdict(collections.Counter)  # kind -> {value: layers}
     for layer in record["layers"]:

@@ -112,13 +112,13 @@ def choose(config: kernels.KernelsConfig, device, replicas: int, discover: Calla
                          for key in signatures for layer in layers[key]],
               "xla_flags": {"seconds_summed": flags, "choice": chosen_flags}, "step": step,
               "applied": {"xla_flags": choice.kernels.xla_flags, "layers": choice.layers}}
-    log(summary(record, config))
+    log(kernel_measure.summary(record, config))
     return dataclasses.replace(choice, record=record)
 
 
 def step_seconds(compiled, arguments, state, steps: int = 3) -> float:
     """The median of `steps` timed runs of the compiled train step (after one untimed) on `state` (placed, a copy:
-    the step donates it) and a batch of zeros laid out as `arguments` (`program.step_arguments`) say."""
+    the step donates it) and a batch of zeros laid out as `arguments` (`step.step_arguments`) say."""
     import jax
     import numpy as np
 
@@ -131,25 +131,3 @@ def step_seconds(compiled, arguments, state, steps: int = 3) -> float:
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - started)
     return sorted(times[1:])[len(times[1:]) // 2]
-
-
-def summary(record: dict, config: kernels.KernelsConfig) -> str:
-    """The log line: how long, from where, what was chosen for how many layers, and the step before -> after."""
-    kinds = collections.Counter(row["kind"] for row in record["layers"])
-    applied = record["applied"]["layers"]
-    picked = collections.Counter((row["kind"], applied[row["signature"]]) for row in record["layers"]
-                                 if row["signature"] in applied)
-    said = [f"{value} for {count} of {kinds[kind]} {kind} layers" for (kind, value), count in sorted(picked.items())]
-    unreached = sum(1 for row in record["layers"] if row.get("reached") is False)
-    step = record["step"]
-    where = (f"from the cache {config.cache or kernel_cache.default_path()}" if record["served"] == "cache"
-             else f"measured ({record['measurements']} timings)")
-    timing = (f"step {step['fixed_seconds'] * 1e3:.1f} ms -> "
-              f"{min(step['fixed_seconds'], step['measured_seconds']) * 1e3:.1f} ms" if "fixed_seconds" in step
-              else "step unchanged")
-    return (f"kernels: {record['seconds']:.1f} s, {where}, {len(record['layers'])} layers of "
-            f"{len({row['signature'] for row in record['layers']})} signatures: "
-            + (", ".join(said) if said else "the fixed kernels everywhere")
-            + f"; xla_flags {record['applied']['xla_flags']}; {timing} (kept the {step['kept']} program)"
-            + (f"; {unreached} layers not reached in --set kernels.measure_seconds={config.measure_seconds:g} keep "
-               "the fixed kernels" if unreached else ""))

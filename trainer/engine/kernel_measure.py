@@ -21,13 +21,20 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from trainer.engine import kernel_cache
+
+if TYPE_CHECKING:
+    from trainer.parallel import kernels
 
 WARMUP = 2
 REPEATS = 5
@@ -238,3 +245,25 @@ def compare_steps(config, measured, table, layers, replicas, cache, budget, time
             "kept": "measured" if measured_seconds < fixed_seconds else "fixed"}
     cache.entries["steps"][step_key] = step
     return {**step, "cached": False}
+
+
+def summary(record: dict, config: kernels.KernelsConfig) -> str:
+    """The log line: how long, from where, what was chosen for how many layers, and the step before -> after."""
+    kinds = collections.Counter(row["kind"] for row in record["layers"])
+    applied = record["applied"]["layers"]
+    picked = collections.Counter((row["kind"], applied[row["signature"]]) for row in record["layers"]
+                                 if row["signature"] in applied)
+    said = [f"{value} for {count} of {kinds[kind]} {kind} layers" for (kind, value), count in sorted(picked.items())]
+    unreached = sum(1 for row in record["layers"] if row.get("reached") is False)
+    step = record["step"]
+    where = (f"from the cache {config.cache or kernel_cache.default_path()}" if record["served"] == "cache"
+             else f"measured ({record['measurements']} timings)")
+    timing = (f"step {step['fixed_seconds'] * 1e3:.1f} ms -> "
+              f"{min(step['fixed_seconds'], step['measured_seconds']) * 1e3:.1f} ms" if "fixed_seconds" in step
+              else "step unchanged")
+    return (f"kernels: {record['seconds']:.1f} s, {where}, {len(record['layers'])} layers of "
+            f"{len({row['signature'] for row in record['layers']})} signatures: "
+            + (", ".join(said) if said else "the fixed kernels everywhere")
+            + f"; xla_flags {record['applied']['xla_flags']}; {timing} (kept the {step['kept']} program)"
+            + (f"; {unreached} layers not reached in --set kernels.measure_seconds={config.measure_seconds:g} keep "
+               "the fixed kernels" if unreached else ""))

@@ -1,21 +1,18 @@
 """The programs of a run: its model, optimizer and schedule, and the partitioned training step built from them.
 
 `fullres train` runs exactly what `fullres plan` compiles ahead of time: both
-call `build_model` and `jit_step` here. The optimizer and its schedule are made
+call `build_model` here and `step.jit_step`. The optimizer and its schedule are made
 in one place, `build_optimizer`: training, planning and the export of a trained
 model (which saves the optimizer's variables beside the weights) all build it here.
 """
 
 from __future__ import annotations
 
-import functools
 
 import keras
-import numpy as np
 
 from trainer import config as config_lib
-from trainer.engine import placement, step
-from trainer.parallel import device_mesh
+from trainer.engine import placement
 
 
 @keras.saving.register_keras_serializable(package="fullres")
@@ -110,29 +107,3 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int, warmup_s
     schedule = learning_rate_schedule(config, total_steps, warmup_steps)
     optimizer = build_optimizer(config, schedule)
     return model, optimizer, schedule, placement.initial_state(model, optimizer)
-
-
-def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int,
-             kernels=None, layers: dict | None = None):
-    """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
-    `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it;
-    `kernels`: the run's `config.kernels` (`trainer.parallel.kernels`; None: XLA's own ops); `layers`: the run's
-    measured per-layer choice over them (`engine.kernel_choice`; None: the fields everywhere)."""
-    prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
-    train_step = step.make_train_step(model, optimizer, task.loss, prepare, task.batch_metrics)
-    return step.jit_train_step(train_step, distribution, state,
-                               image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
-                               input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels,
-                               layers=layers)
-
-
-def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
-    """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
-    (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
-    (`compiled_step.StepBuilder.lower_layout`, and training's kernel choice and gather check) without any input."""
-    import jax
-
-    state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-                                   state, placement.state_shardings(state, distribution))
-    number = jax.ShapeDtypeStruct((), np.int32, sharding=distribution.replicated_layout(0).backend_layout)
-    return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), number)

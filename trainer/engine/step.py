@@ -5,19 +5,29 @@ stateless API), so one function serves every mesh: `jit_train_step` gives it the
 input shardings of a `SpatialParallel` distribution and XLA's SPMD partitioner
 splits every layer accordingly. The same jitted function can be lowered and
 compiled ahead of time to read its memory use and its communication.
+
+`jit_step` is a task's step jitted this way (with the task's input layouts and augmentation), `step_arguments`
+what it is called with as shapes (to compile it ahead), and `choose_kernels` the kernels a run's step is jitted
+with (`engine.kernel_choice`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
 
-from trainer.engine import inference, placement
-from trainer.parallel import device_mesh, split_ops
+from trainer.engine import inference, kernel_choice, placement
+from trainer.parallel import device_mesh, split_ops, xla_compile
 from trainer.parallel import kernels as kernels_lib
+
+if TYPE_CHECKING:
+    from trainer import config as config_lib
 
 
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
@@ -118,3 +128,57 @@ def jit_train_step(train_step, distribution: device_mesh.SpatialParallel, state:
         donate_argnums=(0,),
         compiler_options=kernels_lib.compiler_options(kernels),
     )
+
+
+def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, state, image_ndim: int,
+             kernels=None, layers: dict | None = None):
+    """The jitted, partitioned training step that `train` runs and `fullres plan` compiles ahead of time:
+    `(state, inputs, labels, step) -> (state, metrics)`, the task's `prepare` (cast, augmentation) inside it;
+    `kernels`: the run's `config.kernels` (`trainer.parallel.kernels`; None: XLA's own ops); `layers`: the run's
+    measured per-layer choice over them (`engine.kernel_choice`; None: the fields everywhere)."""
+    prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
+    train_step = make_train_step(model, optimizer, task.loss, prepare, task.batch_metrics)
+    return jit_train_step(train_step, distribution, state,
+                               image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
+                               input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels,
+                               layers=layers)
+
+
+def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
+    """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
+    (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
+    (`compiled_step.StepBuilder.lower_layout`, and training's kernel choice and gather check) without any input."""
+    import jax
+
+    state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+                                   state, placement.state_shardings(state, distribution))
+    number = jax.ShapeDtypeStruct((), np.int32, sharding=distribution.replicated_layout(0).backend_layout)
+    return (state, task.input_spec(image_shape, distribution), task.label_spec(image_shape, distribution), number)
+
+
+def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distribution, state, image_shape,
+                   log: Callable[[str], None], recorded: dict | None = None
+                   ) -> tuple[kernel_choice.Choice, object, tuple]:
+    """The run's kernels (`engine.kernel_choice`), its train step jitted with them (`jit_step`) and what the
+    step is called with, as shapes (`step_arguments`): `config.kernels` as set, or measured on the run's
+    device; `recorded`: the choice the run being resumed recorded (run_record.json's), which it keeps."""
+    import jax
+
+    arguments = step_arguments(task, state, distribution, image_shape)
+
+    def step_of(kernels, layers):
+        return jit_step(task, model, optimizer, distribution, state, len(image_shape), kernels, layers)
+
+    def discover():
+        with kernels_lib.recording() as found:
+            step_of(config.kernels, None).trace(*arguments)
+        return found
+
+    def time_step(kernels, layers):
+        compiled, _ = xla_compile.compile(step_of(kernels, layers).lower(*arguments))
+        placed = placement.place_state(state, distribution)  # a copy for each timing: the step donates it
+        return kernel_choice.step_seconds(compiled, arguments, placed)
+
+    chosen = kernel_choice.choose(config.kernels, distribution.device_mesh.devices.flat[0], distribution.num_replicas,
+                                  discover, time_step, recorded, log, jax.process_count())
+    return chosen, step_of(chosen.kernels, chosen.layers), arguments

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from common import parsing
 from trainer import config as config_lib
 from trainer import config_resolution, presets
-from trainer.engine import program
+from trainer.engine import program, step
 from trainer.models import user_model
-from trainer.parallel import device_mesh, halo, partitioning, thin_shards, xla_compile
+from trainer.parallel import device_mesh, halo, partitioning, thin_shards
 from trainer.plan import gathers, ring_traffic
 from trainer.tasks import registry
 
@@ -140,8 +140,8 @@ class StepBuilder:
         """
         partition = self.config.partition.for_dims(dims)
         distribution = device_mesh.make_distribution(partition, devices)
-        arguments = program.step_arguments(self.task, self.state, distribution, self.image_shape)
-        train_step = program.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),
+        arguments = step.step_arguments(self.task, self.state, distribution, self.image_shape)
+        train_step = step.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),
                                       self.config.kernels)
         return train_step.lower(*arguments), distribution
 
@@ -157,35 +157,6 @@ class StepBuilder:
         if self._windows is None:
             self._windows = halo.windows(self.model, self.state, self.image_shape)
         return self._windows
-
-def check_thin_shards(config: config_lib.TrainConfig, model, state, image_shape: tuple[int, ...]) -> None:
-    """`thin_shards.check_model` for a user's network (fullres's UNet keeps `partitioning.validate`'s rule: split
-    4×2 on 16³ with 3 levels, 1 voxel a device at the coarsest, its gradient was measured right, 1.8e-6).
-
-    Raises:
-        partitioning.PartitionError: the split would train the network with a wrong gradient.
-    """
-    if isinstance(config.model, user_model.UserModelConfig):
-        thin_shards.check_model(model, state, config.partition.input_partition_dims, image_shape)
-
-
-def step_gathers(train_step, arguments: tuple, replica_batch: int,
-                 keep: Callable | None = None) -> list[gathers.Gather]:
-    """The activation all-gathers of the jitted `train_step` (`program.jit_step`) as its compiler compiles it, for
-    `arguments` (`program.step_arguments`) of `replica_batch` examples a replica.
-
-    Training asks this before its first step, and passes `keep` (`distributed.RunTogether.prime`), which gets the
-    compiled step and its arguments' shapes: the first step then runs it rather than compiling it again. (In one
-    process JAX's persistent compilation cache, `trainer/__init__.py`, would read it back; in several, a process
-    reads only what was written under its own key, and JAX writes from process 0 alone except on CPU, where fullres
-    lets every process write: `distributed._cache_cpu_programs_of_every_process`.)
-    """
-    lowered = train_step.lower(*arguments)
-    compiled, options = xla_compile.compile(lowered)
-    if keep is not None:
-        keep(compiled, *arguments, options=options)
-    return gathers.of_step(lowered, compiled, replica_batch, gathers.weight_shapes(arguments[0]))
-
 
 def compile_step(config: config_lib.TrainConfig, shape: tuple[int, ...], devices):
     """Lowers and compiles the training step `fullres train` runs for `config` on `devices`, without running it.

@@ -153,14 +153,14 @@ def _train_lowering(config, shape, devices):
     with distribution.scope():
         model, optimizer, _, state = program.build_model(config, task, config.steps)
     state = placement.place_state(state, distribution)
-    train_step = program.jit_step(task, model, optimizer, distribution, state, len(image_shape))
+    train_step = step.jit_step(task, model, optimizer, distribution, state, len(image_shape))
     rng = np.random.default_rng(0)
     batch = batches_lib.HostBatch(
         {"image": rng.integers(-100, 100, image_shape).astype(np.int16), "scale": np.ones(image_shape[:1], np.float32)},
         rng.integers(0, 3, image_shape[:-1]).astype(np.uint8), ids=[])
     inputs, labels = task.place(distribution, batch)
-    step = jax.device_put(np.int32(0), distribution.replicated_layout(0).backend_layout)
-    return train_step.lower(state, inputs, labels, step), state
+    number = jax.device_put(np.int32(0), distribution.replicated_layout(0).backend_layout)
+    return train_step.lower(state, inputs, labels, number), state
 
 
 @pytest.mark.slow

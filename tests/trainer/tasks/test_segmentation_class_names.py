@@ -7,8 +7,8 @@ import pytest
 
 from preprocessing.ct import demo_ct
 from preprocessing.records import dataset_files
-from trainer import trained_run
-from trainer import presets
+from trainer import presets, trained_run
+from trainer.engine import run_files
 from trainer.predict import predict
 from trainer.tasks import registry
 
@@ -22,7 +22,7 @@ def test_the_label_map_names_the_classes_in_model_info(tmp_path):
     assert task.class_names == ["background", "liver", "spleen"]
     run = tmp_path / "run"
     run.mkdir()
-    trained_run.save_description(str(run), config, task, (8, 8, 8, 1))
+    run_files.save_description(str(run), config, task, (8, 8, 8, 1))
     info = json.loads((run / "model_info.json").read_text())
     assert info["class_names"] == ["background", "liver", "spleen"]
     assert predict._class_names(info, 3)[1:] == ["liver", "spleen"]  # the DICOM SEG's segment labels
@@ -45,7 +45,7 @@ def test_names_given_to_a_run_name_its_classes_where_its_data_name_none(tmp_path
     assert task.class_names == ["background", "liver", "kidney"]
     run = tmp_path / "run"
     run.mkdir()
-    trained_run.save_description(str(run), config, task, (8, 8, 8, 1))
+    run_files.save_description(str(run), config, task, (8, 8, 8, 1))
     assert json.loads((run / "model_info.json").read_text())["class_names"] == ["background", "liver", "kidney"]
     with pytest.raises(ValueError, match=r"^2 class names given for a model of 3 classes; give one name per class"):
         registry.make_task(config, ["background", "liver"])
