@@ -76,6 +76,23 @@ def test_train_names_a_damaged_train_config_instead_of_calling_the_run_foreign(d
     assert "did not write" not in error and error.endswith("or train again into a new --output.")
 
 
+def test_train_judges_the_run_folder_before_it_reads_the_data(tmp_path):
+    """`resolved_run.resolve` asks `resume_check` first of all a run's checks: a damaged run is named even where the
+    data are missing, and the run folder is left as it was."""
+    import pytest
+
+    from common import output_guard
+    from tests.files import snapshot
+    from trainer import train
+
+    run = _cut_short_run(tmp_path)
+    before = snapshot(tmp_path / "run")
+    config = presets.smoke(train_data=str(tmp_path / "nothing-*.tfrecord"), output_dir=run, steps=1)
+    with pytest.raises(output_guard.OutputRefused, match=r"train_config.json is damaged \(not valid JSON, "):
+        train.train(config, log=lambda line: None)
+    assert snapshot(tmp_path / "run") == before
+
+
 def test_model_info_round_trip(tmp_path):
     preprocessing = {"spacing": [1.0, 1.0, 2.5], "orientation": "LPS", "window": [-160, 240], "modality": "ct",
                      "shape": None}
