@@ -1,7 +1,7 @@
 """Compiling for a target's own compiler: the refusal that becomes a "needs X of Y" row, and the compile-only rules.
 
 The step is the one `fullres train` compiles (`compiled_step.StepBuilder`: the
-same `config.resolve`, `engine.program.build_model` and `jit_step`); only the
+same `config.resolve`, `engine.program.build_model` and `engine.step.jit_step`); only the
 devices differ (`targets.devices`). The TPU compiler checks the program
 against the chip's HBM while compiling and stops with RESOURCE_EXHAUSTED when
 it does not fit: `layout_measure.measure` turns that layout into a `Refusal` with the
