@@ -92,8 +92,9 @@ def set_up(resolved: resolved_run.ResolvedRun, held: contextlib.ExitStack, log: 
     if field is not None:
         log(f"receptive field: {field}" + ("" if field.covers else " (context beyond that cannot decide a voxel's "
                                                                   "class; more levels widen it)"))
-    kernels, jitted, arguments = step.choose_kernels(config, task, model, optimizer, distribution, state, image_shape, log,
-                                                run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY))
+    recorded = run_files.read_run_record(config.output_dir).get(kernel_choice.RECORD_KEY)  # a resume keeps its choice
+    kernels, jitted, arguments = step.choose_kernels(config, task, model, optimizer, distribution, state, image_shape,
+                                                     log, recorded)
     # The step as the compiler compiles it, read for activation all-gathers before anything is written. The first
     # step runs this executable (`prime`) rather than compiling it again: in several processes JAX's persistent
     # cache would not serve it back (a process reads only what was written under its own key, and JAX writes from

@@ -1,4 +1,4 @@
-"""What a rerun into a run's folder is checked for first of all a run's checks, before the data are read.
+"""The first of a run's checks, before the data are read: the run folder a rerun resumes, and the devices.
 
 * A damaged `train_config.json` (`run_files.check_resumable`: otherwise the run's own files would be called
   foreign) and a trained model whose checkpoints are gone (`run_files.check_model_kept`: a rerun would train from

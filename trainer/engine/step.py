@@ -139,17 +139,15 @@ def jit_step(task, model, optimizer, distribution: device_mesh.SpatialParallel, 
     prepare = functools.partial(task.prepare, distribution=distribution)  # it augments the batch as split here
     train_step = make_train_step(model, optimizer, task.loss, prepare, task.batch_metrics)
     return jit_train_step(train_step, distribution, state,
-                               image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
-                               input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels,
-                               layers=layers)
+                          image_ndim=image_ndim, label_sharding=task.label_sharding(distribution, image_ndim),
+                          input_sharding=task.input_sharding(distribution, image_ndim), kernels=kernels,
+                          layers=layers)
 
 
 def step_arguments(task, state, distribution: device_mesh.SpatialParallel, image_shape: tuple[int, ...]) -> tuple:
     """What the train step is called with, `(state, inputs, labels, step)`, as shapes laid out on the mesh
     (`jax.ShapeDtypeStruct`s; the inputs in the task's compact dtypes): to lower it ahead of time
     (`compiled_step.StepBuilder.lower_layout`, and training's kernel choice and gather check) without any input."""
-    import jax
-
     state = jax.tree_util.tree_map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
                                    state, placement.state_shardings(state, distribution))
     number = jax.ShapeDtypeStruct((), np.int32, sharding=distribution.replicated_layout(0).backend_layout)
@@ -162,8 +160,6 @@ def choose_kernels(config: config_lib.TrainConfig, task, model, optimizer, distr
     """The run's kernels (`engine.kernel_choice`), its train step jitted with them (`jit_step`) and what the
     step is called with, as shapes (`step_arguments`): `config.kernels` as set, or measured on the run's
     device; `recorded`: the choice the run being resumed recorded (run_record.json's), which it keeps."""
-    import jax
-
     arguments = step_arguments(task, state, distribution, image_shape)
 
     def step_of(kernels, layers):
