@@ -104,8 +104,7 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
         log(f"input_partition_dims auto: every layout of {cores} cores all-gathers activations; trying fewer cores "
             "per replica")
     else:
-        levels = config.model.downsampling_levels  # one number for every axis, or one per axis (a user's network)
-        factors = [2**n for n in ((levels,) * spatial if isinstance(levels, int) else levels)]
+        factors = [2**n for n in partitioning.per_axis(config.model.downsampling_levels, spatial)]
         factor = str(factors[0]) if len(set(factors)) == 1 else f"({', '.join(map(str, factors))}, per axis)"
         raise partitioning.PartitionError(
             f"input_partition_dims auto: no split of {count} devices (nor of fewer cores per replica, with batch "

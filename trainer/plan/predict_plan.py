@@ -58,7 +58,7 @@ def predict_bytes(config: config_lib.TrainConfig, volume: tuple[int, ...], targe
         lowered = inference.lower_predict(forward, shapes, distribution, batch_shape)
         try:
             compiled, _ = xla_compile.compile(lowered)
-        except Exception as error:  # a TPU compiler refuses a pass over its memory rather than sizing it
+        except RuntimeError as error:  # a TPU compiler refuses a pass over its memory rather than sizing it
             refused = targets.out_of_memory(str(error))
             if refused is None:
                 raise
