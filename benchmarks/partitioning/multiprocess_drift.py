@@ -35,7 +35,7 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     import numpy as np
 
     from tests.trainer.parallel import multiprocess_parity_worker as worker
-    from trainer.engine import placement, step
+    from trainer.engine import placement, program, step
     from trainer.models import losses, unet
     from trainer.parallel import device_mesh, partitioning
 
@@ -43,7 +43,7 @@ def _steps(address: str, num_processes: int, process_id: int, optimizer_name: st
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, stem="none"))
     optimizer = keras.optimizers.Adam(1e-2) if optimizer_name == "adam" else keras.optimizers.SGD(1e-2)
     distribution = device_mesh.make_distribution(partitioning.PartitionConfig(DIMS))
-    state = placement.place_state(placement.initial_state(model, optimizer), distribution)
+    state = placement.place_state(program.initial_state(model, optimizer), distribution)
     images, labels = worker.batch()
     rows = placement.process_rows(distribution.get_data_layout(images.shape).backend_layout, images.shape)
     placed = placement.place_batch(distribution, images[rows], labels[rows], batch_size=images.shape[0], rows=rows)

@@ -9,7 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 
 from trainer import presets
-from trainer.engine import placement
+from trainer.engine import placement, program
 from trainer.models import retinanet
 from trainer.parallel import partitioning
 from trainer.plan import compiled_step
@@ -37,7 +37,7 @@ def test_2560_step_runs_on_8_cores_and_reports_memory():
     # fullres's own detector passes the check training makes of every network: no activation all-gathered.
     assert compiled_step.communication(compiled.as_text(), replica_batch=1)[0] == []
 
-    state = placement.place_state(placement.initial_state(builder.model, builder.optimizer), distribution)
+    state = placement.place_state(program.initial_state(builder.model, builder.optimizer), distribution)
     before = [np.asarray(w) for w in state.trainable[:3]]
     rng = np.random.default_rng(0)
     images = rng.uniform(size=(1, *SIZE, 3)).astype(np.float32)

@@ -1,4 +1,6 @@
-"""The one forward pass: training's loss, evaluation, detection's predictions and `fullres predict` share it.
+"""The forward pass that evaluation, detection's predictions and `fullres predict` share (`make_forward`).
+
+The model is called as training's loss calls it (`step`): Keras's `stateless_call` under explicit weights.
 
 A batch goes onto the mesh as in training (batch over replicas, space over
 the cores of each replica), the model runs once, and the output comes back
@@ -22,15 +24,6 @@ from trainer.engine import placement, sliding_window
 from trainer.parallel import device_mesh, partitioning, split_ops, xla_compile
 
 
-def apply(model: keras.Model, trainable, non_trainable, images, training: bool = False):
-    """The one call of a model: `(outputs, new non-trainable variables)` of `images` under the given weights.
-
-    Training's loss (`step.make_loss_and_grads`, `training=True`), evaluation, detection's predictions and
-    `fullres predict` (through `make_forward`) all run the model here.
-    """
-    return model.stateless_call(trainable, non_trainable, images, training=training)
-
-
 OUTPUTS = ("class_ids", "probabilities", "raw")
 
 
@@ -47,7 +40,7 @@ def make_forward(model: keras.Model, distribution: device_mesh.SpatialParallel, 
         raise ValueError(f"output {output!r} is not known; use {', '.join(OUTPUTS)}.")
 
     def forward(state: placement.TrainState, images):
-        outputs, _ = apply(model, state.trainable, state.non_trainable, images, training=False)
+        outputs, _ = model.stateless_call(state.trainable, state.non_trainable, images, training=False)
         if output == "class_ids":
             return jnp.argmax(outputs, axis=-1).astype(jnp.int32)
         if output == "probabilities":

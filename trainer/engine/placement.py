@@ -28,20 +28,10 @@ class TrainState(NamedTuple):
     optimizer: list
 
 
-def initial_state(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> TrainState:
-    """Reads the model's and optimizer's current variables (building the optimizer if needed)."""
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    return TrainState(
-        trainable=[v.value for v in model.trainable_variables],
-        non_trainable=[v.value for v in model.non_trainable_variables],
-        optimizer=[v.value for v in optimizer.variables],
-    )
-
-
 def weights_state(model: keras.Model) -> TrainState:
-    """The model's weights and statistics, no optimizer slots: what predict and evaluation hold and place
-    (`trained_run.load`), and what `fullres plan` sizes predict's pass with (`plan.predict_plan`)."""
+    """The model's weights and statistics, no optimizer slots (a run starts from `program.initial_state`): what
+    predict and evaluation hold and place (`trained_run.load`), and what `fullres plan` sizes predict's pass with
+    (`plan.predict_plan`)."""
     return TrainState([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables], [])
 
 

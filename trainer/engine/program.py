@@ -106,4 +106,16 @@ def build_model(config: config_lib.TrainConfig, task, total_steps: int, warmup_s
     model = task.build_model()
     schedule = learning_rate_schedule(config, total_steps, warmup_steps)
     optimizer = build_optimizer(config, schedule)
-    return model, optimizer, schedule, placement.initial_state(model, optimizer)
+    return model, optimizer, schedule, initial_state(model, optimizer)
+
+
+def initial_state(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> placement.TrainState:
+    """The state a run starts from: the model's and optimizer's current variables (building the optimizer if
+    needed), as a `placement.TrainState` on the host; `placement.place_state` puts it on the mesh."""
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    return placement.TrainState(
+        trainable=[v.value for v in model.trainable_variables],
+        non_trainable=[v.value for v in model.non_trainable_variables],
+        optimizer=[v.value for v in optimizer.variables],
+    )

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from trainer.engine import inference, kernel_choice, placement
+from trainer.engine import kernel_choice, placement
 from trainer.parallel import device_mesh, split_ops, xla_compile
 from trainer.parallel import kernels as kernels_lib
 
@@ -55,7 +55,7 @@ def _loss_grads_and_metrics(model: keras.Model, loss_fn: LossFn, batch_metrics):
     """`make_loss_and_grads`'s function, returning `batch_metrics(logits, labels)` (no gradient) fourth: {} if None."""
 
     def forward(trainable, non_trainable, images, labels):
-        logits, non_trainable = inference.apply(model, trainable, non_trainable, images, training=True)
+        logits, non_trainable = model.stateless_call(trainable, non_trainable, images, training=True)
         metrics = {} if batch_metrics is None else batch_metrics(jax.lax.stop_gradient(logits), labels)
         if metrics:
             # The metrics are computed before the loss reads the logits, so the logits die where they did without

@@ -1,17 +1,14 @@
-"""The least halo a partitioned training step must exchange, from the model's convolutions.
+"""The windowed ops of a network's training forward pass (convolutions, pooling windows): what a split exchanges.
 
-Every windowed op (convolution, pooling window) of the forward pass needs, on
-each device, the neighbours' rows within its reach; its backward pass needs the
-same of the output gradient. `lower_bound` adds these up for a layout, so that
-`fullres plan` can print measured halo ÷ bound: a layer that exchanges more than
-it must shows up as a ratio well above 1.
+Every windowed op needs, on each device, the neighbours' rows within its reach; its backward pass needs the same
+of the output gradient. `windows` reads them from the traced forward pass; the plan adds up the least halo they
+need for a layout (`layout_measure.lower_bound`), a user's network's levels are measured from them
+(`user_model`), and a split they would reach across is refused (`thin_shards`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -121,50 +118,3 @@ def _pool_window(equation, needs_gradient: bool) -> Window | None:
         itemsize=np.dtype(operand.dtype).itemsize, needs_gradient=needs_gradient,
         high=tuple(p[1] for p in params["padding"][1:-1]),
     )
-
-
-def _extension(low: int, high: int, parts: int) -> int:
-    """Rows a shard must receive along one axis: none unsplit; one side's worth for 2 parts; both sides for more."""
-    if parts == 1:
-        return 0
-    return max(low, high) if parts == 2 else low + high
-
-
-def _halo_volume(shard: Sequence[int], sides: Sequence[tuple[int, int]], parts: Sequence[int]) -> int:
-    """Elements a shard needs from its neighbours: its extended box minus itself (faces, edges and corners)."""
-    extended = math.prod(s + _extension(low, high, p) for s, (low, high), p in zip(shard, sides, parts))
-    return extended - math.prod(shard)
-
-
-def lower_bound(windows: Sequence[Window], dims: Sequence[int], replicas: int = 1) -> int:
-    """Bytes per device that any correct partitioned training step must exchange with neighbours, for `dims`.
-
-    Per windowed op (convolution, pooling window): the forward pass needs, at
-    the op's input, the shard's face area times the window's reach on each
-    split side (plus edges and corners where two or more axes are split) for
-    every input channel; the backward pass needs the same of the output
-    gradient, per output channel, to form the input gradient (not for the
-    image, which has none). Shards are those of the worst-placed device: an
-    interior one receives both sides, with 2 parts each receives one.
-    Gradients of the weights need no further halo (the forward halo can be kept).
-
-    Args:
-        windows: `windows(...)` of the model (global shapes, batch of one replica group).
-        dims: input_partition_dims, batch first and channels last.
-        replicas: data-parallel replicas sharing the batch.
-    """
-    parts = tuple(dims[1:-1])
-    total = 0
-    for op in windows:
-        if len(op.in_spatial) != len(parts):
-            continue
-        batch = op.batch // replicas
-        shard_in = [s // p for s, p in zip(op.in_spatial, parts)]
-        forward = [(low, max(0, window - stride - low)) for window, stride, low in zip(op.window, op.strides, op.low)]
-        total += _halo_volume(shard_in, forward, parts) * batch * op.in_channels * op.itemsize
-        if op.needs_gradient:
-            shard_out = [s // p for s, p in zip(op.out_spatial, parts)]
-            backward = [((window - 1 - low) // stride, (low - 1) // stride + 1 if low > 0 else 0)
-                        for window, stride, low in zip(op.window, op.strides, op.low)]
-            total += _halo_volume(shard_out, backward, parts) * batch * op.out_channels * op.itemsize
-    return total

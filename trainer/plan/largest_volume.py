@@ -5,7 +5,7 @@ some split of the devices divides every resolution level (`sizes_taken`; nothing
 each size `SizeProbe`:
 
 1. keeps the layouts that divide (`layout_search.candidates`, as `fullres plan --layouts` says) and orders them by
-   the halo any correct step must exchange (`halo.lower_bound`, nothing compiled);
+   the halo any correct step must exchange (`layout_measure.lower_bound`, nothing compiled);
 2. compiles the `CPU_LAYOUTS` of least halo for this machine's CPU, the pre-filter: a layout whose CPU figure times
    `target_search.LEAST_SHARE_OF_CPU` exceeds the device's memory is not compiled for the target;
 3. compiles the rest for the target, leanest CPU figure first, and stops at the first that fits (the device's bytes:
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from common import sizes
-from trainer.parallel import halo, partitioning
+from trainer.parallel import partitioning
 from trainer.plan import (edge_search, layout_measure, layout_search, plan_row, target_compile, target_search,
                           targets)
 
@@ -130,7 +130,7 @@ class SizeProbe:
             return Point(size, False, why=found.cannot_divide)
         built = builder()
         windows = built.windows()
-        order = sorted(found.kept, key=lambda dims: (halo.lower_bound(windows, dims), dims))[:CPU_LAYOUTS]
+        order = sorted(found.kept, key=lambda dims: (layout_measure.lower_bound(windows, dims), dims))[:CPU_LAYOUTS]
         cpu = []
         for dims in order:
             if self._late():

@@ -4,6 +4,9 @@
 compiling only) and turns the compiler's `memory_analysis()`, `cost_analysis()` and HLO into a
 `plan_row.PlanRow`, or, where a target's compiler runs out of memory, a `target_compile.Refusal`;
 `compile_layout` does it for a config's own layout. `layout_search` enumerates and ranks the layouts.
+
+The halo a row measures is set beside the least any correct step must exchange for its layout (`lower_bound`, from
+the network's windows, nothing compiled): a layer that exchanges more than it must shows as a ratio well above 1.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 
 from trainer.parallel import halo, ring_attention, xla_compile
 from trainer.plan import compiled_step, gathers, ring_traffic, target_compile, targets
@@ -68,7 +72,7 @@ def measure(builder: compiled_step.StepBuilder, dims: tuple[int, ...], devices, 
     gathered = tuple((layer, largest.bytes) for layer, _, largest in gathers.by_layer(found))
     all_to_all = compiled_step.all_to_all_bytes(hlo_text)
     windows = builder.windows()
-    bound = halo.lower_bound(windows, dims, distribution.num_replicas)
+    bound = lower_bound(windows, dims, distribution.num_replicas)
     total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes \
         - memory.alias_size_in_bytes
     costs = compiled.cost_analysis()
@@ -107,3 +111,50 @@ def compile_layout(config, shape: tuple[int, ...], target: targets.Target):
     builder.check_layout(dims, math.prod(dims))
     return measure(builder, dims, devices[:math.prod(dims)], targets.memory_per_device(target),
                    compile_only=target.platform != "cpu")
+
+
+def _extension(low: int, high: int, parts: int) -> int:
+    """Rows a shard must receive along one axis: none unsplit; one side's worth for 2 parts; both sides for more."""
+    if parts == 1:
+        return 0
+    return max(low, high) if parts == 2 else low + high
+
+
+def _halo_volume(shard: Sequence[int], sides: Sequence[tuple[int, int]], parts: Sequence[int]) -> int:
+    """Elements a shard needs from its neighbours: its extended box minus itself (faces, edges and corners)."""
+    extended = math.prod(s + _extension(low, high, p) for s, (low, high), p in zip(shard, sides, parts))
+    return extended - math.prod(shard)
+
+
+def lower_bound(windows: Sequence[halo.Window], dims: Sequence[int], replicas: int = 1) -> int:
+    """Bytes per device that any correct partitioned training step must exchange with neighbours, for `dims`.
+
+    Per windowed op (convolution, pooling window): the forward pass needs, at
+    the op's input, the shard's face area times the window's reach on each
+    split side (plus edges and corners where two or more axes are split) for
+    every input channel; the backward pass needs the same of the output
+    gradient, per output channel, to form the input gradient (not for the
+    image, which has none). Shards are those of the worst-placed device: an
+    interior one receives both sides, with 2 parts each receives one.
+    Gradients of the weights need no further halo (the forward halo can be kept).
+
+    Args:
+        windows: `halo.windows(...)` of the model (global shapes, batch of one replica group).
+        dims: input_partition_dims, batch first and channels last.
+        replicas: data-parallel replicas sharing the batch.
+    """
+    parts = tuple(dims[1:-1])
+    total = 0
+    for op in windows:
+        if len(op.in_spatial) != len(parts):
+            continue
+        batch = op.batch // replicas
+        shard_in = [s // p for s, p in zip(op.in_spatial, parts)]
+        forward = [(low, max(0, window - stride - low)) for window, stride, low in zip(op.window, op.strides, op.low)]
+        total += _halo_volume(shard_in, forward, parts) * batch * op.in_channels * op.itemsize
+        if op.needs_gradient:
+            shard_out = [s // p for s, p in zip(op.out_spatial, parts)]
+            backward = [((window - 1 - low) // stride, (low - 1) // stride + 1 if low > 0 else 0)
+                        for window, stride, low in zip(op.window, op.strides, op.low)]
+            total += _halo_volume(shard_out, backward, parts) * batch * op.out_channels * op.itemsize
+    return total

@@ -2,7 +2,7 @@
 
 `search` compiles each layout that divides the volume at every resolution level
 (`compiled_step`) and ranks them by `rank_rows`; `layout_choice.choose_layout`
-(what `input_partition_dims = "auto"` runs) takes the first. `halo.lower_bound`
+(what `input_partition_dims = "auto"` runs) takes the first. `layout_measure.lower_bound`
 says how much halo each layout needs at least.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from common import sizes
 from trainer import config as config_lib
 from trainer.models import user_model
-from trainer.parallel import device_mesh, halo, partitioning, thin_shards
+from trainer.parallel import device_mesh, partitioning, thin_shards
 from trainer.plan import compiled_step, layout_measure, target_compile
 from trainer.plan.plan_row import PlanRow
 
@@ -94,7 +94,7 @@ def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape
 
     "default" is the N-way split along the first spatial dimension; where that cannot divide (64 frames of a clip
     halved 3 times leave 8, which 16 devices cannot share), the split of N that divides with the least halo
-    (`halo.lower_bound` of the network's windows, nothing compiled; fewer split axes, then the leading ones, break ties)
+    (`layout_measure.lower_bound` of the network's windows, nothing compiled; fewer split axes, then the leading ones, break ties)
     stands in for it, and `replaced` says so. Where no layout of N divides, nothing is kept and `cannot_divide`
     says why: the plan reports that N and goes on with the others.
     """
@@ -118,7 +118,7 @@ def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape
         return Candidates([], pruned, cannot_divide=f"--partitions {count} (split {label}): {why} No other split of "
                                                     f"{count} cores divides {list(shape[:-1])} either.")
     found = builder().windows()
-    bounds = {d: halo.lower_bound(found, d) for d in others}
+    bounds = {d: layout_measure.lower_bound(found, d) for d in others}
     best = min(others, key=lambda d: (bounds[d], sum(p > 1 for p in d), tuple(-p for p in d)))
     splits = f"{len(others)} splits" if len(others) > 1 else "1 split"
     return Candidates([best], pruned, replaced=(

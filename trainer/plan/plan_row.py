@@ -10,7 +10,7 @@ import dataclasses
 class PlanRow:
     """Per-device figures of one layout (bytes).
 
-    `halo_bound_bytes` is `halo_lower_bound` for the layout; `near_tie` marks a
+    `halo_bound_bytes` is `layout_measure.lower_bound` for the layout; `near_tie` marks a
     row whose halo is within 2 % of the best-ranked row of its N (memory
     ordered them); `rank` counts from 1 within its N (0: not ranked).
     """

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.engine import placement, step
+from trainer.engine import placement, program, step
 from trainer.models import retinanet
 from trainer.parallel import device_mesh, partitioning
 
@@ -60,7 +60,7 @@ def test_loss_prefers_the_right_class():
 def detector():
     keras.utils.set_random_seed(0)
     model = retinanet.build_retinanet(CONFIG)
-    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
+    state = program.initial_state(model, keras.optimizers.SGD(0.1))
     rng = np.random.default_rng(0)
     images = rng.normal(size=(1, 128, 128, 3)).astype(np.float32)
     boxes = np.array([[[10, 12, 40, 50], [60, 30, 100, 90], [0, 0, 0, 0]]], np.float32)

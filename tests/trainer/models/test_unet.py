@@ -85,7 +85,7 @@ def test_remat_checkpoints_every_conv_block():
     import jax
     import keras
 
-    from trainer.engine import placement, step
+    from trainer.engine import program, step
     from trainer.models import losses
 
     config = unet.UNetConfig(num_levels=3, base_filters=4)
@@ -94,7 +94,7 @@ def test_remat_checkpoints_every_conv_block():
     for remat in (False, True):
         keras.utils.set_random_seed(0)
         model = unet.build_unet(config, remat=remat)
-        state = placement.initial_state(model, keras.optimizers.SGD(0.1))
+        state = program.initial_state(model, keras.optimizers.SGD(0.1))
         lowered = jax.jit(step.make_loss_and_grads(model, losses.dice_cross_entropy)).lower(state, images, labels)
         counts.append(lowered.as_text().count("optimization_barrier"))
     assert counts == [0, 5]  # 3 down blocks + 2 decode blocks

@@ -21,12 +21,12 @@ BATCH_SHAPE = (2, 32, 16, 16)  # (B, D, H, W)
 def model_and_state():
     import keras
 
-    from trainer.engine import placement
+    from trainer.engine import program
     from trainer.models import unet
 
     keras.utils.set_random_seed(0)
     model = unet.build_unet(unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, stem="none"))
-    return model, placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    return model, program.initial_state(model, keras.optimizers.Adam(1e-3))
 
 
 def batch():

@@ -3,8 +3,9 @@
 import keras
 import pytest
 
-from trainer.engine import placement
+from trainer.engine import program
 from trainer.parallel import halo
+from trainer.plan import layout_measure
 
 F32 = 4
 
@@ -16,7 +17,7 @@ def _windows(layers, image_shape):
     for layer in layers:
         x = layer(x)
     model = keras.Model(inputs, x)
-    return halo.windows(model, placement.initial_state(model, keras.optimizers.SGD(0.1)), image_shape)
+    return halo.windows(model, program.initial_state(model, keras.optimizers.SGD(0.1)), image_shape)
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +41,19 @@ def test_bound_for_four_parts_along_height(two_convolutions):
     # first conv: forward only (the image has no gradient): 16 × 2 channels; second: forward 16 × 3 channels
     # and backward 16 × 5 (gradient of its output); the 1×1 conv needs none.
     expected = (16 * 2 + 16 * 3 + 16 * 5) * F32
-    assert halo.lower_bound(two_convolutions, (1, 4, 1, 1)) == expected == 640
+    assert layout_measure.lower_bound(two_convolutions, (1, 4, 1, 1)) == expected == 640
 
 
 def test_bound_for_two_by_two(two_convolutions):
     # shard 4×4; with 2 parts per axis each shard has one neighbour per axis: (4+1)² − 4² = 9 voxels per channel.
-    assert halo.lower_bound(two_convolutions, (1, 2, 2, 1)) == 9 * (2 + 3 + 5) * F32
+    assert layout_measure.lower_bound(two_convolutions, (1, 2, 2, 1)) == 9 * (2 + 3 + 5) * F32
 
 
 def test_unsplit_needs_no_halo_and_replicas_split_the_batch(two_convolutions):
-    assert halo.lower_bound(two_convolutions, (1, 1, 1, 1)) == 0
+    assert layout_measure.lower_bound(two_convolutions, (1, 1, 1, 1)) == 0
     batch_two = [w.__class__(**{**w.__dict__, "batch": 2}) for w in two_convolutions]
-    assert halo.lower_bound(batch_two, (1, 4, 1, 1)) == 2 * 640
-    assert halo.lower_bound(batch_two, (1, 4, 1, 1), replicas=2) == 640
+    assert layout_measure.lower_bound(batch_two, (1, 4, 1, 1)) == 2 * 640
+    assert layout_measure.lower_bound(batch_two, (1, 4, 1, 1), replicas=2) == 640
 
 
 def test_strided_convolution_reaches_one_side():
@@ -61,10 +62,10 @@ def test_strided_convolution_reaches_one_side():
     (strided,) = _windows([keras.layers.Conv2D(3, 3, strides=2, padding="same")], (1, 8, 8, 1))
     assert strided.low == (0, 0) and strided.strides == (2, 2)
     # 4 parts along height: shard 2×8, 1 extra row (below) = 8 voxels × 1 channel.
-    assert halo.lower_bound([strided], (1, 4, 1, 1)) == 8 * F32
+    assert layout_measure.lower_bound([strided], (1, 4, 1, 1)) == 8 * F32
     learned = halo.Window(**{**strided.__dict__, "needs_gradient": True})
     # backward: output shard 1×4; (3 − 1 − 0) // 2 = 1 row before it, none after: 4 voxels × 3 channels.
-    assert halo.lower_bound([learned], (1, 4, 1, 1)) == (8 + 4 * 3) * F32
+    assert layout_measure.lower_bound([learned], (1, 4, 1, 1)) == (8 + 4 * 3) * F32
 
 
 def test_pooling_windows_that_overlap_count_and_disjoint_ones_do_not():
@@ -72,5 +73,5 @@ def test_pooling_windows_that_overlap_count_and_disjoint_ones_do_not():
                         keras.layers.MaxPooling2D(3, strides=2, padding="same")], (1, 16, 16, 1))
     pools = [w for w in windows if w.window != (1, 1)]
     assert [p.window for p in pools] == [(2, 2), (3, 3)]
-    assert halo.lower_bound(pools[:1], (1, 2, 1, 1)) == 0  # 2×2 stride 2: each window inside one shard
-    assert halo.lower_bound(pools[1:], (1, 2, 1, 1)) > 0
+    assert layout_measure.lower_bound(pools[:1], (1, 2, 1, 1)) == 0  # 2×2 stride 2: each window inside one shard
+    assert layout_measure.lower_bound(pools[1:], (1, 2, 1, 1)) > 0

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.engine import placement, step
+from trainer.engine import placement, program, step
 from trainer.models import losses, unet
 from trainer.parallel import device_mesh, partitioning
 
@@ -24,7 +24,7 @@ def _model_and_state(spatial_dims):
     keras.utils.set_random_seed(0)
     config = unet.UNetConfig(spatial_dims=spatial_dims, num_classes=3, num_levels=3, base_filters=4, stem="none")
     model = unet.build_unet(config)
-    return model, placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    return model, program.initial_state(model, keras.optimizers.Adam(1e-3))
 
 
 def _batch(shape, seed=0):
@@ -151,7 +151,7 @@ def test_bfloat16_partitioned_step_runs_and_stays_close():
     keras.utils.set_random_seed(0)
     config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, stem="none")
     model = unet.build_unet(config, dtype="mixed_bfloat16")
-    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    state = program.initial_state(model, keras.optimizers.Adam(1e-3))
     assert all(np.asarray(w).dtype == np.float32 for w in state.trainable)  # weights stay float32
     images, labels = _batch((1, 32, 16, 16))
     reference_loss, _, _, _ = _loss_and_grads(model, state, (1, 1, 1, 1, 1), jax.devices()[:1], images, labels)
@@ -172,7 +172,7 @@ def test_space_to_depth_unet_partitioned_step_matches_unpartitioned(dims):
     keras.utils.set_random_seed(0)
     config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=2, base_filters=16, stem="space_to_depth")
     model = unet.build_unet(config)
-    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    state = program.initial_state(model, keras.optimizers.Adam(1e-3))
     images, labels = _batch((1, 32, 16, 16))
     reference_loss, reference_grads, _, _ = _loss_and_grads(model, state, (1, 1, 1, 1, 1), jax.devices()[:1],
                                                             images, labels)
@@ -191,7 +191,7 @@ def deep_supervised():
     keras.utils.set_random_seed(0)
     config = unet.UNetConfig(spatial_dims=3, num_classes=3, num_levels=3, base_filters=4, deep_supervision=True)
     model = unet.build_unet(config)
-    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    state = program.initial_state(model, keras.optimizers.Adam(1e-3))
     images, labels = _batch((1, 32, 32, 16))
 
     def loss(outputs, labels):  # the whole-volume recipe's loss: its class counts are sums over the split batch

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.trainer.parallel.test_parity import TOLERANCE, _relative
-from trainer.engine import placement, step
+from trainer.engine import placement, program, step
 from trainer.parallel import device_mesh, partitioning, split_ops
 from trainer.plan import gathers
 
@@ -161,7 +161,7 @@ def split_step(model, state, dims, images, targets):
 def _reference(name, d):
     """The network, its weights, a batch, and plain Keras's one-device loss and gradients (once per case)."""
     model = _network(name, d)
-    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
+    state = program.initial_state(model, keras.optimizers.SGD(0.1))
     images, targets = _batch(name, d)
     loss, grads, _ = jax.jit(step.make_loss_and_grads(model, _mean_squared))(state, images, targets)
     return model, state, images, targets, float(loss), [np.asarray(g) for g in grads]
@@ -187,7 +187,7 @@ def test_bilinear_upsampling_from_one_eighth_resolution_split_4_ways():
 
     keras.utils.set_random_seed(0)
     model = user_networks.hub_backbone(num_classes=3, in_channels=1)
-    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
+    state = program.initial_state(model, keras.optimizers.SGD(0.1))
     rng = np.random.default_rng(0)
     images = rng.normal(size=(1, 64, 64, 1)).astype(np.float32)
     targets = rng.normal(size=(1, 64, 64, 3)).astype(np.float32)

@@ -13,7 +13,7 @@ from tests.preprocessing.video import video_makers
 from tests.trainer.parallel import test_parity as parity
 from trainer import presets
 from trainer.augment import recipe
-from trainer.engine import placement, step
+from trainer.engine import placement, program, step
 from trainer.models import unet
 from trainer.parallel import device_mesh, partitioning
 from trainer.tasks import registry
@@ -37,7 +37,7 @@ def video_task(tmp_path_factory):
     batch = next(batches)
     keras.utils.set_random_seed(0)
     model = task.build_model()
-    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    state = program.initial_state(model, keras.optimizers.Adam(1e-3))
     yield task, batch, model, state
     batches.close()
 

@@ -14,7 +14,7 @@ from trainer import config as config_lib, train
 from trainer import config_resolution
 
 from trainer import presets
-from trainer.engine import placement, step
+from trainer.engine import placement, program, step
 from trainer.models import losses, unet
 from trainer.parallel import device_mesh, partitioning
 from trainer.plan import layout_choice, plan_row
@@ -108,7 +108,7 @@ def test_train_auto_picks_a_layout_records_it_and_reuses_it(demo_data, tmp_path)
     # Parity for the layout auto picked: its partitioned step equals the unpartitioned one.
     keras.utils.set_random_seed(0)
     model = unet.build_unet(config.model)
-    state = placement.initial_state(model, keras.optimizers.Adam(1e-3))
+    state = program.initial_state(model, keras.optimizers.Adam(1e-3))
     rng = np.random.default_rng(0)
     images = rng.normal(size=(2, 16, 16, 16, 1)).astype(np.float32)
     labels = rng.integers(0, 3, size=(2, 16, 16, 16)).astype(np.int32)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from trainer.engine import placement, step
+from trainer.engine import placement, program, step
 from trainer.models import losses
 from trainer.parallel import device_mesh, partitioning
 from common import sizes
@@ -72,7 +72,7 @@ def test_transposed_convolution_gradient_is_caught():
     inputs = keras.Input((None, None, None, 4))
     outputs = keras.layers.Conv3D(3, 1)(keras.layers.Conv3DTranspose(4, 2, strides=2, name="upsampling")(inputs))
     model = keras.Model(inputs, outputs)
-    state = placement.initial_state(model, keras.optimizers.SGD(0.1))
+    state = program.initial_state(model, keras.optimizers.SGD(0.1))
     distribution = device_mesh.make_distribution(partitioning.PartitionConfig((1, 4, 1, 1, 1)), jax.devices()[:4])
     placed = placement.place_state(state, distribution)
     images, labels = placement.place_batch(distribution, np.zeros((1, 16, 8, 8, 4), np.float32), np.zeros((1, 32, 16, 16), np.int32))

@@ -10,7 +10,6 @@ no N divides is refused.
 import pytest
 from typer.testing import CliRunner
 
-from trainer.parallel import halo
 from trainer.plan import compiled_step, layout_measure, layout_search
 
 
@@ -25,7 +24,7 @@ def test_the_issues_1080p_clip_at_16_devices_is_planned_split_along_width():
     assert "Planned 1,1,1,16,1 instead: of the 4 splits of 16 cores that divide, the least halo" in found.replaced
     # the stand-in has the least halo bound of every split of 16 that divides
     dividing, _ = layout_search.prune(layout_search.layouts(16, 3), config, shape)
-    bounds = {dims: halo.lower_bound(builder.windows(), dims) for dims in dividing}
+    bounds = {dims: layout_measure.lower_bound(builder.windows(), dims) for dims in dividing}
     assert bounds[(1, 1, 1, 16, 1)] == min(bounds.values()) and len(bounds) == 4
     # where the default divides, it is kept as it was
     assert layout_search.candidates("default", 8, config, shape, lambda: builder).kept == [(1, 8, 1, 1, 1)]
