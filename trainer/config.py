@@ -160,6 +160,8 @@ class TrainConfig:
                 f"entries but a {self.model.spatial_dims}D model takes {expected_rank}-D inputs; give one entry per "
                 f"dimension, e.g. {[1, 2] + [1] * (expected_rank - 2)}."
             )
+        if not self.partition.is_auto:  # a split of the batch or the channels is refused at once, as a wrong rank is
+            partitioning.check_dims(self.partition)
 
     @property
     def dtype_policy(self) -> str:
@@ -213,5 +215,8 @@ def from_dict(values: dict) -> TrainConfig:
 
 
 def with_dims(config: TrainConfig, dims: Sequence[int]) -> TrainConfig:
-    """`config` split by `dims`; labels given as dims (split like the features) follow them."""
-    return dataclasses.replace(config, partition=config.partition.for_dims(dims))
+    """`config` split by `dims` ("auto" resolved, or a layout the plan compiles); labels given as dims (split like the
+    features) follow them, with or without their channels, and labels kept whole stay whole."""
+    labels = config.partition.label_partition_dims
+    labels = labels if labels is None else tuple(dims) if len(labels) == len(dims) else (1, *dims[1:-1])
+    return dataclasses.replace(config, partition=partitioning.PartitionConfig(tuple(dims), labels))

@@ -13,7 +13,7 @@ left as it was:
    fullres did not write or one that overlaps the data (`output_guard`);
 5. the partition: "auto" chosen for the devices present and the data's shape (`layout_choice`);
 6. the resume: a rerun keeps to what the run means (`run_record.check_rerun`);
-7. the partition against the data's shape, the devices and the batch (`partitioning.validate`).
+7. the partition against the devices and the batch (`replicas.validate`), and the data's shape (`partitioning`).
 
 It returns a `ResolvedRun`: the config with its partition resolved, the task, the shapes, steps and warm-up, and what the
 run's record will say. Set-up and the loop trust it and check none of it again; what they can still refuse is
@@ -32,7 +32,7 @@ from common import output_guard, output_lock
 from preprocessing.records import data_set
 from trainer import config as config_lib, trained_run
 from trainer.engine import program, resume_check, run_data, run_record
-from trainer.parallel import partitioning
+from trainer.parallel import partitioning, replicas
 from trainer.plan import layout_choice
 from trainer.tasks import registry
 
@@ -115,6 +115,7 @@ def resolve(config: config_lib.TrainConfig, held: contextlib.ExitStack, log: Cal
     if choice is not None or kept_names:  # the task of the run as resolved: its chosen split, its names
         task = registry.make_task(config, named if kept_names else class_names)
     dimension_names = registry.dimension_names(task)  # a clip's first axis: its length
-    partitioning.validate(config.partition, image_shape, len(devices), levels, config.batch_size, dimension_names)
+    replicas.validate(config.partition, len(devices), config.batch_size)
+    partitioning.validate(config.partition, image_shape, downsampling_levels=levels, dimension_names=dimension_names)
     return ResolvedRun(config, task, num_examples, total_steps, warmup_steps, image_shape, devices, choice, rerun,
                        eval_note, () if warmup is None else (warmup,))

@@ -42,6 +42,8 @@ def test_train_help_documents_partitioning():
         (["--input-partition-dims", "1,4,1,1,1", "--num-levels", "3", "--batch-size", "2"],
          "depth 16 (input_partition_dims[1] = 4) does not fit a model with 3 downsamplings"),
         (["--input-partition-dims", "1,4,1,1,1", "--batch-size", "3"], "global batch size 3 does not divide over 2 replicas"),
+        # a split of the batch is named as such, not as a batch that its replicas cannot share
+        (["--input-partition-dims", "2,1,1,1,1", "--batch-size", "3"], "input_partition_dims[0] = 2 partitions the batch"),
         (["--preset", "huge"], "--preset 'huge' is not known"),
         (["--precision", "float16"], "--precision float16: precision must be one of"),  # the option typed, not the field
         (["--task", "detection", "--num-levels", "3"], "--num-levels configure the UNet; they do not apply to --task detection"),

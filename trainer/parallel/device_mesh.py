@@ -1,8 +1,9 @@
-"""Placing a split on devices: whether the devices present can hold it, the (replica, *split axes) mesh, and the
-Keras distribution that lays every batch out on it.
+"""Placing a split on devices: the (replica, *split axes) mesh, and the Keras distribution that lays every batch out
+on it.
 
-What a split means (`PartitionConfig`, its checks against a model and a shape) is `partitioning`; this module
-puts it on real devices. `SpatialParallel` is the public face: Keras's own idiom, set before the model is built.
+What a split means (`PartitionConfig`, its checks against a model and a shape) is `partitioning`, whether the
+devices present hold it `replicas`; this module puts it on real devices. `SpatialParallel` is the public face:
+Keras's own idiom, set before the model is built.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 import keras
 
-from trainer.parallel import partitioning, split_ops
+from trainer.parallel import partitioning, replicas, split_ops
 
 
 def require_devices(cores: int, present: int, what: str, alternative: str = "") -> None:
@@ -51,7 +52,7 @@ def build_mesh(config: partitioning.PartitionConfig, devices: Sequence | None = 
     """
     if devices is None:
         devices = keras.distribution.list_devices()
-    partitioning.validate_devices(config, len(devices))
+    replicas.validate_devices(config, len(devices))
     axes = config.partitioned_axes
     shape = (len(devices) // config.num_cores_per_replica, *(parts for _, parts in axes))
     names = (partitioning.REPLICA_AXIS, *(name for name, _ in axes))

@@ -13,9 +13,10 @@ The contract is the one Cloud TPU users know from `input_partition_dims`
 
 The mesh has one axis `replica` and one axis per partitioned spatial dimension
 (`depth`, `height`, `width`); building it on the devices present, and the Keras
-distribution over it, is `device_mesh`. Everything here is checked before
-anything is compiled, and a bad configuration is refused with one sentence that
-names the dimension and the fix.
+distribution over it, is `device_mesh`, and whether the devices and the global
+batch hold a split is `replicas`. Everything here is checked before anything is
+compiled, and a bad configuration is refused with one sentence that names the
+dimension and the fix.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from common import parsing
 
 REPLICA_AXIS = "replica"
-# `input_partition_dims = "auto"`: `memory_plan.choose_layout` picks the dims once the devices are known.
+# `input_partition_dims = "auto"`: `layout_choice.choose_layout` picks the dims once the devices are known.
 AUTO = "auto"
 # Names of the dimensions of a channels-last feature tensor, by rank.
 DIMENSION_NAMES = {
@@ -56,7 +57,7 @@ class PartitionConfig:
             one entry per label dimension).
 
     `input_partition_dims` may also be `"auto"`: training then asks
-    `memory_plan.choose_layout` for the layout of the devices present (labels
+    `layout_choice.choose_layout` for the layout of the devices present (labels
     given as dims are then split like the chosen features).
 
     Example:
@@ -83,7 +84,7 @@ class PartitionConfig:
 
     @property
     def is_auto(self) -> bool:
-        """True when the layout is left to `memory_plan.choose_layout`."""
+        """True when the layout is left to `layout_choice.choose_layout`."""
         return self.input_partition_dims == AUTO
 
     @property
@@ -104,12 +105,6 @@ class PartitionConfig:
         return tuple(
             (names[i], parts) for i, parts in enumerate(self.input_partition_dims) if parts > 1 and 0 < i < self.rank - 1
         )
-
-    def for_dims(self, dims: Sequence[int]) -> PartitionConfig:
-        """This partition split by `dims`; labels given as dims (split like the features) follow them."""
-        labels = self.label_partition_dims  # None stays None; dims follow, with or without channels
-        labels = labels if labels is None else tuple(dims) if len(labels) == len(dims) else (1, *dims[1:-1])
-        return PartitionConfig(tuple(dims), labels)
 
 
 def parse_dims(text: str | None) -> tuple[int, ...] | None:
@@ -146,33 +141,6 @@ def _use(name: str, sizes: str, smallest: int) -> str:
     return f"use {name} {sizes}"
 
 
-def fitting_counts(batch_size: int, cores_per_replica: int) -> list[int]:
-    """The device counts, most first, that run a global batch of `batch_size` with `cores_per_replica` cores each.
-
-    >>> fitting_counts(4, 1), fitting_counts(2, 4)
-    ([4, 2, 1], [8, 4])
-    """
-    return [cores_per_replica * replicas for replicas in range(batch_size, 0, -1) if batch_size % replicas == 0]
-
-
-def validate_devices(config: PartitionConfig, num_devices: int) -> None:
-    """The part of `validate` that needs neither data nor batch: one replica's cores divide the devices.
-
-    Training asks this before it reads the data, so a split the devices cannot hold is named first.
-
-    Raises:
-        PartitionError: with a one-sentence message naming the problem and the fix.
-    """
-    dims = config.input_partition_dims
-    cores = config.num_cores_per_replica
-    if num_devices % cores != 0:
-        divisors = [n for n in range(1, num_devices + 1) if num_devices % n == 0]
-        raise PartitionError(
-            f"input_partition_dims {list(dims)} asks for {cores} cores per replica, which does not divide the "
-            f"{num_devices} devices present; use dims whose product is one of {divisors}."
-        )
-
-
 def check_dims(config: PartitionConfig) -> None:
     """The part of `validate` that needs no shapes: one entry per NHWC or NDHWC dimension, each at least 1, the batch
     and channels whole, and labels (if split) split like the features.
@@ -182,7 +150,7 @@ def check_dims(config: PartitionConfig) -> None:
     """
     if config.is_auto:
         raise PartitionError("input_partition_dims is 'auto', which training resolves once the devices are known "
-                             "(memory_plan.choose_layout); pass the chosen dims here.")
+                             "(layout_choice.choose_layout); pass the chosen dims here.")
     dims = config.input_partition_dims
     rank = len(dims)
     names = DIMENSION_NAMES.get(rank)
@@ -216,24 +184,23 @@ def check_dims(config: PartitionConfig) -> None:
 def validate(
     config: PartitionConfig,
     feature_shape: Sequence[int],
-    num_devices: int,
+    *,
     downsampling_levels: int | Sequence[int] = 0,
-    global_batch_size: int | None = None,
     dimension_names: Sequence[str] | None = None,
 ) -> None:
-    """Refuses a configuration that cannot be partitioned, before anything compiles.
+    """Refuses a split that cannot divide a shape at every resolution level of a network, before anything compiles.
+
+    Whether the devices present and the global batch hold it is `replicas.validate`.
 
     Args:
         config: the partitioning to check.
         feature_shape: shape of one batch of features, batch first and channels
             last, e.g. `(B, D, H, W, C)`; the batch entry is not used.
-        num_devices: devices taking part (all replicas).
         downsampling_levels: how many times the model halves each spatial
             dimension (a UNet with 4 resolution levels halves 3 times): one
             number for every spatial dimension, or one per dimension (a user's
             network, measured: `user_model.downsampling_levels`). Every level's
             size must divide by that dimension's partition count.
-        global_batch_size: if given, it must divide over the replicas.
         dimension_names: what the messages call each dimension of the features (default `DIMENSION_NAMES`;
             `VIDEO_DIMENSION_NAMES` for clips, whose first axis is the clip length).
 
@@ -260,14 +227,6 @@ def validate(
             f"({', '.join(names)}); give one entry per dimension, e.g. {example}."
         )
     check_dims(config)
-    validate_devices(config, num_devices)
-    cores = config.num_cores_per_replica
-    replicas = num_devices // cores
-    if global_batch_size is not None and global_batch_size % replicas != 0:
-        raise PartitionError(
-            f"global batch size {global_batch_size} does not divide over {replicas} replicas "
-            f"({num_devices} devices / {cores} cores per replica); use a multiple of {replicas}."
-        )
     levels_per_axis = per_axis(downsampling_levels, rank - 2)
     for axis in range(1, rank - 1):
         size, parts, levels = feature_shape[axis], dims[axis], levels_per_axis[axis - 1]

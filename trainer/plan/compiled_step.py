@@ -23,7 +23,7 @@ from trainer import config as config_lib
 from trainer import config_resolution, presets
 from trainer.engine import program, step
 from trainer.models import user_model
-from trainer.parallel import device_mesh, halo, partitioning, thin_shards
+from trainer.parallel import device_mesh, halo, partitioning, replicas, thin_shards
 from trainer.plan import gathers, ring_traffic
 from trainer.tasks import registry
 
@@ -122,14 +122,17 @@ class StepBuilder:
         return lowered.compile(), distribution
 
     def check_layout(self, dims: tuple[int, ...], num_devices: int) -> None:
-        """Refuses `dims` on `num_devices` where they cannot divide the volume or the batch (`partitioning.validate`)
-        or where XLA would compute this network's gradient wrongly (`check_thin_shards`).
+        """Refuses `dims` on `num_devices` where they cannot divide the devices or the batch (`replicas.validate`),
+        the volume (`partitioning.validate`), or where XLA would compute this network's gradient wrongly
+        (`check_thin_shards`).
 
         Raises:
             partitioning.PartitionError: one sentence naming the dimension and the fix.
         """
-        partitioning.validate(self.config.partition.for_dims(dims), self.image_shape, num_devices,
-                              self.config.model.downsampling_levels, self.config.batch_size, self.dimension_names)
+        partition = config_lib.with_dims(self.config, dims).partition
+        replicas.validate(partition, num_devices, self.config.batch_size)
+        partitioning.validate(partition, self.image_shape, downsampling_levels=self.config.model.downsampling_levels,
+                              dimension_names=self.dimension_names)
         self.check_thin_shards(dims)
 
     def lower_layout(self, dims: tuple[int, ...], devices):
@@ -138,7 +141,7 @@ class StepBuilder:
         `dims` are checked already, by `check_layout` or by the search that pruned them (`layout_search.prune`), so
         they are not checked again here.
         """
-        partition = self.config.partition.for_dims(dims)
+        partition = config_lib.with_dims(self.config, dims).partition
         distribution = device_mesh.make_distribution(partition, devices)
         arguments = step.step_arguments(self.task, self.state, distribution, self.image_shape)
         train_step = step.jit_step(self.task, self.model, self.optimizer, distribution, self.state, len(self.image_shape),

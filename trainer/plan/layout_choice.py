@@ -84,9 +84,12 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
     count = len(devices)
     counts = [n for n in range(count, 0, -1) if count % n == 0 and config.batch_size % (count // n) == 0]
     spatial = len(shape) - 1
+    # Each core count's layouts that divide the volume at every resolution level (nothing compiled), and what a side
+    # must divide by (× the parts) at every level, which the refusal below names.
+    dividing = [(cores, *layout_search.prune(layout_search.layouts(cores, spatial), config, shape)) for cores in counts]
+    factors = [2**n for n in partitioning.per_axis(config.model.downsampling_levels, spatial)]
     gathering: list[int] = []  # core counts whose every layout that compiled all-gathers activations
-    for cores in counts:
-        kept, pruned = layout_search.prune(layout_search.layouts(cores, spatial), config, shape)
+    for cores, kept, pruned in dividing:
         if not kept:
             continue
         log(f"input_partition_dims auto: compiling the {len(kept)} layout(s) of {cores} cores that divide "
@@ -104,7 +107,6 @@ def choose_layout(config: config_lib.TrainConfig, shape: Sequence[int], devices,
         log(f"input_partition_dims auto: every layout of {cores} cores all-gathers activations; trying fewer cores "
             "per replica")
     else:
-        factors = [2**n for n in partitioning.per_axis(config.model.downsampling_levels, spatial)]
         factor = str(factors[0]) if len(set(factors)) == 1 else f"({', '.join(map(str, factors))}, per axis)"
         raise partitioning.PartitionError(
             f"input_partition_dims auto: no split of {count} devices (nor of fewer cores per replica, with batch "

@@ -77,8 +77,8 @@ def prune(candidates: Sequence[tuple[int, ...]], config: config_lib.TrainConfig,
     kept, pruned = [], []
     for dims in candidates:
         try:
-            partitioning.validate(partitioning.PartitionConfig(dims), image_shape, math.prod(dims),
-                                  config.model.downsampling_levels, config.batch_size)
+            partitioning.validate(partitioning.PartitionConfig(dims), image_shape,
+                                  downsampling_levels=config.model.downsampling_levels)
             if (builder is not None and thin_shards.splits_two_axes(dims)
                     and isinstance(config.model, user_model.UserModelConfig)):
                 builder().check_thin_shards(dims)

@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from trainer.parallel import device_mesh, partitioning
+from trainer.parallel import device_mesh, partitioning, replicas
 from trainer.parallel.partitioning import PartitionConfig, PartitionError
 
 
@@ -20,10 +20,6 @@ from trainer.parallel.partitioning import PartitionConfig, PartitionError
         # channels partitioned
         ((1, 1, 1, 1, 2), (1, 64, 64, 64, 2), 8, 0, None,
          r"input_partition_dims\[4\] = 2 partitions the channels; only spatial dimensions can be partitioned"),
-        # product does not divide the device count
-        ((1, 3, 1, 1, 1), (1, 96, 64, 64, 1), 8, 0, None,
-         r"asks for 3 cores per replica, which does not divide the 8 devices present; use dims whose product is one "
-         r"of \[1, 2, 4, 8\]"),
         # not divisible at the input
         ((1, 4, 1, 1, 1), (1, 66, 64, 64, 1), 8, 0, None,
          r"depth 66 \(input_partition_dims\[1\] = 4\) .* at the input it is 66, which does not divide by 4; use depth "
@@ -45,26 +41,24 @@ from trainer.parallel.partitioning import PartitionConfig, PartitionError
          r"devices, where XLA gathers whole activations and can compute wrong gradients; use height 32 or more, or do "
          r"not split height"),
         ((1, 2, 1, 1), (1, 4, 64, 3), 2, 1, None, r"height 4 \(input_partition_dims\[1\] = 2\) is 2 voxels"),
-        # global batch vs replicas
-        ((1, 4, 1, 1, 1), (3, 64, 64, 64, 1), 8, 0, 3,
-         r"global batch size 3 does not divide over 2 replicas \(8 devices / 4 cores per replica\); use a multiple of 2"),
     ],
 )
 def test_validate_refuses_with_fix(dims, shape, devices, levels, batch, message):
     with pytest.raises(PartitionError, match=message):
-        partitioning.validate(PartitionConfig(dims), shape, devices, levels, batch)
+        replicas.validate(PartitionConfig(dims), devices, batch)
+        partitioning.validate(PartitionConfig(dims), shape, downsampling_levels=levels)
 
 
 def test_validate_refuses_labels_split_unlike_features():
     config = PartitionConfig((1, 4, 1, 1, 1), label_partition_dims=(1, 2, 1, 1))
     with pytest.raises(PartitionError, match=r"label_partition_dims \[1, 2, 1, 1\] must split the labels like the "
                                              r"features \[1, 4, 1, 1, 1\]; use \[1, 4, 1, 1\], or None"):
-        partitioning.validate(config, (1, 64, 64, 64, 1), 8, 0)
+        partitioning.validate(config, (1, 64, 64, 64, 1))
 
 
 def test_validate_refuses_unsupported_rank():
     with pytest.raises(PartitionError, match=r"are 3-D; fullres partitions 4-D .* or 5-D"):
-        partitioning.validate(PartitionConfig((1, 2, 1)), (1, 64, 1), 8)
+        partitioning.validate(PartitionConfig((1, 2, 1)), (1, 64, 1))
 
 
 @pytest.mark.parametrize(
@@ -79,7 +73,8 @@ def test_validate_refuses_unsupported_rank():
     ],
 )
 def test_validate_accepts_working_configs(dims, shape, devices, levels, batch):
-    partitioning.validate(PartitionConfig(dims), shape, devices, levels, batch)
+    replicas.validate(PartitionConfig(dims), devices, batch)
+    partitioning.validate(PartitionConfig(dims), shape, downsampling_levels=levels)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ def test_auto_is_a_partition_setting_of_its_own():
     assert config.partition.is_auto and config.partition.rank is None
     assert config_lib.from_dict(config_lib.to_dict(config)).partition.is_auto
     with pytest.raises(partitioning.PartitionError, match="'auto', which training resolves"):
-        partitioning.validate(config.partition, (2, 16, 16, 16, 1), 8)
+        partitioning.validate(config.partition, (2, 16, 16, 16, 1))
     with pytest.raises(partitioning.PartitionError, match="neither dims nor 'auto'"):
         partitioning.PartitionConfig("best")
 
