@@ -1,4 +1,5 @@
-"""The halo lower bound, checked against bounds worked out by hand on tiny models (no compiling: fast)."""
+"""A network's windows (`halo.windows`) and the least halo they need (`layout_measure.lower_bound`), checked against
+bounds worked out by hand on tiny models (no compiling: fast)."""
 
 import keras
 import pytest
