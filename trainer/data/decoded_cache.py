@@ -77,7 +77,10 @@ class DecodedCache:
             with self._changed:
                 mine = ~filled[low:high] & ~claimed[low:high]
                 if not mine.any():
-                    self._changed.wait()
+                    # Asked again under the lock: a thread that filled the last of them after the check above has
+                    # notified already, and waiting now would wait for a notice that never comes.
+                    if not filled[low:high].all():
+                        self._changed.wait()
                     continue
                 claimed[low:high] |= mine
             depths = np.flatnonzero(mine) + low

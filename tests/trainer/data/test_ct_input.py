@@ -109,6 +109,50 @@ def test_depths_another_thread_is_reading_are_waited_for_not_read_again():
     assert reads == [(0, 4)] and (first.result()[0] == 7).all()
 
 
+def test_depths_filled_between_a_threads_look_and_its_lock_are_not_waited_for():
+    """Before: a thread that saw depths unfilled, then took the lock after their reader had filled them and notified,
+    waited for a notice that never came, and training hung (the suite's fused-norm run did, 2026-12-07)."""
+    cache = decoded_cache.DecodedCache(4, (2, 2))
+    reading, go = threading.Event(), threading.Event()
+
+    def read(low, high, image, label):
+        reading.set()
+        assert go.wait(10)
+        image[...], label[...] = 7, 1
+
+    first = threading.Thread(target=cache.fill, args=(0, 0, 4, read), daemon=True)
+    first.start()
+    assert reading.wait(10)
+    condition = cache._changed
+
+    class FirstReaderFinishesBeforeTheLock:
+        """The cache's condition, but the second thread's first entry waits until the first reader is done."""
+
+        entered = False
+
+        def __enter__(self):
+            if not self.entered and threading.current_thread() is not first:
+                self.entered = True
+                go.set()
+                first.join(10)
+            return condition.__enter__()
+
+        def __exit__(self, *exc):
+            return condition.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return getattr(condition, name)
+
+    cache._changed = FirstReaderFinishesBeforeTheLock()
+    found = []
+    second = threading.Thread(target=lambda: found.append(cache.fill(0, 1, 3, read)), daemon=True)
+    second.start()
+    second.join(10)
+    assert not first.is_alive() and not second.is_alive(), "the second thread waits for depths already filled"
+    image, label = found[0]
+    assert (image[1:3] == 7).all() and (label[1:3] == 1).all()
+
+
 def test_depths_whose_read_failed_are_read_by_the_thread_that_waited():
     reads, first = _fill_from_two_threads(fails=True)
     assert reads == [(0, 4), (1, 3)]
