@@ -94,9 +94,9 @@ def candidates(layouts_to_try, count: int, config: config_lib.TrainConfig, shape
 
     "default" is the N-way split along the first spatial dimension; where that cannot divide (64 frames of a clip
     halved 3 times leave 8, which 16 devices cannot share), the split of N that divides with the least halo
-    (`layout_measure.lower_bound` of the network's windows, nothing compiled; fewer split axes, then the leading ones, break ties)
-    stands in for it, and `replaced` says so. Where no layout of N divides, nothing is kept and `cannot_divide`
-    says why: the plan reports that N and goes on with the others.
+    (`layout_measure.lower_bound` of the network's windows, nothing compiled; fewer split axes, then the leading
+    ones, break ties) stands in for it, and `replaced` says so. Where no layout of N divides, nothing is kept and
+    `cannot_divide` says why: the plan reports that N and goes on with the others.
     """
     spatial = len(shape) - 1
     if layouts_to_try == "all":
